@@ -1,0 +1,138 @@
+"""Atomic, multi-rank checkpoints with a manifest as the commit marker.
+
+Layout::
+
+    RUN/checkpoints/step_00001000/
+        model.pt        (written by the rank(s) the strategy names: model, optimizer, step)
+        rank_0.pt ...   (every rank: RNG states and rank-local state)
+        manifest.json   (rank 0, after a barrier, through a temp file + rename)
+
+A checkpoint without a valid manifest (a rank died mid-save) is ignored; resume
+takes the newest committed one. Every file is written to ``name.tmp`` then renamed,
+so no half-written file carries a final name. Older checkpoints are pruned only
+after a newer one is committed.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+MANIFEST = "manifest.json"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint cannot be used (names the checkpoint and the reason)."""
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return Path(root) / f"step_{step:08d}"
+
+
+def atomic_torch_save(obj, path: Path) -> None:
+    """``torch.save`` to ``path.tmp`` then rename (no partial file under ``path``)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def file_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def write_manifest(ckpt: Path, step: int, world_size: int, config_hashes: dict, extra: dict | None = None) -> None:
+    """Commit a checkpoint directory: list its files with sizes and checksums."""
+    files = {}
+    for p in sorted(Path(ckpt).glob("*.pt")):
+        files[p.name] = {"bytes": p.stat().st_size, "sha256": file_digest(p)}
+    manifest = {"step": step, "world_size": world_size, "files": files, "config": config_hashes,
+                "created": time.time(), **(extra or {})}
+    atomic_write_text(Path(ckpt) / MANIFEST, json.dumps(manifest, indent=1))
+
+
+def read_manifest(ckpt: Path, verify: bool = False) -> dict:
+    """The manifest of ``ckpt``; raises CheckpointError if absent, unreadable or
+    (with ``verify``) a listed file is missing or differs in size/checksum."""
+    path = Path(ckpt) / MANIFEST
+    try:
+        manifest = json.loads(path.read_text())
+    except FileNotFoundError as err:
+        raise CheckpointError(f"{ckpt}: no {MANIFEST} (checkpoint not committed)") from err
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{path}: unreadable manifest: {err}") from err
+    for name, meta in manifest.get("files", {}).items():
+        f = Path(ckpt) / name
+        if not f.exists() or f.stat().st_size != meta["bytes"]:
+            raise CheckpointError(f"{f}: missing or size differs from the manifest")
+        if verify and file_digest(f) != meta["sha256"]:
+            raise CheckpointError(f"{f}: checksum differs from the manifest")
+    return manifest
+
+
+def committed(root: Path) -> list[Path]:
+    """Committed checkpoint directories under ``root``, oldest first."""
+    out = []
+    for d in sorted(Path(root).glob("step_*")):
+        try:
+            read_manifest(d)
+        except CheckpointError:
+            continue
+        out.append(d)
+    return out
+
+
+def latest(root: Path) -> Path | None:
+    """Newest committed checkpoint under ``root`` or None."""
+    found = committed(root)
+    return found[-1] if found else None
+
+
+def prune(root: Path, keep: int) -> None:
+    """Delete all but the newest ``keep`` committed checkpoints, and uncommitted
+    directories older than the newest committed one."""
+    found = committed(root)
+    if not found:
+        return
+    newest = found[-1]
+    for d in sorted(Path(root).glob("step_*")):
+        if d in found[-keep:] or d.name >= newest.name:
+            continue
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def config_hashes(cfg: dict, sections=("model", "dataset", "strategy")) -> dict:
+    """sha256 of the resume-relevant config sections (JSON, sorted keys).
+
+    The strategy section is hashed without keys that may change across a restart
+    (none today), the world size is checked separately.
+    """
+    return {s: hashlib.sha256(json.dumps(cfg.get(s), sort_keys=True, default=str).encode()).hexdigest()[:16]
+            for s in sections}
+
+
+def check_compatible(manifest: dict, hashes: dict, ckpt: Path) -> None:
+    """Raise CheckpointError naming each config section that differs from the checkpoint."""
+    diff = [s for s, h in hashes.items() if manifest.get("config", {}).get(s) != h]
+    if diff:
+        raise CheckpointError(f"cannot resume from {ckpt}: the {', '.join(diff)} config differs from the "
+                              f"checkpoint's (start a new run directory or restore the original settings)")

@@ -1,0 +1,26 @@
+"""Photometric loss (summed; the strategy supplies the normaliser).
+
+Returning the *sum* of squared errors over valid rays lets the strategy divide
+by ``global_valid / world_size`` so that data-parallel gradient averaging yields
+the gradient of the global mean loss (see ``Strategy.loss_normalizer``).
+"""
+from __future__ import annotations
+
+import torch
+
+
+def photometric_sse(outputs: dict, target: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Sum over valid rays of the per-ray mean squared RGB error (fine + coarse).
+
+    Args:
+        outputs: model outputs with ``rgb`` (R, 3) and optionally ``rgb_coarse`` (R, 3).
+        target: (R, 3) float32 ground-truth colours in [0, 1].
+        valid: (R,) bool rays that count.
+    Returns:
+        scalar float32: ``sum_r mean_c (rgb - target)^2`` (+ the same for the coarse pass).
+    """
+    w = valid.to(target.dtype)
+    sse = (((outputs["rgb"].float() - target) ** 2).mean(dim=-1) * w).sum()
+    if "rgb_coarse" in outputs:
+        sse = sse + (((outputs["rgb_coarse"].float() - target) ** 2).mean(dim=-1) * w).sum()
+    return sse

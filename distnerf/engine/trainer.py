@@ -1,0 +1,292 @@
+"""The trainer: wires components in dependency order and runs the loop.
+
+Data flow of one step: dataset -> sampler.batch(step) -> to(device) ->
+strategy-wrapped model forward (the whole render) -> photometric loss ->
+backward (gradient all-reduce inside DDP) -> optimizer -> metrics -> checkpoint.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from .. import checkpoint as ckpt
+from .. import dist as D
+from ..data import load_scene
+from ..data.base import SceneData
+from ..model import build_model
+from ..observe.logger import JsonlLogger, MultiLogger, NullLogger, WandbLogger
+from ..observe.metrics import LPIPS, LPIPS_BACKBONE
+from ..observe.timer import StepTimer
+from ..sampler import SyncSampler
+from ..strategy.base import Strategy
+from .evaluate import evaluate_views, select_views
+from .loss import photometric_sse
+from .optim import build_optimizer, rebuild_optimizer, set_lr
+
+log = logging.getLogger("distnerf")
+
+
+class NonFiniteLoss(RuntimeError):
+    """Training stopped because a rank's loss was NaN or infinite."""
+
+
+class Trainer:
+    """Builds dataset, sampler, model, optimizer and checkpointer for one rank.
+
+    Args:
+        cfg: the composed config (``conf/train.yaml``).
+        strategy: the strategy, already holding this process's :class:`DistEnv`.
+        run_dir: the run directory shared by every rank.
+    """
+
+    def __init__(self, cfg: DictConfig, strategy: Strategy, run_dir: Path):
+        self.cfg, self.strategy, self.env, self.run_dir = cfg, strategy, strategy.env, Path(run_dir)
+        self.ckpt_root = self.run_dir / "checkpoints"
+        self.device = self.env.device
+        self.train_cfg = OmegaConf.to_container(cfg.train, resolve=True)
+        D.seed_everything(int(cfg.seed))  # identical model initialisation on every rank
+        dataset_cfg = OmegaConf.to_container(cfg.dataset, resolve=True)
+        self.train_scene = load_scene(dataset_cfg, "train")
+        self.rays_per_rank = strategy.rays_per_rank(int(cfg.train.global_rays))
+        self.sampler = SyncSampler(self.train_scene, self.rays_per_rank, int(cfg.seed), strategy.sampler_stream())
+        self.model = build_model(OmegaConf.to_container(cfg.model, resolve=True),
+                                 self.train_scene.aabb, self.train_scene.background)
+        self.hashes = ckpt.config_hashes(OmegaConf.to_container(cfg, resolve=True))
+        self.step, self.train_seconds = 0, 0.0
+        resume_from = self._find_resume()
+        state = None
+        if resume_from is not None:
+            state = torch.load(resume_from / "model.pt", map_location="cpu", weights_only=False)
+            self.model.load_state_dict(state["model"])
+        self.wrapped = strategy.wrap(self.model)
+        self.optimizer = build_optimizer(self.model, self.train_cfg)
+        if state is not None:
+            self._restore(resume_from, state)
+        self.timer = StepTimer(self.device)
+        self.logger = self._make_logger(resume_from is not None)
+        if self.env.is_main:
+            log.info("global batch %d rays = %d ranks x %d rays; lr %.3g (per-group multipliers from the "
+                     "model; not scaled with the world size since the global batch is fixed)",
+                     cfg.train.global_rays, self.env.world_size, self.rays_per_rank, cfg.train.lr)
+
+    # ----------------------------------------------------------------- resume
+    def _find_resume(self) -> Path | None:
+        if not self.cfg.get("resume", False):
+            return None
+        found = ckpt.latest(self.ckpt_root)
+        if found is None:
+            log.info("resume=true but no committed checkpoint in %s: starting fresh", self.ckpt_root)
+            return None
+        manifest = ckpt.read_manifest(found, verify=True)
+        ckpt.check_compatible(manifest, self.hashes, found)
+        if manifest["world_size"] != self.env.world_size:
+            log.warning("resuming %s saved at world size %d on world size %d: the continuation is not "
+                        "bit-exact (ray streams and RNG states differ)", found, manifest["world_size"],
+                        self.env.world_size)
+        return found
+
+    def _restore(self, path: Path, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.step, self.train_seconds = int(state["step"]), float(state.get("train_seconds", 0.0))
+        rank_file = path / f"rank_{self.env.rank}.pt"
+        if rank_file.exists():
+            D.set_rng_state(torch.load(rank_file, map_location="cpu", weights_only=False)["rng"])
+        if self.env.is_main:
+            log.info("resumed from %s at step %d", path, self.step)
+
+    def save_checkpoint(self) -> Path:
+        """Write ``step_N/``: model + optimizer (main rank), RNG per rank, then the manifest."""
+        d = ckpt.step_dir(self.ckpt_root, self.step)
+        d.mkdir(parents=True, exist_ok=True)
+        if self.env.is_main:  # ddp replicas are identical: one copy of model and optimizer
+            ckpt.atomic_torch_save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                                    "step": self.step, "train_seconds": self.train_seconds}, d / "model.pt")
+        ckpt.atomic_torch_save({"rng": D.rng_state(), "rank": self.env.rank}, d / f"rank_{self.env.rank}.pt")
+        self.strategy.barrier()  # every rank's files are complete before the manifest commits them
+        if self.env.is_main:
+            ckpt.write_manifest(d, self.step, self.env.world_size, self.hashes, {"strategy": self.strategy.name})
+            ckpt.prune(self.ckpt_root, int(self.train_cfg.get("keep_checkpoints", 2)))
+        return d
+
+    # ----------------------------------------------------------------- logging
+    def _make_logger(self, resumed: bool):
+        if not self.env.is_main:
+            return NullLogger()
+        loggers = [JsonlLogger(self.run_dir / "metrics.jsonl", self.step if resumed else None)]
+        wandb_cfg = OmegaConf.to_container(self.cfg.logger.wandb, resolve=True)
+        if wandb_cfg.get("mode", "disabled") != "disabled":
+            loggers.append(WandbLogger(wandb_cfg, self.run_dir, OmegaConf.to_container(self.cfg, resolve=True),
+                                       resumed))
+        return MultiLogger(loggers)
+
+    # ----------------------------------------------------------------- loop
+    def train_step(self, step: int):
+        """One step; returns (sse, reduced stats tensor, outputs, valid count)."""
+        with self.timer.phase("input"):
+            batch = self.sampler.batch(step)
+        with self.timer.phase("copy"):
+            batch = batch.to(self.device, non_blocking=True)
+        if self.model.update_state(step):  # parameters replaced: rewrap and rebuild optimizer state
+            self.wrapped = self.strategy.rewrap()
+            self.optimizer = rebuild_optimizer(self.optimizer, self.model, self.train_cfg)
+        set_lr(self.optimizer, step, self.train_cfg)
+        generator = torch.Generator(self.device).manual_seed(batch.jitter_seed)
+        use_bf16 = bool(self.train_cfg.get("bf16", False)) and self.device.type == "cuda"
+        with self.timer.phase("forward"):
+            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=use_bf16):
+                out = self.wrapped(batch.rays, generator)
+            sse = photometric_sse(out, batch.rgb, batch.valid)
+        return batch, out, sse
+
+    def fit(self) -> dict:
+        """Train until ``train.max_steps`` or the time budget, then evaluate the test split."""
+        max_steps = int(self.train_cfg["max_steps"])
+        budget = float(self.train_cfg.get("max_minutes") or 0) * 60.0
+        log_every, val_every = int(self.train_cfg.get("log_every", 50)), int(self.train_cfg.get("val_every", 0))
+        ckpt_every = int(self.train_cfg.get("ckpt_every", 0))
+        progress = self._progress(max_steps)
+        stop_reason = "max_steps"
+        while self.step < max_steps:
+            start = time.perf_counter()
+            batch, out, sse = self.train_step(self.step)
+            over_budget = budget > 0 and self.train_seconds >= budget
+            finite = bool(torch.isfinite(sse))
+            # one all-reduce per step: global valid rays (loss normaliser) + stop flags
+            stats = self.strategy.reduce_step_stats(
+                torch.tensor([float(batch.valid.sum()), float(not finite), float(over_budget)], dtype=torch.float64))
+            if stats[1] > 0:
+                msg = f"non-finite loss at step {self.step} on {int(stats[1])} rank(s); stopping without saving"
+                log.error(msg)
+                self.logger.log({"step": self.step, "event": "nonfinite_loss"})
+                self.close()
+                raise NonFiniteLoss(msg)
+            if stats[2] > 0:
+                stop_reason = "time_budget"
+                break
+            loss = sse / self.strategy.loss_normalizer(float(stats[0]))
+            if "regularizer" in out:
+                loss = loss + out["regularizer"]
+            with self.timer.phase("backward"):
+                loss.backward()
+            with self.timer.phase("optimizer"):
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+            self.step += 1
+            step_seconds = time.perf_counter() - start
+            self.train_seconds += step_seconds
+            if self.step % log_every == 0 or self.step == max_steps:
+                self._log_step(out, batch, float(stats[0]), step_seconds, progress)
+            if progress is not None:
+                progress.update(1)
+            if val_every and self.step % val_every == 0:
+                self.validate()
+            if ckpt_every and self.step % ckpt_every == 0:
+                self.save_checkpoint()
+        if progress is not None:
+            progress.close()
+        if self.env.is_main:
+            log.info("training stopped at step %d (%s) after %.1f s of training", self.step, stop_reason,
+                     self.train_seconds)
+        if ckpt_every >= 0:
+            self.save_checkpoint()
+        metrics = self.evaluate() if self.cfg.eval.get("enabled", True) else {}
+        self.close()
+        return {"step": self.step, "stop_reason": stop_reason, **metrics}
+
+    def _progress(self, max_steps: int):
+        if not self.env.is_main or not self.train_cfg.get("progress", True):
+            return None
+        from tqdm import tqdm
+
+        return tqdm(total=max_steps, initial=self.step, dynamic_ncols=True, desc="train")
+
+    def _log_step(self, out, batch, global_valid, step_seconds, progress):
+        mse = float(((out["rgb"].detach().float() - batch.rgb) ** 2).mean())
+        row = {"step": self.step, "loss": mse, "psnr": -10 * math.log10(max(mse, 1e-10)),
+               "rays_per_s": global_valid / max(step_seconds, 1e-9), "samples_per_ray":
+               out.get("num_samples", 0) / max(len(batch.rgb), 1), "lr": self.optimizer.param_groups[0]["lr"],
+               "train_seconds": self.train_seconds,
+               **{f"time_{k}": v for k, v in self.timer.pop().items()}, **self.strategy.comm_stats()}
+        grid_res = getattr(self.model, "resolution", None)
+        if grid_res is not None:
+            row["grid_resolution"] = grid_res
+        self.logger.log(row)
+        if progress is not None:
+            progress.set_postfix(loss=f"{mse:.4f}", psnr=f"{row['psnr']:.2f}", rays_s=f"{row['rays_per_s']:.0f}")
+
+    # ----------------------------------------------------------------- evaluation
+    def _eval_split(self, split: str, num_views, downscale: int, out_dir: Path | None, lpips) -> dict:
+        dataset_cfg = OmegaConf.to_container(self.cfg.dataset, resolve=True)
+        scene = load_scene(dataset_cfg, split)
+        if downscale > 1:
+            scene = downscale_scene(scene, downscale)
+        views = select_views(len(scene), num_views)
+        mine = [views[i] for i in self.strategy.eval_views(len(views))]
+        rows = evaluate_views(self.model, scene, mine, int(self.cfg.eval.chunk), self.device, out_dir, lpips)
+        rows = sorted((r for part in self.strategy.gather(rows) for r in part), key=lambda r: r["view"])
+        return {"scene": scene, "rows": rows}
+
+    def validate(self) -> None:
+        start = time.perf_counter()
+        res = self._eval_split("val", int(self.train_cfg.get("val_views", 2)), 1, None, None)
+        psnrs = [r["psnr"] for r in res["rows"]]
+        self.logger.log({"step": self.step, "val_psnr": sum(psnrs) / len(psnrs),
+                         "val_seconds": time.perf_counter() - start})
+
+    def evaluate(self) -> dict:
+        """Test-split PSNR/SSIM(/LPIPS); renders under ``RUN/test/``; ``metrics.json`` on rank 0."""
+        return evaluate_run(self.cfg, self.model, self.strategy, self.run_dir, self.step, self._eval_split)
+
+    def close(self) -> None:
+        self.sampler.close()
+        self.logger.close()
+
+
+def evaluate_run(cfg, model, strategy, run_dir: Path, step: int, eval_split) -> dict:
+    """Shared by training and ``distnerf.render``: evaluate the test split, write metrics.json."""
+    eval_cfg = cfg.eval
+    lpips = LPIPS() if eval_cfg.get("lpips", True) else None
+    downscale = int(eval_cfg.get("downscale", 1))
+    res = eval_split("test", eval_cfg.get("num_views"), downscale, Path(run_dir) / "test", lpips)
+    rows, scene = res["rows"], res["scene"]
+    mean = lambda k: sum(r[k] for r in rows) / len(rows)  # noqa: E731
+    metrics = {
+        "step": step, "psnr": mean("psnr"), "ssim": mean("ssim"),
+        "lpips": mean("lpips") if lpips is not None and lpips.available else None,
+        "lpips_backbone": LPIPS_BACKBONE,
+        "lpips_reason": None if lpips is not None and lpips.available else (
+            lpips.reason if lpips is not None else "disabled by eval.lpips=false"),
+        "protocol": {"split": "test", "num_views": len(rows), "views": [r["name"] for r in rows],
+                     "resolution": [scene.height, scene.width], "eval_downscale": downscale,
+                     "background": [float(x) for x in scene.background], "psnr": "mean of per-image PSNR",
+                     "ssim": "torchmetrics SSIM, gaussian 11x11, sigma 1.5, data range 1",
+                     "dataset": str(scene.source)},
+        "per_view": rows,
+    }
+    if strategy.is_main:
+        (Path(run_dir) / "metrics.json").write_text(json.dumps(metrics, indent=1))
+        log.info("test: PSNR %.2f dB, SSIM %.4f over %d views (%dx%d)", metrics["psnr"], metrics["ssim"],
+                 len(rows), scene.height, scene.width)
+    return {k: metrics[k] for k in ("psnr", "ssim", "lpips")}
+
+
+def downscale_scene(scene: SceneData, factor: int) -> SceneData:
+    """Area-average the images by ``factor`` and scale the intrinsics to match."""
+    import torch.nn.functional as F
+
+    from ..data.base import Cameras, NDCParams
+
+    images = F.avg_pool2d(scene.images.permute(0, 3, 1, 2), factor).permute(0, 2, 3, 1).contiguous()
+    c = scene.cameras
+    cams = Cameras(c.c2w, c.fx / factor, c.fy / factor, c.cx / factor, c.cy / factor,
+                   images.shape[2], images.shape[1])
+    ndc = None if scene.ndc is None else NDCParams(scene.ndc.focal / factor, images.shape[2], images.shape[1],
+                                                   scene.ndc.near_plane)
+    return SceneData(scene.split, images, cams, scene.near, scene.far, scene.aabb, scene.background, ndc,
+                     scene.image_paths, scene.source)

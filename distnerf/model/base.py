@@ -1,0 +1,64 @@
+"""The interface every radiance model implements (no distributed code here).
+
+A model's ``forward`` runs the *whole* render of a ray batch (sampling, field,
+volume rendering), so that a data-parallel wrapper around it sees every parameter
+that receives a gradient.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..data.rays import RayBundle
+
+
+class RadianceModel(nn.Module):
+    """Base class: rays in, rendered pixels out.
+
+    Args:
+        aabb: (2, 3) float32 scene box (world units, NDC for LLFF).
+        background: (3,) float32 RGB composited behind every ray.
+    """
+
+    def __init__(self, aabb: torch.Tensor, background: torch.Tensor):
+        super().__init__()
+        self.register_buffer("aabb", aabb.clone().float())
+        self.register_buffer("background", background.clone().float())
+
+    def forward(self, rays: RayBundle, generator: torch.Generator | None = None) -> dict:
+        """Render rays.
+
+        Args:
+            rays: R rays. generator: random source for sample jitter (training mode);
+                evaluation (``self.training`` False) is deterministic.
+        Returns:
+            dict with ``rgb`` (R, 3) float in [0, 1], ``depth`` (R,), ``opacity`` (R,),
+            ``num_samples`` (int, samples evaluated), optionally ``rgb_coarse`` (R, 3)
+            and ``regularizer`` (scalar loss term, already weighted).
+        """
+        raise NotImplementedError
+
+    def update_state(self, step: int) -> bool:
+        """Non-gradient updates before training step ``step`` (occupancy grid,
+        resolution changes). Deterministic given the parameters, so that identical
+        replicas stay identical. Returns True when parameter tensors were replaced
+        (the caller must rebuild optimizer state and any wrapper)."""
+        return False
+
+    def param_groups(self, lr: float) -> list[dict]:
+        """Optimizer parameter groups (base learning rate ``lr``)."""
+        return [{"params": list(self.parameters()), "lr": lr}]
+
+
+def scatter_samples(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Place per-sample values of masked samples into a dense (R, S, ...) tensor.
+
+    Args:
+        values: (P, ...) values of the P samples where ``mask`` is True (row-major order).
+        mask: (R, S) bool.
+    Returns:
+        (R, S, ...) with zeros at masked-out samples (differentiable w.r.t. values).
+    """
+    out = values.new_zeros(mask.shape + values.shape[1:])
+    out[mask] = values
+    return out

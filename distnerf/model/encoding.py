@@ -1,0 +1,102 @@
+"""Input encodings: sinusoidal positional encoding and multiresolution hash grid.
+
+Legend: P points, L levels, F features per level, T table size.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import nn
+
+
+class PositionalEncoding(nn.Module):
+    """NeRF positional encoding (Mildenhall et al. 2020, Eq. 4).
+
+    ``gamma(p) = (p, sin(2^0 pi p), cos(2^0 pi p), ..., sin(2^{L-1} pi p), cos(2^{L-1} pi p))``
+    (the reference implementation omits pi; so do we, to match its frequencies).
+
+    Args:
+        num_frequencies: L. include_input: prepend p itself.
+    Shapes: (P, D) -> (P, D * (2 L + include_input)).
+    """
+
+    def __init__(self, num_frequencies: int, include_input: bool = True):
+        super().__init__()
+        self.include_input = include_input
+        self.register_buffer("freqs", 2.0 ** torch.arange(num_frequencies, dtype=torch.float32),
+                             persistent=False)
+
+    def output_dim(self, input_dim: int) -> int:
+        return input_dim * (2 * len(self.freqs) + int(self.include_input))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xb = (x[..., None, :] * self.freqs[:, None]).flatten(-2)  # (P, L*D)
+        parts = [torch.sin(xb), torch.cos(xb)]
+        if self.include_input:
+            parts.insert(0, x)
+        return torch.cat(parts, dim=-1)
+
+
+_PRIMES = (1, 2654435761, 805459861)
+
+
+class HashEncoding(nn.Module):
+    """Multiresolution hash encoding (Instant-NGP, Mueller et al. 2022, Sec. 3).
+
+    Level ``l`` has resolution ``N_l = floor(N_min * b^l)`` with
+    ``b = exp((ln N_max - ln N_min) / (L - 1))``. A level whose dense grid
+    ``(N_l + 1)^3`` fits in the table is indexed densely, otherwise by the spatial
+    hash ``xor_i(x_i * pi_i) mod T`` (Eq. 4). Features of the 8 cell corners are
+    trilinearly interpolated; differentiable w.r.t. the table (and the inputs).
+
+    Args:
+        num_levels: L. features_per_level: F. log2_table_size: log2 T.
+        base_resolution: N_min. max_resolution: N_max.
+    Shapes: points (P, 3) in [0, 1] -> (P, L * F), dtype of the table.
+    """
+
+    def __init__(self, num_levels: int = 16, features_per_level: int = 2,
+                 log2_table_size: int = 19, base_resolution: int = 16,
+                 max_resolution: int = 2048, dtype=torch.float32):
+        super().__init__()
+        self.num_levels, self.features_per_level = num_levels, features_per_level
+        growth = math.exp((math.log(max_resolution) - math.log(base_resolution)) / max(num_levels - 1, 1))
+        resolutions = [int(math.floor(base_resolution * growth ** l)) for l in range(num_levels)]
+        table_size = 2 ** log2_table_size
+        sizes = [min(table_size, (r + 1) ** 3) for r in resolutions]
+        offsets = np.concatenate([[0], np.cumsum(sizes)])
+        self.register_buffer("resolutions", torch.tensor(resolutions, dtype=torch.long), persistent=False)
+        self.register_buffer("sizes", torch.tensor(sizes, dtype=torch.long), persistent=False)
+        self.register_buffer("offsets", torch.tensor(offsets[:-1], dtype=torch.long), persistent=False)
+        self.hashed = [(r + 1) ** 3 > table_size for r in resolutions]
+        self.table = nn.Parameter(
+            (torch.rand(int(offsets[-1]), features_per_level, dtype=dtype) * 2 - 1) * 1e-4)
+
+    @property
+    def output_dim(self) -> int:
+        return self.num_levels * self.features_per_level
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        num = x.shape[0]
+        corners = torch.tensor([[i, j, k] for i in (0, 1) for j in (0, 1) for k in (0, 1)],
+                               device=x.device)  # (8, 3)
+        outs = []
+        for level in range(self.num_levels):
+            res = int(self.resolutions[level])
+            pos = x.to(self.table.dtype) * res
+            cell = pos.floor().long().clamp(0, res - 1)
+            frac = pos - cell  # (P, 3)
+            ids = cell[:, None, :] + corners  # (P, 8, 3)
+            if self.hashed[level]:
+                h = ids[..., 0] * _PRIMES[0]
+                h = h ^ (ids[..., 1] * _PRIMES[1])
+                h = h ^ (ids[..., 2] * _PRIMES[2])
+                index = h % int(self.sizes[level])
+            else:
+                index = ids[..., 0] + (res + 1) * (ids[..., 1] + (res + 1) * ids[..., 2])
+            feats = self.table[index + int(self.offsets[level])]  # (P, 8, F)
+            w = torch.where(corners.bool(), frac[:, None, :], 1 - frac[:, None, :]).prod(-1)  # (P, 8)
+            outs.append((feats * w[..., None]).sum(dim=1))
+        return torch.cat(outs, dim=-1).reshape(num, -1)

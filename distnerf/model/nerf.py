@@ -1,0 +1,93 @@
+"""The original NeRF (Mildenhall et al., ECCV 2020): the reference architecture.
+
+Legend: R rays, S samples per ray, P = R * S points.
+
+Positional encoding with 10 frequencies for positions and 4 for directions; an
+8 x 256 ReLU MLP with the input re-injected at layer 5 (skip connection); density
+from the trunk, colour from a 128-wide view-dependent head. Hierarchical sampling:
+64 stratified coarse samples, then 128 importance samples from the coarse weights,
+the fine network evaluated on the sorted union (Sec. 5.2). The loss covers both
+passes (``rgb_coarse`` is returned for it).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..data.rays import RayBundle
+from ..render.samples import intervals_from_points, sample_pdf, stratified_samples
+from ..render.volume import volume_render
+from .base import RadianceModel
+from .encoding import PositionalEncoding
+
+
+class NeRFMLP(nn.Module):
+    """The NeRF MLP: (P, 3) points and (P, 3) unit view directions -> sigma (P,), rgb (P, 3)."""
+
+    def __init__(self, pos_frequencies: int = 10, dir_frequencies: int = 4, width: int = 256,
+                 depth: int = 8, skip: int = 4):
+        super().__init__()
+        self.pos_enc, self.dir_enc = PositionalEncoding(pos_frequencies), PositionalEncoding(dir_frequencies)
+        in_pos, in_dir = self.pos_enc.output_dim(3), self.dir_enc.output_dim(3)
+        self.skip = skip
+        layers = []
+        for i in range(depth):
+            fan_in = in_pos if i == 0 else width + (in_pos if i == skip + 1 else 0)
+            layers.append(nn.Linear(fan_in, width))
+        self.trunk = nn.ModuleList(layers)
+        self.sigma_head = nn.Linear(width, 1)
+        self.feature = nn.Linear(width, width)
+        self.color_head = nn.Sequential(nn.Linear(width + in_dir, width // 2), nn.ReLU(),
+                                        nn.Linear(width // 2, 3))
+
+    def forward(self, points: torch.Tensor, viewdirs: torch.Tensor):
+        x_in = self.pos_enc(points)
+        h = x_in
+        for i, layer in enumerate(self.trunk):
+            if i == self.skip + 1:
+                h = torch.cat([x_in, h], dim=-1)
+            h = F.relu(layer(h))
+        sigma = F.relu(self.sigma_head(h)[:, 0])
+        rgb = torch.sigmoid(self.color_head(torch.cat([self.feature(h), self.dir_enc(viewdirs)], -1)))
+        return sigma, rgb
+
+
+class NeRFModel(RadianceModel):
+    """Coarse + fine NeRF.
+
+    Args:
+        aabb, background: see :class:`RadianceModel` (aabb unused by sampling).
+        num_coarse, num_fine: samples per ray of the two passes (64 and 128).
+        width, depth: MLP size (256, 8).
+    """
+
+    def __init__(self, aabb, background, num_coarse: int = 64, num_fine: int = 128,
+                 width: int = 256, depth: int = 8, pos_frequencies: int = 10, dir_frequencies: int = 4):
+        super().__init__(aabb, background)
+        self.num_coarse, self.num_fine = num_coarse, num_fine
+        self.coarse = NeRFMLP(pos_frequencies, dir_frequencies, width, depth)
+        self.fine = NeRFMLP(pos_frequencies, dir_frequencies, width, depth) if num_fine > 0 else None
+
+    def _render(self, mlp, rays: RayBundle, t_starts, t_ends):
+        r, s = t_starts.shape
+        t_mid = 0.5 * (t_starts + t_ends)
+        points = rays.origins[:, None] + rays.directions[:, None] * t_mid[..., None]
+        dirs = rays.viewdirs[:, None].expand(r, s, 3)
+        sigma, rgb = mlp(points.reshape(-1, 3), dirs.reshape(-1, 3))
+        return volume_render(sigma.view(r, s), rgb.view(r, s, 3), t_starts, t_ends, self.background)
+
+    def forward(self, rays: RayBundle, generator=None) -> dict:
+        t_starts, t_ends = stratified_samples(rays.near, rays.far, self.num_coarse, self.training, generator)
+        coarse = self._render(self.coarse, rays, t_starts, t_ends)
+        num_samples = t_starts.numel()
+        if self.fine is None:
+            return {**coarse, "num_samples": num_samples}
+        bins = torch.cat([t_starts, t_ends[:, -1:]], dim=-1)
+        t_fine = sample_pdf(bins, coarse["weights"].detach(), self.num_fine, self.training, generator)
+        t_all = torch.sort(torch.cat([t_starts, t_fine], dim=-1), dim=-1).values
+        f_starts, f_ends = intervals_from_points(t_all, rays.far)
+        fine = self._render(self.fine, rays, f_starts, f_ends)
+        fine["rgb_coarse"] = coarse["rgb"]
+        fine["num_samples"] = num_samples + f_starts.numel()
+        return fine

@@ -1,0 +1,1 @@
+"""Observation: image metrics, loggers, step timers."""

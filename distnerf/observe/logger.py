@@ -1,0 +1,84 @@
+"""Run loggers: ``metrics.jsonl`` (one JSON object per row), W&B, console progress.
+
+Only the main rank constructs writers; other ranks get a :class:`NullLogger`.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+log = logging.getLogger("distnerf")
+
+
+class NullLogger:
+    def log(self, row: dict) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class JsonlLogger:
+    """Appends rows to ``path``. On resume from step ``k`` rows with ``step > k`` are
+    dropped first, so the file never holds duplicate steps."""
+
+    def __init__(self, path: Path, resume_step: int | None = None):
+        self.path = Path(path)
+        if resume_step is not None and self.path.exists():
+            kept = []
+            for line in self.path.read_text().splitlines():
+                if not line.strip():
+                    continue
+                row = json.loads(line)
+                if row.get("step", -1) <= resume_step:
+                    kept.append(line)
+            tmp = self.path.with_suffix(".jsonl.tmp")
+            tmp.write_text("".join(k + "\n" for k in kept))
+            os.replace(tmp, self.path)
+        self.file = open(self.path, "a", buffering=1)
+
+    def log(self, row: dict) -> None:
+        self.file.write(json.dumps(row) + "\n")
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class WandbLogger:
+    """W&B run (``mode`` offline by default, ``disabled`` in tests)."""
+
+    def __init__(self, cfg: dict, run_dir: Path, config: dict, resume: bool):
+        import wandb
+
+        self.wandb = wandb
+        self.run = wandb.init(project=cfg.get("project", "distnerf"), mode=cfg.get("mode", "offline"),
+                              dir=str(run_dir), config=config, name=cfg.get("name") or run_dir.name,
+                              id=cfg.get("id") or _stable_id(run_dir), resume="allow" if resume else None)
+
+    def log(self, row: dict) -> None:
+        step = row.get("step")
+        self.run.log({k: v for k, v in row.items() if isinstance(v, (int, float))}, step=step)
+
+    def close(self) -> None:
+        self.run.finish()
+
+
+def _stable_id(run_dir: Path) -> str:
+    import hashlib
+
+    return hashlib.sha1(str(Path(run_dir).resolve()).encode()).hexdigest()[:12]
+
+
+class MultiLogger:
+    def __init__(self, loggers):
+        self.loggers = list(loggers)
+
+    def log(self, row: dict) -> None:
+        for logger in self.loggers:
+            logger.log(row)
+
+    def close(self) -> None:
+        for logger in self.loggers:
+            logger.close()

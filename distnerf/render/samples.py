@@ -1,0 +1,92 @@
+"""Along-ray sampling: stratified, hierarchical (inverse-CDF) and box clipping.
+
+Legend: R rays, S samples per ray. Sample layout is batched: ``(R, S)`` with
+intervals ``[t_starts, t_ends]`` in world units along each ray direction.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def ray_aabb(origins: torch.Tensor, directions: torch.Tensor, aabb: torch.Tensor):
+    """Slab-test intersection of rays with an axis-aligned box.
+
+    Args:
+        origins: (R, 3) float. directions: (R, 3) float (need not be unit).
+        aabb: (2, 3) float [min corner, max corner].
+    Returns:
+        t_min, t_max: (R,) entry and exit ray parameters; ``t_min > t_max`` when the
+        ray misses the box. ``t_min`` may be negative (origin inside the box).
+    """
+    safe = torch.where(directions.abs() < 1e-12, torch.full_like(directions, 1e-12), directions)
+    inv = 1.0 / safe
+    t0 = (aabb[0] - origins) * inv
+    t1 = (aabb[1] - origins) * inv
+    t_min = torch.minimum(t0, t1).amax(dim=-1)
+    t_max = torch.maximum(t0, t1).amin(dim=-1)
+    return t_min, t_max
+
+
+def stratified_samples(near: torch.Tensor, far: torch.Tensor, num_samples: int,
+                       perturb: bool, generator: torch.Generator | None = None):
+    """Stratified samples in ``[near, far]`` (NeRF Eq. 2).
+
+    Args:
+        near, far: (R,) float bounds. num_samples: S.
+        perturb: jitter uniformly inside each of the S equal bins (training); else bin
+            midpoints' edges (deterministic).
+        generator: random source for the jitter.
+    Returns:
+        t_starts, t_ends: (R, S) float contiguous intervals covering [near, far].
+    """
+    steps = torch.linspace(0.0, 1.0, num_samples + 1, device=near.device)
+    edges = near[:, None] + (far - near)[:, None] * steps  # (R, S+1)
+    if perturb:
+        mids = 0.5 * (edges[:, 1:] + edges[:, :-1])
+        lower = torch.cat([edges[:, :1], mids], dim=-1)
+        upper = torch.cat([mids, edges[:, -1:]], dim=-1)
+        u = torch.rand(edges.shape, generator=generator, device=near.device)
+        edges = lower + (upper - lower) * u
+    return edges[:, :-1], edges[:, 1:]
+
+
+def sample_pdf(bins: torch.Tensor, weights: torch.Tensor, num_samples: int, perturb: bool,
+               generator: torch.Generator | None = None) -> torch.Tensor:
+    """Inverse-transform sampling of a piecewise-constant PDF (NeRF Sec. 5.2).
+
+    Args:
+        bins: (R, B+1) float bin edges along each ray (sorted).
+        weights: (R, B) float non-negative weights of each bin (detached by the caller).
+        num_samples: samples to draw per ray.
+        perturb: uniform random CDF values if True, else evenly spaced.
+    Returns:
+        (R, num_samples) float sorted ray parameters.
+    """
+    weights = weights + 1e-5
+    pdf = weights / weights.sum(dim=-1, keepdim=True)
+    cdf = torch.cat([torch.zeros_like(pdf[:, :1]), torch.cumsum(pdf, dim=-1)], dim=-1)
+    if perturb:
+        u = torch.rand((cdf.shape[0], num_samples), generator=generator, device=cdf.device)
+    else:
+        u = torch.linspace(0.0, 1.0, num_samples, device=cdf.device).expand(cdf.shape[0], -1)
+    u = u.contiguous()
+    idx = torch.searchsorted(cdf, u, right=True)
+    below = (idx - 1).clamp(min=0)
+    above = idx.clamp(max=cdf.shape[-1] - 1)
+    cdf_lo, cdf_hi = torch.gather(cdf, 1, below), torch.gather(cdf, 1, above)
+    bin_lo, bin_hi = torch.gather(bins, 1, below), torch.gather(bins, 1, above)
+    denom = torch.where(cdf_hi - cdf_lo < 1e-5, torch.ones_like(cdf_lo), cdf_hi - cdf_lo)
+    t = (u - cdf_lo) / denom
+    return torch.sort(bin_lo + t * (bin_hi - bin_lo), dim=-1).values
+
+
+def intervals_from_points(t: torch.Tensor, far: torch.Tensor):
+    """Intervals around sorted sample positions: each ends where the next begins.
+
+    Args:
+        t: (R, S) sorted ray parameters. far: (R,) bound closing the last interval.
+    Returns:
+        t_starts, t_ends: (R, S).
+    """
+    t_ends = torch.cat([t[:, 1:], far[:, None].expand(-1, 1)], dim=-1)
+    return t, torch.maximum(t_ends, t)

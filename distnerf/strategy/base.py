@@ -1,0 +1,96 @@
+"""The strategy interface: process roles, model wrapping, batch split, collectives.
+
+A strategy owns everything distributed in training: which rays a rank draws,
+how the model is wrapped (data parallel or not), how the loss is normalised so
+that the optimised objective does not depend on the world size, how ranks agree
+to stop, and which rank writes what. Models, fields and renderers never see it.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import torch
+from torch import nn
+
+from .. import dist as D
+from ..dist import DistEnv
+
+
+class Strategy:
+    """Base strategy (also the behaviour of a single process).
+
+    Args:
+        cfg: ``strategy`` config group. env: this process's distributed facts.
+    """
+
+    name = "base"
+
+    def __init__(self, cfg: Mapping, env: DistEnv):
+        self.cfg, self.env = cfg, env
+        self.model: nn.Module | None = None
+        self.wrapped: nn.Module | None = None
+
+    # -- roles --------------------------------------------------------------
+    @property
+    def is_main(self) -> bool:
+        """Whether this rank writes run-level files (config, logs, W&B, manifest)."""
+        return self.env.is_main
+
+    def sampler_stream(self) -> int:
+        """Random stream of this rank's ray batches (distinct per rank)."""
+        return self.env.rank
+
+    def rays_per_rank(self, global_rays: int) -> int:
+        """Per-rank batch for a global batch of ``global_rays``.
+
+        Raises:
+            ValueError: when the global batch does not split evenly.
+        """
+        if global_rays % self.env.world_size:
+            raise ValueError(f"train.global_rays={global_rays} is not divisible by the world size "
+                             f"{self.env.world_size}")
+        return global_rays // self.env.world_size
+
+    # -- model --------------------------------------------------------------
+    def wrap(self, model: nn.Module) -> nn.Module:
+        """Place ``model`` on the device and return the module whose forward trains it."""
+        self.model = model.to(self.env.device)
+        self.wrapped = self.model
+        return self.wrapped
+
+    def rewrap(self) -> nn.Module:
+        """Re-wrap after the model replaced parameter tensors (grid upsampling)."""
+        return self.wrap(self.model)
+
+    # -- collectives -----------------------------------------------------------
+    def reduce_step_stats(self, stats: torch.Tensor) -> torch.Tensor:
+        """Combine per-step scalars over ranks: ``[valid_rays, stop_flags...]`` summed.
+
+        One small all-reduce per step serves both the loss normaliser and the stop
+        decision, so every rank leaves the loop at the same step.
+        """
+        return D.all_reduce_sum(self.env, stats)
+
+    def loss_normalizer(self, global_valid: float) -> float:
+        """Divisor of this rank's summed squared error.
+
+        DDP averages gradients over ranks, so dividing by ``global_valid / world_size``
+        makes the averaged gradient equal the gradient of the global mean loss, even
+        when ranks hold different numbers of valid rays.
+        """
+        return max(global_valid, 1.0) / self.env.world_size
+
+    def comm_stats(self) -> dict:
+        """Communication measured since the last call (seconds, bytes, calls)."""
+        return {}
+
+    # -- evaluation ------------------------------------------------------------
+    def eval_views(self, num_views: int) -> list[int]:
+        """This rank's share of ``num_views`` evaluation views (round robin)."""
+        return list(range(self.env.rank, num_views, self.env.world_size))
+
+    def gather(self, obj) -> list:
+        return D.gather_objects(self.env, obj)
+
+    def barrier(self) -> None:
+        D.barrier(self.env)

@@ -1,0 +1,54 @@
+"""Train a NeRF: ``python -m distnerf.train [overrides]``.
+
+Examples::
+
+    python -m distnerf.train                                   # built-in scene, grid model
+    python -m distnerf.train dataset=blender dataset.root=../shared/data/nerf_synthetic_half/lego
+    python -m distnerf.train dataset=llff dataset.root=../shared/data/nerf_llff_data/fern
+    torchrun --nproc_per_node=2 -m distnerf.train strategy=ddp run_dir=runs/lego2
+    python -m distnerf.train run_dir=runs/lego2 resume=true   # continue a run
+
+Flow: compose config -> init distributed -> run directory -> Trainer (dataset,
+sampler, model, strategy.wrap, optimizer, checkpoint) -> fit -> evaluate.
+"""
+from __future__ import annotations
+
+import logging
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from . import dist as D
+from .config import resolve_run_dir, setup_logging, validate
+from .engine.trainer import NonFiniteLoss, Trainer
+from .strategy import build_strategy
+
+log = logging.getLogger("distnerf")
+
+
+def run(cfg: DictConfig) -> dict:
+    validate(cfg)
+    env = D.init_distributed(cfg.device)
+    try:
+        run_dir = resolve_run_dir(cfg, env)
+        setup_logging(env, run_dir, cfg.logger.get("level", "INFO"))
+        if env.is_main:
+            (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+            log.info("run directory %s; world size %d; backend %s; device %s", run_dir, env.world_size,
+                     env.backend or "none", env.device)
+        strategy = build_strategy(OmegaConf.to_container(cfg.strategy, resolve=True), env)
+        return Trainer(cfg, strategy, run_dir).fit()
+    finally:
+        D.shutdown(env)
+
+
+@hydra.main(config_path="../conf", config_name="train", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    try:
+        run(cfg)
+    except NonFiniteLoss as err:
+        raise SystemExit(f"distnerf: {err}") from None
+
+
+if __name__ == "__main__":
+    main()
