@@ -471,11 +471,18 @@ def trace(primitives: Sequence[Primitive], origins: np.ndarray, dirs: np.ndarray
     best_t = np.full(n, np.inf)
     best_id = np.full(n, -1, dtype=np.int64)
     best_normal = np.zeros((n, 3))
+    # Pinhole views share one origin: the culling test is then one mat-vec per primitive.
+    shared_origin = bool(n) and bool(np.all(origins == origins[0]))
     for k, prim in enumerate(primitives):
         centre, radius = prim.bounding_sphere()
-        oc = origins - centre
-        b = np.einsum("ij,ij->i", oc, dirs)
-        c = np.einsum("ij,ij->i", oc, oc) - (radius * 1.001 + 1e-6) ** 2
+        if shared_origin:
+            oc0 = origins[0] - centre
+            b = np.einsum("ij,j->i", dirs, oc0)  # faster than BLAS for 3-vectors
+            c = oc0 @ oc0 - (radius * 1.001 + 1e-6) ** 2
+        else:
+            oc = origins - centre
+            b = np.einsum("ij,ij->i", oc, dirs)
+            c = np.einsum("ij,ij->i", oc, oc) - (radius * 1.001 + 1e-6) ** 2
         candidate = np.flatnonzero((b * b - c >= 0.0) & ((b < 0.0) | (c < 0.0)))
         if candidate.size == 0:
             continue
@@ -486,7 +493,7 @@ def trace(primitives: Sequence[Primitive], origins: np.ndarray, dirs: np.ndarray
     hit = best_id >= 0
     rgb = np.zeros((n, 3))
     points = origins + np.where(hit, best_t, 0.0)[:, None] * dirs
-    lambert = np.clip(best_normal @ light_dir, 0.0, 1.0)
+    lambert = np.clip(np.einsum("ij,j->i", best_normal, light_dir), 0.0, 1.0)
     shade = ambient + (1.0 - ambient) * lambert
     for k, prim in enumerate(primitives):
         idx = np.flatnonzero(best_id == k)
