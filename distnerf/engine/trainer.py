@@ -221,35 +221,46 @@ class Trainer:
             progress.set_postfix(loss=f"{mse:.4f}", psnr=f"{row['psnr']:.2f}", rays_s=f"{row['rays_per_s']:.0f}")
 
     # ----------------------------------------------------------------- evaluation
-    def _eval_split(self, split: str, num_views, downscale: int, out_dir: Path | None, lpips) -> dict:
-        dataset_cfg = OmegaConf.to_container(self.cfg.dataset, resolve=True)
-        scene = load_scene(dataset_cfg, split)
-        if downscale > 1:
-            scene = downscale_scene(scene, downscale)
-        views = select_views(len(scene), num_views)
-        mine = [views[i] for i in self.strategy.eval_views(len(views))]
-        rows = evaluate_views(self.model, scene, mine, int(self.cfg.eval.chunk), self.device, out_dir, lpips)
-        rows = sorted((r for part in self.strategy.gather(rows) for r in part), key=lambda r: r["view"])
-        return {"scene": scene, "rows": rows}
-
     def validate(self) -> None:
         start = time.perf_counter()
-        res = self._eval_split("val", int(self.train_cfg.get("val_views", 2)), 1, None, None)
+        res = make_eval_split(self.cfg, self.model, self.strategy)("val", int(self.train_cfg.get("val_views", 2)),
+                                                                   1, None, None)
         psnrs = [r["psnr"] for r in res["rows"]]
         self.logger.log({"step": self.step, "val_psnr": sum(psnrs) / len(psnrs),
                          "val_seconds": time.perf_counter() - start})
 
     def evaluate(self) -> dict:
         """Test-split PSNR/SSIM(/LPIPS); renders under ``RUN/test/``; ``metrics.json`` on rank 0."""
-        return evaluate_run(self.cfg, self.model, self.strategy, self.run_dir, self.step, self._eval_split)
+        return evaluate_run(self.cfg, self.model, self.strategy, self.run_dir, self.step,
+                            make_eval_split(self.cfg, self.model, self.strategy))
 
     def close(self) -> None:
         self.sampler.close()
         self.logger.close()
 
 
-def evaluate_run(cfg, model, strategy, run_dir: Path, step: int, eval_split) -> dict:
-    """Shared by training and ``distnerf.render``: evaluate the test split, write metrics.json."""
+def make_eval_split(cfg, model, strategy):
+    """A function ``(split, num_views, downscale, out_dir, lpips) -> {"scene", "rows"}`` that
+    renders this rank's share of the views with the unwrapped model and gathers all rows."""
+
+    def eval_split(split: str, num_views, downscale: int, out_dir: Path | None, lpips) -> dict:
+        scene = load_scene(OmegaConf.to_container(cfg.dataset, resolve=True), split)
+        if downscale > 1:
+            scene = downscale_scene(scene, downscale)
+        views = select_views(len(scene), num_views)
+        mine = [views[i] for i in strategy.eval_views(len(views))]
+        device = next(model.buffers()).device
+        rows = evaluate_views(model, scene, mine, int(cfg.eval.chunk), device, out_dir, lpips)
+        rows = sorted((r for part in strategy.gather(rows) for r in part), key=lambda r: r["view"])
+        return {"scene": scene, "rows": rows}
+
+    return eval_split
+
+
+def evaluate_run(cfg, model, strategy, out_dir: Path, step: int, eval_split) -> dict:
+    """Shared by training and ``distnerf.render``: evaluate the test split, write
+    ``out_dir/metrics.json`` (main rank) and renders under ``out_dir/test/``."""
+    run_dir = out_dir
     eval_cfg = cfg.eval
     lpips = LPIPS() if eval_cfg.get("lpips", True) else None
     downscale = int(eval_cfg.get("downscale", 1))

@@ -1,19 +1,23 @@
 """Voxel-grid radiance field (DVGO / Plenoxels style), the CPU-practical default.
 
 Legend: R rays, S samples per ray, P evaluated samples, C feature channels,
-N grid resolution per axis.
+N grid resolution per axis (vertices), V = N^3 vertices.
 
-A dense grid of shape (1, 1 + C, N, N, N) holds a raw density and C colour
-features per vertex; values between vertices are trilinearly interpolated
-(``grid_sample`` with ``align_corners=True``; the grid's last three axes are
-z, y, x as ``grid_sample`` expects). Density uses DVGO's shifted softplus
-(Sun et al. 2022, Eq. 5-6) in units of the *final* voxel size so that a
-resolution change keeps the field unchanged; colour is a tiny MLP on the
-features and the encoded view direction (DVGO Sec. 5). Training is coarse to
-fine: at ``upsample_steps`` the grid is resampled to the next of ``resolutions``
-inside a box tightened around the occupied cells. Empty space is skipped with an
-occupancy grid derived from the density; a total-variation term regularises the
-density (Plenoxels, Fridovich-Keil et al. 2022, Eq. 3).
+Two vertex tables in x-major order (vertex ``(i, j, k)`` is row ``(i N + j) N + k``):
+a raw density (V, 1) and colour features (V, C), trilinearly interpolated by
+gathering the 8 corner rows (channels-last, so one gather moves C contiguous
+floats; ``F.embedding``'s backward accumulates the gradient rows).
+
+* Density: DVGO's shifted softplus (Sun et al. 2022, Eq. 5-6) in units of the
+  *final* voxel size, so a resolution change keeps the field unchanged.
+* Colour: a tiny MLP on the features and the encoded view direction (DVGO Sec. 5),
+  evaluated only where a sample's compositing weight exceeds ``color_threshold``
+  (DVGO's "fast colour threshold"); this also terminates rays early, since samples
+  behind an opaque surface have negligible weight.
+* Empty space is skipped with an occupancy grid derived from the density.
+* Coarse to fine: at ``upsample_steps`` the tables are resampled to the next of
+  ``resolutions`` inside a box tightened around the occupied cells.
+* Total variation on the density (Plenoxels, Fridovich-Keil et al. 2022, Eq. 3).
 """
 from __future__ import annotations
 
@@ -24,10 +28,88 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..data.rays import RayBundle
-from ..render.occupancy import OccupancyGrid, march_rays
-from ..render.volume import volume_render
+from ..renderer.occupancy import OccupancyGrid, march_rays
+from ..renderer.volume import alphas_from_densities, composite, render_weights
 from .base import RadianceModel, scatter_samples
 from .encoding import PositionalEncoding
+
+_CORNERS = torch.tensor([[i, j, k] for i in (0, 1) for j in (0, 1) for k in (0, 1)])
+
+
+def trilinear_corners(x: torch.Tensor, resolution: int):
+    """Corner rows and weights of trilinear interpolation on an x-major vertex table.
+
+    Args:
+        x: (P, 3) float positions in [0, 1] over the grid box (clamped).
+        resolution: N vertices per axis.
+    Returns:
+        index: (P, 8) long rows of the corner vertices; weights: (P, 8) float, summing to 1.
+    """
+    n = resolution
+    pos = x.clamp(0, 1) * (n - 1)
+    base = pos.floor().long().clamp(0, n - 2)
+    frac = pos - base
+    corners = _CORNERS.to(x.device)
+    ids = base[:, None, :] + corners  # (P, 8, 3)
+    index = (ids[..., 0] * n + ids[..., 1]) * n + ids[..., 2]
+    weights = torch.where(corners.bool(), frac[:, None, :], 1 - frac[:, None, :]).prod(-1)
+    return index, weights
+
+
+class _Interpolate(torch.autograd.Function):
+    """Gather-and-blend of corner rows whose backward is one flat ``scatter_add_``
+    (several times faster on CPU than the sort-based ``embedding`` backward)."""
+
+    @staticmethod
+    def forward(ctx, table, index, weights):
+        ctx.save_for_backward(index, weights)
+        ctx.table_shape = table.shape
+        return (F.embedding(index, table) * weights[..., None]).sum(dim=1)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        index, weights = ctx.saved_tensors
+        num_rows, channels = ctx.table_shape
+        grad_weights = None
+        if ctx.needs_input_grad[2]:
+            raise NotImplementedError("gradient w.r.t. interpolation weights is not needed here")
+        flat = (index[..., None] * channels + torch.arange(channels, device=index.device)).reshape(-1)
+        contrib = (weights[..., None] * grad_out[:, None, :].to(weights.dtype)).reshape(-1)
+        grad_table = torch.zeros(num_rows * channels, dtype=grad_out.dtype, device=grad_out.device)
+        grad_table.scatter_add_(0, flat, contrib.to(grad_out.dtype))
+        return grad_table.view(num_rows, channels), None, grad_weights
+
+
+def spherical_harmonics(dirs: torch.Tensor, degree: int) -> torch.Tensor:
+    """Real spherical-harmonic basis up to ``degree`` (<= 2), as in Plenoxels / PlenOctrees.
+
+    Args:
+        dirs: (P, 3) float unit directions.
+    Returns:
+        (P, (degree + 1)^2) basis values.
+    """
+    x, y, z = dirs.unbind(-1)
+    out = [torch.full_like(x, 0.28209479177387814)]
+    if degree >= 1:
+        out += [-0.4886025119029199 * y, 0.4886025119029199 * z, -0.4886025119029199 * x]
+    if degree >= 2:
+        out += [1.0925484305920792 * x * y, -1.0925484305920792 * y * z,
+                0.31539156525252005 * (2 * z * z - x * x - y * y), -1.0925484305920792 * x * z,
+                0.5462742152960396 * (x * x - y * y)]
+    if degree > 2:
+        raise ValueError(f"spherical harmonics degree {degree} > 2 is not supported")
+    return torch.stack(out, dim=-1)
+
+
+def interpolate(table: torch.Tensor, index: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Trilinear interpolation, differentiable w.r.t. ``table`` only.
+
+    Args:
+        table: (V, C) float vertex values. index, weights: (P, 8) from :func:`trilinear_corners`.
+    Returns:
+        (P, C) interpolated values.
+    """
+    return _Interpolate.apply(table, index, weights)
 
 
 class GridModel(RadianceModel):
@@ -35,12 +117,13 @@ class GridModel(RadianceModel):
 
     Args:
         aabb, background: see :class:`RadianceModel`.
-        resolutions: grid resolutions of the coarse-to-fine schedule, e.g. [64, 128, 160].
+        resolutions: vertex resolutions of the coarse-to-fine schedule, e.g. [64, 128, 160].
         upsample_steps: training steps at which to move to the next resolution.
         num_features: C. hidden_width, viewdir_frequencies: colour MLP.
         step_ratio: marching step in voxels of the current resolution.
         alpha_init: initial opacity of one step of the final resolution.
         occupancy_threshold / occupancy_every: empty-space skipping.
+        color_threshold: samples with a smaller compositing weight get no colour.
         tv_weight: weight of the density total-variation regulariser.
         tighten_aabb: shrink the box to the occupied region at each upsampling.
     """
@@ -49,65 +132,72 @@ class GridModel(RadianceModel):
                  num_features: int = 12, hidden_width: int = 64, viewdir_frequencies: int = 4,
                  step_ratio: float = 0.5, alpha_init: float = 1e-3,
                  occupancy_threshold: float = 1e-4, occupancy_every: int = 16,
-                 tv_weight: float = 1e-5, tighten_aabb: bool = True):
+                 color_threshold: float = 1e-4, tv_weight: float = 1e-5, tighten_aabb: bool = True,
+                 color: str = "mlp", sh_degree: int = 1):
         super().__init__(aabb, background)
         if len(upsample_steps) != len(resolutions) - 1:
             raise ValueError(f"model.upsample_steps ({list(upsample_steps)}) needs one entry per "
                              f"resolution change of model.resolutions ({list(resolutions)})")
         self.resolutions, self.upsample_steps = list(resolutions), list(upsample_steps)
         self.step_ratio, self.occupancy_threshold = step_ratio, occupancy_threshold
-        self.occupancy_every, self.tv_weight, self.tighten_aabb = occupancy_every, tv_weight, tighten_aabb
+        self.occupancy_every, self.color_threshold = occupancy_every, color_threshold
+        self.tv_weight, self.tighten_aabb = tv_weight, tighten_aabb
         extent = (self.aabb[1] - self.aabb[0]).max().item()
         self.base_voxel = extent / self.resolutions[-1]  # density unit: 1 / final voxel size
         # softplus(shift) * step / base_voxel = -log(1 - alpha_init) at step = step_ratio voxels
-        target = -math.log(1.0 - alpha_init) / step_ratio
-        self.density_shift = math.log(math.expm1(target))
+        self.density_shift = math.log(math.expm1(-math.log(1.0 - alpha_init) / step_ratio))
+        if color not in ("mlp", "sh"):
+            raise ValueError(f"model.color must be 'mlp' or 'sh', got {color!r}")
+        self.color, self.sh_degree = color, sh_degree
+        if color == "sh":
+            num_features = 3 * (sh_degree + 1) ** 2
         n = self.resolutions[0]
-        self.grid = nn.Parameter(torch.zeros(1, 1 + num_features, n, n, n))
+        self.density = nn.Parameter(torch.zeros(n ** 3, 1))
+        self.features = nn.Parameter(torch.zeros(n ** 3, num_features))
         self.dir_encoding = PositionalEncoding(viewdir_frequencies)
         self.color_net = nn.Sequential(
             nn.Linear(num_features + self.dir_encoding.output_dim(3), hidden_width), nn.ReLU(),
             nn.Linear(hidden_width, hidden_width), nn.ReLU(),
-            nn.Linear(hidden_width, 3))
+            nn.Linear(hidden_width, 3)) if color == "mlp" else nn.Identity()
         self.register_buffer("grid_aabb", self.aabb.clone())
+        self.register_buffer("grid_resolution", torch.tensor(n))
         self.occupancy = OccupancyGrid(self.aabb, n)
 
     # ---------------------------------------------------------------- state
     @property
     def resolution(self) -> int:
-        return self.grid.shape[-1]
-
-    def get_extra_state(self):
-        return {"resolution": self.resolution}
-
-    def set_extra_state(self, state):
-        n = int(state["resolution"])
-        if n != self.resolution:  # resize so load_state_dict can copy the saved grid
-            self.grid = nn.Parameter(self.grid.new_zeros(self.grid.shape[:2] + (n, n, n)))
-            self.occupancy.resize(self.grid_aabb, n)
+        return int(self.grid_resolution)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        # the resolution and occupancy shape must match before tensors are copied
-        key = prefix + "_extra_state"
-        if key in state_dict:
-            self.set_extra_state(state_dict[key])
+        # match the saved resolution before tensors are copied
+        saved = state_dict.get(prefix + "density")
+        if saved is not None and saved.shape != self.density.shape:
+            self.density = nn.Parameter(torch.zeros_like(saved))
+            self.features = nn.Parameter(self.features.new_zeros(saved.shape[0], self.features.shape[1]))
         occ = state_dict.get(prefix + "occupancy.binary")
         if occ is not None and occ.shape != self.occupancy.binary.shape:
             self.occupancy.binary = torch.ones_like(occ)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def param_groups(self, lr: float) -> list[dict]:
-        """Grid at ``lr`` * 100 (DVGO uses 0.1 for grids and 1e-3 for the MLP)."""
-        return [{"params": [self.grid], "lr": lr * 100.0, "name": "grid"},
-                {"params": list(self.color_net.parameters()), "lr": lr, "name": "color_net"}]
+        """Tables at ``lr`` * 100 (DVGO uses 0.1 for grids and 1e-3 for the MLP)."""
+        groups = [{"params": [self.density, self.features], "lr": lr * 100.0, "name": "grid"}]
+        if self.color == "mlp":
+            groups.append({"params": list(self.color_net.parameters()), "lr": lr, "name": "color_net"})
+        return groups
 
     # ---------------------------------------------------------------- field
-    def _sample_grid(self, points: torch.Tensor) -> torch.Tensor:
-        """(P, 3) world points inside ``grid_aabb`` -> (P, 1 + C) interpolated values."""
-        x = (points - self.grid_aabb[0]) / (self.grid_aabb[1] - self.grid_aabb[0]) * 2 - 1
-        out = F.grid_sample(self.grid, x.view(1, 1, 1, -1, 3), mode="bilinear",
-                            padding_mode="border", align_corners=True)
-        return out.view(self.grid.shape[1], -1).t()
+    def _corners(self, points: torch.Tensor):
+        x = (points - self.grid_aabb[0]) / (self.grid_aabb[1] - self.grid_aabb[0])
+        return trilinear_corners(x, self.resolution)
+
+    def _colours(self, feats: torch.Tensor, viewdirs: torch.Tensor, ray_idx: torch.Tensor) -> torch.Tensor:
+        """(P, C) features + per-ray (R, 3) view directions -> (P, 3) RGB in [0, 1]."""
+        if self.color == "sh":
+            basis = spherical_harmonics(viewdirs, self.sh_degree)[ray_idx]  # (P, K)
+            return torch.sigmoid((feats.view(-1, 3, basis.shape[-1]) * basis[:, None, :]).sum(-1))
+        dirs = self.dir_encoding(viewdirs)[ray_idx]
+        return torch.sigmoid(self.color_net(torch.cat([feats, dirs], dim=-1)))
 
     def densities(self, raw: torch.Tensor) -> torch.Tensor:
         """Raw grid density -> sigma (1 / world unit)."""
@@ -122,35 +212,43 @@ class GridModel(RadianceModel):
                                             self.grid_aabb, self.step_size(), self.occupancy,
                                             self.training, generator)
         ray_idx, sample_idx = mask.nonzero(as_tuple=True)
-        t_mid = 0.5 * (t_starts + t_ends)[ray_idx, sample_idx]
-        points = rays.origins[ray_idx] + rays.directions[ray_idx] * t_mid[:, None]
-        values = self._sample_grid(points)
-        sigmas = self.densities(values[:, 0])
-        dirs = self.dir_encoding(rays.viewdirs)[ray_idx]
-        rgbs = torch.sigmoid(self.color_net(torch.cat([values[:, 1:], dirs], dim=-1)))
-        out = volume_render(scatter_samples(sigmas, mask), scatter_samples(rgbs, mask),
-                            t_starts, t_ends, self.background)
-        out["num_samples"] = int(ray_idx.numel())
+        t_mid = 0.5 * (t_starts + t_ends)
+        points = rays.origins[ray_idx] + rays.directions[ray_idx] * t_mid[ray_idx, sample_idx, None]
+        index, weights = self._corners(points)
+        sigmas = scatter_samples(self.densities(interpolate(self.density, index, weights)[:, 0]), mask)
+        alphas = alphas_from_densities(sigmas, t_ends - t_starts)
+        blend, _ = render_weights(alphas)
+        # colour only where it can matter (also early termination behind surfaces)
+        keep = blend[ray_idx, sample_idx].detach() > self.color_threshold
+        rgbs = self._colours(interpolate(self.features, index[keep], weights[keep]), rays.viewdirs,
+                             ray_idx[keep])
+        colour_mask = torch.zeros_like(mask)
+        colour_mask[ray_idx[keep], sample_idx[keep]] = True
+        rgb, depth, opacity = composite(blend * colour_mask, scatter_samples(rgbs, colour_mask), t_mid,
+                                        self.background)
+        out = {"rgb": rgb, "depth": depth, "opacity": opacity, "num_samples": int(ray_idx.numel()),
+               "num_colour_samples": int(keep.sum())}
         if self.training and self.tv_weight > 0:
-            out["regularizer"] = self.tv_weight * total_variation(self.grid[:, :1])
+            n = self.resolution
+            out["regularizer"] = self.tv_weight * total_variation(self.density.view(1, 1, n, n, n))
         return out
 
     # ---------------------------------------------------------------- schedule
     @torch.no_grad()
     def update_occupancy(self) -> None:
-        """Occupancy from the density at cell centres (deterministic)."""
+        """Occupancy from the density at occupancy-cell centres (deterministic)."""
         n = self.resolution
-        centers = self.occupancy.cell_centers()  # x-major, (n^3, 3)
         if self.occupancy.resolution != n:
             self.occupancy.resize(self.grid_aabb, n)
-            centers = self.occupancy.cell_centers()
-        sigma = self.densities(self._sample_grid(centers)[:, 0])
+        centers = self.occupancy.cell_centers()
+        index, weights = self._corners(centers)
+        sigma = self.densities(interpolate(self.density, index, weights)[:, 0])
         alpha = 1.0 - torch.exp(-sigma * self.step_size())
         self.occupancy.set_from_alpha(alpha.view(n, n, n), self.occupancy_threshold, dilation=1)
 
     @torch.no_grad()
     def upsample(self, resolution: int) -> None:
-        """Resample the grid to ``resolution`` (inside a tightened box if enabled)."""
+        """Resample the tables to ``resolution`` (inside a tightened box if enabled)."""
         new_aabb = self.grid_aabb.clone()
         if self.tighten_aabb:
             self.update_occupancy()
@@ -158,13 +256,15 @@ class GridModel(RadianceModel):
             pad = (self.grid_aabb[1] - self.grid_aabb[0]) / self.resolution
             new_aabb = torch.stack([torch.maximum(box[0] - pad, self.grid_aabb[0]),
                                     torch.minimum(box[1] + pad, self.grid_aabb[1])])
-        axes = [torch.linspace(float(new_aabb[0, i]), float(new_aabb[1, i]), resolution) for i in range(3)]
-        zz, yy, xx = torch.meshgrid(axes[2], axes[1], axes[0], indexing="ij")
-        points = torch.stack([xx, yy, zz], dim=-1).reshape(-1, 3).to(self.grid.device)
-        values = self._sample_grid(points).t().reshape(1, -1, resolution, resolution, resolution)
-        self.grid = nn.Parameter(values.contiguous())
+        axes = [torch.linspace(float(new_aabb[0, i]), float(new_aabb[1, i]), resolution,
+                               device=self.density.device) for i in range(3)]
+        points = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(-1, 3)  # x-major
+        index, weights = self._corners(points)
+        density = interpolate(self.density, index, weights)
+        features = interpolate(self.features, index, weights)
+        self.density, self.features = nn.Parameter(density), nn.Parameter(features)
         self.grid_aabb.copy_(new_aabb)
-        self.occupancy.resize(self.grid_aabb, resolution)
+        self.grid_resolution.fill_(resolution)
         self.update_occupancy()
 
     def update_state(self, step: int) -> bool:

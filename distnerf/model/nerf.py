@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..data.rays import RayBundle
-from ..render.samples import intervals_from_points, sample_pdf, stratified_samples
-from ..render.volume import volume_render
+from ..renderer.samples import intervals_from_points, sample_pdf, stratified_samples
+from ..renderer.volume import volume_render
 from .base import RadianceModel
 from .encoding import PositionalEncoding
 

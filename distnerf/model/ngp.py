@@ -17,8 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..data.rays import RayBundle
-from ..render.occupancy import OccupancyGrid, march_rays, normalize_points
-from ..render.volume import volume_render
+from ..renderer.occupancy import OccupancyGrid, march_rays, normalize_points
+from ..renderer.volume import volume_render
 from .base import RadianceModel, scatter_samples
 from .encoding import HashEncoding, PositionalEncoding
 

@@ -1,0 +1,109 @@
+"""Re-render and re-evaluate a run: ``python -m distnerf.render run_dir=PATH [overrides]``.
+
+Loads ``RUN/config.yaml``, applies ``key=value`` overrides (e.g. ``eval.num_views=25``,
+``eval.downscale=2``), restores the newest committed checkpoint (or ``weights=FILE``
+from ``distnerf.export``), renders the test split into ``RUN/render/test/`` and writes
+``RUN/render/metrics.json``. ``video=true`` adds an orbit GIF. Works under torchrun
+too (views split across ranks).
+"""
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+from . import checkpoint as ckpt
+from . import dist as D
+from .config import setup_logging
+from .data import load_scene
+from .engine.evaluate import render_image, select_views
+from .engine.trainer import downscale_scene, evaluate_run, make_eval_split
+from .model import build_model
+from .strategy import build_strategy
+
+log = logging.getLogger("distnerf")
+
+
+def load_run_config(argv: list[str]):
+    """(config, run_dir) from ``run_dir=PATH`` and overrides on the command line.
+
+    Raises:
+        ValueError: no ``run_dir=``; FileNotFoundError: no ``config.yaml`` in it.
+    """
+    cli = OmegaConf.from_dotlist(argv)
+    run_dir = cli.get("run_dir")
+    if not run_dir:
+        raise ValueError("usage: python -m distnerf.render run_dir=PATH [key=value ...]")
+    path = Path(run_dir) / "config.yaml"
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: not a distnerf run directory (no config.yaml)")
+    cfg = OmegaConf.merge(OmegaConf.load(path), cli)
+    return cfg, Path(run_dir).resolve()
+
+
+def load_weights(cfg, run_dir: Path):
+    """Model state and step: ``cfg.weights`` (an export) or the newest checkpoint."""
+    if cfg.get("weights"):
+        blob = torch.load(cfg.weights, map_location="cpu", weights_only=False)
+        return blob["model"], int(blob.get("step", 0))
+    found = ckpt.latest(run_dir / "checkpoints")
+    if found is None:
+        raise FileNotFoundError(f"{run_dir / 'checkpoints'}: no committed checkpoint to render")
+    ckpt.read_manifest(found, verify=True)
+    state = torch.load(found / "model.pt", map_location="cpu", weights_only=False)
+    return state["model"], int(state["step"])
+
+
+def orbit_video(model, scene, out: Path, num_frames: int, chunk: int, device) -> None:
+    """Render an orbit around the scene's vertical axis through the test cameras' centre
+    of interest (rotating the first test camera about world +Y for object scenes)."""
+    import imageio.v3 as iio
+    import numpy as np
+
+    from .data.base import Cameras
+
+    c2w0 = scene.cameras.c2w[0]
+    frames = []
+    for k in range(num_frames):
+        a = 2 * np.pi * k / num_frames
+        rot = torch.tensor([[np.cos(a), 0, np.sin(a)], [0, 1, 0], [-np.sin(a), 0, np.cos(a)]], dtype=torch.float32)
+        c2w = torch.cat([rot @ c2w0[:, :3], (rot @ c2w0[:, 3])[:, None]], dim=1)[None]
+        cams = Cameras(c2w, scene.cameras.fx[:1], scene.cameras.fy[:1], scene.cameras.cx[:1],
+                       scene.cameras.cy[:1], scene.width, scene.height)
+        view = type(scene)(scene.split, scene.images[:1], cams, scene.near, scene.far, scene.aabb,
+                           scene.background, scene.ndc, scene.image_paths[:1], scene.source)
+        frames.append((render_image(model, view, 0, chunk, device)["rgb"].numpy() * 255).astype(np.uint8))
+    iio.imwrite(out, np.stack(frames), duration=80, loop=0)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    cfg, run_dir = load_run_config(sys.argv[1:] if argv is None else argv)
+    env = D.init_distributed(cfg.get("device", "auto"))
+    try:
+        out_dir = run_dir / "render"
+        if env.is_main:
+            out_dir.mkdir(parents=True, exist_ok=True)
+        D.barrier(env)
+        setup_logging(env, out_dir, "INFO", "render.log")
+        strategy = build_strategy(OmegaConf.to_container(cfg.strategy, resolve=True), env)
+        dataset_cfg = OmegaConf.to_container(cfg.dataset, resolve=True)
+        scene = load_scene(dataset_cfg, "test")
+        state, step = load_weights(cfg, run_dir)
+        model = build_model(OmegaConf.to_container(cfg.model, resolve=True), scene.aabb, scene.background)
+        model.load_state_dict(state)
+        model.to(env.device).eval()
+        metrics = evaluate_run(cfg, model, strategy, out_dir, step, make_eval_split(cfg, model, strategy))
+        if cfg.get("video") and env.is_main:
+            view_scene = downscale_scene(scene, int(cfg.eval.get("downscale", 1)))
+            orbit_video(model, view_scene, out_dir / "orbit.gif", int(cfg.get("video_frames", 24)),
+                        int(cfg.eval.chunk), env.device)
+        return metrics
+    finally:
+        D.shutdown(env)
+
+
+if __name__ == "__main__":
+    main()

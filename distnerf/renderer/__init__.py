@@ -1,0 +1,1 @@
+"""Along-ray sampling, occupancy grids and volume rendering (pure math, no distributed code)."""
