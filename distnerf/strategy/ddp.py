@@ -33,7 +33,7 @@ class CommStats:
         self.calls += 1
 
 
-def timed_allreduce_hook(stats: CommStats, bucket: dist.GradBucket):
+def timed_allreduce_hook(stats, bucket):  # no annotations: DDP checks them at runtime
     """DDP communication hook: average the bucket over ranks, timing and counting it."""
     buffer = bucket.buffer()
     start = time.perf_counter()
@@ -69,7 +69,7 @@ class DDPStrategy(Strategy):
         ddp = DistributedDataParallel(
             self.model,
             device_ids=[self.env.device.index] if self.env.device.type == "cuda" else None,
-            broadcast_buffers=False,  # occupancy grids are derived identically on every rank
+            forward_sync_buffers=False,  # occupancy grids are derived identically on every rank
             bucket_cap_mb=float(self.cfg.get("bucket_cap_mb", 25)),
             find_unused_parameters=bool(self.cfg.get("find_unused_parameters", False)),
             gradient_as_bucket_view=bool(self.cfg.get("gradient_as_bucket_view", True)),

@@ -1,0 +1,57 @@
+"""Shared test fixtures: dataset locations, free ports, spawning gloo workers."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+LEGO = SHARED_DATA / "nerf_synthetic_half" / "lego"
+FERN = SHARED_DATA / "nerf_llff_data" / "fern"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn(fn, world_size: int, *args, timeout: float = 300.0) -> None:
+    """Run ``fn(rank, world_size, port, *args)`` in ``world_size`` spawned processes."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.start_processes(fn, args=(world_size, free_port(), *args), nprocs=world_size, join=False,
+                             start_method="spawn")
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not ctx.join(timeout=1.0):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.kill()
+            raise TimeoutError(f"workers of {fn.__name__} did not finish in {timeout} s")
+
+
+def run_cli(args: list[str], cwd: Path = REPO, timeout: float = 600.0, env: dict | None = None):
+    """Run a command (e.g. ``[sys.executable, '-m', 'distnerf.train', ...]``); fail with its output."""
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", **(env or {})}
+    proc = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env)
+    if proc.returncode != 0:
+        raise AssertionError(f"{' '.join(args)} failed with {proc.returncode}\nSTDOUT:\n{proc.stdout[-4000:]}\n"
+                             f"STDERR:\n{proc.stderr[-6000:]}")
+    return proc
+
+
+def torchrun(nproc: int) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+
+
+@pytest.fixture(scope="session")
+def synthetic_cache(tmp_path_factory) -> Path:
+    """One cache directory for the built-in scene shared by the whole session."""
+    return tmp_path_factory.mktemp("synthetic_cache")

@@ -1,0 +1,92 @@
+"""strategy=ddp on 2 real gloo processes against a single-process float64 reference."""
+from __future__ import annotations
+
+import torch
+import pytest
+
+from distnerf.engine.loss import photometric_sse
+from tests.conftest import spawn
+from tests.dist import workers as W
+
+NUM_RAYS, SGD_STEPS, LR = 48, 3, 0.5
+
+
+def single_process_reference():
+    """One process holding the union of both ranks' rays, with their valid masks."""
+    rays, rgb = W.make_problem(NUM_RAYS)
+    per = NUM_RAYS // 2
+    valid = torch.cat([W.valid_mask(0, per), W.valid_mask(1, per)])
+    model = W.make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    grads = None
+    for step in range(SGD_STEPS + 1):
+        loss = photometric_sse(model(rays), rgb, valid) / valid.sum()  # the global mean loss
+        loss.backward()
+        if step == 0:
+            grads = {k: p.grad.detach().clone() for k, p in model.named_parameters()}
+        if step < SGD_STEPS:
+            optimizer.step()
+            optimizer.zero_grad()
+    return grads, {k: p.detach().clone() for k, p in model.named_parameters()}
+
+
+@pytest.fixture(scope="module")
+def ddp_results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ddp_grads")
+    spawn(W.grad_worker, 2, str(out), NUM_RAYS, SGD_STEPS, LR)
+    return [torch.load(out / f"rank_{r}.pt", weights_only=False) for r in range(2)]
+
+
+def test_unequal_valid_counts_really_differ():
+    per = NUM_RAYS // 2
+    assert W.valid_mask(0, per).sum() != W.valid_mask(1, per).sum()
+
+
+def test_gradients_equal_single_process_on_union(ddp_results):
+    ref_grads, _ = single_process_reference()
+    for res in ddp_results:
+        assert set(res["grads"]) == set(ref_grads)
+        for name, g in ref_grads.items():
+            assert g.abs().max() > 0, name  # the check is not vacuous
+            torch.testing.assert_close(res["grads"][name], g, rtol=1e-9, atol=1e-12, msg=name)
+
+
+def test_parameters_after_sgd_identical_across_ranks_and_equal_reference(ddp_results):
+    _, ref_params = single_process_reference()
+    p0, p1 = ddp_results[0]["params"], ddp_results[1]["params"]
+    for name in ref_params:
+        assert torch.equal(p0[name], p1[name]), name
+        torch.testing.assert_close(p0[name], ref_params[name], rtol=1e-9, atol=1e-12, msg=name)
+
+
+def test_occupancy_identical_across_ranks(ddp_results):
+    a, b = ddp_results[0]["occupancy"], ddp_results[1]["occupancy"]
+    assert a.any() and not a.all()  # a real, partially empty grid
+    assert torch.equal(a, b)
+
+
+def test_comm_hook_counted_allreduce_bytes(ddp_results):
+    _, ref_params = single_process_reference()
+    param_bytes = sum(p.numel() * p.element_size() for p in ref_params.values())
+    comm = ddp_results[0]["comm"]
+    assert comm["allreduce_calls"] >= SGD_STEPS + 1
+    assert comm["allreduce_bytes"] == (SGD_STEPS + 1) * param_bytes
+    assert comm["allreduce_s"] > 0
+
+
+TINY = ["experiment=smoke", "train.progress=false", "eval.enabled=false", "train.ckpt_every=0",
+        "train.max_steps=6"]
+
+
+@pytest.mark.parametrize("mode", ["nan", "budget"])
+def test_one_rank_stop_cause_stops_all_ranks_at_same_step(tmp_path, synthetic_cache, mode):
+    spawn(W.trainer_worker, 2, str(tmp_path), TINY + [f"dataset.cache_dir={synthetic_cache}"], mode)
+    results = [torch.load(tmp_path / f"result_rank_{r}.pt", weights_only=False) for r in range(2)]
+    for res in results:
+        assert "traceback" not in res, res.get("traceback")
+    assert results[0]["step"] == results[1]["step"]
+    if mode == "nan":
+        assert all("non-finite loss at step 2" in r["error"] for r in results)
+        assert not list((tmp_path / "checkpoints").glob("step_*/manifest.json"))  # nothing saved
+    else:
+        assert results[0]["step"] == 1 and all(r["stop_reason"] == "time_budget" for r in results)

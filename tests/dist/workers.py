@@ -1,0 +1,137 @@
+"""Worker functions for multi-process gloo tests (spawned by torch.multiprocessing).
+
+Each worker joins a real gloo process group through the same code path as
+``torchrun`` (``RANK``/``WORLD_SIZE``/``MASTER_*`` in the environment) and writes
+its results to ``out_dir/rank_<r>.pt`` for the test process to compare.
+"""
+from __future__ import annotations
+
+import os
+import traceback
+from pathlib import Path
+
+import torch
+
+from distnerf import dist as D
+from distnerf.data.rays import RayBundle
+from distnerf.engine.loss import photometric_sse
+from distnerf.model.grid import GridModel
+from distnerf.strategy.ddp import DDPStrategy
+
+
+def set_env(rank: int, world_size: int, port: int) -> None:
+    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+
+
+def make_problem(num_rays: int = 64, seed: int = 0):
+    """Rays aimed at the unit box from a sphere of radius 3, random targets (float64)."""
+    g = torch.Generator().manual_seed(seed)
+    origins = torch.randn(num_rays, 3, generator=g, dtype=torch.float64)
+    origins = 3.0 * origins / origins.norm(dim=-1, keepdim=True)
+    target = 0.3 * torch.randn(num_rays, 3, generator=g, dtype=torch.float64)
+    dirs = target - origins
+    dirs = dirs / dirs.norm(dim=-1, keepdim=True)
+    rays = RayBundle(origins, dirs, dirs, torch.full((num_rays,), 0.5, dtype=torch.float64),
+                     torch.full((num_rays,), 6.0, dtype=torch.float64))
+    rgb = torch.rand(num_rays, 3, generator=g, dtype=torch.float64)
+    return rays, rgb
+
+
+def make_model(seed: int = 0) -> GridModel:
+    """A small float64 grid model with an MLP head and some density structure."""
+    torch.manual_seed(seed)
+    aabb = torch.tensor([[-1.0, -1.0, -1.0], [1.0, 1.0, 1.0]])
+    model = GridModel(aabb, torch.ones(3), resolutions=[12], upsample_steps=[], color="mlp",
+                      hidden_width=16, alpha_init=1e-2, tv_weight=0.0, occupancy_threshold=1e-3)
+    with torch.no_grad():
+        model.density.normal_(-6.0, 4.0)  # mixed empty and occupied space
+        model.features.normal_(0, 0.5)
+    model.double().eval()  # deterministic sample placement
+    return model
+
+
+def valid_mask(rank: int, n: int) -> torch.Tensor:
+    """Unequal valid-ray counts: rank 0 keeps n-2 rays, rank 1 keeps n // 3."""
+    keep = n - 2 if rank == 0 else n // 3
+    mask = torch.zeros(n, dtype=torch.bool)
+    mask[:keep] = True
+    return mask
+
+
+def grad_worker(rank: int, world_size: int, port: int, out_dir: str, num_rays: int, sgd_steps: int, lr: float):
+    set_env(rank, world_size, port)
+    env = D.init_distributed("cpu")
+    try:
+        rays, rgb = make_problem(num_rays)
+        per = num_rays // world_size
+        mine = slice(rank * per, (rank + 1) * per)
+        rays_r, rgb_r, valid_r = rays.map(lambda t: t[mine]), rgb[mine], valid_mask(rank, per)
+        strategy = DDPStrategy({"name": "ddp"}, env)
+        model = make_model()
+        wrapped = strategy.wrap(model)
+        optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+        grads, params = None, None
+        for step in range(sgd_steps + 1):
+            out = wrapped(rays_r)
+            sse = photometric_sse(out, rgb_r, valid_r)
+            stats = strategy.reduce_step_stats(torch.tensor([float(valid_r.sum()), 0.0, 0.0], dtype=torch.float64))
+            loss = sse / strategy.loss_normalizer(float(stats[0]))
+            loss.backward()
+            if step == 0:
+                grads = {k: p.grad.detach().clone() for k, p in model.named_parameters()}
+            if step < sgd_steps:
+                optimizer.step()
+                optimizer.zero_grad()
+        params = {k: p.detach().clone() for k, p in model.named_parameters()}
+        model.update_occupancy()
+        comm = strategy.comm_stats()
+        torch.save({"grads": grads, "params": params, "occupancy": model.occupancy.binary.clone(), "comm": comm},
+                   Path(out_dir) / f"rank_{rank}.pt")
+    finally:
+        D.shutdown(env)
+
+
+def compose_config(overrides: list[str]):
+    """The real Hydra config of ``conf/train.yaml`` with ``overrides``."""
+    from hydra import compose, initialize_config_dir
+
+    conf = Path(__file__).resolve().parents[2] / "conf"
+    with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
+        return compose("train", overrides=overrides)
+
+
+def trainer_worker(rank: int, world_size: int, port: int, run_dir: str, overrides: list, mode: str):
+    """Runs the real Trainer on the built-in scene; ``mode`` injects a rank-local stop cause
+    on rank 1: ``nan`` (non-finite loss at its 3rd step) or ``budget`` (tiny time budget)."""
+    from distnerf.engine import trainer as trainer_mod
+    from distnerf.strategy import build_strategy
+
+    set_env(rank, world_size, port)
+    result = {"rank": rank}
+    env = D.init_distributed("cpu")
+    try:
+        cfg = compose_config(overrides + [f"run_dir={run_dir}"])
+        if rank == 1 and mode == "budget":
+            cfg.train.max_minutes = 1e-9
+        if rank == 1 and mode == "nan":
+            calls = {"n": 0}
+            real = trainer_mod.photometric_sse
+
+            def poisoned(*args, **kwargs):
+                calls["n"] += 1
+                sse = real(*args, **kwargs)
+                return sse * float("nan") if calls["n"] == 3 else sse
+
+            trainer_mod.photometric_sse = poisoned
+        trainer = trainer_mod.Trainer(cfg, build_strategy({"name": "ddp"}, env), Path(run_dir))
+        try:
+            out = trainer.fit()
+            result.update(step=out["step"], stop_reason=out["stop_reason"])
+        except trainer_mod.NonFiniteLoss as err:
+            result.update(step=trainer.step, error=str(err))
+    except Exception:  # noqa: BLE001 - reported to the test
+        result["traceback"] = traceback.format_exc()
+    finally:
+        D.shutdown(env)
+    torch.save(result, Path(run_dir) / f"result_rank_{rank}.pt")
