@@ -63,7 +63,8 @@ class HashEncoding(nn.Module):
         super().__init__()
         self.num_levels, self.features_per_level = num_levels, features_per_level
         growth = math.exp((math.log(max_resolution) - math.log(base_resolution)) / max(num_levels - 1, 1))
-        resolutions = [int(math.floor(base_resolution * growth ** l)) for l in range(num_levels)]
+        # the epsilon absorbs rounding in growth ** l (e.g. 16 * b^15 = 1023.999... for N_max = 1024)
+        resolutions = [int(math.floor(base_resolution * growth ** l + 1e-6)) for l in range(num_levels)]
         table_size = 2 ** log2_table_size
         sizes = [min(table_size, (r + 1) ** 3) for r in resolutions]
         offsets = np.concatenate([[0], np.cumsum(sizes)])
