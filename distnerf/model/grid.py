@@ -199,6 +199,18 @@ class GridModel(RadianceModel):
         dirs = self.dir_encoding(viewdirs)[ray_idx]
         return torch.sigmoid(self.color_net(torch.cat([feats, dirs], dim=-1)))
 
+    def raw_density(self, points: torch.Tensor) -> torch.Tensor:
+        """(P, 3) world points -> (P,) trilinearly interpolated raw density.
+
+        Uses ``grid_sample`` on the x-major table viewed as (1, 1, N, N, N) = [x, y, z],
+        so the sample coordinates are passed in (z, y, x) order (its W axis is our z).
+        """
+        n = self.resolution
+        x = ((points - self.grid_aabb[0]) / (self.grid_aabb[1] - self.grid_aabb[0])).clamp(0, 1) * 2 - 1
+        out = F.grid_sample(self.density.view(1, 1, n, n, n), x.flip(-1).view(1, 1, 1, -1, 3),
+                            mode="bilinear", align_corners=True)
+        return out.view(-1)
+
     def densities(self, raw: torch.Tensor) -> torch.Tensor:
         """Raw grid density -> sigma (1 / world unit)."""
         return F.softplus(raw + self.density_shift) / self.base_voxel
@@ -214,14 +226,13 @@ class GridModel(RadianceModel):
         ray_idx, sample_idx = mask.nonzero(as_tuple=True)
         t_mid = 0.5 * (t_starts + t_ends)
         points = rays.origins[ray_idx] + rays.directions[ray_idx] * t_mid[ray_idx, sample_idx, None]
-        index, weights = self._corners(points)
-        sigmas = scatter_samples(self.densities(interpolate(self.density, index, weights)[:, 0]), mask)
+        sigmas = scatter_samples(self.densities(self.raw_density(points)), mask)
         alphas = alphas_from_densities(sigmas, t_ends - t_starts)
         blend, _ = render_weights(alphas)
         # colour only where it can matter (also early termination behind surfaces)
         keep = blend[ray_idx, sample_idx].detach() > self.color_threshold
-        rgbs = self._colours(interpolate(self.features, index[keep], weights[keep]), rays.viewdirs,
-                             ray_idx[keep])
+        index, weights = self._corners(points[keep])
+        rgbs = self._colours(interpolate(self.features, index, weights), rays.viewdirs, ray_idx[keep])
         colour_mask = torch.zeros_like(mask)
         colour_mask[ray_idx[keep], sample_idx[keep]] = True
         rgb, depth, opacity = composite(blend * colour_mask, scatter_samples(rgbs, colour_mask), t_mid,
@@ -240,9 +251,7 @@ class GridModel(RadianceModel):
         n = self.resolution
         if self.occupancy.resolution != n:
             self.occupancy.resize(self.grid_aabb, n)
-        centers = self.occupancy.cell_centers()
-        index, weights = self._corners(centers)
-        sigma = self.densities(interpolate(self.density, index, weights)[:, 0])
+        sigma = self.densities(self.raw_density(self.occupancy.cell_centers()))
         alpha = 1.0 - torch.exp(-sigma * self.step_size())
         self.occupancy.set_from_alpha(alpha.view(n, n, n), self.occupancy_threshold, dilation=1)
 

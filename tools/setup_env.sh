@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Create .venv with distnerf and its test dependencies.
+# On CPU-only machines torch is pinned to the local CPU build (torch==2.13.0); set
+# DISTNERF_TORCH="torch==X+cu12Y" (or an empty string to keep an existing torch) on GPU machines.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-python3}"
+[ -d .venv ] || "$PYTHON" -m venv .venv
+. .venv/bin/activate
+TORCH_SPEC="${DISTNERF_TORCH-torch==2.13.0}"
+if [ -n "$TORCH_SPEC" ]; then
+  python -m pip install -q "$TORCH_SPEC"
+fi
+python -m pip install -q -e ".[test]"
+python -c "import torch, distnerf; print('torch', torch.__version__, '| distnerf ready')"
