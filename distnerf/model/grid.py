@@ -132,7 +132,7 @@ class GridModel(RadianceModel):
                  num_features: int = 12, hidden_width: int = 64, viewdir_frequencies: int = 4,
                  step_ratio: float = 0.5, alpha_init: float = 1e-3,
                  occupancy_threshold: float = 1e-4, occupancy_every: int = 16,
-                 color_threshold: float = 1e-4, tv_weight: float = 1e-5, tighten_aabb: bool = True,
+                 color_threshold: float = 1e-3, tv_weight: float = 1e-5, tighten_aabb: bool = True,
                  color: str = "mlp", sh_degree: int = 1):
         super().__init__(aabb, background)
         if len(upsample_steps) != len(resolutions) - 1:
