@@ -1,9 +1,9 @@
 """Re-render and re-evaluate a run: ``python -m distnerf.render run_dir=PATH [overrides]``.
 
 Loads ``RUN/config.yaml``, applies ``key=value`` overrides (e.g. ``eval.num_views=25``,
-``eval.downscale=2``), restores the newest committed checkpoint (or ``weights=FILE``
-from ``distnerf.export``), renders the test split into ``RUN/render/test/`` and writes
-``RUN/render/metrics.json``. ``video=true`` adds an orbit GIF. Works under torchrun
+``eval.downscale=2``), restores the newest committed checkpoint (or ``checkpoint=RUN/checkpoints/step_N``, or
+``weights=FILE`` from ``distnerf.export``), renders the test split into
+``RUN/render/test/`` (or ``out_dir=``) and writes ``metrics.json`` there. ``video=true`` adds an orbit GIF. Works under torchrun
 too (views split across ranks).
 """
 from __future__ import annotations
@@ -49,7 +49,7 @@ def load_weights(cfg, run_dir: Path):
     if cfg.get("weights"):
         blob = torch.load(cfg.weights, map_location="cpu", weights_only=False)
         return blob["model"], int(blob.get("step", 0))
-    found = ckpt.latest(run_dir / "checkpoints")
+    found = Path(cfg.checkpoint) if cfg.get("checkpoint") else ckpt.latest(run_dir / "checkpoints")
     if found is None:
         raise FileNotFoundError(f"{run_dir / 'checkpoints'}: no committed checkpoint to render")
     ckpt.read_manifest(found, verify=True)
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> dict:
     cfg, run_dir = load_run_config(sys.argv[1:] if argv is None else argv)
     env = D.init_distributed(cfg.get("device", "auto"))
     try:
-        out_dir = run_dir / "render"
+        out_dir = Path(cfg.get("out_dir") or run_dir / "render")
         if env.is_main:
             out_dir.mkdir(parents=True, exist_ok=True)
         D.barrier(env)

@@ -150,16 +150,20 @@ class Trainer:
         budget = float(self.train_cfg.get("max_minutes") or 0) * 60.0
         log_every, val_every = int(self.train_cfg.get("log_every", 50)), int(self.train_cfg.get("val_every", 0))
         ckpt_every = int(self.train_cfg.get("ckpt_every", 0))
+        # checkpoints at training-time marks (minutes), e.g. quality-vs-time benchmarks
+        marks = sorted(float(m) * 60.0 for m in self.train_cfg.get("ckpt_minutes") or [])
+        marks = [m for m in marks if m > self.train_seconds]
         progress = self._progress(max_steps)
         stop_reason = "max_steps"
         while self.step < max_steps:
             start = time.perf_counter()
             batch, out, sse = self.train_step(self.step)
             over_budget = budget > 0 and self.train_seconds >= budget
+            at_mark = bool(marks) and self.train_seconds >= marks[0]
             finite = bool(torch.isfinite(sse))
-            # one all-reduce per step: global valid rays (loss normaliser) + stop flags
-            stats = self.strategy.reduce_step_stats(
-                torch.tensor([float(batch.valid.sum()), float(not finite), float(over_budget)], dtype=torch.float64))
+            # one all-reduce per step: global valid rays (loss normaliser) + stop and checkpoint flags
+            stats = self.strategy.reduce_step_stats(torch.tensor(
+                [float(batch.valid.sum()), float(not finite), float(over_budget), float(at_mark)], dtype=torch.float64))
             if stats[1] > 0:
                 msg = f"non-finite loss at step {self.step} on {int(stats[1])} rank(s); stopping without saving"
                 log.error(msg)
@@ -169,6 +173,9 @@ class Trainer:
             if stats[2] > 0:
                 stop_reason = "time_budget"
                 break
+            if stats[3] > 0:  # some rank passed a time mark: everyone saves at this step
+                marks.pop(0)
+                self.save_checkpoint()
             loss = sse / self.strategy.loss_normalizer(float(stats[0]))
             if "regularizer" in out:
                 loss = loss + out["regularizer"]
