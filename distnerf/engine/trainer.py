@@ -193,7 +193,7 @@ class Trainer:
                 progress.update(1)
             if val_every and self.step % val_every == 0:
                 self.validate()
-            if ckpt_every and self.step % ckpt_every == 0:
+            if ckpt_every > 0 and self.step % ckpt_every == 0:
                 self.save_checkpoint()
         if progress is not None:
             progress.close()

@@ -1,0 +1,95 @@
+"""DDP benchmarks: weak scaling 1 -> N processes and all-reduce cost per model.
+
+    python tools/bench_ddp.py scaling --nprocs 1 2 --rays-per-process 2048 --steps 60 --repeats 3
+    python tools/bench_ddp.py allreduce --models grid ngp nerf --steps 8
+
+``scaling``: ``torchrun --nproc_per_node=N`` with one thread per process
+(OMP_NUM_THREADS=1), a fixed per-process batch (``train.global_rays = N x rays``) on
+lego, ``log_every=1``; per run the median over steps after ``--warmup`` of the
+global rays/s, then the median over ``--repeats`` runs. The runs of all N alternate
+(1, 2, 1, 2, ...) so drift of the machine hits both alike.
+
+``allreduce``: a 2-process run per model; all-reduce seconds and bytes per step as
+measured by the DDP communication hook, and their share of the step.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+LEGO = "../shared/data/nerf_synthetic_half/lego"
+
+
+def run(nproc: int, run_dir: Path, overrides: list[str], threads: int) -> list[dict]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           "-m", "distnerf.train", f"run_dir={run_dir}", "dataset=blender", f"dataset.root={LEGO}",
+           "train.progress=false", "train.log_every=1", "train.ckpt_every=-1", "eval.enabled=false",
+           "logger.wandb.mode=disabled", *overrides]
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def scaling(args):
+    results = {n: [] for n in args.nprocs}
+    with tempfile.TemporaryDirectory() as tmp:
+        for rep in range(args.repeats):
+            for n in args.nprocs:
+                rows = run(n, Path(tmp) / f"n{n}_r{rep}", [f"train.global_rays={n * args.rays_per_process}",
+                                                             f"train.max_steps={args.steps}"], 1)
+                rates = [r["rays_per_s"] for r in rows if r["step"] > args.warmup]
+                results[n].append(statistics.median(rates))
+                print(f"nproc={n} repeat={rep}: {results[n][-1]:.0f} rays/s", flush=True)
+    base = statistics.median(results[args.nprocs[0]])
+    for n in args.nprocs:
+        med = statistics.median(results[n])
+        print(f"nproc={n}: median {med:.0f} rays/s over {args.repeats} runs; ratio vs {args.nprocs[0]}: "
+              f"{med / base:.2f}")
+    return results
+
+
+def allreduce(args):
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for model in args.models:
+            extra = [f"model={model}", f"train.max_steps={args.steps}", "train.global_rays=1024"]
+            rows = run(2, Path(tmp) / model, extra, args.threads)
+            rows = [r for r in rows if r["step"] > 2]
+            step_s = [sum(v for k, v in r.items() if k.startswith("time_")) for r in rows]
+            out[model] = {
+                "allreduce_bytes_per_step": statistics.median(r["allreduce_bytes"] for r in rows),
+                "allreduce_s_per_step": statistics.median(r["allreduce_s"] for r in rows),
+                "step_s": statistics.median(step_s),
+                "share_of_step": statistics.median(r["allreduce_s"] / s for r, s in zip(rows, step_s)),
+            }
+            print(model, json.dumps(out[model]), flush=True)
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("scaling")
+    s.add_argument("--nprocs", type=int, nargs="+", default=[1, 2])
+    s.add_argument("--rays-per-process", type=int, default=2048)
+    s.add_argument("--steps", type=int, default=60)
+    s.add_argument("--warmup", type=int, default=20)
+    s.add_argument("--repeats", type=int, default=3)
+    a = sub.add_parser("allreduce")
+    a.add_argument("--models", nargs="+", default=["grid", "ngp", "nerf"])
+    a.add_argument("--steps", type=int, default=8)
+    a.add_argument("--threads", type=int, default=1)
+    args = p.parse_args()
+    scaling(args) if args.cmd == "scaling" else allreduce(args)
+
+
+if __name__ == "__main__":
+    main()
