@@ -1,0 +1,68 @@
+"""Checkpoint manifests, commit markers, pruning and config hashes."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from distnerf import checkpoint as ckpt
+
+
+def make(root, step, world_size=2, commit=True):
+    d = ckpt.step_dir(root, step)
+    d.mkdir(parents=True)
+    ckpt.atomic_torch_save({"model": {"w": torch.full((3,), float(step))}, "step": step}, d / "model.pt")
+    for r in range(world_size):
+        ckpt.atomic_torch_save({"rank": r}, d / f"rank_{r}.pt")
+    if commit:
+        ckpt.write_manifest(d, step, world_size, {"model": "m"})
+    return d
+
+
+def test_latest_skips_uncommitted_and_corrupt(tmp_path):
+    make(tmp_path, 10)
+    make(tmp_path, 20, commit=False)  # a rank died before the manifest
+    bad = make(tmp_path, 30)
+    (bad / "rank_1.pt").write_bytes(b"truncated")  # size differs from the manifest
+    assert ckpt.latest(tmp_path) == ckpt.step_dir(tmp_path, 10)
+    with pytest.raises(ckpt.CheckpointError, match="missing or size differs"):
+        ckpt.read_manifest(bad)
+
+
+def test_checksum_verification_detects_same_size_corruption(tmp_path):
+    d = make(tmp_path, 5)
+    data = bytearray((d / "model.pt").read_bytes())
+    data[-1] ^= 0xFF
+    (d / "model.pt").write_bytes(bytes(data))
+    ckpt.read_manifest(d)  # sizes agree
+    with pytest.raises(ckpt.CheckpointError, match="checksum"):
+        ckpt.read_manifest(d, verify=True)
+
+
+def test_manifest_lists_files_sizes_and_hashes(tmp_path):
+    d = make(tmp_path, 7, world_size=3)
+    m = json.loads((d / ckpt.MANIFEST).read_text())
+    assert m["step"] == 7 and m["world_size"] == 3
+    assert set(m["files"]) == {"model.pt", "rank_0.pt", "rank_1.pt", "rank_2.pt"}
+    assert m["files"]["model.pt"]["bytes"] == (d / "model.pt").stat().st_size
+    assert not list(d.glob("*.tmp"))
+
+
+def test_prune_keeps_newest_k_committed_only_after_newer_commit(tmp_path):
+    for s in (1, 2, 3):
+        make(tmp_path, s)
+    make(tmp_path, 4, commit=False)  # in flight: must not count as committed, must not be removed
+    ckpt.prune(tmp_path, keep=2)
+    assert [d.name for d in sorted(tmp_path.glob("step_*"))] == ["step_00000002", "step_00000003", "step_00000004"]
+
+
+def test_config_hash_mismatch_names_section(tmp_path):
+    cfg = {"model": {"name": "grid"}, "dataset": {"name": "blender"}, "strategy": {"name": "ddp"}}
+    h = ckpt.config_hashes(cfg)
+    d = make(tmp_path, 1)
+    manifest = {"config": h}
+    ckpt.check_compatible(manifest, h, d)
+    other = ckpt.config_hashes({**cfg, "dataset": {"name": "llff"}})
+    with pytest.raises(ckpt.CheckpointError, match="the dataset config differs"):
+        ckpt.check_compatible(manifest, other, d)
