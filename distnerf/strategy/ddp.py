@@ -34,10 +34,48 @@ class CommStats:
 
 
 class HookState:
-    """State of the communication hook: the statistics and the wire dtype."""
+    """State of the communication hook: statistics, wire dtype and the sparse rule.
 
-    def __init__(self, stats: CommStats, wire_dtype: torch.dtype | None):
+    Args:
+        sparse_min_numel: buckets at least this large are all-reduced sparsely when
+            at most ``sparse_max_density`` of their entries are non-zero (voxel-grid
+            tables: a step touches few vertices). ``None`` disables it.
+    """
+
+    def __init__(self, stats: CommStats, wire_dtype: torch.dtype | None, sparse_min_numel: int | None = None,
+                 sparse_max_density: float = 0.25):
         self.stats, self.wire_dtype = stats, wire_dtype
+        self.sparse_min_numel, self.sparse_max_density = sparse_min_numel, sparse_max_density
+
+
+def sparse_allreduce_(buffer: torch.Tensor, world_size: int) -> int:
+    """Average ``buffer`` over ranks exchanging only its non-zero entries.
+
+    Every rank all-gathers (index, value / world_size) pairs of its non-zeros
+    (padded to the largest count) and accumulates them into a zeroed buffer in rank
+    order. Zeros contribute nothing, so the result equals a dense average (bitwise for
+    2 ranks, where a sum of two values does not depend on order).
+
+    Returns:
+        bytes this rank sent (indices + values, padded).
+    """
+    index = buffer.nonzero().view(-1)
+    values = buffer[index] / world_size
+    counts = [torch.zeros(1, dtype=torch.long) for _ in range(world_size)]
+    dist.all_gather(counts, torch.tensor([index.numel()]))
+    width = int(max(c.item() for c in counts))
+    pad = width - index.numel()
+    index_p = torch.cat([index, index.new_zeros(pad)])
+    values_p = torch.cat([values, values.new_zeros(pad)])
+    all_index = [torch.empty_like(index_p) for _ in range(world_size)]
+    all_values = [torch.empty_like(values_p) for _ in range(world_size)]
+    dist.all_gather(all_index, index_p)
+    dist.all_gather(all_values, values_p)
+    buffer.zero_()
+    for c, idx, val in zip(counts, all_index, all_values):
+        n = int(c.item())
+        buffer.index_add_(0, idx[:n], val[:n])
+    return width * (index_p.element_size() + values_p.element_size())
 
 
 def timed_allreduce_hook(state, bucket):  # no annotations: DDP checks them at runtime
@@ -49,6 +87,14 @@ def timed_allreduce_hook(state, bucket):  # no annotations: DDP checks them at r
     """
     buffer = bucket.buffer()
     start = time.perf_counter()
+    if (state.sparse_min_numel is not None and buffer.numel() >= state.sparse_min_numel
+            and buffer.device.type == "cpu"
+            and bool((buffer != 0).sum() <= state.sparse_max_density * buffer.numel())):
+        nbytes = sparse_allreduce_(buffer, dist.get_world_size())
+        state.stats.record(time.perf_counter() - start, nbytes)
+        fut = torch.futures.Future()
+        fut.set_result(buffer)
+        return fut
     wire = buffer if state.wire_dtype is None else buffer.to(state.wire_dtype)
     nbytes = wire.numel() * wire.element_size()
     wire.div_(dist.get_world_size())
@@ -69,7 +115,9 @@ class DDPStrategy(Strategy):
 
     Config keys: ``bucket_cap_mb`` (DDP bucket size), ``find_unused_parameters``
     (False by default), ``gradient_as_bucket_view``, ``compression`` (``none``,
-    ``fp16`` or ``bf16``: the dtype gradients travel in).
+    ``fp16`` or ``bf16``: the dtype gradients travel in), ``sparse_min_numel``
+    (buckets this large or larger travel as (index, value) pairs when mostly zero;
+    null disables; CPU/gloo only).
     """
 
     name = "ddp"
@@ -92,7 +140,10 @@ class DDPStrategy(Strategy):
             gradient_as_bucket_view=bool(self.cfg.get("gradient_as_bucket_view", True)),
         )
         wire = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}[self.cfg.get("compression", "none")]
-        ddp.register_comm_hook(HookState(self.comm, wire), timed_allreduce_hook)
+        sparse = self.cfg.get("sparse_min_numel")
+        ddp.register_comm_hook(HookState(self.comm, wire, None if sparse is None else int(sparse),
+                                         float(self.cfg.get("sparse_max_density", 0.25))),
+                               timed_allreduce_hook)
         self.wrapped = ddp
         return ddp
 

@@ -59,7 +59,8 @@ def valid_mask(rank: int, n: int) -> torch.Tensor:
     return mask
 
 
-def grad_worker(rank: int, world_size: int, port: int, out_dir: str, num_rays: int, sgd_steps: int, lr: float):
+def grad_worker(rank: int, world_size: int, port: int, out_dir: str, num_rays: int, sgd_steps: int, lr: float,
+                strategy_cfg: dict):
     set_env(rank, world_size, port)
     env = D.init_distributed("cpu")
     try:
@@ -67,7 +68,7 @@ def grad_worker(rank: int, world_size: int, port: int, out_dir: str, num_rays: i
         per = num_rays // world_size
         mine = slice(rank * per, (rank + 1) * per)
         rays_r, rgb_r, valid_r = rays.map(lambda t: t[mine]), rgb[mine], valid_mask(rank, per)
-        strategy = DDPStrategy({"name": "ddp"}, env)
+        strategy = DDPStrategy(strategy_cfg, env)
         model = make_model()
         wrapped = strategy.wrap(model)
         optimizer = torch.optim.SGD(model.parameters(), lr=lr)
