@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Quality at a training-time budget (BENCHMARKS.md): train for MINUTES of training time with
+# checkpoints at 2 and 5 minutes, score the final model on every test view and the 2- and
+# 5-minute checkpoints on the fixed 25-view subset (r_0, r_8, ...).
+#   tools/bench_quality.sh NAME NPROC MINUTES [hydra overrides...]
+# e.g. tools/bench_quality.sh lego_1p 1 10 dataset=blender dataset.root=../shared/data/nerf_synthetic_half/lego
+set -euo pipefail
+name="$1"; nproc="$2"; minutes="$3"; shift 3
+out="bench/$name"
+mkdir -p bench
+if [ "$nproc" = 1 ]; then launcher=(python -m distnerf.train); else
+  launcher=(torchrun --standalone --nproc_per_node="$nproc" -m distnerf.train); fi
+"${launcher[@]}" run_dir="$out" train.max_minutes="$minutes" train.max_steps=1000000 train.progress=false \
+  train.log_every=25 "train.ckpt_minutes=[2,5]" train.ckpt_every=0 train.keep_checkpoints=5 \
+  logger.wandb.mode=disabled "$@"
+i=0
+for m in 2 5; do
+  i=$((i + 1))
+  ck=$(ls -d "$out"/checkpoints/step_* | sed -n "${i}p")
+  python -m distnerf.render run_dir="$out" checkpoint="$ck" out_dir="$out/at_${m}min" eval.num_views=25
+done
+python - "$out" <<'PY'
+import json, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+for name in ("at_2min", "at_5min", "."):
+    m = json.loads((out / name / "metrics.json").read_text())
+    print(f"{name:8s} step {m['step']:6d}  PSNR {m['psnr']:.2f}  SSIM {m['ssim']:.4f}  views {m['protocol']['num_views']}")
+PY
