@@ -82,7 +82,8 @@ def generate_rays(cameras: Cameras, image_index: torch.Tensor, u: torch.Tensor, 
     else:
         directions = viewdirs
     return RayBundle(origins, directions, viewdirs,
-                     torch.full((num,), float(near)), torch.full((num,), float(far)))
+                     torch.full((num,), float(near), device=origins.device),
+                     torch.full((num,), float(far), device=origins.device))
 
 
 def ndc_rays(origins: torch.Tensor, directions: torch.Tensor, ndc: NDCParams):

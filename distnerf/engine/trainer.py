@@ -1,6 +1,7 @@
 """The trainer: wires components in dependency order and runs the loop.
 
-Data flow of one step: dataset -> sampler.batch(step) -> to(device) ->
+Data flow of one step: dataset -> sampler.host_batch(step) (waits for the
+pipelined workers) -> sampler.to_device (pinned, non-blocking) ->
 strategy-wrapped model forward (the whole render) -> photometric loss ->
 backward (gradient all-reduce inside DDP) -> optimizer -> metrics -> checkpoint.
 """
@@ -23,7 +24,7 @@ from ..model import build_model
 from ..observe.logger import JsonlLogger, MultiLogger, NullLogger, WandbLogger
 from ..observe.metrics import LPIPS, LPIPS_BACKBONE
 from ..observe.timer import StepTimer
-from ..sampler import SyncSampler
+from ..sampler import build_sampler
 from ..strategy.base import Strategy
 from .evaluate import evaluate_views, select_views
 from .loss import photometric_sse
@@ -54,7 +55,8 @@ class Trainer:
         dataset_cfg = OmegaConf.to_container(cfg.dataset, resolve=True)
         self.train_scene = load_scene(dataset_cfg, "train")
         self.rays_per_rank = strategy.rays_per_rank(int(cfg.train.global_rays))
-        self.sampler = SyncSampler(self.train_scene, self.rays_per_rank, int(cfg.seed), strategy.sampler_stream())
+        self.sampler = build_sampler(OmegaConf.to_container(cfg.sampler, resolve=True), self.train_scene,
+                                     self.rays_per_rank, int(cfg.seed), strategy.sampler_stream(), self.device)
         self.model = build_model(OmegaConf.to_container(cfg.model, resolve=True),
                                  self.train_scene.aabb, self.train_scene.background)
         self.hashes = ckpt.config_hashes(OmegaConf.to_container(cfg, resolve=True))
@@ -68,6 +70,7 @@ class Trainer:
         self.optimizer = build_optimizer(self.model, self.train_cfg)
         if state is not None:
             self._restore(resume_from, state)
+        self.sampler.start(self.step)  # batches are drawn by step index: prefetch from here
         self.timer = StepTimer(self.device)
         self.logger = self._make_logger(resume_from is not None)
         if self.env.is_main:
@@ -96,7 +99,13 @@ class Trainer:
         self.step, self.train_seconds = int(state["step"]), float(state.get("train_seconds", 0.0))
         rank_file = path / f"rank_{self.env.rank}.pt"
         if rank_file.exists():
-            D.set_rng_state(torch.load(rank_file, map_location="cpu", weights_only=False)["rng"])
+            rank_state = torch.load(rank_file, map_location="cpu", weights_only=False)
+            D.set_rng_state(rank_state["rng"])
+            if "sampler" in rank_state:
+                if rank_state["sampler"]["next_step"] != self.step:
+                    log.warning("%s: sampler state at step %d, model at step %d: drawing from step %d", rank_file,
+                                rank_state["sampler"]["next_step"], self.step, self.step)
+                self.sampler.load_state_dict({**rank_state["sampler"], "next_step": self.step})
         if self.env.is_main:
             log.info("resumed from %s at step %d", path, self.step)
 
@@ -107,7 +116,8 @@ class Trainer:
         if self.env.is_main:  # ddp replicas are identical: one copy of model and optimizer
             ckpt.atomic_torch_save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                                     "step": self.step, "train_seconds": self.train_seconds}, d / "model.pt")
-        ckpt.atomic_torch_save({"rng": D.rng_state(), "rank": self.env.rank}, d / f"rank_{self.env.rank}.pt")
+        ckpt.atomic_torch_save({"rng": D.rng_state(), "rank": self.env.rank, "sampler": self.sampler.state_dict()},
+                               d / f"rank_{self.env.rank}.pt")
         self.strategy.barrier()  # every rank's files are complete before the manifest commits them
         if self.env.is_main:
             ckpt.write_manifest(d, self.step, self.env.world_size, self.hashes, {"strategy": self.strategy.name})
@@ -128,10 +138,10 @@ class Trainer:
     # ----------------------------------------------------------------- loop
     def train_step(self, step: int):
         """One step; returns (sse, reduced stats tensor, outputs, valid count)."""
-        with self.timer.phase("input"):
-            batch = self.sampler.batch(step)
+        with self.timer.phase("input_wait"):  # sync builds the batch here; pipelined waits for a worker
+            batch = self.sampler.host_batch(step)
         with self.timer.phase("copy"):
-            batch = batch.to(self.device, non_blocking=True)
+            batch = self.sampler.to_device(batch)
         if self.model.update_state(step):  # parameters replaced: rewrap and rebuild optimizer state
             self.wrapped = self.strategy.rewrap()
             self.optimizer = rebuild_optimizer(self.optimizer, self.model, self.train_cfg)
@@ -155,6 +165,7 @@ class Trainer:
         marks = [m for m in marks if m > self.train_seconds]
         progress = self._progress(max_steps)
         stop_reason = "max_steps"
+        segment_start = self.train_seconds
         while self.step < max_steps:
             start = time.perf_counter()
             batch, out, sse = self.train_step(self.step)
@@ -197,14 +208,26 @@ class Trainer:
                 self.save_checkpoint()
         if progress is not None:
             progress.close()
+        self.sampler.close()  # workers are not needed for evaluation; its state (next step) stays
         if self.env.is_main:
             log.info("training stopped at step %d (%s) after %.1f s of training", self.step, stop_reason,
                      self.train_seconds)
+            self._log_input_summary(self.train_seconds - segment_start)
         if ckpt_every >= 0:
             self.save_checkpoint()
         metrics = self.evaluate() if self.cfg.eval.get("enabled", True) else {}
         self.close()
         return {"step": self.step, "stop_reason": stop_reason, **metrics}
+
+    def _log_input_summary(self, wall: float) -> None:
+        """Share of the steps' wall time (``wall`` s, this run segment) spent waiting for input and copying it."""
+        totals, wall = self.timer.run_totals, max(wall, 1e-9)
+        wait, copy = totals.get("input_wait", 0.0), totals.get("copy", 0.0)
+        log.info("input (sampler=%s): waited %.2f s (%.1f%% of %.1f s of steps), copied %.2f s (%.1f%%)",
+                 self.sampler.name, wait, 100 * wait / wall, wall, copy, 100 * copy / wall)
+        self.logger.log({"step": self.step, "event": "input_summary", "sampler": self.sampler.name,
+                         "input_wait_s": wait, "copy_s": copy, "steps_s": wall,
+                         "input_wait_share": wait / wall, "copy_share": copy / wall})
 
     def _progress(self, max_steps: int):
         if not self.env.is_main or not self.train_cfg.get("progress", True):

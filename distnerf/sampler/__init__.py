@@ -1,4 +1,64 @@
-"""Ray batch sampling. The sampler knows scenes and rays, never models."""
-from .sync import RayBatch, SyncSampler, batch_rng
+"""Ray batch sampling. The sampler knows scenes and rays, never models.
 
-__all__ = ["RayBatch", "SyncSampler", "batch_rng"]
+``sync`` (the trainer builds each batch), ``pipelined`` (worker processes build
+them ahead through shared memory) and ``device`` (pixels on the accelerator) draw
+bitwise the same batches: batch k of stream s is a pure function of (seed, s, k).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Mapping
+
+import torch
+
+from ..data.base import SceneData
+from .base import BatchSpec, RayBatch, RayFilter, Sampler, batch_rng, draw_indices, make_batch
+from .device import DeviceSampler, fits_on_device
+from .pipelined import PipelinedSampler, SamplerWorkerError
+from .policy import POLICIES, BoxFilter, build_ray_filter
+from .sync import SyncSampler
+
+log = logging.getLogger("distnerf")
+
+KINDS = ("sync", "pipelined", "device")
+
+__all__ = ["BatchSpec", "BoxFilter", "DeviceSampler", "PipelinedSampler", "RayBatch", "RayFilter", "Sampler",
+           "SamplerWorkerError", "SyncSampler", "batch_rng", "build_sampler", "draw_indices", "make_batch"]
+
+
+def build_sampler(cfg_sampler: Mapping, scene: SceneData, rays_per_batch: int, seed: int, stream: int,
+                  device: torch.device | str, ray_filter: RayFilter | None = None) -> Sampler:
+    """The sampler named by ``cfg_sampler.name`` (``conf/sampler/*.yaml``).
+
+    Args:
+        cfg_sampler: ``name`` (sync | pipelined | device), ``policy``, ``images_per_step``,
+            ``filter``, and per kind ``num_workers``, ``prefetch``, ``start_method``,
+            ``timeout_s``, ``max_device_fraction``, ``fallback``.
+        scene: the training split (CPU tensors).
+        rays_per_batch: rays per batch of this rank.
+        seed: base seed of the run. stream: this rank's stream (the rank under ``ddp``).
+        device: the training device.
+        ray_filter: a filter hook given by code (e.g. a strategy's region); overrides
+            ``cfg_sampler.filter``.
+    """
+    cfg = dict(cfg_sampler or {})
+    kind = cfg.get("name", "sync")
+    if kind not in KINDS:
+        raise ValueError(f"sampler={kind!r} is not one of {KINDS}")
+    policy = cfg.get("policy", "uniform")
+    if policy not in POLICIES:
+        raise ValueError(f"sampler.policy must be one of {POLICIES}, got {policy!r}")
+    spec = BatchSpec(int(rays_per_batch), int(seed), int(stream), policy, int(cfg.get("images_per_step", 4)),
+                     ray_filter if ray_filter is not None else build_ray_filter(cfg.get("filter")))
+    device = torch.device(device)
+    if kind == "device":
+        fits, reason = fits_on_device(scene, device, float(cfg.get("max_device_fraction", 0.5)))
+        if fits:
+            return DeviceSampler(scene, spec, device)
+        fallback = cfg.get("fallback", "pipelined")
+        log.warning("sampler=device: %s; falling back to sampler=%s", reason, fallback)
+        kind = fallback
+    if kind == "pipelined":
+        return PipelinedSampler(scene, spec, device, int(cfg.get("num_workers", 2)), int(cfg.get("prefetch", 4)),
+                                cfg.get("start_method", "forkserver"), float(cfg.get("timeout_s", 300.0)))
+    return SyncSampler(scene, spec, device=device)

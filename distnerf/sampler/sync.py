@@ -2,74 +2,40 @@
 
 Legend: R rays per batch, N images, H, W image size.
 
-Deterministic by step: the batch of global step ``k`` of stream ``s`` is a pure
-function of ``(seed, s, k)`` through ``numpy.random.SeedSequence([seed, s, k])``,
-so any sampler implementation (and any number of workers) yields the same rays.
-The stream is the rank under ``ddp``.
+The baseline of the pipelined sampler: exactly the same work (choose images and
+pixels, make rays, gather colours, see :func:`make_batch`), done at the start of
+every step in the trainer's process.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import numpy as np
 import torch
 
 from ..data.base import SceneData
-from ..data.rays import RayBundle, generate_rays
+from .base import BatchSpec, RayBatch, Sampler, make_batch
 
 
-@dataclass
-class RayBatch:
-    """One training batch.
-
-    Attributes:
-        rays: R rays. rgb: (R, 3) float32 target colours in [0, 1].
-        valid: (R,) bool rays that count in the loss.
-        jitter_seed: seed of the model's sample-jitter generator for this step.
-    """
-
-    rays: RayBundle
-    rgb: torch.Tensor
-    valid: torch.Tensor
-    jitter_seed: int
-
-    def to(self, device, non_blocking: bool = False) -> "RayBatch":
-        move = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
-        return RayBatch(self.rays.map(move), move(self.rgb), move(self.valid), self.jitter_seed)
-
-
-def batch_rng(seed: int, stream: int, step: int) -> np.random.Generator:
-    """The random generator of batch ``step`` of ``stream``."""
-    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, stream, step])))
-
-
-class SyncSampler:
-    """Uniform sampling over all pixels of all training images.
+class SyncSampler(Sampler):
+    """Builds each batch on demand in the calling process.
 
     Args:
-        scene: the training split.
-        rays_per_batch: R.
-        seed: base seed of the run. stream: stream id (the rank under ``ddp``).
+        scene: the training split (CPU tensors).
+        spec: what to draw (or pass ``rays_per_batch, seed, stream`` for uniform sampling).
+        device: the training device batches are moved to.
     """
 
-    def __init__(self, scene: SceneData, rays_per_batch: int, seed: int, stream: int):
+    name = "sync"
+
+    def __init__(self, scene: SceneData, spec: BatchSpec | int, seed: int | None = None, stream: int | None = None,
+                 device: torch.device | str = "cpu"):
+        if not isinstance(spec, BatchSpec):  # SyncSampler(scene, rays_per_batch, seed, stream)
+            spec = BatchSpec(int(spec), int(seed), int(stream))
         if len(scene) == 0:
             raise ValueError(f"training split of {scene.source} has no images")
-        self.scene, self.rays_per_batch, self.seed, self.stream = scene, rays_per_batch, seed, stream
+        super().__init__(spec, device)
+        self.scene = scene
         self._flat_rgb = scene.images.reshape(-1, 3)
 
-    def batch(self, step: int) -> RayBatch:
+    def host_batch(self, step: int) -> RayBatch:
         """The batch of global step ``step`` (pure function of seed, stream, step)."""
-        rng = batch_rng(self.seed, self.stream, step)
-        n, h, w = len(self.scene), self.scene.height, self.scene.width
-        flat = torch.from_numpy(rng.integers(0, n * h * w, size=self.rays_per_batch))
-        image, pixel = flat // (h * w), flat % (h * w)
-        v, u = pixel // w, pixel % w
-        rays = generate_rays(self.scene.cameras, image, u, v, self.scene.near, self.scene.far,
-                             self.scene.ndc)
-        jitter_seed = int(rng.integers(0, 2**62))
-        return RayBatch(rays, self._flat_rgb[flat], torch.ones(self.rays_per_batch, dtype=torch.bool),
-                        jitter_seed)
-
-    def close(self) -> None:
-        """Release resources (nothing for the synchronous sampler)."""
+        self.next_step = step + 1
+        return make_batch(self.spec, self.scene, self._flat_rgb, step)

@@ -2,7 +2,9 @@
 
 2N steps straight must equal N steps + resume + N steps bit for bit, across grid
 resolution changes before and after the resume point, and an uncommitted (torn)
-newer checkpoint must be ignored.
+newer checkpoint must be ignored. Runs use the pipelined sampler with 2 workers per
+rank (its state, the next step, is in the rank files); ``sampler=sync`` must train
+the same model bit for bit.
 """
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ from tests.conftest import run_cli, torchrun
 
 N = 4
 COMMON = ["experiment=smoke", "train.progress=false", "train.ckpt_every=0", "train.log_every=1",
-          "model.resolutions=[24,32,40]", "model.upsample_steps=[2,5]", "model.occupancy_every=3"]
+          "model.resolutions=[24,32,40]", "model.upsample_steps=[2,5]", "model.occupancy_every=3",
+          "sampler=pipelined", "sampler.num_workers=2", "sampler.prefetch=3"]
 
 
 def launch(nproc: int, run_dir: Path, cache: Path, extra: list[str]):
@@ -62,6 +65,24 @@ def test_resume_is_bit_exact(resume_runs):
     for i in sa:
         for k in sa[i]:
             assert torch.equal(torch.as_tensor(sa[i][k]), torch.as_tensor(sb[i][k])), (i, k)
+
+
+def test_sampler_state_in_rank_files(resume_runs):
+    found = ckpt.latest(resume_runs["resumed"] / "checkpoints")
+    for rank in range(resume_runs["nproc"]):
+        state = torch.load(found / f"rank_{rank}.pt", map_location="cpu", weights_only=False)["sampler"]
+        assert state["kind"] == "pipelined" and state["num_workers"] == 2
+        assert state["next_step"] == 2 * N and state["stream"] == rank
+
+
+def test_sync_sampler_trains_the_same_model(resume_runs, tmp_path):
+    if resume_runs["nproc"] != 1:
+        pytest.skip("checked once")
+    launch(1, tmp_path / "sync", resume_runs["cache"], [f"train.max_steps={2 * N}", "eval.enabled=false",
+                                                         "sampler.name=sync"])
+    a, b = final_state(resume_runs["straight"]), final_state(tmp_path / "sync")
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
 
 
 def test_torn_checkpoint_ignored_and_resume_from_committed(resume_runs):

@@ -1,0 +1,163 @@
+"""The sampler interface and the one function every sampler uses to build a batch.
+
+Legend: R rays per batch, N images, H, W image size.
+
+Deterministic by step: the batch of global step ``k`` of stream ``s`` is a pure
+function of ``(seed, s, k)`` through ``numpy.random.SeedSequence([seed, s, k])``.
+Every implementation (``sync``, ``pipelined`` with any number of workers,
+``device``) calls :func:`make_batch`, so a performance setting never changes what
+is trained. The stream is the rank under ``ddp``.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+
+from ..data.base import SceneData
+from ..data.rays import RayBundle, generate_rays
+from .policy import draw_pixels
+
+RayFilter = Callable[[RayBundle], torch.Tensor]
+"""A ray filter hook: ``fn(rays) -> (R,) bool`` mask of the rays that count in the loss."""
+
+
+@dataclass
+class RayBatch:
+    """One training batch.
+
+    Attributes:
+        rays: R rays. rgb: (R, 3) float32 target colours in [0, 1].
+        valid: (R,) bool rays that count in the loss (all, or those the ray filter keeps).
+        jitter_seed: seed of the model's sample-jitter generator for this step.
+    """
+
+    rays: RayBundle
+    rgb: torch.Tensor
+    valid: torch.Tensor
+    jitter_seed: int
+
+    def to(self, device, non_blocking: bool = False) -> "RayBatch":
+        move = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
+        return RayBatch(self.rays.map(move), move(self.rgb), move(self.valid), self.jitter_seed)
+
+
+@dataclass(frozen=True)
+class BatchSpec:
+    """What to draw: everything but the scene that determines a batch.
+
+    Attributes:
+        rays_per_batch: R.
+        seed: base seed of the run. stream: stream id (the rank under ``ddp``).
+        policy: ``uniform`` (all pixels of all images) or ``per_image``.
+        images_per_step: images drawn per step under ``per_image``.
+        ray_filter: optional picklable :data:`RayFilter`; its mask becomes ``valid``.
+    """
+
+    rays_per_batch: int
+    seed: int
+    stream: int
+    policy: str = "uniform"
+    images_per_step: int = 4
+    ray_filter: Optional[RayFilter] = None
+
+
+def batch_rng(seed: int, stream: int, step: int) -> np.random.Generator:
+    """The random generator of batch ``step`` of ``stream``."""
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, stream, step])))
+
+
+def draw_indices(spec: BatchSpec, num_images: int, height: int, width: int, step: int) -> tuple[np.ndarray, int]:
+    """The pixels and jitter seed of batch ``step`` (host numpy; cheap, R integers).
+
+    Returns:
+        ``(flat, jitter_seed)``: flat (R,) int64 indices into the (N * H * W) pixels in
+        image-major, row-major order, and the model's jitter seed.
+    """
+    rng = batch_rng(spec.seed, spec.stream, step)
+    flat = draw_pixels(rng, spec.policy, spec.rays_per_batch, num_images, height * width, spec.images_per_step)
+    return flat, int(rng.integers(0, 2**62))
+
+
+def make_batch(spec: BatchSpec, scene: SceneData, flat_rgb: torch.Tensor, step: int,
+               device: torch.device | None = None) -> RayBatch:
+    """Build the batch of ``step``: choose pixels, make their rays, gather colours.
+
+    Args:
+        spec: what to draw.
+        scene: the training split; its cameras live on ``device`` (or the CPU). Only
+            cameras, image size, near/far and NDC parameters are used: the pixels are
+            ``flat_rgb``.
+        flat_rgb: (N * H * W, 3) float32 pixels on the same device as the cameras.
+        step: global step index.
+        device: where rays are generated (default: the CPU).
+    Returns:
+        The batch, on ``device``.
+    """
+    h, w = scene.height, scene.width
+    flat_np, jitter_seed = draw_indices(spec, flat_rgb.shape[0] // (h * w), h, w, step)
+    flat = torch.from_numpy(flat_np)
+    if device is not None and device.type != "cpu":
+        flat = flat.to(device)
+    image, pixel = flat // (h * w), flat % (h * w)
+    v, u = pixel // w, pixel % w
+    rays = generate_rays(scene.cameras, image, u, v, scene.near, scene.far, scene.ndc)
+    if spec.ray_filter is not None:
+        valid = spec.ray_filter(rays).to(torch.bool)
+        assert valid.shape == (len(flat),), f"ray filter returned shape {tuple(valid.shape)}"
+    else:
+        valid = torch.ones(len(flat), dtype=torch.bool, device=flat.device)
+    return RayBatch(rays, flat_rgb[flat], valid, jitter_seed)
+
+
+class Sampler(ABC):
+    """Produces the ray batch of each global step, strictly by step index.
+
+    ``host_batch(step)`` waits for (or builds) the batch; ``to_device`` moves it to
+    the training device and releases any host buffer behind it, so the trainer can
+    time the two apart. A batch from ``host_batch`` is valid until ``to_device``
+    is called on it. Stateful: ``state_dict()`` holds the next step index.
+    """
+
+    name = "base"
+
+    def __init__(self, spec: BatchSpec, device: torch.device):
+        self.spec, self.device = spec, torch.device(device)
+        self.next_step = 0
+
+    def start(self, step: int) -> None:
+        """Begin preparing batches from ``step`` on (optional; prefetching samplers use it)."""
+
+    @abstractmethod
+    def host_batch(self, step: int) -> RayBatch:
+        """The batch of global step ``step`` (where the sampler builds it)."""
+
+    def to_device(self, batch: RayBatch) -> RayBatch:
+        """``batch`` on the training device (non-blocking from pinned memory on CUDA)."""
+        return batch.to(self.device, non_blocking=True)
+
+    def batch(self, step: int) -> RayBatch:
+        """``to_device(host_batch(step))``."""
+        return self.to_device(self.host_batch(step))
+
+    def state_dict(self) -> dict:
+        """The sampler's resumable state: the next step it will draw, and what it draws."""
+        return {"kind": self.name, "next_step": self.next_step, "seed": self.spec.seed,
+                "stream": self.spec.stream, "rays_per_batch": self.spec.rays_per_batch,
+                "policy": self.spec.policy}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue at ``state["next_step"]`` (batches are drawn by step index)."""
+        self.next_step = int(state["next_step"])
+
+    def close(self) -> None:
+        """Release workers and buffers (idempotent)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,78 @@
+"""The device sampler: all pixels on the accelerator, rays generated there.
+
+Legend: R rays per batch, N images, H, W image size.
+
+Only the R random pixel indices are drawn on the host (the same numpy stream as
+every other sampler, microseconds); they are copied to the device, where rays
+are generated and colours gathered. Index draws, colours, valid masks and jitter
+seeds are bitwise those of ``sync``; ray geometry uses the same
+:func:`generate_rays` ops on the device (bitwise on the CPU; on CUDA the
+camera rotation (einsum) and norm are computed by CUDA kernels, see
+``tests/unit/test_sampler.py`` for what is checked on a GPU).
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from ..data.base import Cameras, SceneData
+from .base import BatchSpec, RayBatch, Sampler, make_batch
+
+log = logging.getLogger("distnerf")
+
+
+def scene_bytes(scene: SceneData) -> int:
+    """Bytes the device sampler puts on the device (pixels + cameras)."""
+    return scene.images.numel() * scene.images.element_size() + len(scene) * 16 * 4
+
+
+def fits_on_device(scene: SceneData, device: torch.device, max_fraction: float = 0.5) -> tuple[bool, str]:
+    """Whether the scene's pixels fit in ``max_fraction`` of the device's free memory.
+
+    Returns:
+        ``(fits, reason)``; ``reason`` states the sizes when it does not fit.
+    """
+    need = scene_bytes(scene)
+    if device.type != "cuda":
+        return True, ""
+    free, _ = torch.cuda.mem_get_info(device)
+    if need > max_fraction * free:
+        return False, (f"the training images need {need / 2**30:.2f} GiB on {device}, more than "
+                       f"sampler.max_device_fraction={max_fraction} of the {free / 2**30:.2f} GiB free")
+    return True, ""
+
+
+class DeviceSampler(Sampler):
+    """Keeps the training pixels and cameras on ``device`` and builds batches there.
+
+    Args:
+        scene: the training split (CPU tensors; copied to ``device`` once).
+        spec: what to draw.
+        device: the training device.
+    """
+
+    name = "device"
+
+    def __init__(self, scene: SceneData, spec: BatchSpec, device: torch.device | str):
+        if len(scene) == 0:
+            raise ValueError(f"training split of {scene.source} has no images")
+        super().__init__(spec, device)
+        c = scene.cameras
+        move = lambda t: t.to(self.device)  # noqa: E731
+        cams = Cameras(move(c.c2w), move(c.fx), move(c.fy), move(c.cx), move(c.cy), c.width, c.height)
+        self.scene = SceneData(scene.split, scene.images[:0], cams, scene.near, scene.far, scene.aabb,
+                               scene.background, scene.ndc, scene.image_paths, scene.source)
+        self._flat_rgb = scene.images.reshape(-1, 3).to(self.device)
+
+    def host_batch(self, step: int) -> RayBatch:
+        """The batch of ``step``, already on the device."""
+        self.next_step = step + 1
+        return make_batch(self.spec, self.scene, self._flat_rgb, step, self.device)
+
+    def to_device(self, batch: RayBatch) -> RayBatch:
+        return batch
+
+    def close(self) -> None:
+        self._flat_rgb = None
+

@@ -1,0 +1,246 @@
+"""The pipelined sampler: worker processes build ray batches ahead of the trainer.
+
+Legend: R rays per batch, W workers, K = prefetch slots.
+
+Flow::
+
+    trainer                                   worker w (CPU only, signals ignored)
+    start(k0): send (k, k % K) to worker k % W  for k in [k0, k0 + K)
+    host_batch(k): recv ("ok", k, slot, seed) --- make_batch(k) -> pack into slots[slot]
+    to_device: copy slot out (pinned -> device on a side stream on CUDA), then
+               send (k + K, slot) to worker (k + K) % W: the slot is reused
+
+* Step k is always built by worker ``k % W`` into slot ``k % K`` and consumed in
+  step order, and :func:`make_batch` is a pure function of (seed, stream, step), so
+  batches are bitwise those of ``sync`` for any W and K.
+* Images and cameras are moved into shared memory once and handed to the workers
+  at start; the K slots are one fixed shared tensor. Per batch only a few integers
+  travel through the pipes. The memory is anonymous (``torch`` file-descriptor
+  sharing: segments are unlinked at creation), so nothing is left in ``/dev/shm``
+  even after a SIGKILL and there are no stale named segments to sweep.
+* A worker that raises sends its traceback; one that dies closes its pipe; both
+  make ``host_batch`` raise :class:`SamplerWorkerError` at once (liveness is checked
+  while waiting). Workers exit when the trainer's end of their pipe closes, and on
+  Linux get SIGKILL when their parent dies.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+import weakref
+
+import torch
+import torch.multiprocessing as mp
+
+from ..data.base import SceneData
+from .base import BatchSpec, RayBatch, Sampler
+from .worker import SLOT_FLOATS, unpack, worker_main
+
+log = logging.getLogger("distnerf")
+
+START_METHODS = ("forkserver", "spawn")
+
+
+class SamplerWorkerError(RuntimeError):
+    """A sampler worker raised, died or stopped answering; the message says which and why."""
+
+
+def _shutdown(procs: list, conns: list, join_s: float = 5.0) -> None:
+    """Ask workers to stop, then kill the ones still alive; close the pipes."""
+    for conn in conns:
+        try:
+            conn.send(None)
+        except (OSError, ValueError):
+            pass
+    deadline = time.monotonic() + join_s
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join(1.0)
+    for conn in conns:
+        conn.close()
+    for p in procs:
+        if hasattr(p, "close") and not p.is_alive():
+            p.close()
+
+
+class PipelinedSampler(Sampler):
+    """``num_workers`` processes fill a ring of ``prefetch`` shared-memory batches.
+
+    Args:
+        scene: the training split; its images and camera tensors are moved into
+            shared memory in place (no copy is kept).
+        spec: what to draw (its ray filter must be picklable).
+        device: the training device.
+        num_workers: W >= 1 worker processes.
+        prefetch: K >= 1 batches built ahead (the ring size).
+        start_method: ``forkserver`` (workers fork from a server that has imported
+            torch once) or ``spawn``; both are safe with CUDA in the trainer.
+        timeout_s: longest wait for one batch from a live worker before giving up.
+    """
+
+    name = "pipelined"
+
+    def __init__(self, scene: SceneData, spec: BatchSpec, device: torch.device | str, num_workers: int = 2,
+                 prefetch: int = 4, start_method: str = "forkserver", timeout_s: float = 300.0):
+        if len(scene) == 0:
+            raise ValueError(f"training split of {scene.source} has no images")
+        if num_workers < 1 or prefetch < 1:
+            raise ValueError(f"sampler.num_workers and sampler.prefetch must be >= 1, got {num_workers}, {prefetch}")
+        if start_method not in START_METHODS:
+            raise ValueError(f"sampler.start_method must be one of {START_METHODS}, got {start_method!r}")
+        super().__init__(spec, device)
+        self.num_workers, self.prefetch, self.timeout_s = num_workers, prefetch, float(timeout_s)
+        self._num_rays = spec.rays_per_batch
+        for t in (scene.images, scene.cameras.c2w, scene.cameras.fx, scene.cameras.fy, scene.cameras.cx,
+                  scene.cameras.cy):
+            t.share_memory_()
+        self._slots = torch.zeros(prefetch, SLOT_FLOATS * self._num_rays).share_memory_()
+        ctx = mp.get_context(start_method)
+        if start_method == "forkserver":
+            ctx.set_forkserver_preload(["torch", "distnerf.sampler.worker"])
+        parent_pid = os.getpid() if start_method == "spawn" else None
+        self._procs, self._conns = [], []
+        for i in range(num_workers):
+            parent_end, child_end = ctx.Pipe(duplex=True)
+            proc = ctx.Process(target=worker_main, args=(i, child_end, scene, self._slots, spec, parent_pid),
+                               name=f"distnerf-sampler-{i}", daemon=True)
+            proc.start()
+            child_end.close()  # the worker holds the only other end: its death reads as EOF here
+            self._procs.append(proc)
+            self._conns.append(parent_end)
+        self._finalizer = weakref.finalize(self, _shutdown, self._procs, self._conns)
+        self.worker_pids = [p.pid for p in self._procs]
+        self.worker_cuda_initialised: dict[int, bool] = {}
+        self._head = self._issued = None  # next step to consume / to issue; in flight: [head, issued)
+        self._held = None  # (step, slot) handed out by host_batch, not yet released by to_device
+        self._pinned, self._events, self._stream, self._flip = None, None, None, 0
+
+    # ----------------------------------------------------------------- task ring
+    def start(self, step: int) -> None:
+        """Begin prefetching at ``step`` (dropping any batches built for other steps)."""
+        self._held = None
+        if self._head is not None:
+            for k in range(self._head, self._issued):  # let in-flight work finish, discard it
+                self._receive(k)
+        self._head = self._issued = step
+        for _ in range(self.prefetch):
+            self._issue()
+
+    def _issue(self) -> None:
+        step = self._issued
+        self._send(step % self.num_workers, (step, step % self.prefetch))
+        self._issued += 1
+
+    def _send(self, worker: int, msg) -> None:
+        try:
+            self._conns[worker].send(msg)
+        except (OSError, ValueError) as err:
+            self._fail(worker, f"cannot send a task ({err})")
+
+    def _receive(self, step: int) -> tuple:
+        """Wait for worker ``step % W``'s answer for ``step``, watching every worker's health."""
+        worker = step % self.num_workers
+        conn = self._conns[worker]
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            if conn.poll(0.05):
+                try:
+                    msg = conn.recv()
+                except (EOFError, OSError):
+                    self._fail(worker, "closed its pipe")
+                if msg[0] == "ready":
+                    self.worker_cuda_initialised[msg[1]] = msg[3]
+                    continue
+                if msg[0] == "error":
+                    self._fail(msg[1], "raised an exception", msg[2])
+                assert msg[0] == "ok" and msg[1] == step, (msg, step)
+                return msg
+            for i, proc in enumerate(self._procs):
+                if proc.exitcode is not None:
+                    self._fail(i, f"exited with code {proc.exitcode}")
+            if time.monotonic() > deadline:
+                self._fail(worker, f"sent no batch for step {step} in sampler.timeout_s={self.timeout_s} s")
+
+    def _fail(self, worker: int, what: str, detail: str | None = None):
+        """Raise the error of ``worker`` (its traceback if it sent one) after stopping every worker."""
+        conn = self._conns[worker]
+        if detail is None:  # a worker that raised then exited: prefer its own report
+            try:
+                while conn.poll(0):
+                    msg = conn.recv()
+                    if msg[0] == "error":
+                        what, detail = "raised an exception", msg[2]
+            except (EOFError, OSError):
+                pass
+        pid = self.worker_pids[worker]
+        self.close()
+        text = f"sampler worker {worker} (pid {pid}) {what}"
+        raise SamplerWorkerError(text + (f":\n{detail}" if detail else ""))
+
+    # ----------------------------------------------------------------- interface
+    def host_batch(self, step: int) -> RayBatch:
+        """The batch of ``step``: a view of its shared slot, valid until ``to_device``."""
+        if self._finalizer is None or not self._finalizer.alive:
+            raise SamplerWorkerError("the pipelined sampler is closed")
+        if self._held is not None:
+            self._release()
+        if self._head != step:
+            self.start(step)
+        _, _, slot, jitter_seed = self._receive(step)
+        self._head += 1
+        self._held = (step, slot)
+        self.next_step = step + 1
+        return unpack(self._slots[slot], self._num_rays, jitter_seed)
+
+    def _release(self) -> None:
+        step, slot = self._held
+        self._held = None
+        assert self._issued == step + self.prefetch and self._issued % self.prefetch == slot
+        self._issue()
+
+    def to_device(self, batch: RayBatch) -> RayBatch:
+        """Copy the held batch out of its slot (pinned, side-stream copy on CUDA) and reuse the slot."""
+        assert self._held is not None, "to_device needs the batch returned by host_batch"
+        slot = self._slots[self._held[1]]
+        if self.device.type != "cuda":
+            out = slot.clone()
+        else:
+            out = self._copy_to_cuda(slot)
+        self._release()
+        return unpack(out, self._num_rays, batch.jitter_seed)
+
+    def _copy_to_cuda(self, slot: torch.Tensor) -> torch.Tensor:
+        if self._pinned is None:
+            self._pinned = [torch.empty_like(slot).pin_memory() for _ in range(2)]
+            self._events = [None, None]
+            self._stream = torch.cuda.Stream(self.device)
+        i, self._flip = self._flip, 1 - self._flip
+        if self._events[i] is not None:
+            self._events[i].synchronize()  # the copy that last read this pinned buffer is done
+        self._pinned[i].copy_(slot)
+        with torch.cuda.stream(self._stream):
+            out = self._pinned[i].to(self.device, non_blocking=True)
+            self._events[i] = torch.cuda.Event()
+            self._events[i].record(self._stream)
+        main = torch.cuda.current_stream(self.device)
+        main.wait_stream(self._stream)  # compute on the batch starts after its copy
+        out.record_stream(main)
+        return out
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "num_workers": self.num_workers, "prefetch": self.prefetch}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        if self._head != self.next_step:
+            self.start(self.next_step)
+
+    def close(self) -> None:
+        """Stop the workers (kill after 5 s) and drop the shared buffers; idempotent."""
+        if self._finalizer.alive:
+            self._finalizer()
+        self._slots = self._pinned = None

@@ -1,0 +1,81 @@
+"""Sampling policies (which pixels a batch holds) and ray filter hooks.
+
+Legend: R rays per batch, N images, P = H * W pixels per image.
+
+Policies draw from a per-batch ``numpy`` generator only, so a batch stays a pure
+function of ``(seed, stream, step)``. Ray filters are picklable callables
+``fn(rays) -> (R,) bool`` (they run in sampler workers and on the device); the mask
+becomes the batch's ``valid`` so filtered rays do not count in the loss.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Optional, Sequence
+
+import numpy as np
+import torch
+
+POLICIES = ("uniform", "per_image")
+
+
+def draw_pixels(rng: np.random.Generator, policy: str, num_rays: int, num_images: int, pixels_per_image: int,
+                images_per_step: int = 4) -> np.ndarray:
+    """Flat pixel indices of one batch.
+
+    Args:
+        rng: the batch's generator (consumed in a fixed order).
+        policy: ``uniform``: every pixel of every image equally likely (with
+            replacement); ``per_image``: ``images_per_step`` distinct images are drawn,
+            then each ray picks one of them and a pixel uniformly.
+        num_rays: R. num_images: N. pixels_per_image: P.
+        images_per_step: images per batch under ``per_image`` (capped at N).
+    Returns:
+        (R,) int64 indices into the N * P pixels, image-major.
+    """
+    if policy == "uniform":
+        return rng.integers(0, num_images * pixels_per_image, size=num_rays)
+    if policy == "per_image":
+        k = min(int(images_per_step), num_images)
+        if k <= 0:
+            raise ValueError(f"sampler.images_per_step must be positive, got {images_per_step}")
+        chosen = rng.choice(num_images, size=k, replace=False)
+        image = chosen[rng.integers(0, k, size=num_rays)]
+        return image * pixels_per_image + rng.integers(0, pixels_per_image, size=num_rays)
+    raise ValueError(f"sampler.policy must be one of {POLICIES}, got {policy!r}")
+
+
+class BoxFilter:
+    """Keeps the rays whose segment ``[near, far]`` intersects an axis-aligned box.
+
+    Slab test in the rays' own space (world, or NDC for forward-facing scenes).
+
+    Args:
+        aabb: (2, 3) [min, max] corners (any sequence or tensor).
+    """
+
+    def __init__(self, aabb):
+        self.aabb = torch.as_tensor(aabb, dtype=torch.float32).reshape(2, 3)
+
+    def __call__(self, rays) -> torch.Tensor:
+        """(R,) bool: ray ``origins + t * directions`` meets the box for some t in [near, far]."""
+        box = self.aabb.to(rays.origins.device)
+        inv = 1.0 / rays.directions  # +-inf for axis-parallel rays is what the slab test wants
+        t0, t1 = (box[0] - rays.origins) * inv, (box[1] - rays.origins) * inv
+        t_in = torch.minimum(t0, t1).nan_to_num(nan=-float("inf")).amax(dim=-1)
+        t_out = torch.maximum(t0, t1).nan_to_num(nan=float("inf")).amin(dim=-1)
+        return (torch.maximum(t_in, rays.near) <= torch.minimum(t_out, rays.far))
+
+    def __repr__(self) -> str:
+        return f"BoxFilter({self.aabb.tolist()})"
+
+
+def build_ray_filter(cfg: Optional[Mapping]):
+    """A ray filter from config: ``null`` (none) or ``{kind: box, aabb: [[x,y,z],[x,y,z]]}``."""
+    if not cfg:
+        return None
+    kind = cfg.get("kind")
+    if kind == "box":
+        aabb: Sequence = cfg.get("aabb")
+        if aabb is None or np.asarray(aabb).shape != (2, 3):
+            raise ValueError(f"sampler.filter.aabb must be [[xmin,ymin,zmin],[xmax,ymax,zmax]], got {aabb!r}")
+        return BoxFilter(aabb)
+    raise ValueError(f"sampler.filter.kind must be 'box', got {kind!r}")

@@ -1,0 +1,106 @@
+"""The pipelined sampler's worker process and the shared slot layout.
+
+Legend: R rays per batch.
+
+A slot is one flat float32 shared-memory tensor of ``SLOT_FLOATS * R`` values::
+
+    [origins 3R | directions 3R | viewdirs 3R | near R | far R | rgb 3R | valid R]
+
+so a batch is one contiguous block (one host-to-device copy) whose fields are
+contiguous views. Workers run on the CPU only: they never touch CUDA.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import sys
+import traceback
+
+import torch
+
+from ..data.base import SceneData
+from ..data.rays import RayBundle
+from .base import BatchSpec, RayBatch, make_batch
+
+SLOT_FLOATS = 15
+_FIELDS = (("origins", 3), ("directions", 3), ("viewdirs", 3), ("near", 1), ("far", 1), ("rgb", 3),
+           ("valid", 1))
+
+
+def _views(flat: torch.Tensor, num_rays: int) -> dict:
+    out, offset = {}, 0
+    for name, width in _FIELDS:
+        view = flat[offset * num_rays:(offset + width) * num_rays]
+        out[name] = view.view(num_rays, width) if width > 1 else view
+        offset += width
+    return out
+
+
+def pack(batch: RayBatch, slot: torch.Tensor) -> None:
+    """Write ``batch`` into ``slot``: (SLOT_FLOATS * R,) float32 (bit-exact copy of every field)."""
+    views = _views(slot, len(batch.rgb))
+    for name in ("origins", "directions", "viewdirs", "near", "far"):
+        views[name].copy_(getattr(batch.rays, name))
+    views["rgb"].copy_(batch.rgb)
+    views["valid"].copy_(batch.valid)
+
+
+def unpack(slot: torch.Tensor, num_rays: int, jitter_seed: int) -> RayBatch:
+    """The batch held by ``slot`` (views into it; ``valid`` converted back to bool)."""
+    views = _views(slot, num_rays)
+    rays = RayBundle(views["origins"], views["directions"], views["viewdirs"], views["near"], views["far"])
+    return RayBatch(rays, views["rgb"], views["valid"] > 0.5, jitter_seed)
+
+
+def _detach_from_parent() -> None:
+    """Ignore the signals the trainer handles (it decides how to stop) and die with the parent."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        try:  # PR_SET_PDEATHSIG = 1: SIGKILL when the parent exits
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass  # the closed pipe still ends the worker at its next receive
+
+
+def worker_main(worker_id: int, conn, scene: SceneData, slots: torch.Tensor, spec: BatchSpec,
+                parent_pid: int) -> None:
+    """Serve ``(step, slot)`` tasks from ``conn`` until ``None`` or the parent's end closes.
+
+    Each task builds the batch of ``step`` with :func:`make_batch` into ``slots[slot]``
+    and answers ``("ok", step, slot, jitter_seed)``; an exception answers
+    ``("error", worker_id, traceback)`` and ends the worker.
+
+    Args:
+        worker_id: index of this worker.
+        conn: this worker's end of its duplex pipe to the trainer.
+        scene: the training split; its images and cameras are shared-memory tensors.
+        slots: (prefetch, SLOT_FLOATS * R) float32 shared-memory ring.
+        spec: what to draw.
+        parent_pid: the trainer's pid under ``spawn`` (exit if already re-parented);
+            ``None`` under ``forkserver`` (the parent is the fork server).
+    """
+    _detach_from_parent()
+    if parent_pid is not None and os.getppid() != parent_pid:
+        return
+    torch.set_num_threads(1)
+    flat_rgb = scene.images.reshape(-1, 3)
+    conn.send(("ready", worker_id, os.getpid(), torch.cuda.is_initialized()))
+    while True:
+        try:
+            task = conn.recv()
+        except (EOFError, OSError):
+            return  # the trainer closed its end or died
+        if task is None:
+            return
+        step, slot = task
+        try:
+            batch = make_batch(spec, scene, flat_rgb, step)
+            pack(batch, slots[slot])
+            conn.send(("ok", step, slot, batch.jitter_seed))
+        except BaseException:  # noqa: BLE001 - reported to the trainer, which raises it
+            with contextlib.suppress(OSError):
+                conn.send(("error", worker_id, f"step {step}: {traceback.format_exc()}"))
+            return

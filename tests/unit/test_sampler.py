@@ -1,0 +1,218 @@
+"""Ray samplers (distnerf.sampler): sync, pipelined and device draw bitwise the same
+batches; streams differ; policies and filters; worker failures surface within
+seconds; close() leaves no processes and no /dev/shm entries.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from distnerf.data.base import Cameras, SceneData
+from distnerf.sampler import (BatchSpec, BoxFilter, DeviceSampler, PipelinedSampler, SamplerWorkerError,
+                              SyncSampler, build_sampler)
+
+R, STEPS = 256, 6
+
+
+def tiny_scene(num_images: int = 5, height: int = 12, width: int = 16, seed: int = 0) -> SceneData:
+    """A scene with random pixels and cameras on a circle looking at the origin."""
+    g = torch.Generator().manual_seed(seed)
+    images = torch.rand(num_images, height, width, 3, generator=g)
+    c2w = []
+    for i in range(num_images):
+        a = 2 * torch.pi * i / num_images
+        eye = torch.tensor([3 * torch.cos(torch.tensor(a)), 0.5, 3 * torch.sin(torch.tensor(a))])
+        back = eye / eye.norm()  # camera +Z points away from the origin (it looks down -Z)
+        right = torch.linalg.cross(torch.tensor([0.0, 1.0, 0.0]), back)
+        right = right / right.norm()
+        up = torch.linalg.cross(back, right)
+        c2w.append(torch.stack([right, up, back, eye], dim=1))
+    n = num_images
+    cams = Cameras(torch.stack(c2w).float(), torch.full((n,), 14.0), torch.full((n,), 14.0),
+                   torch.full((n,), width / 2), torch.full((n,), height / 2), width, height)
+    return SceneData("train", images, cams, 2.0, 6.0, torch.tensor([[-1.0] * 3, [1.0] * 3]), torch.ones(3),
+                     source="tiny")
+
+
+def assert_same(a, b):
+    assert a.jitter_seed == b.jitter_seed
+    for name in ("origins", "directions", "viewdirs", "near", "far"):
+        x, y = getattr(a.rays, name).cpu(), getattr(b.rays, name).cpu()
+        assert x.dtype == y.dtype and torch.equal(x, y), name
+    assert torch.equal(a.rgb.cpu(), b.rgb.cpu()) and torch.equal(a.valid.cpu(), b.valid.cpu())
+    assert a.valid.dtype == torch.bool and a.rgb.is_contiguous() and a.rays.origins.is_contiguous()
+
+
+def shm_entries() -> set:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def children() -> set:
+    """Pids of this process's live (non-zombie) children."""
+    out = set()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == os.getpid() and fields[0] != "Z":
+            out.add(int(pid))
+    return out
+
+
+def sampler_children(sampler) -> set:
+    return {pid for pid in sampler.worker_pids if os.path.exists(f"/proc/{pid}")
+            and open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"}
+
+
+@pytest.fixture(scope="module")
+def scene():
+    return tiny_scene()
+
+
+@pytest.mark.parametrize("num_workers", [1, 3])
+def test_pipelined_equals_sync_bitwise(scene, num_workers):
+    spec = BatchSpec(R, seed=7, stream=1)
+    sync = SyncSampler(scene, spec)
+    with PipelinedSampler(scene, spec, "cpu", num_workers=num_workers, prefetch=3) as pipe:
+        pipe.start(0)
+        for k in range(STEPS):
+            assert_same(pipe.batch(k), sync.batch(k))
+        assert not any(pipe.worker_cuda_initialised.values())
+        assert_same(pipe.batch(STEPS + 5), sync.batch(STEPS + 5))  # a jump restarts the ring
+        assert pipe.state_dict()["next_step"] == STEPS + 6
+
+
+def test_sync_keeps_its_historical_batches(scene):
+    # the batch recipe of the original SyncSampler: one integers() draw, then the jitter seed
+    from distnerf.data.rays import generate_rays
+    from distnerf.sampler import batch_rng
+
+    rng = batch_rng(3, 0, 11)
+    n, h, w = len(scene), scene.height, scene.width
+    flat = torch.from_numpy(rng.integers(0, n * h * w, size=R))
+    rays = generate_rays(scene.cameras, flat // (h * w), flat % (h * w) % w, flat % (h * w) // w, scene.near,
+                         scene.far)
+    b = SyncSampler(scene, R, 3, 0).batch(11)
+    assert b.jitter_seed == int(rng.integers(0, 2**62))
+    assert torch.equal(b.rays.origins, rays.origins) and torch.equal(b.rays.directions, rays.directions)
+    assert torch.equal(b.rgb, scene.images.reshape(-1, 3)[flat])
+
+
+def test_device_sampler_equals_sync(scene):
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    spec = BatchSpec(R, seed=7, stream=0, policy="per_image", images_per_step=2, ray_filter=BoxFilter(scene.aabb))
+    sync, dev = SyncSampler(scene, spec), DeviceSampler(scene, spec, device)
+    for k in range(STEPS):
+        b = dev.batch(k)
+        assert b.rgb.device.type == device.type
+        assert_same(b, sync.batch(k))
+
+
+def test_streams_and_steps_differ(scene):
+    a, b = SyncSampler(scene, R, 0, 0), SyncSampler(scene, R, 0, 1)
+    assert not torch.equal(a.batch(0).rgb, b.batch(0).rgb)
+    assert not torch.equal(a.batch(0).rgb, a.batch(1).rgb)
+    assert a.batch(0).jitter_seed != b.batch(0).jitter_seed
+
+
+def test_per_image_policy_draws_from_k_images(scene):
+    spec = BatchSpec(R, 1, 0, policy="per_image", images_per_step=2)
+    s = SyncSampler(scene, spec)
+    images = scene.images.reshape(len(scene), -1, 3)
+    for k in range(4):
+        b = s.batch(k)
+        used = {i for i in range(len(scene))
+                if (b.rgb[:, None, :] == images[i][None]).all(-1).any(-1).sum() > 0}
+        assert 1 <= len(used) <= 2
+
+
+def test_box_filter_marks_rays(scene):
+    spec = BatchSpec(R, 1, 0, ray_filter=BoxFilter([[-0.3, -0.3, -0.3], [0.3, 0.3, 0.3]]))
+    b = SyncSampler(scene, spec).batch(0)
+    assert 0 < int(b.valid.sum()) < R
+    # expected from the distance of each ray to the origin (the box holds a ball of radius 0.3, sits in 0.52)
+    o, d = b.rays.origins.double(), b.rays.directions.double()
+    dist = torch.linalg.cross(o, d).norm(dim=-1)
+    assert bool(b.valid[dist < 0.3].all()) and not bool(b.valid[dist > 0.53].any())
+
+
+class Boom:
+    """A ray filter that raises on the third call (picklable)."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, rays):
+        self.calls += 1
+        if self.calls >= 3:
+            raise ValueError("boom in the ray filter")
+        return torch.ones(len(rays), dtype=torch.bool)
+
+
+def test_worker_exception_reaches_trainer_quickly(scene):
+    pipe = PipelinedSampler(scene, BatchSpec(R, 0, 0, ray_filter=Boom()), "cpu", num_workers=1, prefetch=2)
+    start = time.monotonic()
+    with pytest.raises(SamplerWorkerError, match="boom in the ray filter"):
+        for k in range(10):
+            pipe.batch(k)
+    assert time.monotonic() - start < 60  # includes the worker's start; the failure itself is immediate
+    assert not sampler_children(pipe)
+
+
+def test_killed_worker_fails_within_seconds(scene):
+    pipe = PipelinedSampler(scene, BatchSpec(R, 0, 0), "cpu", num_workers=2, prefetch=2)
+    pipe.batch(0)
+    victim = pipe.worker_pids[1]
+    os.kill(victim, signal.SIGKILL)
+    start = time.monotonic()
+    with pytest.raises(SamplerWorkerError, match=rf"pid {victim}\) (exited with code -9|closed its pipe)"):
+        for k in range(1, 100):
+            pipe.batch(k)
+    assert time.monotonic() - start < 5
+    assert not sampler_children(pipe)
+
+
+def test_workers_ignore_signals_and_close_cleans_up(scene):
+    before_shm, before_children = shm_entries(), children()
+    pipe = build_sampler({"name": "pipelined", "num_workers": 2, "prefetch": 3}, scene, R, 0, 0, "cpu")
+    assert isinstance(pipe, PipelinedSampler)
+    pipe.batch(0)
+    for pid in pipe.worker_pids:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
+            os.kill(pid, sig)
+    time.sleep(0.3)
+    assert sampler_children(pipe) == set(pipe.worker_pids)
+    pipe.batch(1)
+    pipe.close()
+    pipe.close()  # idempotent
+    assert not sampler_children(pipe)
+    assert children() - before_children <= _forkserver()
+    assert shm_entries() <= before_shm
+    with pytest.raises(SamplerWorkerError, match="closed"):
+        pipe.batch(2)
+
+
+def _forkserver() -> set:
+    """The multiprocessing fork server (one per trainer process, not per sampler)."""
+    from multiprocessing import forkserver
+
+    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)
+    return {pid} if pid else set()
+
+
+def test_build_sampler_kinds_and_errors(scene):
+    assert isinstance(build_sampler({"name": "sync"}, scene, R, 0, 0, "cpu"), SyncSampler)
+    assert isinstance(build_sampler({"name": "device"}, scene, R, 0, 0, "cpu"), DeviceSampler)
+    with pytest.raises(ValueError, match="sampler='bogus'"):
+        build_sampler({"name": "bogus"}, scene, R, 0, 0, "cpu")
+    with pytest.raises(ValueError, match="sampler.policy"):
+        build_sampler({"name": "sync", "policy": "nope"}, scene, R, 0, 0, "cpu")
+    with pytest.raises(ValueError, match="sampler.filter.aabb"):
+        build_sampler({"name": "sync", "filter": {"kind": "box", "aabb": [1, 2]}}, scene, R, 0, 0, "cpu")
