@@ -216,3 +216,45 @@ def test_build_sampler_kinds_and_errors(scene):
         build_sampler({"name": "sync", "policy": "nope"}, scene, R, 0, 0, "cpu")
     with pytest.raises(ValueError, match="sampler.filter.aabb"):
         build_sampler({"name": "sync", "filter": {"kind": "box", "aabb": [1, 2]}}, scene, R, 0, 0, "cpu")
+
+
+TRAINER_SCRIPT = """
+import sys, time
+sys.path.insert(0, {tests!r})
+from test_sampler import tiny_scene
+from distnerf.sampler import BatchSpec, PipelinedSampler
+s = PipelinedSampler(tiny_scene(), BatchSpec(64, 0, 0), "cpu", num_workers=2, prefetch=2, start_method={method!r})
+s.batch(0)
+print(" ".join(map(str, s.worker_pids)), flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_workers_exit_when_the_trainer_is_killed(method):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    before_shm = shm_entries()
+    script = TRAINER_SCRIPT.format(tests=str(Path(__file__).parent), method=method)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        pids = [int(p) for p in proc.stdout.readline().split()]
+        assert len(pids) == 2 and all(os.path.exists(f"/proc/{p}") for p in pids)
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in pids)
+    assert shm_entries() <= before_shm
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"

@@ -1,0 +1,260 @@
+"""Input-pipeline benchmark: sync vs pipelined vs device samplers, side by side.
+
+    # lego and fern, 2 ranks (the issue's comparison), medians over steps after warm-up
+    python tools/bench_sampler.py all --dataset lego --nproc 2 --num-workers 1 --steps 60 --warmup 10
+    python tools/bench_sampler.py all --dataset fern --nproc 2 --num-workers 1 --steps 60 --warmup 10
+    # stall-bound regime on a 2-core machine: one rank, one compute thread, one worker,
+    # large batches over all images, a cheap model step
+    python tools/bench_sampler.py compare alone --dataset lego --nproc 1 --threads 1 --num-workers 1 \
+        --global-rays 32768 --steps 60 --warmup 10 --extra "model.resolutions=[32]" "model.upsample_steps=[]"
+    # memory over 10,000 batches
+    python tools/bench_sampler.py memory --dataset lego --memory-batches 10000
+    # smoke (seconds)
+    python tools/bench_sampler.py all --dataset synthetic --steps 6 --warmup 2 --memory-batches 50
+
+Parts (any subset, in this order, in one process):
+
+``compare``: the real trainer (``python -m distnerf.train``, or torchrun with
+``--nproc`` > 1) once per sampler and repeat, runs interleaved (sync, pipelined,
+device, sync, ...) so that drift of the machine hits all alike; ``log_every=1``.
+Per sampler: median step time, ``input_wait`` and ``copy`` (trainer timer), their
+shares of the step, rays/s, all over steps after ``--warmup``. Then the speedup of
+``pipelined`` over ``sync`` against the ideal ``T / (T - S)`` (``T`` sync step time,
+``S`` its sampling time = sync ``input_wait``) and against the capacity bound of W
+workers ``(S + C) / max(S / W, C)`` with ``C = T - S`` (at most W free cores).
+
+``alone``: each sampler with no trainer: batches/s and rays/s (``to_device``
+included), against the trainer's consumption rate from ``compare`` when run.
+
+``memory``: a pipelined sampler drawing ``--memory-batches`` batches; resident and
+shared memory (``/proc/PID/status`` VmRSS, RssShmem) of the trainer process and the
+workers, sampled ten times.
+
+Results print as JSON lines and, with ``--json``, to a file.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+DATASETS = {
+    "lego": ["dataset=blender", "dataset.root=../shared/data/nerf_synthetic_half/lego"],
+    "fern": ["dataset=llff", "dataset.root=../shared/data/nerf_llff_data/fern"],
+    "synthetic": ["dataset=synthetic"],
+}
+KINDS = ("sync", "pipelined", "device")
+
+
+def dataset_overrides(name: str) -> list[str]:
+    if name in DATASETS:
+        return DATASETS[name]
+    raise SystemExit(f"--dataset must be one of {sorted(DATASETS)}, got {name!r}")
+
+
+# ----------------------------------------------------------------------------- compare
+def train_run(args, kind: str, run_dir: Path) -> list[dict]:
+    base = [sys.executable, "-m", "distnerf.train"] if args.nproc == 1 else [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.nproc}",
+        "-m", "distnerf.train"]
+    workers = [] if kind == "sync" else [f"sampler.num_workers={args.num_workers}", f"sampler.prefetch={args.prefetch}"]
+    cmd = base + [f"run_dir={run_dir}", *dataset_overrides(args.dataset), f"sampler={kind}", *workers,
+                  f"train.global_rays={args.global_rays}", f"train.max_steps={args.steps}", "train.log_every=1",
+                  "train.ckpt_every=-1", "train.progress=false", "eval.enabled=false", "logger.wandb.mode=disabled",
+                  f"device={args.device}", *args.extra]
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-4000:]}")
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def step_stats(rows: list[dict], warmup: int) -> dict:
+    """Medians over steps after ``warmup`` of one run's per-step rows (``log_every=1``)."""
+    steps = [r for r in rows if "loss" in r]
+    prev, per_step = 0.0, []
+    for r in steps:
+        per_step.append((r["step"], r["train_seconds"] - prev, r))
+        prev = r["train_seconds"]
+    kept = [(t, r) for step, t, r in per_step if step > warmup]
+    if not kept:
+        raise SystemExit(f"no steps after --warmup {warmup}")
+    step_s = statistics.median(t for t, _ in kept)
+    wait = statistics.median(r.get("time_input_wait", 0.0) for _, r in kept)
+    copy = statistics.median(r.get("time_copy", 0.0) for _, r in kept)
+    total = sum(t for t, _ in kept)
+    return {"step_s": step_s, "input_wait_s": wait, "copy_s": copy,
+            "input_wait_share": sum(r.get("time_input_wait", 0.0) for _, r in kept) / total,
+            "copy_share": sum(r.get("time_copy", 0.0) for _, r in kept) / total,
+            "rays_per_s": statistics.median(r["rays_per_s"] for _, r in kept), "steps": len(kept)}
+
+
+def compare(args) -> dict:
+    runs = {k: [] for k in args.samplers}
+    with tempfile.TemporaryDirectory() as tmp:
+        for rep in range(args.repeats):
+            for kind in args.samplers:
+                stats = step_stats(train_run(args, kind, Path(tmp) / f"{kind}_{rep}"), args.warmup)
+                runs[kind].append(stats)
+                emit({"part": "compare", "sampler": kind, "repeat": rep, **stats})
+    out = {k: {key: statistics.median(s[key] for s in v) for key in v[0]} for k, v in runs.items()}
+    if "sync" in out and "pipelined" in out:
+        t, s = out["sync"]["step_s"], out["sync"]["input_wait_s"]
+        c = max(t - s, 1e-12)
+        ideal = t / c
+        bound = (s + c) / max(s / args.num_workers, c)
+        speedup = t / out["pipelined"]["step_s"]
+        target = min(ideal, bound)
+        out["speedup"] = {"pipelined_over_sync": speedup, "ideal": ideal, "capacity_bound": bound,
+                          "share_of_min_ideal_bound": speedup / target, "sync_sampling_s": s, "sync_compute_s": c}
+    emit({"part": "compare_summary", **out})
+    return out
+
+
+# ----------------------------------------------------------------------------- alone
+def load(args):
+    from omegaconf import OmegaConf
+
+    from distnerf.data import load_scene
+
+    cfg = OmegaConf.load("conf/train.yaml")
+    for ov in dataset_overrides(args.dataset) + [e for e in args.extra if e.startswith("dataset.")]:
+        key, value = ov.split("=", 1)
+        if key == "dataset":
+            cfg.dataset = OmegaConf.load(f"conf/dataset/{value}.yaml")
+        else:
+            OmegaConf.update(cfg, key, value)
+    return load_scene(OmegaConf.to_container(cfg.dataset, resolve=True), "train")
+
+
+def make_sampler(args, kind: str, scene, rays: int):
+    from distnerf.sampler import build_sampler
+
+    cfg = {"name": kind, "num_workers": args.num_workers, "prefetch": args.prefetch}
+    return build_sampler(cfg, scene, rays, 0, 0, torch.device(args.device))
+
+
+def alone(args, consumption: dict | None = None) -> dict:
+    scene = load(args)
+    rays = args.global_rays // args.nproc
+    out = {}
+    for kind in args.samplers:
+        sampler = make_sampler(args, kind, scene, rays)
+        try:
+            sampler.start(0)
+            for k in range(args.warmup):
+                sampler.batch(k)
+            sync_device(args.device)
+            start = time.perf_counter()
+            for k in range(args.warmup, args.warmup + args.alone_batches):
+                sampler.batch(k)
+            sync_device(args.device)
+            seconds = time.perf_counter() - start
+        finally:
+            sampler.close()
+        row = {"batches_per_s": args.alone_batches / seconds, "rays_per_s": args.alone_batches * rays / seconds}
+        if consumption and kind in consumption:
+            row["trainer_steps_per_s"] = 1.0 / consumption[kind]["step_s"]
+            row["capacity_over_consumption"] = row["batches_per_s"] / row["trainer_steps_per_s"]
+        out[kind] = row
+        emit({"part": "alone", "sampler": kind, "rays_per_batch": rays, **row})
+    return out
+
+
+def sync_device(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+# ----------------------------------------------------------------------------- memory
+def proc_memory(pid: int) -> dict:
+    """VmRSS and RssShmem of ``pid`` in MiB."""
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "RssShmem"):
+            out[key] = int(value.split()[0]) / 1024
+    return out
+
+
+def memory(args) -> dict:
+    scene = load(args)
+    rays = args.global_rays // args.nproc
+    sampler = make_sampler(args, "pipelined", scene, rays)
+    samples = []
+    try:
+        sampler.start(0)
+        every = max(args.memory_batches // 10, 1)
+        for k in range(args.memory_batches):
+            sampler.batch(k)
+            if k % every == 0 or k == args.memory_batches - 1:
+                row = {"batch": k, "trainer": proc_memory(os.getpid()),
+                       "workers": [proc_memory(p) for p in sampler.worker_pids]}
+                samples.append(row)
+                emit({"part": "memory", **row})
+    finally:
+        sampler.close()
+    first, last = samples[0], samples[-1]
+    summary = {"batches": args.memory_batches,
+               "trainer_rss_growth_mib": last["trainer"]["VmRSS"] - first["trainer"]["VmRSS"],
+               "workers_rss_growth_mib": sum(w["VmRSS"] for w in last["workers"])
+               - sum(w["VmRSS"] for w in first["workers"]),
+               "shmem_growth_mib": last["trainer"].get("RssShmem", 0) - first["trainer"].get("RssShmem", 0)}
+    emit({"part": "memory_summary", **summary})
+    return {"samples": samples, **summary}
+
+
+# ----------------------------------------------------------------------------- main
+RESULTS: list[dict] = []
+
+
+def emit(row: dict) -> None:
+    RESULTS.append(row)
+    print(json.dumps(row, default=str), flush=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("parts", nargs="+", choices=["compare", "alone", "memory", "all"])
+    parser.add_argument("--dataset", default="lego", help=f"one of {sorted(DATASETS)}")
+    parser.add_argument("--samplers", nargs="+", default=list(KINDS), choices=KINDS)
+    parser.add_argument("--nproc", type=int, default=1, help="ranks (torchrun when > 1)")
+    parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of each rank")
+    parser.add_argument("--num-workers", type=int, default=1, help="pipelined workers per rank")
+    parser.add_argument("--prefetch", type=int, default=4)
+    parser.add_argument("--global-rays", type=int, default=4096)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--warmup", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--alone-batches", type=int, default=50)
+    parser.add_argument("--memory-batches", type=int, default=10000)
+    parser.add_argument("--device", default="cpu", help="cpu | cuda | auto (the trainer's device=)")
+    parser.add_argument("--extra", nargs="*", default=[], help="more Hydra overrides for the trainer runs")
+    parser.add_argument("--json", default=None, help="write all results here")
+    args = parser.parse_args()
+    parts = ["compare", "alone", "memory"] if "all" in args.parts else args.parts
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.set_num_threads(args.threads)
+    emit({"part": "setup", "dataset": args.dataset, "nproc": args.nproc, "threads": args.threads,
+          "num_workers": args.num_workers, "global_rays": args.global_rays, "device": args.device,
+          "cpu_cores": os.cpu_count(), "extra": args.extra})
+    consumption = compare(args) if "compare" in parts else None
+    if "alone" in parts:
+        alone(args, consumption)
+    if "memory" in parts:
+        memory(args)
+    if args.json:
+        Path(args.json).write_text(json.dumps(RESULTS, indent=1))
+
+
+if __name__ == "__main__":
+    main()
