@@ -56,7 +56,8 @@ class Trainer:
         self.train_scene = load_scene(dataset_cfg, "train")
         self.rays_per_rank = strategy.rays_per_rank(int(cfg.train.global_rays))
         self.sampler = build_sampler(OmegaConf.to_container(cfg.sampler, resolve=True), self.train_scene,
-                                     self.rays_per_rank, int(cfg.seed), strategy.sampler_stream(), self.device)
+                                     self.rays_per_rank, int(cfg.seed), strategy.sampler_stream(), self.device,
+                                     strategy.ray_filter(self.train_scene))
         self.model = build_model(OmegaConf.to_container(cfg.model, resolve=True),
                                  self.train_scene.aabb, self.train_scene.background)
         self.hashes = ckpt.config_hashes(OmegaConf.to_container(cfg, resolve=True))

@@ -40,6 +40,11 @@ class Strategy:
         """Random stream of this rank's ray batches (distinct per rank)."""
         return self.env.rank
 
+    def ray_filter(self, scene):
+        """The ray filter hook of this rank's batches (``fn(rays) -> (R,) bool``, picklable),
+        e.g. the rays that cross this rank's region under ``ss``; ``None``: every ray counts."""
+        return None
+
     def rays_per_rank(self, global_rays: int) -> int:
         """Per-rank batch for a global batch of ``global_rays``.
 
