@@ -103,12 +103,22 @@ class Trainer:
             rank_state = torch.load(rank_file, map_location="cpu", weights_only=False)
             D.set_rng_state(rank_state["rng"])
             if "sampler" in rank_state:
-                if rank_state["sampler"]["next_step"] != self.step:
-                    log.warning("%s: sampler state at step %d, model at step %d: drawing from step %d", rank_file,
-                                rank_state["sampler"]["next_step"], self.step, self.step)
-                self.sampler.load_state_dict({**rank_state["sampler"], "next_step": self.step})
+                self._restore_sampler(rank_state["sampler"], rank_file)
         if self.env.is_main:
             log.info("resumed from %s at step %d", path, self.step)
+
+    def _restore_sampler(self, saved: dict, rank_file: Path) -> None:
+        """Continue the batch stream at ``self.step``; warn when what is drawn changed."""
+        now = self.sampler.state_dict()
+        changed = [k for k in ("seed", "stream", "rays_per_batch", "policy") if saved.get(k) != now.get(k)]
+        if changed:
+            log.warning("%s: sampler %s differ from the checkpoint's (%s vs %s): the continuation draws other "
+                        "batches than the uninterrupted run", rank_file, ", ".join(changed),
+                        {k: now.get(k) for k in changed}, {k: saved.get(k) for k in changed})
+        if saved["next_step"] != self.step:
+            log.warning("%s: sampler state at step %d, model at step %d: drawing from step %d", rank_file,
+                        saved["next_step"], self.step, self.step)
+        self.sampler.load_state_dict({**saved, "next_step": self.step})
 
     def save_checkpoint(self) -> Path:
         """Write ``step_N/``: model + optimizer (main rank), RNG per rank, then the manifest."""

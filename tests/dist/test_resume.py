@@ -100,6 +100,17 @@ def test_metrics_log_has_no_duplicate_steps(resume_runs):
     assert steps == sorted(set(steps)) and steps[-1] == 2 * N
 
 
+def test_input_wait_and_copy_logged_and_summarised(resume_runs):
+    run = resume_runs["straight"]
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "loss" in r]
+    assert all(r["time_input_wait"] >= 0 and r["time_copy"] >= 0 for r in steps)
+    assert "time_input" not in steps[0]
+    summary = [r for r in rows if r.get("event") == "input_summary"]
+    assert len(summary) == 1 and summary[0]["sampler"] == "pipelined" and 0 <= summary[0]["input_wait_share"] < 1
+    assert "input (sampler=pipelined): waited" in (run / "train.log").read_text()
+
+
 def test_manifest_lists_every_rank_file(resume_runs):
     found = ckpt.latest(resume_runs["straight"] / "checkpoints")
     manifest = ckpt.read_manifest(found, verify=True)
