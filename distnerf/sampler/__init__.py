@@ -33,7 +33,7 @@ def build_sampler(cfg_sampler: Mapping, scene: SceneData, rays_per_batch: int, s
     Args:
         cfg_sampler: ``name`` (sync | pipelined | device), ``policy``, ``images_per_step``,
             ``filter``, and per kind ``num_workers``, ``prefetch``, ``start_method``,
-            ``timeout_s``, ``max_device_fraction``, ``fallback``.
+            ``timeout_s``, ``cache_dir``, ``max_device_fraction``, ``fallback``.
         scene: the training split (CPU tensors).
         rays_per_batch: rays per batch of this rank.
         seed: base seed of the run. stream: this rank's stream (the rank under ``ddp``).
@@ -60,5 +60,6 @@ def build_sampler(cfg_sampler: Mapping, scene: SceneData, rays_per_batch: int, s
         kind = fallback
     if kind == "pipelined":
         return PipelinedSampler(scene, spec, device, int(cfg.get("num_workers", 2)), int(cfg.get("prefetch", 4)),
-                                cfg.get("start_method", "forkserver"), float(cfg.get("timeout_s", 300.0)))
+                                cfg.get("start_method", "forkserver"), float(cfg.get("timeout_s", 300.0)),
+                                cfg.get("cache_dir"))
     return SyncSampler(scene, spec, device=device)

@@ -14,7 +14,8 @@ Flow::
   step order, and :func:`make_batch` is a pure function of (seed, stream, step), so
   batches are bitwise those of ``sync`` for any W and K.
 * Images and cameras are moved into shared memory once and handed to the workers
-  at start; the K slots are one fixed shared tensor. Per batch only a few integers
+  at start (or, with ``cache_dir``, the pixels are a memory-mapped file every rank
+  and worker maps); the K slots are one fixed shared tensor. Per batch only a few integers
   travel through the pipes. The memory is anonymous (``torch`` file-descriptor
   sharing: segments are unlinked at creation), so nothing is left in ``/dev/shm``
   even after a SIGKILL and there are no stale named segments to sweep.
@@ -29,12 +30,14 @@ import logging
 import os
 import time
 import weakref
+from dataclasses import replace
 
 import torch
 import torch.multiprocessing as mp
 
 from ..data.base import SceneData
 from .base import BatchSpec, RayBatch, Sampler
+from .cache import open_pixel_cache, write_pixel_cache
 from .worker import SLOT_FLOATS, unpack, worker_main
 
 log = logging.getLogger("distnerf")
@@ -80,12 +83,15 @@ class PipelinedSampler(Sampler):
         start_method: ``forkserver`` (workers fork from a server that has imported
             torch once) or ``spawn``; both are safe with CUDA in the trainer.
         timeout_s: longest wait for one batch from a live worker before giving up.
+        cache_dir: when given, the pixels go to a memory-mapped file there (see
+            :mod:`.cache`) and ``scene.images`` is replaced by its read-only mapping.
     """
 
     name = "pipelined"
 
     def __init__(self, scene: SceneData, spec: BatchSpec, device: torch.device | str, num_workers: int = 2,
-                 prefetch: int = 4, start_method: str = "forkserver", timeout_s: float = 300.0):
+                 prefetch: int = 4, start_method: str = "forkserver", timeout_s: float = 300.0,
+                 cache_dir: str | None = None):
         if len(scene) == 0:
             raise ValueError(f"training split of {scene.source} has no images")
         if num_workers < 1 or prefetch < 1:
@@ -95,8 +101,14 @@ class PipelinedSampler(Sampler):
         super().__init__(spec, device)
         self.num_workers, self.prefetch, self.timeout_s = num_workers, prefetch, float(timeout_s)
         self._num_rays = spec.rays_per_batch
-        for t in (scene.images, scene.cameras.c2w, scene.cameras.fx, scene.cameras.fy, scene.cameras.cx,
-                  scene.cameras.cy):
+        pixel_cache, worker_scene = None, scene
+        if cache_dir:
+            pixel_cache = str(write_pixel_cache(scene, cache_dir))
+            scene.images = open_pixel_cache(pixel_cache)
+            worker_scene = replace(scene, images=scene.images[:0].clone())
+        else:
+            scene.images.share_memory_()
+        for t in (scene.cameras.c2w, scene.cameras.fx, scene.cameras.fy, scene.cameras.cx, scene.cameras.cy):
             t.share_memory_()
         self._slots = torch.zeros(prefetch, SLOT_FLOATS * self._num_rays).share_memory_()
         ctx = mp.get_context(start_method)
@@ -106,7 +118,8 @@ class PipelinedSampler(Sampler):
         self._procs, self._conns = [], []
         for i in range(num_workers):
             parent_end, child_end = ctx.Pipe(duplex=True)
-            proc = ctx.Process(target=worker_main, args=(i, child_end, scene, self._slots, spec, parent_pid),
+            proc = ctx.Process(target=worker_main, args=(i, child_end, worker_scene, self._slots, spec, parent_pid,
+                                                         pixel_cache),
                                name=f"distnerf-sampler-{i}", daemon=True)
             proc.start()
             child_end.close()  # the worker holds the only other end: its death reads as EOF here

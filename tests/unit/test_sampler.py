@@ -89,6 +89,22 @@ def test_pipelined_equals_sync_bitwise(scene, num_workers):
         assert pipe.state_dict()["next_step"] == STEPS + 6
 
 
+def test_memory_mapped_pixel_cache_is_shared_and_reused(tmp_path):
+    scene, reference = tiny_scene(seed=3), tiny_scene(seed=3)
+    spec = BatchSpec(R, seed=2, stream=0)
+    sync = SyncSampler(reference, spec)
+    with PipelinedSampler(scene, spec, "cpu", num_workers=2, prefetch=2, cache_dir=str(tmp_path)) as pipe:
+        for k in range(3):
+            assert_same(pipe.batch(k), sync.batch(k))
+    (cached,) = tmp_path.glob("pixels-train-*.npy")
+    assert str(cached) in open("/proc/self/maps").read()  # scene.images is now the file's mapping
+    assert torch.equal(scene.images, reference.images)
+    stamp = cached.stat().st_mtime_ns
+    with PipelinedSampler(tiny_scene(seed=3), spec, "cpu", num_workers=1, prefetch=2, cache_dir=str(tmp_path)) as p:
+        assert_same(p.batch(5), sync.batch(5))
+    assert [cached] == list(tmp_path.glob("pixels-*")) and cached.stat().st_mtime_ns == stamp
+
+
 def test_sync_keeps_its_historical_batches(scene):
     # the batch recipe of the original SyncSampler: one integers() draw, then the jitter seed
     from distnerf.data.rays import generate_rays
