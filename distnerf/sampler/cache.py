@@ -35,6 +35,7 @@ def write_pixel_cache(scene: SceneData, cache_dir: str | Path) -> Path:
     """The cache file of ``scene.images`` ((N, H, W, 3) float32), written once (atomic rename)."""
     cache_dir = Path(cache_dir)
     cache_dir.mkdir(parents=True, exist_ok=True)
+    sweep_stale(cache_dir)
     path = cache_dir / f"pixels-{scene.split}-{pixel_digest(scene.images)}.npy"
     if not path.exists():
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
@@ -42,6 +43,23 @@ def write_pixel_cache(scene: SceneData, cache_dir: str | Path) -> Path:
             np.save(f, scene.images.contiguous().numpy())
         os.replace(tmp, path)  # ranks racing here write identical bytes
     return path
+
+
+def sweep_stale(cache_dir: Path) -> list[Path]:
+    """Remove ``pixels-*.<pid>.tmp`` files of writers that died (pid no longer alive on this host)."""
+    removed = []
+    for tmp in cache_dir.glob("pixels-*.tmp"):
+        try:
+            pid = int(tmp.name.rsplit(".", 2)[-2])
+            os.kill(pid, 0)
+        except ValueError:
+            continue
+        except ProcessLookupError:
+            tmp.unlink(missing_ok=True)
+            removed.append(tmp)
+        except PermissionError:
+            continue  # alive, another user's
+    return removed
 
 
 def open_pixel_cache(path: str | Path) -> torch.Tensor:

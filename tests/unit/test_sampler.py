@@ -97,12 +97,14 @@ def test_memory_mapped_pixel_cache_is_shared_and_reused(tmp_path):
         for k in range(3):
             assert_same(pipe.batch(k), sync.batch(k))
     (cached,) = tmp_path.glob("pixels-train-*.npy")
+    stale = tmp_path / f"{cached.name}.999999999.tmp"  # a writer that crashed (no such pid)
+    stale.write_bytes(b"torn")
     assert str(cached) in open("/proc/self/maps").read()  # scene.images is now the file's mapping
     assert torch.equal(scene.images, reference.images)
     stamp = cached.stat().st_mtime_ns
     with PipelinedSampler(tiny_scene(seed=3), spec, "cpu", num_workers=1, prefetch=2, cache_dir=str(tmp_path)) as p:
         assert_same(p.batch(5), sync.batch(5))
-    assert [cached] == list(tmp_path.glob("pixels-*")) and cached.stat().st_mtime_ns == stamp
+    assert [cached] == list(tmp_path.glob("pixels-*")) and cached.stat().st_mtime_ns == stamp  # stale swept
 
 
 def test_sync_keeps_its_historical_batches(scene):
