@@ -56,6 +56,8 @@ def build_sampler(cfg_sampler: Mapping, scene: SceneData, rays_per_batch: int, s
         if fits:
             return DeviceSampler(scene, spec, device)
         fallback = cfg.get("fallback", "pipelined")
+        if fallback not in ("sync", "pipelined"):
+            raise ValueError(f"sampler.fallback must be sync or pipelined, got {fallback!r}")
         log.warning("sampler=device: %s; falling back to sampler=%s", reason, fallback)
         kind = fallback
     if kind == "pipelined":

@@ -276,3 +276,22 @@ def _alive(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def test_device_sampler_falls_back_with_a_clear_message(scene, monkeypatch):
+    import logging
+
+    import distnerf.sampler as sampler_pkg
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("distnerf")
+    logger.addHandler(handler)
+    monkeypatch.setattr(sampler_pkg, "fits_on_device", lambda *a: (False, "the training images need 9 GiB"))
+    try:
+        s = build_sampler({"name": "device", "fallback": "sync"}, scene, R, 0, 0, "cpu")
+    finally:
+        logger.removeHandler(handler)
+    assert isinstance(s, SyncSampler)
+    assert any("need 9 GiB" in r.getMessage() and "falling back to sampler=sync" in r.getMessage() for r in records)
