@@ -8,7 +8,9 @@ Flow::
     start(k0): send (k, k % K) to worker k % W  for k in [k0, k0 + K)
     host_batch(k): recv ("ok", k, slot, seed) --- make_batch(k) -> pack into slots[slot]
     to_device: copy slot out (pinned -> device on a side stream on CUDA), then
-               send (k + K, slot) to worker (k + K) % W: the slot is reused
+               send (k + K, slot) to worker (k + K) % W: the slot is reused;
+               if batch k + 1 is already built, start its copy too (it overlaps
+               the compute of step k; host_batch(k + 1) then returns it at once)
 
 * Step k is always built by worker ``k % W`` into slot ``k % K`` and consumed in
   step order, and :func:`make_batch` is a pure function of (seed, stream, step), so
@@ -130,12 +132,16 @@ class PipelinedSampler(Sampler):
         self.worker_cuda_initialised: dict[int, bool] = {}
         self._head = self._issued = None  # next step to consume / to issue; in flight: [head, issued)
         self._held = None  # (step, slot) handed out by host_batch, not yet released by to_device
+        self._ahead = None  # (step, device tensor, CUDA event or None, jitter seed): copied ahead
         self._pinned, self._events, self._stream, self._flip = None, None, None, 0
 
     # ----------------------------------------------------------------- task ring
     def start(self, step: int) -> None:
         """Begin prefetching at ``step`` (dropping any batches built for other steps)."""
-        self._held = None
+        if self._held is None and (self._ahead is not None and self._ahead[0] == step or self._ahead is None
+                                   and self._head == step and self._issued == step + self.prefetch):
+            return  # already prefetching from ``step``
+        self._held = self._ahead = None
         if self._head is not None:
             for k in range(self._head, self._issued):  # let in-flight work finish, discard it
                 self._receive(k)
@@ -154,17 +160,13 @@ class PipelinedSampler(Sampler):
         except (OSError, ValueError) as err:
             self._fail(worker, f"cannot send a task ({err})")
 
-    def _receive(self, step: int) -> tuple:
-        """Wait for worker ``step % W``'s answer for ``step``, watching every worker's health."""
+    def _poll(self, step: int, timeout: float = 0.0):
+        """Worker ``step % W``'s answer ``("ok", step, slot, seed)`` if it arrives within ``timeout`` s, else None."""
         worker = step % self.num_workers
         conn = self._conns[worker]
-        deadline = time.monotonic() + self.timeout_s
-        while True:
-            if conn.poll(0.05):
-                try:
-                    msg = conn.recv()
-                except (EOFError, OSError):
-                    self._fail(worker, "closed its pipe")
+        try:
+            while conn.poll(timeout):
+                msg = conn.recv()
                 if msg[0] == "ready":
                     self.worker_cuda_initialised[msg[1]] = msg[3]
                     continue
@@ -172,11 +174,23 @@ class PipelinedSampler(Sampler):
                     self._fail(msg[1], "raised an exception", msg[2])
                 assert msg[0] == "ok" and msg[1] == step, (msg, step)
                 return msg
+        except (EOFError, OSError):
+            self._fail(worker, "closed its pipe")
+        return None
+
+    def _receive(self, step: int) -> tuple:
+        """Wait for worker ``step % W``'s answer for ``step``, watching every worker's health."""
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            msg = self._poll(step, 0.05)
+            if msg is not None:
+                return msg
             for i, proc in enumerate(self._procs):
                 if proc.exitcode is not None:
                     self._fail(i, f"exited with code {proc.exitcode}")
             if time.monotonic() > deadline:
-                self._fail(worker, f"sent no batch for step {step} in sampler.timeout_s={self.timeout_s} s")
+                self._fail(step % self.num_workers,
+                           f"sent no batch for step {step} in sampler.timeout_s={self.timeout_s} s")
 
     def _fail(self, worker: int, what: str, detail: str | None = None):
         """Raise the error of ``worker`` (its traceback if it sent one) after stopping every worker."""
@@ -196,17 +210,21 @@ class PipelinedSampler(Sampler):
 
     # ----------------------------------------------------------------- interface
     def host_batch(self, step: int) -> RayBatch:
-        """The batch of ``step``: a view of its shared slot, valid until ``to_device``."""
-        if self._finalizer is None or not self._finalizer.alive:
+        """The batch of ``step``: a view of its shared slot, valid until ``to_device`` (or,
+        when it was copied ahead, already on the device)."""
+        if not self._finalizer.alive:
             raise SamplerWorkerError("the pipelined sampler is closed")
         if self._held is not None:
             self._release()
-        if self._head != step:
-            self.start(step)
+        self.next_step = step + 1
+        if self._ahead is not None and self._ahead[0] == step:
+            _, out, event, jitter_seed = self._ahead
+            self._ahead = None
+            return self._hand_out(out, event, jitter_seed)
+        self.start(step)
         _, _, slot, jitter_seed = self._receive(step)
         self._head += 1
         self._held = (step, slot)
-        self.next_step = step + 1
         return unpack(self._slots[slot], self._num_rays, jitter_seed)
 
     def _release(self) -> None:
@@ -216,17 +234,35 @@ class PipelinedSampler(Sampler):
         self._issue()
 
     def to_device(self, batch: RayBatch) -> RayBatch:
-        """Copy the held batch out of its slot (pinned, side-stream copy on CUDA) and reuse the slot."""
-        assert self._held is not None, "to_device needs the batch returned by host_batch"
-        slot = self._slots[self._held[1]]
-        if self.device.type != "cuda":
-            out = slot.clone()
-        else:
-            out = self._copy_to_cuda(slot)
-        self._release()
-        return unpack(out, self._num_rays, batch.jitter_seed)
+        """The batch on the device; its slot goes back to the workers. Then, if the next
+        batch is already built, its copy starts too (on CUDA on the side stream, so it
+        overlaps this step's compute)."""
+        if self._held is not None:
+            out, event = self._copy_out(self._slots[self._held[1]])
+            self._release()
+            batch = self._hand_out(out, event, batch.jitter_seed)
+        # else: copied ahead during the previous step, already on the device
+        self._copy_ahead(self.next_step)
+        return batch
 
-    def _copy_to_cuda(self, slot: torch.Tensor) -> torch.Tensor:
+    def _copy_ahead(self, step: int) -> None:
+        """Start copying batch ``step`` out of its slot if a worker has finished it (never waits)."""
+        if self._ahead is not None or self._head != step:
+            return
+        msg = self._poll(step)
+        if msg is None:
+            return
+        _, _, slot, jitter_seed = msg
+        self._head += 1
+        out, event = self._copy_out(self._slots[slot])
+        self._held = (step, slot)
+        self._release()
+        self._ahead = (step, out, event, jitter_seed)
+
+    def _copy_out(self, slot: torch.Tensor):
+        """``(copy of slot on the device, CUDA event of the copy or None)``."""
+        if self.device.type != "cuda":
+            return slot.clone(), None
         if self._pinned is None:
             self._pinned = [torch.empty_like(slot).pin_memory() for _ in range(2)]
             self._events = [None, None]
@@ -237,20 +273,24 @@ class PipelinedSampler(Sampler):
         self._pinned[i].copy_(slot)
         with torch.cuda.stream(self._stream):
             out = self._pinned[i].to(self.device, non_blocking=True)
-            self._events[i] = torch.cuda.Event()
-            self._events[i].record(self._stream)
-        main = torch.cuda.current_stream(self.device)
-        main.wait_stream(self._stream)  # compute on the batch starts after its copy
-        out.record_stream(main)
-        return out
+            event = torch.cuda.Event()
+            event.record(self._stream)
+        self._events[i] = event
+        return out, event
+
+    def _hand_out(self, out: torch.Tensor, event, jitter_seed: int) -> RayBatch:
+        if event is not None:
+            main = torch.cuda.current_stream(self.device)
+            main.wait_event(event)  # compute on the batch starts after its copy (no host wait)
+            out.record_stream(main)  # allocated on the side stream, used on the main one
+        return unpack(out, self._num_rays, jitter_seed)
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "num_workers": self.num_workers, "prefetch": self.prefetch}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
-        if self._head != self.next_step:
-            self.start(self.next_step)
+        self.start(self.next_step)
 
     def close(self) -> None:
         """Stop the workers (kill after 5 s) and drop the shared buffers; idempotent."""

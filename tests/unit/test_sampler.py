@@ -87,6 +87,15 @@ def test_pipelined_equals_sync_bitwise(scene, num_workers):
         assert not any(pipe.worker_cuda_initialised.values())
         assert_same(pipe.batch(STEPS + 5), sync.batch(STEPS + 5))  # a jump restarts the ring
         assert pipe.state_dict()["next_step"] == STEPS + 6
+        time.sleep(0.5)  # the next batches are built: to_device copies the following one ahead
+        assert_same(pipe.batch(STEPS + 6), sync.batch(STEPS + 6))
+        assert pipe._ahead is not None and pipe._ahead[0] == STEPS + 7
+        assert_same(pipe.batch(STEPS + 7), sync.batch(STEPS + 7))  # handed out from the look-ahead
+        time.sleep(0.5)
+        pipe.batch(STEPS + 8)
+        assert pipe._ahead[0] == STEPS + 9
+        assert_same(pipe.batch(3), sync.batch(3))  # a jump drops the look-ahead
+        assert_same(pipe.batch(4), sync.batch(4))
 
 
 def test_memory_mapped_pixel_cache_is_shared_and_reused(tmp_path):
