@@ -4,11 +4,16 @@ Legend: R rays per batch, N images, H, W image size.
 
 Only the R random pixel indices are drawn on the host (the same numpy stream as
 every other sampler, microseconds); they are copied to the device, where rays
-are generated and colours gathered. Index draws, colours, valid masks and jitter
-seeds are bitwise those of ``sync``; ray geometry uses the same
-:func:`generate_rays` ops on the device (bitwise on the CPU; on CUDA the
-camera rotation (einsum) and norm are computed by CUDA kernels, see
-``tests/unit/test_sampler.py`` for what is checked on a GPU).
+are generated and colours gathered. Bitwise equal to ``sync``: pixel choice,
+colours, ``near``/``far``, jitter seeds and (without a ray filter) valid masks on
+any device; on the CPU everything. On CUDA the ray geometry goes through the same
+:func:`generate_rays` ops, but one of them is not reproducible across devices: ``torch.norm`` on the
+CPU uses its own reduction (no elementwise formula matches it bitwise, checked on
+400k rays), so ``viewdirs`` (and world-space ``directions``) can differ by 1 ulp;
+the camera rotation (einsum) equals an explicit multiply-add on the CPU and should
+match on CUDA. Making ``device`` bitwise on CUDA means computing the norm as an
+explicit ``sqrt(x*x + y*y + z*z)`` in ``generate_rays``, which changes ``sync``'s
+historical batches by 1 ulp once; not done (``sync`` is kept bitwise).
 """
 from __future__ import annotations
 
