@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 import time
 import weakref
 from dataclasses import replace
@@ -118,16 +119,23 @@ class PipelinedSampler(Sampler):
             ctx.set_forkserver_preload(["torch", "distnerf.sampler.worker"])
         parent_pid = os.getpid() if start_method == "spawn" else None
         self._procs, self._conns = [], []
+        self._finalizer = weakref.finalize(self, _shutdown, self._procs, self._conns)  # also on a failed start
         for i in range(num_workers):
             parent_end, child_end = ctx.Pipe(duplex=True)
             proc = ctx.Process(target=worker_main, args=(i, child_end, worker_scene, self._slots, spec, parent_pid,
                                                          pixel_cache),
                                name=f"distnerf-sampler-{i}", daemon=True)
-            proc.start()
+            self._conns.append(parent_end)
+            try:
+                proc.start()
+            except (pickle.PicklingError, AttributeError, TypeError) as err:
+                child_end.close()
+                self.close()
+                raise ValueError(f"the pipelined sampler cannot send its workers the ray filter "
+                                 f"{spec.ray_filter!r} (it must be picklable: a module-level class or "
+                                 f"function): {err}") from err
             child_end.close()  # the worker holds the only other end: its death reads as EOF here
             self._procs.append(proc)
-            self._conns.append(parent_end)
-        self._finalizer = weakref.finalize(self, _shutdown, self._procs, self._conns)
         self.worker_pids = [p.pid for p in self._procs]
         self.worker_cuda_initialised: dict[int, bool] = {}
         self._head = self._issued = None  # next step to consume / to issue; in flight: [head, issued)

@@ -261,6 +261,13 @@ def _forkserver() -> set:
     return {pid} if pid else set()
 
 
+def test_unpicklable_ray_filter_is_a_clear_error(scene):
+    before = children()
+    with pytest.raises(ValueError, match="must be picklable"):
+        PipelinedSampler(scene, BatchSpec(R, 0, 0, ray_filter=lambda rays: rays.near > 0), "cpu", num_workers=2)
+    assert children() - before <= _forkserver()
+
+
 def test_build_sampler_kinds_and_errors(scene):
     assert isinstance(build_sampler({"name": "sync"}, scene, R, 0, 0, "cpu"), SyncSampler)
     assert isinstance(build_sampler({"name": "device"}, scene, R, 0, 0, "cpu"), DeviceSampler)
