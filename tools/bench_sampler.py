@@ -31,6 +31,17 @@ shared memory (``/proc/PID/status`` VmRSS, RssShmem) of the trainer process and 
 workers, sampled ten times.
 
 Results print as JSON lines and, with ``--json``, to a file.
+
+Cores limit every figure: the pipelined sampler only hides sampling time S when its
+workers run on cores the trainer's compute does not use. With one worker the step
+can at best shrink from S + C to max(S, C) (capacity bound above); W workers need W
+spare cores. On a 2-core machine measure with one rank, ``--threads 1`` and
+``--num-workers 1`` (one core each); with 2 ranks there is no spare core and
+``pipelined`` cannot beat ``sync`` by much. On a 16-core GPU machine use several
+workers per rank. A stall-bound regime needs S comparable to C: large batches
+(``--global-rays``) and a cheap model step (e.g. ``--extra "model.resolutions=[16]"
+"model.upsample_steps=[]" model.step_ratio=2``); check the sync ``input_wait_share``
+of a short ``compare --samplers sync`` first.
 """
 from __future__ import annotations
 
