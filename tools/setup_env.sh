@@ -8,8 +8,9 @@ PYTHON="${PYTHON:-python3}"
 [ -d .venv ] || "$PYTHON" -m venv .venv
 . .venv/bin/activate
 TORCH_SPEC="${DISTNERF_TORCH-torch==2.13.0}"
+quiet() { grep -v "^WARNING: Location" || true; }  # this machine's pip mirrors print one line per package
 if [ -n "$TORCH_SPEC" ]; then
-  python -m pip install -q "$TORCH_SPEC"
+  python -m pip install -q "$TORCH_SPEC" 2>&1 | quiet
 fi
-python -m pip install -q -e ".[test]"
+python -m pip install -q -e ".[test]" 2>&1 | quiet
 python -c "import torch, distnerf; print('torch', torch.__version__, '| distnerf ready')"
