@@ -9,8 +9,9 @@ lego, ``log_every=1``; per run the median over steps after ``--warmup`` of the
 global rays/s, then the median over ``--repeats`` runs. The runs of all N alternate
 (1, 2, 1, 2, ...) so drift of the machine hits both alike.
 
-``allreduce``: a 2-process run per model; all-reduce seconds and bytes per step as
-measured by the DDP communication hook, and their share of the step.
+``allreduce``: a 2-process run per model (and the grid at its final 160^3 resolution
+with dense, sparse and bf16 gradient exchange); all-reduce seconds and bytes per step
+as measured by the DDP communication hook, and their share of the step.
 """
 from __future__ import annotations
 
@@ -56,11 +57,21 @@ def scaling(args):
     return results
 
 
+VARIANTS = {
+    # the grid model at its final resolution, gradients all-reduced densely and sparsely
+    "grid160_dense": ["model=grid", "model.resolutions=[160]", "model.upsample_steps=[]",
+                      "strategy.sparse_min_numel=null"],
+    "grid160_sparse": ["model=grid", "model.resolutions=[160]", "model.upsample_steps=[]"],
+    "grid160_bf16": ["model=grid", "model.resolutions=[160]", "model.upsample_steps=[]",
+                     "strategy.sparse_min_numel=null", "strategy.compression=bf16"],
+}
+
+
 def allreduce(args):
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         for model in args.models:
-            extra = [f"model={model}", f"train.max_steps={args.steps}", "train.global_rays=1024"]
+            extra = VARIANTS.get(model, [f"model={model}"]) + [f"train.max_steps={args.steps}", "train.global_rays=4096"]
             rows = run(2, Path(tmp) / model, extra, args.threads)
             rows = [r for r in rows if r["step"] > 2]
             step_s = [sum(v for k, v in r.items() if k.startswith("time_")) for r in rows]
@@ -84,7 +95,8 @@ def main():
     s.add_argument("--warmup", type=int, default=20)
     s.add_argument("--repeats", type=int, default=3)
     a = sub.add_parser("allreduce")
-    a.add_argument("--models", nargs="+", default=["grid", "ngp", "nerf"])
+    a.add_argument("--models", nargs="+", default=["grid", "grid160_dense", "grid160_sparse", "grid160_bf16",
+                                                   "ngp", "nerf"])
     a.add_argument("--steps", type=int, default=8)
     a.add_argument("--threads", type=int, default=1)
     args = p.parse_args()
