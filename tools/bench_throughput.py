@@ -42,9 +42,8 @@ def time_steps(model, sampler, optimizer, device, warmup: int, repeats: int):
         start = time.perf_counter()
         out = model(batch.rays, torch.Generator(device).manual_seed(batch.jitter_seed))
         loss = photometric_sse(out, batch.rgb, batch.valid) / len(batch.rgb)
-        if "regularizer" in out:
-            loss = loss + out["regularizer"]
         loss.backward()
+        model.add_regularizer_grads_()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         sync(device)

@@ -199,10 +199,9 @@ class Trainer:
                 marks.pop(0)
                 self.save_checkpoint()
             loss = sse / self.strategy.loss_normalizer(float(stats[0]))
-            if "regularizer" in out:
-                loss = loss + out["regularizer"]
             with self.timer.phase("backward"):
                 loss.backward()
+                self.model.add_regularizer_grads_()  # identical on every rank: added after the all-reduce
             with self.timer.phase("optimizer"):
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)

@@ -34,9 +34,18 @@ class RadianceModel(nn.Module):
         Returns:
             dict with ``rgb`` (R, 3) float in [0, 1], ``depth`` (R,), ``opacity`` (R,),
             ``num_samples`` (int, samples evaluated), optionally ``rgb_coarse`` (R, 3)
-            and ``regularizer`` (scalar loss term, already weighted).
         """
         raise NotImplementedError
+
+    def add_regularizer_grads_(self) -> float:
+        """Add the gradients of parameter-only regularisers (e.g. total variation) to
+        ``.grad``, outside any wrapper's forward, and return the regulariser's value.
+
+        Such a term depends on the parameters alone, which are identical on every
+        replica, so its gradient needs no all-reduce; keeping it out of the wrapped
+        backward keeps the all-reduced gradient sparse for grid tables.
+        """
+        return 0.0
 
     def update_state(self, step: int) -> bool:
         """Non-gradient updates before training step ``step`` (occupancy grid,

@@ -239,10 +239,21 @@ class GridModel(RadianceModel):
                                         self.background)
         out = {"rgb": rgb, "depth": depth, "opacity": opacity, "num_samples": int(ray_idx.numel()),
                "num_colour_samples": int(keep.sum())}
-        if self.training and self.tv_weight > 0:
-            n = self.resolution
-            out["regularizer"] = self.tv_weight * total_variation(self.density.view(1, 1, n, n, n))
         return out
+
+    def add_regularizer_grads_(self) -> float:
+        """Total variation of the density (weighted by ``tv_weight``), gradient added locally."""
+        if self.tv_weight <= 0:
+            return 0.0
+        n = self.resolution
+        density = self.density.detach().requires_grad_()
+        tv = self.tv_weight * total_variation(density.view(1, 1, n, n, n))
+        (grad,) = torch.autograd.grad(tv, density)
+        if self.density.grad is None:
+            self.density.grad = grad
+        else:
+            self.density.grad.add_(grad)
+        return float(tv)
 
     # ---------------------------------------------------------------- schedule
     @torch.no_grad()

@@ -48,22 +48,27 @@ class HookState:
         self.sparse_min_numel, self.sparse_max_density = sparse_min_numel, sparse_max_density
 
 
-def sparse_allreduce_(buffer: torch.Tensor, world_size: int) -> int:
+def sparse_allreduce_(buffer: torch.Tensor, world_size: int, max_density: float) -> int | None:
     """Average ``buffer`` over ranks exchanging only its non-zero entries.
 
     Every rank all-gathers (index, value / world_size) pairs of its non-zeros
     (padded to the largest count) and accumulates them into a zeroed buffer in rank
     order. Zeros contribute nothing, so the result equals a dense average (bitwise for
-    2 ranks, where a sum of two values does not depend on order).
+    2 ranks, where a sum of two values does not depend on order). When any rank holds
+    more than ``max_density`` non-zeros the exchange is not done (the caller falls
+    back to a dense all-reduce): the decision is taken from the gathered counts, so
+    every rank takes the same branch.
 
     Returns:
-        bytes this rank sent (indices + values, padded).
+        bytes this rank sent (indices + values, padded), or None when not done.
     """
     index = buffer.nonzero().view(-1)
-    values = buffer[index] / world_size
     counts = [torch.zeros(1, dtype=torch.long) for _ in range(world_size)]
     dist.all_gather(counts, torch.tensor([index.numel()]))
     width = int(max(c.item() for c in counts))
+    if width > max_density * buffer.numel():
+        return None
+    values = buffer[index] / world_size
     pad = width - index.numel()
     index_p = torch.cat([index, index.new_zeros(pad)])
     values_p = torch.cat([values, values.new_zeros(pad)])
@@ -88,13 +93,13 @@ def timed_allreduce_hook(state, bucket):  # no annotations: DDP checks them at r
     buffer = bucket.buffer()
     start = time.perf_counter()
     if (state.sparse_min_numel is not None and buffer.numel() >= state.sparse_min_numel
-            and buffer.device.type == "cpu"
-            and bool((buffer != 0).sum() <= state.sparse_max_density * buffer.numel())):
-        nbytes = sparse_allreduce_(buffer, dist.get_world_size())
-        state.stats.record(time.perf_counter() - start, nbytes)
-        fut = torch.futures.Future()
-        fut.set_result(buffer)
-        return fut
+            and buffer.device.type == "cpu"):
+        nbytes = sparse_allreduce_(buffer, dist.get_world_size(), state.sparse_max_density)
+        if nbytes is not None:
+            state.stats.record(time.perf_counter() - start, nbytes)
+            fut = torch.futures.Future()
+            fut.set_result(buffer)
+            return fut
     wire = buffer if state.wire_dtype is None else buffer.to(state.wire_dtype)
     nbytes = wire.numel() * wire.element_size()
     wire.div_(dist.get_world_size())
