@@ -253,7 +253,7 @@ class GridModel(RadianceModel):
             self.density.grad = grad
         else:
             self.density.grad.add_(grad)
-        return float(tv)
+        return float(tv.detach())
 
     # ---------------------------------------------------------------- schedule
     @torch.no_grad()
