@@ -36,7 +36,8 @@ def run(nproc: int, run_dir: Path, overrides: list[str], threads: int) -> list[d
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if "loss" in r]  # step rows only (not end-of-run summaries)
 
 
 def scaling(args):
