@@ -435,7 +435,7 @@ def test_grid_tv_regularizer_grads_added_locally_match_reference():
     d = model.density.detach().double().view(n, n, n).requires_grad_()
     ref = weight * sum(torch.diff(d, dim=k).pow(2).mean() for k in range(3))  # independent formula
     ref.backward()
-    assert value == pytest.approx(float(ref), rel=1e-5)
+    assert value == pytest.approx(float(ref.detach()), rel=1e-5)
     torch.testing.assert_close(model.density.grad.view(n, n, n).double(), d.grad, rtol=1e-4, atol=1e-8)
     before = model.density.grad.clone()
     model.add_regularizer_grads_()  # accumulates like .backward()
