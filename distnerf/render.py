@@ -8,6 +8,7 @@ too (views split across ranks).
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 from pathlib import Path
@@ -20,7 +21,7 @@ from . import dist as D
 from .config import setup_logging
 from .data import load_scene
 from .engine.evaluate import render_image, select_views
-from .engine.trainer import downscale_scene, evaluate_run, make_eval_split
+from .engine.trainer import evaluate_run, make_eval_split
 from .model import build_model
 from .strategy import build_strategy
 
@@ -63,18 +64,14 @@ def orbit_video(model, scene, out: Path, num_frames: int, chunk: int, device) ->
     import imageio.v3 as iio
     import numpy as np
 
-    from .data.base import Cameras
-
     c2w0 = scene.cameras.c2w[0]
     frames = []
     for k in range(num_frames):
         a = 2 * np.pi * k / num_frames
         rot = torch.tensor([[np.cos(a), 0, np.sin(a)], [0, 1, 0], [-np.sin(a), 0, np.cos(a)]], dtype=torch.float32)
         c2w = torch.cat([rot @ c2w0[:, :3], (rot @ c2w0[:, 3])[:, None]], dim=1)[None]
-        cams = Cameras(c2w, scene.cameras.fx[:1], scene.cameras.fy[:1], scene.cameras.cx[:1],
-                       scene.cameras.cy[:1], scene.width, scene.height)
-        view = type(scene)(scene.split, scene.images[:1], cams, scene.near, scene.far, scene.aabb,
-                           scene.background, scene.ndc, scene.image_paths[:1], scene.source)
+        first = scene.subset([0])
+        view = dataclasses.replace(first, cameras=dataclasses.replace(first.cameras, c2w=c2w))
         frames.append((render_image(model, view, 0, chunk, device)["rgb"].numpy() * 255).astype(np.uint8))
     iio.imwrite(out, np.stack(frames), duration=80, loop=0)
 
@@ -97,7 +94,8 @@ def main(argv: list[str] | None = None) -> dict:
         model.to(env.device).eval()
         metrics = evaluate_run(cfg, model, strategy, out_dir, step, make_eval_split(cfg, model, strategy))
         if cfg.get("video") and env.is_main:
-            view_scene = downscale_scene(scene, int(cfg.eval.get("downscale", 1)))
+            factor = int(cfg.eval.get("downscale", 1))
+            view_scene = scene.downscaled(factor) if factor > 1 else scene
             orbit_video(model, view_scene, out_dir / "orbit.gif", int(cfg.get("video_frames", 24)),
                         int(cfg.eval.chunk), env.device)
         return metrics

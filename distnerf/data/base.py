@@ -13,7 +13,7 @@ Conventions
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Optional
 
 import torch
@@ -106,6 +106,17 @@ class SceneData:
     @property
     def width(self) -> int:
         return self.cameras.width
+
+    def downscaled(self, factor: int) -> "SceneData":
+        """The split with images area-averaged by ``factor`` and intrinsics scaled to match."""
+        import torch.nn.functional as F
+
+        images = F.avg_pool2d(self.images.permute(0, 3, 1, 2), factor).permute(0, 2, 3, 1).contiguous()
+        height, width = images.shape[1], images.shape[2]
+        c = self.cameras
+        cams = Cameras(c.c2w, c.fx / factor, c.fy / factor, c.cx / factor, c.cy / factor, width, height)
+        ndc = None if self.ndc is None else NDCParams(self.ndc.focal / factor, width, height, self.ndc.near_plane)
+        return replace(self, images=images, cameras=cams, ndc=ndc)
 
     def subset(self, index) -> "SceneData":
         """The views selected by ``index`` (list of ints)."""

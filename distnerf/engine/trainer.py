@@ -286,7 +286,7 @@ def make_eval_split(cfg, model, strategy):
     def eval_split(split: str, num_views, downscale: int, out_dir: Path | None, lpips) -> dict:
         scene = load_scene(OmegaConf.to_container(cfg.dataset, resolve=True), split)
         if downscale > 1:
-            scene = downscale_scene(scene, downscale)
+            scene = scene.downscaled(downscale)
         views = select_views(len(scene), num_views)
         mine = [views[i] for i in strategy.eval_views(len(views))]
         device = next(model.buffers()).device
@@ -300,11 +300,10 @@ def make_eval_split(cfg, model, strategy):
 def evaluate_run(cfg, model, strategy, out_dir: Path, step: int, eval_split) -> dict:
     """Shared by training and ``distnerf.render``: evaluate the test split, write
     ``out_dir/metrics.json`` (main rank) and renders under ``out_dir/test/``."""
-    run_dir = out_dir
     eval_cfg = cfg.eval
     lpips = LPIPS() if eval_cfg.get("lpips", True) else None
     downscale = int(eval_cfg.get("downscale", 1))
-    res = eval_split("test", eval_cfg.get("num_views"), downscale, Path(run_dir) / "test", lpips)
+    res = eval_split("test", eval_cfg.get("num_views"), downscale, Path(out_dir) / "test", lpips)
     rows, scene = res["rows"], res["scene"]
     mean = lambda k: sum(r[k] for r in rows) / len(rows)  # noqa: E731
     metrics = {
@@ -321,23 +320,7 @@ def evaluate_run(cfg, model, strategy, out_dir: Path, step: int, eval_split) -> 
         "per_view": rows,
     }
     if strategy.is_main:
-        (Path(run_dir) / "metrics.json").write_text(json.dumps(metrics, indent=1))
+        (Path(out_dir) / "metrics.json").write_text(json.dumps(metrics, indent=1))
         log.info("test: PSNR %.2f dB, SSIM %.4f over %d views (%dx%d)", metrics["psnr"], metrics["ssim"],
                  len(rows), scene.height, scene.width)
     return {k: metrics[k] for k in ("psnr", "ssim", "lpips")}
-
-
-def downscale_scene(scene: SceneData, factor: int) -> SceneData:
-    """Area-average the images by ``factor`` and scale the intrinsics to match."""
-    import torch.nn.functional as F
-
-    from ..data.base import Cameras, NDCParams
-
-    images = F.avg_pool2d(scene.images.permute(0, 3, 1, 2), factor).permute(0, 2, 3, 1).contiguous()
-    c = scene.cameras
-    cams = Cameras(c.c2w, c.fx / factor, c.fy / factor, c.cx / factor, c.cy / factor,
-                   images.shape[2], images.shape[1])
-    ndc = None if scene.ndc is None else NDCParams(scene.ndc.focal / factor, images.shape[2], images.shape[1],
-                                                   scene.ndc.near_plane)
-    return SceneData(scene.split, images, cams, scene.near, scene.far, scene.aabb, scene.background, ndc,
-                     scene.image_paths, scene.source)
