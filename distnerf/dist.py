@@ -10,6 +10,8 @@ from __future__ import annotations
 import datetime
 import os
 import random
+import signal
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,6 +28,7 @@ class DistEnv:
     local_rank: int = 0
     device: torch.device = torch.device("cpu")
     backend: str | None = None
+    restart_count: int = 0  # torchrun's TORCHELASTIC_RESTART_COUNT: > 0 in a restarted worker group
 
     @property
     def is_main(self) -> bool:
@@ -41,18 +44,22 @@ def init_distributed(device: str = "auto", timeout_s: float = 600.0) -> DistEnv:
 
     Args:
         device: ``"auto"`` (CUDA of the local rank if available, else CPU), ``"cpu"`` or ``"cuda"``.
-        timeout_s: collective timeout, so that a lost rank ends the job instead of hanging.
+        timeout_s: collective timeout (seconds), so that a lost or hung rank ends the job
+            with an error instead of hanging (``dist_timeout_s`` in ``conf/train.yaml``).
     Raises:
-        ValueError: ``device="cuda"`` requested without CUDA.
+        ValueError: ``device="cuda"`` requested without CUDA, or ``timeout_s <= 0``.
     """
     use_cuda = torch.cuda.is_available() if device == "auto" else device == "cuda"
     if use_cuda and not torch.cuda.is_available():
         raise ValueError("device=cuda requested but torch.cuda.is_available() is False")
+    if timeout_s <= 0:
+        raise ValueError(f"dist_timeout_s must be > 0 seconds, got {timeout_s}")
     if "RANK" not in os.environ:
         dev = torch.device("cuda", 0) if use_cuda else torch.device("cpu")
         return DistEnv(device=dev)
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    restart_count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
     backend = "nccl" if use_cuda else "gloo"
     if use_cuda:
         torch.cuda.set_device(local_rank)
@@ -62,12 +69,52 @@ def init_distributed(device: str = "auto", timeout_s: float = 600.0) -> DistEnv:
     if not dist.is_initialized():
         dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s),
                                 device_id=dev if use_cuda else None)
-    return DistEnv(rank, world_size, local_rank, dev, backend)
+    return DistEnv(rank, world_size, local_rank, dev, backend, restart_count)
 
 
 def shutdown(env: DistEnv) -> None:
     if env.distributed and dist.is_initialized():
         dist.destroy_process_group()
+
+
+class StopRequest:
+    """A stop asked for by a signal: SIGUSR1 (Slurm's warning before the time limit,
+    ``--signal=B:USR1@T`` forwarded by the batch script) or SIGTERM (``scancel``, node
+    drain, torchrun shutting its workers down).
+
+    The handler only records the signal; the trainer adds :attr:`requested` to its
+    per-step all-reduce, so a signal that reaches one rank stops every rank at the same
+    step, and they checkpoint together. Repeated signals change nothing (Slurm and the
+    torchrun agent may both deliver SIGTERM); SIGKILL after their grace period
+    (``KillWait``, the agent's shutdown timeout) is the escalation.
+    """
+
+    SIGNALS = ("SIGUSR1", "SIGTERM")
+
+    def __init__(self):
+        self.signal: str | None = None
+        self._previous: dict = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signal is not None
+
+    def install(self) -> "StopRequest":
+        """Handle :attr:`SIGNALS` in this process (main thread only; elsewhere a no-op)."""
+        if threading.current_thread() is threading.main_thread():
+            for name in self.SIGNALS:
+                sig = getattr(signal, name)
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def uninstall(self) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous.clear()
+
+    def _handle(self, signum, frame) -> None:
+        if self.signal is None:
+            self.signal = signal.Signals(signum).name
 
 
 def seed_everything(seed: int) -> None:

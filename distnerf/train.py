@@ -7,6 +7,7 @@ Examples::
     python -m distnerf.train dataset=llff dataset.root=../shared/data/nerf_llff_data/fern
     torchrun --nproc_per_node=2 -m distnerf.train strategy=ddp run_dir=runs/lego2
     python -m distnerf.train run_dir=runs/lego2 resume=true   # continue a run
+    launch/torchrun_local.sh 2 runs/lego2 -- dataset=blender ...  # restarts + auto-resume (launch/ for Slurm)
 
 Flow: compose config -> init distributed -> run directory -> Trainer (dataset,
 sampler, model, strategy.wrap, optimizer, checkpoint) -> fit -> evaluate.
@@ -17,6 +18,7 @@ import logging
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
+from torch.distributed.elastic.multiprocessing.errors import record
 
 from . import dist as D
 from .config import resolve_run_dir, setup_logging, validate
@@ -26,9 +28,11 @@ from .strategy import build_strategy
 log = logging.getLogger("distnerf")
 
 
+@record  # under torchrun a rank's exception (with traceback) goes to its error file and the agent's summary
 def run(cfg: DictConfig) -> dict:
     validate(cfg)
-    env = D.init_distributed(cfg.device)
+    stop = D.StopRequest().install()  # SIGUSR1/SIGTERM: all ranks stop at one step and checkpoint
+    env = D.init_distributed(cfg.device, float(cfg.get("dist_timeout_s", 600)))
     try:
         run_dir = resolve_run_dir(cfg, env)
         setup_logging(env, run_dir, cfg.logger.get("level", "INFO"))
@@ -37,9 +41,10 @@ def run(cfg: DictConfig) -> dict:
             log.info("run directory %s; world size %d; backend %s; device %s", run_dir, env.world_size,
                      env.backend or "none", env.device)
         strategy = build_strategy(OmegaConf.to_container(cfg.strategy, resolve=True), env)
-        return Trainer(cfg, strategy, run_dir).fit()
+        return Trainer(cfg, strategy, run_dir, stop=stop).fit()
     finally:
         D.shutdown(env)
+        stop.uninstall()
 
 
 @hydra.main(config_path="../conf", config_name="train", version_base="1.3")

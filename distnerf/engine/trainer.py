@@ -44,10 +44,13 @@ class Trainer:
         cfg: the composed config (``conf/train.yaml``).
         strategy: the strategy, already holding this process's :class:`DistEnv`.
         run_dir: the run directory shared by every rank.
+        stop: set by SIGUSR1/SIGTERM (:class:`distnerf.dist.StopRequest`); any rank's request
+            stops every rank at the same step with a checkpoint. ``None``: signals are not handled.
     """
 
-    def __init__(self, cfg: DictConfig, strategy: Strategy, run_dir: Path):
+    def __init__(self, cfg: DictConfig, strategy: Strategy, run_dir: Path, stop: D.StopRequest | None = None):
         self.cfg, self.strategy, self.env, self.run_dir = cfg, strategy, strategy.env, Path(run_dir)
+        self.stop = stop if stop is not None else D.StopRequest()
         self.ckpt_root = self.run_dir / "checkpoints"
         self.device = self.env.device
         self.train_cfg = OmegaConf.to_container(cfg.train, resolve=True)
@@ -74,6 +77,9 @@ class Trainer:
         self.sampler.start(self.step)  # batches are drawn by step index: prefetch from here
         self.timer = StepTimer(self.device)
         self.logger = self._make_logger(resume_from is not None)
+        if resume_from is not None:
+            self.logger.log({"step": self.step, "event": "resumed", "checkpoint": resume_from.name,
+                             "torchrun_restart": self.env.restart_count})
         if self.env.is_main:
             log.info("global batch %d rays = %d ranks x %d rays; lr %.3g (per-group multipliers from the "
                      "model; not scaled with the world size since the global batch is fixed)",
@@ -81,8 +87,11 @@ class Trainer:
 
     # ----------------------------------------------------------------- resume
     def _find_resume(self) -> Path | None:
-        if not self.cfg.get("resume", False):
+        restarted = self.env.restart_count > 0  # torchrun restarted the worker group: always continue
+        if not (self.cfg.get("resume", False) or restarted):
             return None
+        if restarted and self.env.is_main:
+            log.info("torchrun restart %d: resuming from the newest committed checkpoint", self.env.restart_count)
         found = ckpt.latest(self.ckpt_root)
         if found is None:
             log.info("resume=true but no committed checkpoint in %s: starting fresh", self.ckpt_root)
@@ -183,9 +192,10 @@ class Trainer:
             over_budget = budget > 0 and self.train_seconds >= budget
             at_mark = bool(marks) and self.train_seconds >= marks[0]
             finite = bool(torch.isfinite(sse))
-            # one all-reduce per step: global valid rays (loss normaliser) + stop and checkpoint flags
+            # one all-reduce per step: global valid rays (loss normaliser) + stop, checkpoint and signal flags
             stats = self.strategy.reduce_step_stats(torch.tensor(
-                [float(batch.valid.sum()), float(not finite), float(over_budget), float(at_mark)], dtype=torch.float64))
+                [float(batch.valid.sum()), float(not finite), float(over_budget), float(at_mark),
+                 float(self.stop.requested)], dtype=torch.float64))
             if stats[1] > 0:
                 msg = f"non-finite loss at step {self.step} on {int(stats[1])} rank(s); stopping without saving"
                 log.error(msg)
@@ -194,6 +204,9 @@ class Trainer:
                 raise NonFiniteLoss(msg)
             if stats[2] > 0:
                 stop_reason = "time_budget"
+                break
+            if stats[4] > 0:  # a rank got SIGUSR1/SIGTERM (preemption, scancel): all stop and checkpoint here
+                stop_reason = "signal"
                 break
             if stats[3] > 0:  # some rank passed a time mark: everyone saves at this step
                 marks.pop(0)
@@ -223,9 +236,13 @@ class Trainer:
             log.info("training stopped at step %d (%s) after %.1f s of training", self.step, stop_reason,
                      self.train_seconds)
             self._log_input_summary(self.train_seconds - segment_start)
-        if ckpt_every >= 0:
-            self.save_checkpoint()
-        metrics = self.evaluate() if self.cfg.eval.get("enabled", True) else {}
+        if ckpt_every >= 0 or stop_reason == "signal":
+            saved = self.save_checkpoint()
+            if stop_reason == "signal" and self.env.is_main:
+                log.warning("stopped by %s at step %d: checkpoint %s written; continue with resume=true",
+                            self.stop.signal or "a signal on another rank", self.step, saved)
+                self.logger.log({"step": self.step, "event": "signal_stop", "signal": self.stop.signal})
+        metrics = self.evaluate() if self.cfg.eval.get("enabled", True) and stop_reason != "signal" else {}
         self.close()
         return {"step": self.step, "stop_reason": stop_reason, **metrics}
 

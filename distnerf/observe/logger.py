@@ -55,7 +55,7 @@ class WandbLogger:
         self.wandb = wandb
         self.run = wandb.init(project=cfg.get("project", "distnerf"), mode=cfg.get("mode", "offline"),
                               dir=str(run_dir), config=config, name=cfg.get("name") or run_dir.name,
-                              id=cfg.get("id") or _stable_id(run_dir), resume="allow" if resume else None)
+                              id=cfg.get("id") or _stable_id(run_dir), resume="allow")  # restarts continue one run
 
     def log(self, row: dict) -> None:
         step = row.get("step")
