@@ -23,7 +23,7 @@ from ..data.base import SceneData
 from ..model import build_model
 from ..observe.logger import JsonlLogger, MultiLogger, NullLogger, WandbLogger
 from ..observe.metrics import LPIPS, LPIPS_BACKBONE
-from ..observe.timer import StepTimer
+from ..observe.profiler import RunProfiler, log_profile_summaries
 from ..sampler import build_sampler
 from ..strategy.base import Strategy
 from .evaluate import evaluate_views, select_views
@@ -75,7 +75,10 @@ class Trainer:
         if state is not None:
             self._restore(resume_from, state)
         self.sampler.start(self.step)  # batches are drawn by step index: prefetch from here
-        self.timer = StepTimer(self.device)
+        profiler_cfg = cfg.get("profiler")  # always-on step breakdown (+ traces with profiler=trace)
+        self.profiler = RunProfiler(OmegaConf.to_container(profiler_cfg, resolve=True) if profiler_cfg else {},
+                                    self.device, self.env.rank, self.env.world_size, self.run_dir, self.model)
+        self.timer = self.profiler.steps
         self.logger = self._make_logger(resume_from is not None)
         if resume_from is not None:
             self.logger.log({"step": self.step, "event": "resumed", "checkpoint": resume_from.name,
@@ -162,11 +165,12 @@ class Trainer:
             batch = self.sampler.host_batch(step)
         with self.timer.phase("copy"):
             batch = self.sampler.to_device(batch)
-        if self.model.update_state(step):  # parameters replaced: rewrap and rebuild optimizer state
-            self.wrapped = self.strategy.rewrap()
-            self.optimizer = rebuild_optimizer(self.optimizer, self.model, self.train_cfg)
-        set_lr(self.optimizer, step, self.train_cfg)
-        generator = torch.Generator(self.device).manual_seed(batch.jitter_seed)
+        with self.timer.phase("model_update"):
+            if self.model.update_state(step):  # parameters replaced: rewrap and rebuild optimizer state
+                self.wrapped = self.strategy.rewrap()
+                self.optimizer = rebuild_optimizer(self.optimizer, self.model, self.train_cfg)
+            set_lr(self.optimizer, step, self.train_cfg)
+            generator = torch.Generator(self.device).manual_seed(batch.jitter_seed)
         use_bf16 = bool(self.train_cfg.get("bf16", False)) and self.device.type == "cuda"
         with self.timer.phase("forward"):
             with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=use_bf16):
@@ -188,14 +192,16 @@ class Trainer:
         segment_start = self.train_seconds
         while self.step < max_steps:
             start = time.perf_counter()
+            self.timer.begin_step()
             batch, out, sse = self.train_step(self.step)
             over_budget = budget > 0 and self.train_seconds >= budget
             at_mark = bool(marks) and self.train_seconds >= marks[0]
             finite = bool(torch.isfinite(sse))
             # one all-reduce per step: global valid rays (loss normaliser) + stop, checkpoint and signal flags
-            stats = self.strategy.reduce_step_stats(torch.tensor(
-                [float(batch.valid.sum()), float(not finite), float(over_budget), float(at_mark),
-                 float(self.stop.requested)], dtype=torch.float64))
+            with self.timer.phase("step_sync"):
+                stats = self.strategy.reduce_step_stats(torch.tensor(
+                    [float(batch.valid.sum()), float(not finite), float(over_budget), float(at_mark),
+                     float(self.stop.requested)], dtype=torch.float64))
             if stats[1] > 0:
                 msg = f"non-finite loss at step {self.step} on {int(stats[1])} rank(s); stopping without saving"
                 log.error(msg)
@@ -210,16 +216,20 @@ class Trainer:
                 break
             if stats[3] > 0:  # some rank passed a time mark: everyone saves at this step
                 marks.pop(0)
-                self.save_checkpoint()
+                with self.timer.phase("checkpoint"):
+                    self.save_checkpoint()
             loss = sse / self.strategy.loss_normalizer(float(stats[0]))
-            with self.timer.phase("backward"):
+            with self.timer.phase("backward"):  # DDP waits for the gradient all-reduce inside
                 loss.backward()
+            with self.timer.phase("regularizer"):
                 self.model.add_regularizer_grads_()  # identical on every rank: added after the all-reduce
             with self.timer.phase("optimizer"):
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
             self.step += 1
             step_seconds = time.perf_counter() - start
+            self.profiler.end_step(self.step - 1, float(batch.valid.sum()), out.get("num_samples", 0),
+                                   self.strategy.step_comm())
             self.train_seconds += step_seconds
             if self.step % log_every == 0 or self.step == max_steps:
                 self._log_step(out, batch, float(stats[0]), step_seconds, progress)
@@ -232,6 +242,9 @@ class Trainer:
         if progress is not None:
             progress.close()
         self.sampler.close()  # workers are not needed for evaluation; its state (next step) stays
+        summaries = self.strategy.gather(self.profiler.finish())  # collective: every rank's breakdown to all
+        if self.env.is_main:
+            log_profile_summaries(summaries, self.logger, self.step)
         if self.env.is_main:
             log.info("training stopped at step %d (%s) after %.1f s of training", self.step, stop_reason,
                      self.train_seconds)
@@ -269,7 +282,8 @@ class Trainer:
                "rays_per_s": global_valid / max(step_seconds, 1e-9), "samples_per_ray":
                out.get("num_samples", 0) / max(len(batch.rgb), 1), "lr": self.optimizer.param_groups[0]["lr"],
                "train_seconds": self.train_seconds,
-               **{f"time_{k}": v for k, v in self.timer.pop().items()}, **self.strategy.comm_stats()}
+               **{f"time_{k}": v for k, v in self.timer.pop().items()}, **self.strategy.comm_stats(),
+               **self.timer.recent_figures(self.train_cfg.get("log_every", 50))}
         grid_res = getattr(self.model, "resolution", None)
         if grid_res is not None:
             row["grid_resolution"] = grid_res

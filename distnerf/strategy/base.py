@@ -89,6 +89,12 @@ class Strategy:
         """Communication measured since the last call (seconds, bytes, calls)."""
         return {}
 
+    def step_comm(self) -> dict | None:
+        """Gradient communication of the step just taken, for the step profiler:
+        ``{"in_hook_s", "last_return", "spans": [(launch, done), ...], "bytes"}`` (host
+        ``perf_counter`` seconds), or None when the strategy exchanges no gradients."""
+        return None
+
     # -- evaluation ------------------------------------------------------------
     def eval_views(self, num_views: int) -> list[int]:
         """This rank's share of ``num_views`` evaluation views (round robin)."""

@@ -1,0 +1,346 @@
+"""Always-on step breakdown: where every training step went, on every rank.
+
+Each step is split into top-level phases (seconds, one host clock on CPU, CUDA
+events on GPU)::
+
+    input_wait    the trainer waited for its ray batch (sampler)
+    copy          host-to-device copy of the batch
+    model_update  non-gradient model state (occupancy grid, resolution changes), lr
+    forward       the whole render + loss; split further into ``forward.<child>``
+                  (time inside each parameterised child module, e.g. ``coarse`` and
+                  ``fine`` MLPs of ``model=nerf``) and ``forward.other`` (ray
+                  sampling / marching, interpolation, compositing)
+    step_sync     the one small all-reduce per step (valid rays, stop flags); it also
+                  absorbs the time a fast rank waits for a slow one
+    checkpoint    a checkpoint taken inside the step (time marks)
+    backward      backward's own computation
+    exposed_comm  gradient all-reduce time not hidden behind backward (see below)
+    regularizer   parameter-only regulariser gradients (added after the all-reduce)
+    optimizer     optimizer step and zero_grad
+
+``unattributed`` = step time - sum of the phases (bookkeeping between phases); it is
+reported so that the breakdown can be trusted (at most a few percent).
+
+Exposed communication (CPU/gloo, host clock): DDP calls the communication hook on
+the autograd thread when a bucket is ready; the hook launches an asynchronous
+all-reduce and returns, and ``backward()`` returns only after DDP has waited for
+every bucket. So the time backward spent *inside* hooks plus the time between the
+last hook's return and backward's return is communication backward had to wait
+for; the rest of each bucket's (launch, completion) span ran hidden behind
+backward's computation. On CUDA the host does not wait for NCCL inside backward,
+so this host figure is not recorded there (``exposed_comm`` is None); the report
+takes GPU overlap from the traces (HolisticTraceAnalysis).
+
+NeRF figures per step: rays/s (this rank's valid rays over its step time),
+samples per ray after empty-space skipping, field evaluations (samples the model
+evaluated) and forward time per sample (ns).
+
+At the end :meth:`StepProfiler.finish` writes ``RUN/profile/rank_K.json``: every
+step's record and a summary (mean, median, p95 and share of each phase).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+log = logging.getLogger("distnerf")
+
+PHASES = ("input_wait", "copy", "model_update", "forward", "step_sync", "checkpoint", "backward", "exposed_comm",
+          "regularizer", "optimizer")
+FIGURES = ("rays_per_s", "samples_per_ray", "field_evals", "forward_ns_per_sample", "comm_bytes", "comm_total_s",
+           "comm_hidden_s", "bus_bandwidth_gbps", "peak_memory_mb")
+
+
+def interval_union(spans) -> float:
+    """Total length of the union of ``(start, end)`` intervals (seconds)."""
+    total, cur_start, cur_end = 0.0, None, None
+    for start, end in sorted(spans):
+        if cur_end is None or start > cur_end:
+            if cur_end is not None:
+                total += cur_end - cur_start
+            cur_start, cur_end = start, end
+        else:
+            cur_end = max(cur_end, end)
+    if cur_end is not None:
+        total += cur_end - cur_start
+    return total
+
+
+def exposed_communication(comm: dict | None, backward_end: float) -> tuple[float, float, float]:
+    """Split this step's gradient communication into exposed and hidden time.
+
+    Args:
+        comm: :meth:`Strategy.step_comm` of the step: ``in_hook_s`` (s the hooks ran on
+            the autograd thread), ``last_return`` (perf_counter s), ``spans`` [(launch, done)].
+        backward_end: perf_counter s at which ``backward()`` returned.
+    Returns:
+        (exposed_s, total_s, hidden_s): exposed = in-hook time + (backward_end - last hook
+        return), clipped to [0, total]; total = union of the bucket spans; hidden = total - exposed.
+    """
+    if not comm or comm.get("last_return") is None:
+        return 0.0, 0.0, 0.0
+    total = interval_union(comm["spans"])
+    tail = max(0.0, backward_end - comm["last_return"])
+    exposed = comm["in_hook_s"] + tail
+    total = max(total, exposed)
+    return exposed, total, total - exposed
+
+
+def summarize(records: list[dict], skip_steps: int = 0) -> dict:
+    """Per-key statistics of step records.
+
+    Args:
+        records: per-step dicts (``step_s``, phase seconds, figures).
+        skip_steps: leading records left out (start-up, compilation); reported apart.
+    Returns:
+        ``{"num_steps", "skipped", "startup_s", "keys": {key: {mean, median, p95, share}},
+        "unattributed_share": {median, p95, max}}``; ``share`` is the phase's sum over
+        the step time's sum.
+    """
+    steady = records[skip_steps:] if len(records) > skip_steps else records
+    out = {"num_steps": len(steady), "skipped": len(records) - len(steady),
+           "startup_s": float(sum(r["step_s"] for r in records[: len(records) - len(steady)])), "keys": {}}
+    if not steady:
+        return out
+    step_sum = sum(r["step_s"] for r in steady)
+    keys = ["step_s", *PHASES, "unattributed"]
+    keys += sorted({k for r in steady for k in r if k.startswith("forward.")})
+    keys += list(FIGURES)
+    for key in keys:
+        values = np.array([r[key] for r in steady if r.get(key) is not None], dtype=np.float64)
+        if values.size == 0:
+            continue
+        stats = {"mean": float(values.mean()), "median": float(np.median(values)),
+                 "p95": float(np.percentile(values, 95))}
+        if key in PHASES or key == "unattributed" or key.startswith("forward."):
+            stats["share"] = float(values.sum() / max(step_sum, 1e-12))
+        out["keys"][key] = stats
+    shares = np.array([r["unattributed"] / max(r["step_s"], 1e-12) for r in steady])
+    out["unattributed_share"] = {"median": float(np.median(shares)), "p95": float(np.percentile(shares, 95)),
+                                 "max": float(shares.max())}
+    return out
+
+
+class _HostClock:
+    """Timestamps from ``time.perf_counter`` (CPU)."""
+
+    def mark(self):
+        return time.perf_counter()
+
+    def seconds(self, a, b) -> float:
+        return b - a
+
+    def flush(self) -> None:
+        pass
+
+
+class _CudaClock:
+    """CUDA events recorded on the current stream; resolved once per step (one sync)."""
+
+    def mark(self):
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def seconds(self, a, b) -> float:
+        return a.elapsed_time(b) / 1000.0
+
+    def flush(self) -> None:
+        torch.cuda.synchronize()
+
+
+class StepProfiler:
+    """Per-step phase timer and NeRF figures for one rank (the trainer's ``timer``).
+
+    Args:
+        device: training device (CUDA: events; otherwise host clock).
+        model: the unwrapped model; its direct children holding parameters get forward
+            hooks (``forward.<name>`` sub-phases); ``None``: no sub-phases.
+        rank, world_size: this process (file names, bus bandwidth).
+        skip_steps: leading steps excluded from the steady-state summary.
+        nvtx: push NVTX ranges named after the phases (CUDA only; no-op elsewhere).
+        annotate: wrap phases in ``torch.profiler.record_function`` (trace runs).
+    """
+
+    def __init__(self, device: torch.device, model: nn.Module | None = None, rank: int = 0, world_size: int = 1,
+                 skip_steps: int = 2, nvtx: bool = False, annotate: bool = False):
+        self.cuda = device.type == "cuda"
+        self.clock = _CudaClock() if self.cuda else _HostClock()
+        self.rank, self.world_size, self.skip_steps = rank, world_size, skip_steps
+        self.nvtx = nvtx and self.cuda
+        self.annotate = annotate
+        self.totals: dict[str, float] = defaultdict(float)  # since the last pop() (log rows)
+        self.run_totals: dict[str, float] = defaultdict(float)  # since construction
+        self.records: list[dict] = []
+        self._marks: list[tuple[str, object, object]] = []
+        self._host_edges: dict[str, tuple[float, float]] = {}
+        self._step_start: float | None = None
+        self._step_mark = None
+        self._in_forward = False
+        self._hooks = []
+        self.created = time.perf_counter()
+        if model is not None:
+            self.attach(model)
+
+    # ----------------------------------------------------------------- hooks
+    def attach(self, model: nn.Module) -> None:
+        """Time the forward of ``model``'s direct children that hold parameters."""
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+        for name, child in model.named_children():
+            if not any(True for _ in child.parameters()):
+                continue
+            state: dict = {}
+
+            def pre(module, args, _name=name, _state=state):
+                if self._in_forward:
+                    _state["start"] = self.clock.mark()
+
+            def post(module, args, output, _name=name, _state=state):
+                start = _state.pop("start", None)
+                if start is not None:
+                    self._marks.append((f"forward.{_name}", start, self.clock.mark()))
+
+            self._hooks += [child.register_forward_pre_hook(pre), child.register_forward_hook(post)]
+
+    # ----------------------------------------------------------------- phases
+    def begin_step(self) -> None:
+        """Start timing a step (host clock; on CUDA also an event)."""
+        self._marks.clear()
+        self._host_edges.clear()
+        self._step_start = time.perf_counter()
+        self._step_mark = self.clock.mark() if self.cuda else None
+
+    @contextmanager
+    def phase(self, name: str):
+        """Time ``name`` (one of :data:`PHASES`); nested NVTX/record_function ranges when enabled."""
+        ranges = []
+        if self.nvtx:
+            torch.cuda.nvtx.range_push(name)
+        if self.annotate:
+            ranges.append(torch.profiler.record_function(f"phase:{name}"))
+            ranges[-1].__enter__()
+        host_start = time.perf_counter()
+        start = self.clock.mark() if self.cuda else host_start
+        self._in_forward = name == "forward"
+        try:
+            yield
+        finally:
+            self._in_forward = False
+            host_end = time.perf_counter()
+            end = self.clock.mark() if self.cuda else host_end
+            self._marks.append((name, start, end))
+            self._host_edges[name] = (host_start, host_end)
+            for r in reversed(ranges):
+                r.__exit__(None, None, None)
+            if self.nvtx:
+                torch.cuda.nvtx.range_pop()
+
+    def end_step(self, step: int, num_rays: float, num_samples: int, comm: dict | None) -> dict | None:
+        """Close the step opened by :meth:`begin_step` and record it.
+
+        Args:
+            step: index of the step just taken. num_rays: this rank's valid rays.
+            num_samples: samples the model evaluated (``out["num_samples"]``).
+            comm: the strategy's :meth:`step_comm` (None: no gradient exchange).
+        Returns:
+            the step's record (seconds per phase, figures), or None without a begun step.
+        """
+        if self._step_start is None:
+            return None
+        if self.cuda:
+            end_mark = self.clock.mark()
+            self.clock.flush()  # one synchronisation per step: resolves every event
+        host_end = time.perf_counter()
+        step_s = host_end - self._step_start
+        rec: dict = {"step": step, "t": self._step_start - self.created, "step_s": step_s}
+        for name, a, b in self._marks:
+            rec[name] = rec.get(name, 0.0) + self.clock.seconds(a, b)
+        if self.cuda:  # GPU timeline of the step, host wall if longer (input waits)
+            step_s = rec["step_s"] = max(step_s, self.clock.seconds(self._step_mark, end_mark))
+        for name in PHASES:
+            rec.setdefault(name, 0.0)
+        if "forward" in self._host_edges:
+            children = sum(v for k, v in rec.items() if k.startswith("forward."))
+            if children > 0:
+                rec["forward.other"] = max(0.0, rec["forward"] - children)
+        if self.cuda:
+            rec["exposed_comm"] = None  # not measurable from the host on CUDA (see module docstring)
+        elif comm is not None and "backward" in self._host_edges:
+            exposed, total, hidden = exposed_communication(comm, self._host_edges["backward"][1])
+            exposed = min(exposed, rec["backward"])
+            rec["backward"] -= exposed
+            rec["exposed_comm"] = exposed
+            rec["comm_total_s"], rec["comm_hidden_s"] = total, max(0.0, total - exposed)
+        if comm is not None:
+            rec["comm_bytes"] = comm["bytes"]
+            busy = sum(b - a for a, b in comm["spans"])
+            if busy > 0 and self.world_size > 1:  # ring all-reduce bus bandwidth (nccl-tests convention)
+                rec["bus_bandwidth_gbps"] = comm["bytes"] / busy * 2 * (self.world_size - 1) / self.world_size / 1e9
+        attributed = sum(rec[p] or 0.0 for p in PHASES)
+        rec["unattributed"] = step_s - attributed
+        rec["rays_per_s"] = num_rays / max(step_s, 1e-12)
+        rec["samples_per_ray"] = num_samples / max(num_rays, 1.0)
+        rec["field_evals"] = int(num_samples)
+        rec["forward_ns_per_sample"] = rec["forward"] / max(num_samples, 1) * 1e9
+        if self.cuda:
+            rec["peak_memory_mb"] = torch.cuda.max_memory_allocated() / 2**20
+            torch.cuda.reset_peak_memory_stats()
+        for key in (*PHASES, "unattributed", "step_s"):
+            value = rec.get(key) or 0.0
+            self.totals[key] += value
+            self.run_totals[key] += value
+        self.records.append(rec)
+        self._step_start = None
+        return rec
+
+    def cancel_step(self) -> None:
+        """Drop a begun step (the loop left before finishing it)."""
+        self._step_start = None
+
+    def pop(self) -> dict[str, float]:
+        """Sums of every phase since the last call (seconds; log rows)."""
+        out = dict(self.totals)
+        out.pop("step_s", None)
+        self.totals.clear()
+        return out
+
+    def recent_figures(self, n: int) -> dict:
+        """Medians of the NeRF/communication figures over the last ``n`` steps."""
+        recent = self.records[-max(n, 1):]
+        out = {}
+        for key in ("field_evals", "forward_ns_per_sample", "comm_bytes", "bus_bandwidth_gbps", "peak_memory_mb"):
+            values = [r[key] for r in recent if r.get(key) is not None]
+            if values:
+                out[key] = float(np.median(values))
+        return out
+
+    # ----------------------------------------------------------------- output
+    def summary(self) -> dict:
+        return summarize(self.records, self.skip_steps)
+
+    def write(self, path: Path, extra: dict | None = None) -> dict:
+        """Write ``{"rank", "world_size", "device", "summary", "steps", **extra}`` atomically."""
+        from ..checkpoint import atomic_write_text
+
+        data = {"rank": self.rank, "world_size": self.world_size, "device": "cuda" if self.cuda else "cpu",
+                "clock": "cuda events" if self.cuda else "host perf_counter", "phases": list(PHASES),
+                "summary": self.summary(), **(extra or {}), "steps": self.records}
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps(data))
+        return data
+
+    def close(self) -> None:
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []

@@ -1,0 +1,183 @@
+"""Run profiler: the always-on step breakdown, telemetry, torch.profiler traces and
+the environment fingerprint of one rank, written under ``RUN/profile/``::
+
+    RUN/profile/env.json                 environment fingerprint (rank 0; compare refuses on differences)
+    RUN/profile/rank_K.json              per-step breakdown + summary + telemetry of rank K
+    RUN/profile/traces/rank_K.*.json.gz  profiler=trace: Chrome/Perfetto trace of rank K's active steps
+    RUN/profile/ops_rank_K.json          profiler=trace: top operators by self time (torch key_averages)
+
+Built by the trainer after the process group exists, so every trace carries its rank.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+from .breakdown import StepProfiler
+from .telemetry import Telemetry
+
+log = logging.getLogger("distnerf")
+
+
+def environment_fingerprint(device: torch.device, world_size: int) -> dict:
+    """Settings of the machine that change speed: processor, accelerator, threads, versions."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    fp = {"processor": cpu, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+          "torch_interop_threads": torch.get_num_interop_threads(),
+          "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "torch": torch.__version__,
+          "cuda": torch.version.cuda, "python": platform.python_version(), "device": device.type,
+          "world_size": world_size, "accelerator": None, "nccl": None}
+    if device.type == "cuda":
+        fp["accelerator"] = torch.cuda.get_device_name(device)
+        try:
+            fp["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
+        except Exception:  # a build without NCCL
+            fp["nccl"] = None
+    return fp
+
+
+def _trace_schedule(cfg: dict):
+    keys = {k: int(cfg.get(k, d)) for k, d in (("wait", 2), ("warmup", 1), ("active", 3), ("repeat", 1))}
+    for k, v in keys.items():
+        if v < 0 or (k == "active" and v == 0):
+            raise ValueError(f"profiler.trace.{k}={v}: wait/warmup/repeat must be >= 0 and active >= 1")
+    return torch.profiler.schedule(skip_first=0, **keys)
+
+
+class RunProfiler:
+    """Everything profiled for one rank of a training run.
+
+    Args:
+        cfg: the ``profiler`` config group (``conf/profiler/*.yaml``).
+        device, rank, world_size: this process.
+        run_dir: the run directory; files go to ``run_dir/profile``.
+        model: the unwrapped model (forward sub-phase hooks).
+    Attributes:
+        steps: the :class:`StepProfiler` (the trainer's step timer).
+    """
+
+    def __init__(self, cfg: dict, device: torch.device, rank: int, world_size: int, run_dir: Path, model=None):
+        cfg = dict(cfg or {})
+        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        self.dir = Path(run_dir) / "profile"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.trace_cfg = cfg.get("trace") or None
+        self.steps = StepProfiler(device, model, rank, world_size, int(cfg.get("skip_steps", 2)),
+                                  nvtx=bool(cfg.get("nvtx", False)), annotate=self.trace_cfg is not None)
+        self.env = environment_fingerprint(device, world_size)
+        if rank == 0:
+            from ..checkpoint import atomic_write_text
+
+            atomic_write_text(self.dir / "env.json", json.dumps(self.env, indent=1))
+        self.telemetry = Telemetry(device, float(cfg.get("telemetry_interval_s", 1.0))).start() \
+            if cfg.get("telemetry", True) else None
+        self.trace = None
+        self.trace_files: list[dict] = []
+        if self.trace_cfg is not None:
+            self._start_trace(device)
+
+    # ----------------------------------------------------------------- torch.profiler
+    def _start_trace(self, device: torch.device) -> None:
+        tc = self.trace_cfg
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if device.type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        (self.dir / "traces").mkdir(exist_ok=True)
+        self.trace = torch.profiler.profile(
+            activities=activities, schedule=_trace_schedule(tc), on_trace_ready=self._trace_ready,
+            record_shapes=bool(tc.get("record_shapes", True)), profile_memory=bool(tc.get("profile_memory", True)),
+            with_stack=bool(tc.get("with_stack", False)))
+        self.trace.start()
+
+    def _trace_ready(self, prof) -> None:
+        """Export one trace per rank per cycle (rank and step in the name), print its size,
+        and keep the top operators by self time (torch's own aggregation)."""
+        path = self.dir / "traces" / f"rank_{self.rank}.step_{prof.step_num}.pt.trace.json.gz"
+        tmp = path.with_name(path.name.replace(".json.gz", ".tmp.json.gz"))
+        prof.export_chrome_trace(str(tmp))
+        os.replace(tmp, path)
+        size = path.stat().st_size
+        self.trace_files.append({"path": str(path.relative_to(self.dir)), "bytes": size, "step": prof.step_num})
+        log.warning("rank %d: trace %s (%.2f MB; opens in https://ui.perfetto.dev)", self.rank, path, size / 2**20)
+        key = "self_device_time_total" if any(e.device_type.name == "CUDA" for e in prof.events()) \
+            else "self_cpu_time_total"
+        ops = []
+        for e in prof.key_averages():
+            ops.append({"name": e.key, "calls": e.count, "self_cpu_us": e.self_cpu_time_total,
+                        "cpu_total_us": e.cpu_time_total,
+                        "self_device_us": getattr(e, "self_device_time_total", 0.0)})
+        ops.sort(key=lambda o: o["self_device_us" if key == "self_device_time_total" else "self_cpu_us"],
+                 reverse=True)
+        from ..checkpoint import atomic_write_text
+
+        atomic_write_text(self.dir / f"ops_rank_{self.rank}.json",
+                          json.dumps({"sort": key, "ops": ops[: int(self.trace_cfg.get("top_ops", 30))]}, indent=1))
+
+    # ----------------------------------------------------------------- per step
+    def end_step(self, step: int, num_rays: float, num_samples: int, comm: dict | None) -> dict | None:
+        """Record the step in the breakdown and advance the trace schedule."""
+        rec = self.steps.end_step(step, num_rays, num_samples, comm)
+        if self.trace is not None:
+            self.trace.step()
+        return rec
+
+    def finish(self) -> dict:
+        """Stop traces and telemetry; write ``rank_K.json``; return this rank's summary
+        (``{"rank", "summary", "telemetry", "traces"}``) for gathering on rank 0."""
+        if self.trace is not None:
+            self.trace.stop()
+            self.trace = None
+        telemetry = self.telemetry.stop() if self.telemetry is not None else None
+        self.telemetry = None
+        self.steps.close()
+        extra = {"env": self.env, "telemetry": telemetry, "traces": self.trace_files,
+                 "written": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        data = self.steps.write(self.dir / f"rank_{self.rank}.json", extra)
+        return {"rank": self.rank, "summary": data["summary"],
+                "telemetry": None if telemetry is None else telemetry["summary"], "traces": self.trace_files}
+
+
+def flat_summary(summaries: list[dict]) -> dict:
+    """Numeric ``profile/rank_K/<key>_<stat>`` entries of every rank's summary (W&B, jsonl)."""
+    row = {}
+    for s in summaries:
+        prefix = f"profile/rank_{s['rank']}"
+        for key, stats in s["summary"].get("keys", {}).items():
+            row[f"{prefix}/{key}_median"] = stats["median"]
+            if "share" in stats:
+                row[f"{prefix}/{key}_share"] = stats["share"]
+        for key, value in (s["summary"].get("unattributed_share") or {}).items():
+            row[f"{prefix}/unattributed_share_{key}"] = value
+        for key, stats in (s.get("telemetry") or {}).items():
+            row[f"{prefix}/telemetry_{key}_mean"] = stats["mean"]
+            row[f"{prefix}/telemetry_{key}_max"] = stats["max"]
+    return row
+
+
+def log_profile_summaries(summaries: list[dict], logger, step: int) -> None:
+    """Rank 0: one console line per rank and one ``profile_summary`` row (every rank's figures)."""
+    for s in summaries:
+        keys = s["summary"].get("keys", {})
+        step_s = keys.get("step_s", {}).get("median")
+        if step_s is None:
+            continue
+        share = lambda k: 100 * keys.get(k, {}).get("share", 0.0)  # noqa: E731
+        log.info("profile rank %d: step median %.1f ms; input %.1f%%, forward %.1f%%, backward %.1f%%, exposed comm "
+                 "%.1f%%, step sync %.1f%%, optimizer %.1f%%, unattributed %.1f%% (p95 of per-step share %.1f%%)",
+                 s["rank"], 1e3 * step_s, share("input_wait") + share("copy"), share("forward"), share("backward"),
+                 share("exposed_comm"), share("step_sync"), share("optimizer"), share("unattributed"),
+                 100 * s["summary"]["unattributed_share"]["p95"])
+    logger.log({"step": step, "event": "profile_summary", **flat_summary(summaries)})
