@@ -5,6 +5,11 @@ Loads ``RUN/config.yaml``, applies ``key=value`` overrides (e.g. ``eval.num_view
 ``weights=FILE`` from ``distnerf.export``), renders the test split into
 ``RUN/render/test/`` (or ``out_dir=``) and writes ``metrics.json`` there. ``video=true`` adds an orbit GIF. Works under torchrun
 too (views split across ranks).
+
+A ``strategy=ss`` run is rendered through the fusion stage (``fusion=segment``, the
+default, or ``fusion=blend``): on one process every region's sub-model is loaded and
+fused; under torchrun each rank loads the regions it owns and ``segment`` fusion
+composites the ranks' ray segments (every rank renders every view).
 """
 from __future__ import annotations
 
@@ -45,17 +50,38 @@ def load_run_config(argv: list[str]):
     return cfg, Path(run_dir).resolve()
 
 
+def find_checkpoint(cfg, run_dir: Path) -> tuple[Path, dict]:
+    """The checkpoint to render (``cfg.checkpoint`` or the newest committed) and its verified manifest."""
+    found = Path(cfg.checkpoint) if cfg.get("checkpoint") else ckpt.latest(run_dir / "checkpoints")
+    if found is None:
+        raise FileNotFoundError(f"{run_dir / 'checkpoints'}: no committed checkpoint to render")
+    return found, ckpt.read_manifest(found, verify=True)
+
+
 def load_weights(cfg, run_dir: Path):
     """Model state and step: ``cfg.weights`` (an export) or the newest checkpoint."""
     if cfg.get("weights"):
         blob = torch.load(cfg.weights, map_location="cpu", weights_only=False)
         return blob["model"], int(blob.get("step", 0))
-    found = Path(cfg.checkpoint) if cfg.get("checkpoint") else ckpt.latest(run_dir / "checkpoints")
-    if found is None:
-        raise FileNotFoundError(f"{run_dir / 'checkpoints'}: no committed checkpoint to render")
-    ckpt.read_manifest(found, verify=True)
+    found, _ = find_checkpoint(cfg, run_dir)
     state = torch.load(found / "model.pt", map_location="cpu", weights_only=False)
     return state["model"], int(state["step"])
+
+
+def load_renderer(cfg, run_dir: Path, scene, env):
+    """(module that renders rays, step): the model, or the fusion stage of an ``ss`` run."""
+    if cfg.strategy.get("name") == "ss" and not cfg.get("weights"):
+        from .strategy.ss import load_fused
+
+        found, manifest = find_checkpoint(cfg, run_dir)
+        fused = load_fused(manifest, found, OmegaConf.to_container(cfg.model, resolve=True),
+                           OmegaConf.to_container(cfg.strategy, resolve=True), scene.aabb, scene.background,
+                           str(cfg.get("fusion") or cfg.strategy.get("fusion", "segment")), env)
+        return fused, int(manifest["step"])
+    state, step = load_weights(cfg, run_dir)
+    model = build_model(OmegaConf.to_container(cfg.model, resolve=True), scene.aabb, scene.background)
+    model.load_state_dict(state)
+    return model.to(env.device).eval(), step
 
 
 def orbit_video(model, scene, out: Path, num_frames: int, chunk: int, device) -> None:
@@ -88,10 +114,7 @@ def main(argv: list[str] | None = None) -> dict:
         strategy = build_strategy(OmegaConf.to_container(cfg.strategy, resolve=True), env)
         dataset_cfg = OmegaConf.to_container(cfg.dataset, resolve=True)
         scene = load_scene(dataset_cfg, "test")
-        state, step = load_weights(cfg, run_dir)
-        model = build_model(OmegaConf.to_container(cfg.model, resolve=True), scene.aabb, scene.background)
-        model.load_state_dict(state)
-        model.to(env.device).eval()
+        model, step = load_renderer(cfg, run_dir, scene, env)
         metrics = evaluate_run(cfg, model, strategy, out_dir, step, make_eval_split(cfg, model, strategy))
         if cfg.get("video") and env.is_main:
             factor = int(cfg.eval.get("downscale", 1))

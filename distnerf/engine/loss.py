@@ -13,12 +13,16 @@ def photometric_sse(outputs: dict, target: torch.Tensor, valid: torch.Tensor) ->
     """Sum over valid rays of the per-ray mean squared RGB error (fine + coarse).
 
     Args:
-        outputs: model outputs with ``rgb`` (R, 3) and optionally ``rgb_coarse`` (R, 3).
+        outputs: model outputs with ``rgb`` (R, 3) and optionally ``rgb_coarse`` (R, 3);
+            with ``ray_index`` (Q,) long the outputs are Q rows for those batch rays
+            (a ray may appear several times: ``ss`` sub-models of one rank).
         target: (R, 3) float32 ground-truth colours in [0, 1].
         valid: (R,) bool rays that count.
     Returns:
         scalar float32: ``sum_r mean_c (rgb - target)^2`` (+ the same for the coarse pass).
     """
+    if "ray_index" in outputs:
+        target, valid = target[outputs["ray_index"]], valid[outputs["ray_index"]]
     w = valid.to(target.dtype)
     sse = (((outputs["rgb"].float() - target) ** 2).mean(dim=-1) * w).sum()
     if "rgb_coarse" in outputs:

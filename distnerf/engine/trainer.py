@@ -20,7 +20,6 @@ from .. import checkpoint as ckpt
 from .. import dist as D
 from ..data import load_scene
 from ..data.base import SceneData
-from ..model import build_model
 from ..observe.logger import JsonlLogger, MultiLogger, NullLogger, WandbLogger
 from ..observe.metrics import LPIPS, LPIPS_BACKBONE
 from ..observe.profiler import RunProfiler, log_profile_summaries
@@ -58,18 +57,18 @@ class Trainer:
         dataset_cfg = OmegaConf.to_container(cfg.dataset, resolve=True)
         self.train_scene = load_scene(dataset_cfg, "train")
         self.rays_per_rank = strategy.rays_per_rank(int(cfg.train.global_rays))
+        model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
+        strategy.prepare(self.train_scene, self.run_dir, int(cfg.seed), model_cfg)  # ss: the partition
         self.sampler = build_sampler(OmegaConf.to_container(cfg.sampler, resolve=True), self.train_scene,
                                      self.rays_per_rank, int(cfg.seed), strategy.sampler_stream(), self.device,
                                      strategy.ray_filter(self.train_scene))
-        self.model = build_model(OmegaConf.to_container(cfg.model, resolve=True),
-                                 self.train_scene.aabb, self.train_scene.background)
+        self.model = strategy.build_model(model_cfg, self.train_scene)
         self.hashes = ckpt.config_hashes(OmegaConf.to_container(cfg, resolve=True))
         self.step, self.train_seconds = 0, 0.0
         resume_from = self._find_resume()
         state = None
         if resume_from is not None:
-            state = torch.load(resume_from / "model.pt", map_location="cpu", weights_only=False)
-            self.model.load_state_dict(state["model"])
+            state = strategy.load_model_state(resume_from, self.model)
         self.wrapped = strategy.wrap(self.model)
         self.optimizer = build_optimizer(self.model, self.train_cfg)
         if state is not None:
@@ -136,14 +135,14 @@ class Trainer:
         """Write ``step_N/``: model + optimizer (main rank), RNG per rank, then the manifest."""
         d = ckpt.step_dir(self.ckpt_root, self.step)
         d.mkdir(parents=True, exist_ok=True)
-        if self.env.is_main:  # ddp replicas are identical: one copy of model and optimizer
-            ckpt.atomic_torch_save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                                    "step": self.step, "train_seconds": self.train_seconds}, d / "model.pt")
+        # ddp: the main rank writes one model.pt; ss: every rank its regions' files
+        self.strategy.save_model_state(d, self.model, self.optimizer,
+                                       {"step": self.step, "train_seconds": self.train_seconds})
         ckpt.atomic_torch_save({"rng": D.rng_state(), "rank": self.env.rank, "sampler": self.sampler.state_dict()},
                                d / f"rank_{self.env.rank}.pt")
         self.strategy.barrier()  # every rank's files are complete before the manifest commits them
         if self.env.is_main:
-            ckpt.write_manifest(d, self.step, self.env.world_size, self.hashes, {"strategy": self.strategy.name})
+            ckpt.write_manifest(d, self.step, self.env.world_size, self.hashes, self.strategy.manifest_extra())
             ckpt.prune(self.ckpt_root, int(self.train_cfg.get("keep_checkpoints", 2)))
         return d
 
@@ -277,7 +276,8 @@ class Trainer:
         return tqdm(total=max_steps, initial=self.step, dynamic_ncols=True, desc="train")
 
     def _log_step(self, out, batch, global_valid, step_seconds, progress):
-        mse = float(((out["rgb"].detach().float() - batch.rgb) ** 2).mean())
+        target = batch.rgb[out["ray_index"]] if "ray_index" in out else batch.rgb  # ss: (ray, region) rows
+        mse = float(((out["rgb"].detach().float() - target) ** 2).mean()) if len(target) else 0.0
         row = {"step": self.step, "loss": mse, "psnr": -10 * math.log10(max(mse, 1e-10)),
                "rays_per_s": global_valid / max(step_seconds, 1e-9), "samples_per_ray":
                out.get("num_samples", 0) / max(len(batch.rgb), 1), "lr": self.optimizer.param_groups[0]["lr"],
@@ -321,8 +321,10 @@ def make_eval_split(cfg, model, strategy):
         views = select_views(len(scene), num_views)
         mine = [views[i] for i in strategy.eval_views(len(views))]
         device = next(model.buffers()).device
-        rows = evaluate_views(model, scene, mine, int(cfg.eval.chunk), device, out_dir, lpips)
-        rows = sorted((r for part in strategy.gather(rows) for r in part), key=lambda r: r["view"])
+        renderer = strategy.inference_model(model)  # ss: the fusion stage over every region
+        rows = evaluate_views(renderer, scene, mine, int(cfg.eval.chunk), device,
+                              out_dir if strategy.writes_renders else None, lpips)
+        rows = strategy.gather_rows(rows)
         return {"scene": scene, "rows": rows}
 
     return eval_split

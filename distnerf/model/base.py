@@ -58,6 +58,35 @@ class RadianceModel(nn.Module):
         """Optimizer parameter groups (base learning rate ``lr``)."""
         return [{"params": list(self.parameters()), "lr": lr}]
 
+    # -- point queries (used by the fusion stage of segmented scenes) -----------
+    def field(self, points: torch.Tensor, viewdirs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The radiance field at points.
+
+        Args:
+            points: (P, 3) float positions (the scene's space: world, or NDC).
+            viewdirs: (P, 3) float unit world-space viewing directions.
+        Returns:
+            sigma: (P,) float density (1 / ray-parameter unit); rgb: (P, 3) float in [0, 1].
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no point-query field")
+
+    def field_density(self, points: torch.Tensor) -> torch.Tensor:
+        """(P, 3) points -> (P,) density; models override it when colour can be skipped."""
+        return self.field(points, torch.zeros_like(points))[0]
+
+    def field_rgb(self, points: torch.Tensor, viewdirs: torch.Tensor) -> torch.Tensor:
+        """(P, 3) points, (P, 3) unit viewdirs -> (P, 3) colour in [0, 1]."""
+        return self.field(points, viewdirs)[1]
+
+    def march_step(self) -> float | None:
+        """Interval length of the model's uniform ray marching (ray-parameter units), or
+        None when it samples stratified + hierarchically (NeRF)."""
+        return None
+
+    def occupied(self, points: torch.Tensor) -> torch.Tensor:
+        """(P, 3) points -> (P,) bool: False where empty-space skipping drops a sample."""
+        return torch.ones(points.shape[0], dtype=torch.bool, device=points.device)
+
 
 def scatter_samples(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Place per-sample values of masked samples into a dense (R, S, ...) tensor.

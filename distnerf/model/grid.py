@@ -18,6 +18,12 @@ floats; ``F.embedding``'s backward accumulates the gradient rows).
 * Coarse to fine: at ``upsample_steps`` the tables are resampled to the next of
   ``resolutions`` inside a box tightened around the occupied cells.
 * Total variation on the density (Plenoxels, Fridovich-Keil et al. 2022, Eq. 3).
+* Focus box (``focus_aabb``, the sub-scene models of ``strategy=ss``): the tables
+  above cover only the focus box, at full resolution, and a second pair of tables at
+  ``context_resolution`` covers the rest of the scene box, so that the model can
+  explain whole pixels while its memory goes mostly to its own region. Rays are
+  marched through the whole scene box with the focus box's step; the box is not
+  tightened.
 """
 from __future__ import annotations
 
@@ -126,6 +132,9 @@ class GridModel(RadianceModel):
         color_threshold: samples with a smaller compositing weight get no colour.
         tv_weight: weight of the density total-variation regulariser.
         tighten_aabb: shrink the box to the occupied region at each upsampling.
+        focus_aabb: (2, 3) box holding the full-resolution tables, or None (the whole
+            scene box). context_resolution: vertices per axis of the context tables
+            that cover the scene box outside the focus box.
     """
 
     def __init__(self, aabb, background, resolutions=(64, 128, 160), upsample_steps=(500, 1500),
@@ -133,7 +142,7 @@ class GridModel(RadianceModel):
                  step_ratio: float = 0.5, alpha_init: float = 1e-3,
                  occupancy_threshold: float = 1e-4, occupancy_every: int = 16,
                  color_threshold: float = 1e-3, tv_weight: float = 1e-5, tighten_aabb: bool = True,
-                 color: str = "mlp", sh_degree: int = 1):
+                 color: str = "mlp", sh_degree: int = 1, focus_aabb=None, context_resolution: int = 32):
         super().__init__(aabb, background)
         if len(upsample_steps) != len(resolutions) - 1:
             raise ValueError(f"model.upsample_steps ({list(upsample_steps)}) needs one entry per "
@@ -141,8 +150,11 @@ class GridModel(RadianceModel):
         self.resolutions, self.upsample_steps = list(resolutions), list(upsample_steps)
         self.step_ratio, self.occupancy_threshold = step_ratio, occupancy_threshold
         self.occupancy_every, self.color_threshold = occupancy_every, color_threshold
-        self.tv_weight, self.tighten_aabb = tv_weight, tighten_aabb
-        extent = (self.aabb[1] - self.aabb[0]).max().item()
+        self.tv_weight, self.tighten_aabb = tv_weight, tighten_aabb and focus_aabb is None
+        self.register_buffer("focus", None if focus_aabb is None else
+                             torch.as_tensor(focus_aabb, dtype=torch.float32).reshape(2, 3).clone())
+        box = self.aabb if self.focus is None else self.focus
+        extent = (box[1] - box[0]).max().item()
         self.base_voxel = extent / self.resolutions[-1]  # density unit: 1 / final voxel size
         # softplus(shift) * step / base_voxel = -log(1 - alpha_init) at step = step_ratio voxels
         self.density_shift = math.log(math.expm1(-math.log(1.0 - alpha_init) / step_ratio))
@@ -159,6 +171,10 @@ class GridModel(RadianceModel):
             nn.Linear(num_features + self.dir_encoding.output_dim(3), hidden_width), nn.ReLU(),
             nn.Linear(hidden_width, hidden_width), nn.ReLU(),
             nn.Linear(hidden_width, 3)) if color == "mlp" else nn.Identity()
+        if self.focus is not None:
+            c = int(context_resolution)
+            self.context_density = nn.Parameter(torch.zeros(c ** 3, 1))
+            self.context_features = nn.Parameter(torch.zeros(c ** 3, num_features))
         self.register_buffer("grid_aabb", self.aabb.clone())
         self.register_buffer("grid_resolution", torch.tensor(n))
         self.occupancy = OccupancyGrid(self.aabb, n)
@@ -179,25 +195,57 @@ class GridModel(RadianceModel):
             self.occupancy.binary = torch.ones_like(occ)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
+    def _table_box(self) -> torch.Tensor:
+        """(2, 3) box of the full-resolution tables: the focus box, else ``grid_aabb``."""
+        return self.focus if self.focus is not None else self.grid_aabb
+
+    def _tables(self) -> list[tuple[nn.Parameter, nn.Parameter, int, torch.Tensor]]:
+        """(density, features, resolution, box) of each table pair, full resolution first."""
+        out = [(self.density, self.features, self.resolution, self._table_box())]
+        if self.focus is not None:
+            c = round(self.context_density.shape[0] ** (1 / 3))
+            out.append((self.context_density, self.context_features, c, self.aabb))
+        return out
+
     def param_groups(self, lr: float) -> list[dict]:
         """Tables at ``lr`` * 100 (DVGO uses 0.1 for grids and 1e-3 for the MLP)."""
-        groups = [{"params": [self.density, self.features], "lr": lr * 100.0, "name": "grid"}]
+        tables = [t for d, f, _, _ in self._tables() for t in (d, f)]
+        groups = [{"params": tables, "lr": lr * 100.0, "name": "grid"}]
         if self.color == "mlp":
             groups.append({"params": list(self.color_net.parameters()), "lr": lr, "name": "color_net"})
         return groups
 
     # ---------------------------------------------------------------- field
     def _corners(self, points: torch.Tensor):
-        x = (points - self.grid_aabb[0]) / (self.grid_aabb[1] - self.grid_aabb[0])
-        return trilinear_corners(x, self.resolution)
+        box = self._table_box()
+        return trilinear_corners((points - box[0]) / (box[1] - box[0]), self.resolution)
 
-    def _colours(self, feats: torch.Tensor, viewdirs: torch.Tensor, ray_idx: torch.Tensor) -> torch.Tensor:
-        """(P, C) features + per-ray (R, 3) view directions -> (P, 3) RGB in [0, 1]."""
+    def _colours(self, feats: torch.Tensor, viewdirs: torch.Tensor, ray_idx: torch.Tensor | None) -> torch.Tensor:
+        """(P, C) features + view directions -> (P, 3) RGB in [0, 1].
+
+        ``viewdirs`` is (R, 3) per ray, indexed by ``ray_idx`` (P,), or (P, 3) per point
+        when ``ray_idx`` is None.
+        """
+        pick = (lambda t: t) if ray_idx is None else (lambda t: t[ray_idx])  # noqa: E731
         if self.color == "sh":
-            basis = spherical_harmonics(viewdirs, self.sh_degree)[ray_idx]  # (P, K)
+            basis = pick(spherical_harmonics(viewdirs, self.sh_degree))  # (P, K)
             return torch.sigmoid((feats.view(-1, 3, basis.shape[-1]) * basis[:, None, :]).sum(-1))
-        dirs = self.dir_encoding(viewdirs)[ray_idx]
+        dirs = pick(self.dir_encoding(viewdirs))
         return torch.sigmoid(self.color_net(torch.cat([feats, dirs], dim=-1)))
+
+    def _split(self, points: torch.Tensor, fn, width: int) -> torch.Tensor:
+        """Evaluate ``fn(points, table_index)`` on each table pair's points.
+
+        Returns (P, width): the focus tables inside the focus box, the context tables
+        elsewhere (only the focus tables without a focus box).
+        """
+        if self.focus is None:
+            return fn(points, 0)
+        inside = ((points >= self.focus[0]) & (points <= self.focus[1])).all(dim=-1)
+        idx_in, idx_out = inside.nonzero().view(-1), (~inside).nonzero().view(-1)
+        out = points.new_zeros(points.shape[0], width)
+        out = out.index_put((idx_in,), fn(points[idx_in], 0).view(-1, width))
+        return out.index_put((idx_out,), fn(points[idx_out], 1).view(-1, width))
 
     def raw_density(self, points: torch.Tensor) -> torch.Tensor:
         """(P, 3) world points -> (P,) trilinearly interpolated raw density.
@@ -205,18 +253,48 @@ class GridModel(RadianceModel):
         Uses ``grid_sample`` on the x-major table viewed as (1, 1, N, N, N) = [x, y, z],
         so the sample coordinates are passed in (z, y, x) order (its W axis is our z).
         """
-        n = self.resolution
-        x = ((points - self.grid_aabb[0]) / (self.grid_aabb[1] - self.grid_aabb[0])).clamp(0, 1) * 2 - 1
-        out = F.grid_sample(self.density.view(1, 1, n, n, n), x.flip(-1).view(1, 1, 1, -1, 3),
-                            mode="bilinear", align_corners=True)
-        return out.view(-1)
+        tables = self._tables()
+
+        def sample(p: torch.Tensor, t: int) -> torch.Tensor:
+            density, _, n, box = tables[t]
+            x = ((p - box[0]) / (box[1] - box[0])).clamp(0, 1) * 2 - 1
+            return F.grid_sample(density.view(1, 1, n, n, n), x.flip(-1).view(1, 1, 1, -1, 3),
+                                 mode="bilinear", align_corners=True).view(-1)
+
+        return self._split(points, sample, 1).view(-1)
+
+    def point_features(self, points: torch.Tensor) -> torch.Tensor:
+        """(P, 3) world points -> (P, C) trilinearly interpolated colour features."""
+        tables = self._tables()
+
+        def sample(p: torch.Tensor, t: int) -> torch.Tensor:
+            _, features, n, box = tables[t]
+            return interpolate(features, *trilinear_corners((p - box[0]) / (box[1] - box[0]), n))
+
+        return self._split(points, sample, self.features.shape[1])
+
+    def field(self, points: torch.Tensor, viewdirs: torch.Tensor):
+        return self.field_density(points), self.field_rgb(points, viewdirs)
+
+    def field_density(self, points: torch.Tensor) -> torch.Tensor:
+        return self.densities(self.raw_density(points))
+
+    def field_rgb(self, points: torch.Tensor, viewdirs: torch.Tensor) -> torch.Tensor:
+        return self._colours(self.point_features(points), viewdirs, None)
+
+    def march_step(self) -> float:
+        return self.step_size()
+
+    def occupied(self, points: torch.Tensor) -> torch.Tensor:
+        return self.occupancy.query(points)
 
     def densities(self, raw: torch.Tensor) -> torch.Tensor:
         """Raw grid density -> sigma (1 / world unit)."""
         return F.softplus(raw + self.density_shift) / self.base_voxel
 
     def step_size(self) -> float:
-        extent = (self.grid_aabb[1] - self.grid_aabb[0]).max().item()
+        box = self._table_box()
+        extent = (box[1] - box[0]).max().item()
         return self.step_ratio * extent / (self.resolution - 1)
 
     def forward(self, rays: RayBundle, generator=None) -> dict:
@@ -231,8 +309,7 @@ class GridModel(RadianceModel):
         blend, _ = render_weights(alphas)
         # colour only where it can matter (also early termination behind surfaces)
         keep = blend[ray_idx, sample_idx].detach() > self.color_threshold
-        index, weights = self._corners(points[keep])
-        rgbs = self._colours(interpolate(self.features, index, weights), rays.viewdirs, ray_idx[keep])
+        rgbs = self._colours(self.point_features(points[keep]), rays.viewdirs, ray_idx[keep])
         colour_mask = torch.zeros_like(mask)
         colour_mask[ray_idx[keep], sample_idx[keep]] = True
         rgb, depth, opacity = composite(blend * colour_mask, scatter_samples(rgbs, colour_mask), t_mid,
@@ -245,15 +322,17 @@ class GridModel(RadianceModel):
         """Total variation of the density (weighted by ``tv_weight``), gradient added locally."""
         if self.tv_weight <= 0:
             return 0.0
-        n = self.resolution
-        density = self.density.detach().requires_grad_()
-        tv = self.tv_weight * total_variation(density.view(1, 1, n, n, n))
-        (grad,) = torch.autograd.grad(tv, density)
-        if self.density.grad is None:
-            self.density.grad = grad
-        else:
-            self.density.grad.add_(grad)
-        return float(tv.detach())
+        total = 0.0
+        for table, _, n, _ in self._tables():
+            density = table.detach().requires_grad_()
+            tv = self.tv_weight * total_variation(density.view(1, 1, n, n, n))
+            (grad,) = torch.autograd.grad(tv, density)
+            if table.grad is None:
+                table.grad = grad
+            else:
+                table.grad.add_(grad)
+            total += float(tv.detach())
+        return total
 
     # ---------------------------------------------------------------- schedule
     @torch.no_grad()
@@ -269,7 +348,7 @@ class GridModel(RadianceModel):
     @torch.no_grad()
     def upsample(self, resolution: int) -> None:
         """Resample the tables to ``resolution`` (inside a tightened box if enabled)."""
-        new_aabb = self.grid_aabb.clone()
+        new_aabb = self._table_box().clone()
         if self.tighten_aabb:
             self.update_occupancy()
             box = self.occupancy.occupied_aabb()
@@ -283,7 +362,7 @@ class GridModel(RadianceModel):
         density = interpolate(self.density, index, weights)
         features = interpolate(self.features, index, weights)
         self.density, self.features = nn.Parameter(density), nn.Parameter(features)
-        self.grid_aabb.copy_(new_aabb)
+        self._table_box().copy_(new_aabb)
         self.grid_resolution.fill_(resolution)
         self.update_occupancy()
 

@@ -69,6 +69,12 @@ class NeRFModel(RadianceModel):
         self.coarse = NeRFMLP(pos_frequencies, dir_frequencies, width, depth)
         self.fine = NeRFMLP(pos_frequencies, dir_frequencies, width, depth) if num_fine > 0 else None
 
+    def field(self, points: torch.Tensor, viewdirs: torch.Tensor, level: str = "fine"):
+        """Point query of the ``fine`` (default; the coarse one without a fine network)
+        or ``coarse`` network: (P, 3) points, (P, 3) unit viewdirs -> sigma (P,), rgb (P, 3)."""
+        mlp = self.fine if level == "fine" and self.fine is not None else self.coarse
+        return mlp(points, viewdirs)
+
     def _render(self, mlp, rays: RayBundle, t_starts, t_ends):
         r, s = t_starts.shape
         t_mid = 0.5 * (t_starts + t_ends)

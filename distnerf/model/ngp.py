@@ -62,6 +62,19 @@ class NGPModel(RadianceModel):
         sigma = torch.exp(h[:, 0].clamp(max=15.0))  # truncated exponential (Instant-NGP Sec. 4)
         return sigma, h[:, 1:]
 
+    def field(self, points: torch.Tensor, viewdirs: torch.Tensor):
+        sigma, geo = self._geometry(points)
+        return sigma, torch.sigmoid(self.color_net(torch.cat([geo, self.dir_encoding(viewdirs)], -1)))
+
+    def field_density(self, points: torch.Tensor) -> torch.Tensor:
+        return self._geometry(points)[0]
+
+    def march_step(self) -> float:
+        return self.step
+
+    def occupied(self, points: torch.Tensor) -> torch.Tensor:
+        return self.occupancy.query(points)
+
     def forward(self, rays: RayBundle, generator=None) -> dict:
         t_starts, t_ends, mask = march_rays(rays.origins, rays.directions, rays.near, rays.far,
                                             self.aabb, self.step, self.occupancy, self.training, generator)

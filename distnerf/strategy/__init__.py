@@ -6,8 +6,9 @@ from typing import Mapping
 from ..dist import DistEnv
 from .base import Strategy
 from .ddp import DDPStrategy
+from .ss import SSStrategy
 
-STRATEGIES = {"ddp": DDPStrategy}
+STRATEGIES = {"ddp": DDPStrategy, "ss": SSStrategy}
 
 
 def build_strategy(cfg: Mapping, env: DistEnv) -> Strategy:

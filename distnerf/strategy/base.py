@@ -7,11 +7,13 @@ to stop, and which rank writes what. Models, fields and renderers never see it.
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Mapping
 
 import torch
 from torch import nn
 
+from .. import checkpoint as ckpt
 from .. import dist as D
 from ..dist import DistEnv
 
@@ -56,7 +58,16 @@ class Strategy:
                              f"{self.env.world_size}")
         return global_rays // self.env.world_size
 
-    # -- model --------------------------------------------------------------
+    # -- set-up and model -----------------------------------------------------
+    def prepare(self, scene, run_dir, seed: int, model_cfg: dict) -> None:
+        """Strategy set-up that needs the training split (``ss``: the partition)."""
+
+    def build_model(self, model_cfg: dict, scene) -> nn.Module:
+        """This rank's model: the whole scene's (every rank the same under ``ddp``)."""
+        from ..model import build_model
+
+        return build_model(model_cfg, scene.aabb, scene.background)
+
     def wrap(self, model: nn.Module) -> nn.Module:
         """Place ``model`` on the device and return the module whose forward trains it."""
         self.model = model.to(self.env.device)
@@ -95,7 +106,41 @@ class Strategy:
         ``perf_counter`` seconds), or None when the strategy exchanges no gradients."""
         return None
 
+    # -- checkpoint ------------------------------------------------------------
+    def save_model_state(self, ckpt_dir: Path, model: nn.Module, optimizer, meta: dict) -> None:
+        """Write the model and optimizer into ``ckpt_dir`` (before the manifest).
+
+        Replicas are identical under ``ddp``: the main rank writes one ``model.pt``.
+        ``meta``: ``step`` and ``train_seconds``.
+        """
+        if self.env.is_main:
+            ckpt.atomic_torch_save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), **meta},
+                                   Path(ckpt_dir) / "model.pt")
+
+    def load_model_state(self, ckpt_dir: Path, model: nn.Module) -> dict:
+        """Load the model's weights from ``ckpt_dir`` in place; returns ``optimizer`` state and the meta."""
+        state = torch.load(Path(ckpt_dir) / "model.pt", map_location="cpu", weights_only=False)
+        model.load_state_dict(state["model"])
+        return state
+
+    def manifest_extra(self) -> dict:
+        """Strategy facts recorded in every checkpoint manifest."""
+        return {"strategy": self.name}
+
     # -- evaluation ------------------------------------------------------------
+    def inference_model(self, model: nn.Module) -> nn.Module:
+        """The module that renders evaluation views (``ss``: the fusion stage)."""
+        return model
+
+    @property
+    def writes_renders(self) -> bool:
+        """Whether this rank writes the PNGs of the views it renders."""
+        return True
+
+    def gather_rows(self, rows: list) -> list:
+        """Every rank's evaluation rows, sorted by view (collective)."""
+        return sorted((r for part in self.gather(rows) for r in part), key=lambda r: r["view"])
+
     def eval_views(self, num_views: int) -> list[int]:
         """This rank's share of ``num_views`` evaluation views (round robin)."""
         return list(range(self.env.rank, num_views, self.env.world_size))

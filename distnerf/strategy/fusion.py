@@ -1,0 +1,288 @@
+"""The fusion stage of spatially segmented scenes: K sub-models rendered as one.
+
+Legend: R rays, S samples per ray, K regions, P evaluated samples.
+
+Every fused render draws **one set of samples per ray, independent of the regions**,
+so that fusion is exact for that set:
+
+* marching models (``grid``, ``ngp``): uniform intervals through the scene box with
+  the smallest marching step of the sub-models, starting at the ray's entry into the
+  box (deterministic at inference). A sample is evaluated by the sub-model(s) it is
+  routed to and skipped where that sub-model's occupancy grid is empty.
+* ``nerf``: the coarse pass is composited across **all** regions first (each coarse
+  sample's density comes from its owner's coarse network; under distributed fusion the
+  per-sample opacities are summed over ranks, a second exchange), then the fine samples
+  are drawn from that global coarse distribution (NeRF Sec. 5.2) and rendered by their
+  owners' fine networks. Sampling each segment on its own would be a different estimator.
+
+Two fusions:
+
+* ``segment``: each sample belongs to exactly one region (:meth:`Partition.region_of`).
+  Each region renders its own segment of every ray, giving the segment's colour
+  ``C_k = sum_i T^k_i alpha_i c_i``, transmittance ``T_k = prod_i (1 - alpha_i)`` and depth
+  (``T^k_i`` is the transmittance *inside* the segment). Axis-aligned boxes are convex,
+  so a ray crosses each in one interval; segments sorted by their entry distance are
+  composited front to back (Max 1995; NeRF-XL, Li et al. 2024, Eq. 4)::
+
+      C = sum_k (prod_{j<k} T_j) C_k + (prod_k T_k) * background
+
+  which equals rendering one model whose field is the union of the sub-fields. A
+  region's colours are computed only where its *segment-local* weight exceeds
+  ``color_threshold``; the local weight bounds the global one from above, so this never
+  drops a sample that a global threshold would keep, and no ray is terminated on the
+  strength of another segment's transmittance. Under torchrun each rank renders its own
+  regions' segments for all rays; the (R, K, 6) segment values are all-gathered and
+  composited identically on every rank.
+* ``blend`` (one process): a sample's density and colour are the inverse-distance
+  weighted mean (weights ``1 / d_k^power`` to region centres, normalised) of the
+  sub-models whose *enlarged* regions contain it (Mega-NeRF, Turki et al. 2022,
+  Sec. 3.3), then one volume rendering pass. With ``overlap = 0`` it equals
+  ``segment``. It mixes densities per sample, so it cannot be split by segment.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..data.rays import RayBundle
+from ..model.base import RadianceModel
+from ..renderer.occupancy import march_rays
+from ..renderer.samples import intervals_from_points, ray_aabb, sample_pdf, stratified_samples
+from ..renderer.volume import alphas_from_densities, composite, render_weights
+from .partition import Partition
+
+FUSIONS = ("segment", "blend")
+
+
+def composite_segments(seg_rgb: torch.Tensor, seg_transmittance: torch.Tensor, seg_depth: torch.Tensor,
+                       entry: torch.Tensor, background: torch.Tensor | None):
+    """Front-to-back compositing of per-region ray segments.
+
+    Args:
+        seg_rgb: (R, K, 3) float segment colours ``sum_i T^k_i alpha_i c_i``.
+        seg_transmittance: (R, K) float ``prod_i (1 - alpha_i)`` over the segment's samples.
+        seg_depth: (R, K) float ``sum_i T^k_i alpha_i t_i``.
+        entry: (R, K) float ray parameter where the ray enters region k (+inf if it misses).
+        background: (3,) float or None.
+    Returns:
+        rgb (R, 3), depth (R,), opacity (R,) = 1 - prod_k T_k.
+    """
+    order = torch.argsort(entry, dim=1)
+    t_seg = torch.gather(seg_transmittance, 1, order)
+    before = torch.cumprod(torch.cat([torch.ones_like(t_seg[:, :1]), t_seg[:, :-1]], dim=1), dim=1)
+    rgb_sorted = torch.gather(seg_rgb, 1, order[..., None].expand(-1, -1, 3))
+    rgb = (before[..., None] * rgb_sorted).sum(dim=1)
+    depth = (before * torch.gather(seg_depth, 1, order)).sum(dim=1)
+    remaining = before[:, -1] * t_seg[:, -1]
+    if background is not None:
+        rgb = rgb + remaining[:, None] * background
+    return rgb, depth, 1.0 - remaining
+
+
+class FusedRenderer(nn.Module):
+    """Renders rays with the sub-models of a partition, like one model.
+
+    Args:
+        partition: the K regions.
+        models: region index -> sub-model. All K for one-process fusion; this rank's
+            regions for distributed ``segment`` fusion (then ``distributed=True``).
+        fusion: ``segment`` or ``blend``.
+        background: (3,) float RGB.
+        color_threshold: segment-local weight below which a sample gets no colour.
+        blend_power: exponent of the inverse-distance weights of ``blend``.
+        distributed: every rank holds its regions and takes part in every forward
+            (collectives: all ranks must render the same rays in the same order).
+    Raises:
+        ValueError: unknown fusion, ``blend`` with ``distributed``, missing regions.
+    """
+
+    def __init__(self, partition: Partition, models: dict[int, RadianceModel], fusion: str = "segment",
+                 background: torch.Tensor | None = None, color_threshold: float = 1e-4, blend_power: float = 2.0,
+                 distributed: bool = False):
+        super().__init__()
+        if fusion not in FUSIONS:
+            raise ValueError(f"fusion={fusion!r} is not one of {FUSIONS}")
+        if fusion == "blend" and distributed:
+            raise ValueError("fusion=blend mixes densities per sample and runs on one process "
+                             "(python -m distnerf.render ... fusion=blend); use fusion=segment under torchrun")
+        if not distributed and sorted(models) != list(range(len(partition))):
+            raise ValueError(f"one-process fusion needs all {len(partition)} regions, got {sorted(models)}")
+        self.partition, self.fusion, self.distributed = partition, fusion, distributed
+        self.regions = sorted(models)
+        self.models = nn.ModuleList([models[k] for k in self.regions])
+        first = self.models[0]
+        self.register_buffer("background", (first.background if background is None else background).clone().float())
+        self.color_threshold, self.blend_power = color_threshold, blend_power
+        step = first.march_step()
+        self.hierarchical = step is None
+        if not self.hierarchical:
+            step = min(m.march_step() for m in self.models)
+            if distributed:
+                t = torch.tensor([step], dtype=torch.float64)
+                dist.all_reduce(t, op=dist.ReduceOp.MIN)
+                step = float(t)
+        self.step = step
+        self.last_stats: dict = {}
+
+    def _model(self, region: int) -> RadianceModel:
+        return self.models[self.regions.index(region)]
+
+    # ------------------------------------------------------------------ samples
+    def _march(self, rays: RayBundle):
+        bounds = self.partition.bounds.to(rays.origins.device, rays.origins.dtype)
+        return march_rays(rays.origins, rays.directions, rays.near, rays.far, bounds, self.step, None, False)
+
+    def _points(self, rays, t_starts, t_ends, mask):
+        ray_idx, sample_idx = mask.nonzero(as_tuple=True)
+        t_mid = 0.5 * (t_starts + t_ends)[ray_idx, sample_idx]
+        return ray_idx, sample_idx, rays.origins[ray_idx] + rays.directions[ray_idx] * t_mid[:, None]
+
+    def _entries(self, rays: RayBundle) -> torch.Tensor:
+        """(R, K) entry ray parameter of every region box (+inf where missed)."""
+        out = []
+        for box in self.partition.boxes.to(rays.origins.device, rays.origins.dtype):
+            t_in, t_out = ray_aabb(rays.origins, rays.directions, box)
+            t_in, t_out = torch.maximum(t_in, rays.near), torch.minimum(t_out, rays.far)
+            out.append(torch.where(t_in <= t_out, t_in, torch.full_like(t_in, float("inf"))))
+        return torch.stack(out, dim=1)
+
+    # ------------------------------------------------------------------ forward
+    @torch.no_grad()
+    def forward(self, rays: RayBundle, generator=None) -> dict:
+        if self.fusion == "blend":
+            return self._blend(rays)
+        return self._segment(rays)
+
+    def _region_segment(self, model: RadianceModel, rays, t_starts, t_ends, mask, level: str | None = None):
+        """Segment values of one region: colour (R, 3), transmittance (R,), depth (R,),
+        number of evaluated samples. ``mask``: (R, S) its samples."""
+        ray_idx, sample_idx, points = self._points(rays, t_starts, t_ends, mask)
+        if not self.hierarchical:
+            keep = model.occupied(points)
+            ray_idx, sample_idx, points = ray_idx[keep], sample_idx[keep], points[keep]
+            sigma = model.field_density(points)
+        else:
+            sigma, rgb_all = model.field(points, rays.viewdirs[ray_idx], level=level or "fine")
+        sigmas = torch.zeros(mask.shape, dtype=sigma.dtype, device=sigma.device)
+        sigmas[ray_idx, sample_idx] = sigma
+        alphas = alphas_from_densities(sigmas, t_ends - t_starts)
+        weights, _ = render_weights(alphas)
+        transmittance = torch.exp(torch.log1p(-alphas.clamp(max=1.0 - 1e-7)).sum(dim=1))
+        rgbs = torch.zeros(mask.shape + (3,), dtype=sigma.dtype, device=sigma.device)
+        if self.hierarchical:
+            rgbs[ray_idx, sample_idx] = rgb_all
+        else:
+            colour = weights[ray_idx, sample_idx] > self.color_threshold
+            rgbs[ray_idx[colour], sample_idx[colour]] = model.field_rgb(points[colour],
+                                                                         rays.viewdirs[ray_idx[colour]])
+        rgb, depth, _ = composite(weights, rgbs, 0.5 * (t_starts + t_ends), None)
+        return rgb, transmittance, depth, int(ray_idx.numel()), alphas
+
+    def _owned(self, rays, t_starts, t_ends, mask) -> torch.Tensor:
+        """(R, S) int64 owning region of every sample (-1 where masked out)."""
+        ray_idx, sample_idx, points = self._points(rays, t_starts, t_ends, mask)
+        owner = torch.full(mask.shape, -1, dtype=torch.long, device=mask.device)
+        owner[ray_idx, sample_idx] = self.partition.region_of(points)
+        return owner
+
+    def _segment(self, rays: RayBundle) -> dict:
+        if self.hierarchical:
+            t_starts, t_ends = self._hierarchical_samples(rays)
+            mask = torch.ones_like(t_starts, dtype=torch.bool)
+        else:
+            t_starts, t_ends, mask = self._march(rays)
+        owner = self._owned(rays, t_starts, t_ends, mask)
+        num_rays, k_all = len(rays), len(self.partition)
+        local = torch.zeros(num_rays, len(self.regions), 5, dtype=rays.origins.dtype, device=rays.origins.device)
+        num_samples = 0
+        for j, k in enumerate(self.regions):
+            rgb, trans, depth, n, _ = self._region_segment(self.models[j], rays, t_starts, t_ends, owner == k)
+            local[:, j, :3], local[:, j, 3], local[:, j, 4] = rgb, trans, depth
+            num_samples += n
+        if self.distributed:  # one all-gather of 5 floats per ray and region
+            parts = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+            dist.all_gather(parts, local.contiguous())
+            gathered_regions = [r for rank_regions in dist_regions(self.partition) for r in rank_regions]
+            values = torch.cat(parts, dim=1)[:, torch.argsort(torch.tensor(gathered_regions))]
+            counts = torch.tensor([num_samples], dtype=torch.long)
+            dist.all_reduce(counts)
+            num_samples = int(counts)
+        else:
+            values = local
+        assert values.shape[1] == k_all
+        rgb, depth, opacity = composite_segments(values[..., :3], values[..., 3], values[..., 4],
+                                                 self._entries(rays), self.background)
+        return {"rgb": rgb, "depth": depth, "opacity": opacity, "num_samples": num_samples}
+
+    def _hierarchical_samples(self, rays: RayBundle):
+        """NeRF's coarse pass composited across all regions, then fine samples (see module doc)."""
+        first = self.models[0]
+        t_starts, t_ends = stratified_samples(rays.near, rays.far, first.num_coarse, False)
+        mask = torch.ones_like(t_starts, dtype=torch.bool)
+        owner = self._owned(rays, t_starts, t_ends, mask)
+        alphas = torch.zeros_like(t_starts)
+        for j, k in enumerate(self.regions):
+            alphas = alphas + self._region_segment(self.models[j], rays, t_starts, t_ends, owner == k,
+                                                   level="coarse")[4]
+        if self.distributed:  # second exchange: every rank needs the whole coarse distribution
+            dist.all_reduce(alphas)
+        weights, _ = render_weights(alphas)
+        if first.fine is None:
+            return t_starts, t_ends
+        bins = torch.cat([t_starts, t_ends[:, -1:]], dim=-1)
+        t_fine = sample_pdf(bins, weights, first.num_fine, False)
+        t_all = torch.sort(torch.cat([t_starts, t_fine], dim=-1), dim=-1).values
+        return intervals_from_points(t_all, rays.far)
+
+    def _blend(self, rays: RayBundle) -> dict:
+        if self.hierarchical:
+            t_starts, t_ends = self._hierarchical_samples(rays)
+            mask = torch.ones_like(t_starts, dtype=torch.bool)
+        else:
+            t_starts, t_ends, mask = self._march(rays)
+        ray_idx, sample_idx, points = self._points(rays, t_starts, t_ends, mask)
+        member = self.partition.contains(points.clamp(self.partition.bounds[0].to(points),
+                                                      self.partition.bounds[1].to(points)), enlarged=True)
+        dist_k = torch.cdist(points.double(), self.partition.centers.to(points.device))
+        inv = torch.where(member, 1.0 / dist_k.clamp(min=1e-9) ** self.blend_power, torch.zeros_like(dist_k))
+        occupied = torch.zeros_like(member)
+        sigma = torch.zeros(points.shape[0], dtype=torch.float64, device=points.device)
+        rgb = torch.zeros(points.shape[0], 3, dtype=torch.float64, device=points.device)
+        for k in range(len(self.partition)):
+            sel = member[:, k].nonzero().view(-1)
+            if sel.numel() == 0:
+                continue
+            model = self.models[k]
+            occ = model.occupied(points[sel]) if not self.hierarchical else torch.ones_like(sel, dtype=torch.bool)
+            occupied[sel, k] = occ
+            s_k, c_k = model.field(points[sel], rays.viewdirs[ray_idx[sel]])
+            sigma[sel] += inv[sel, k] * s_k.double() * occ
+            rgb[sel] += inv[sel, k, None] * c_k.double() * occ[:, None]
+        norm = (inv * occupied).sum(dim=1).clamp(min=1e-300)
+        sigma, rgb = (sigma / norm).to(points.dtype), (rgb / norm[:, None]).to(points.dtype)
+        sigmas = torch.zeros(mask.shape, dtype=points.dtype, device=points.device)
+        rgbs = torch.zeros(mask.shape + (3,), dtype=points.dtype, device=points.device)
+        sigmas[ray_idx, sample_idx], rgbs[ray_idx, sample_idx] = sigma, rgb
+        weights, _ = render_weights(alphas_from_densities(sigmas, t_ends - t_starts))
+        rgb_out, depth, opacity = composite(weights, rgbs, 0.5 * (t_starts + t_ends), self.background)
+        return {"rgb": rgb_out, "depth": depth, "opacity": opacity, "num_samples": int(member.sum())}
+
+
+def region_owner(num_regions: int, world_size: int) -> list[int]:
+    """Owning rank of each region: contiguous blocks of ``num_regions / world_size``.
+
+    Raises:
+        ValueError: when the number of regions is not a multiple of the world size.
+    """
+    if num_regions % world_size:
+        raise ValueError(f"strategy.num_regions={num_regions} must be a multiple of the world size {world_size}")
+    per_rank = num_regions // world_size
+    return [k // per_rank for k in range(num_regions)]
+
+
+def dist_regions(partition: Partition) -> list[list[int]]:
+    """Regions of every rank of the current process group, in rank order."""
+    world = dist.get_world_size()
+    owners = region_owner(len(partition), world)
+    return [[k for k, r in enumerate(owners) if r == rank] for rank in range(world)]

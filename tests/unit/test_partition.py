@@ -1,0 +1,109 @@
+"""Spatial partition: exact tiling, boundary ownership, ray routing, balanced split."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from distnerf.strategy.fusion import region_owner
+from distnerf.strategy.partition import Partition, balanced_partition, grid_partition, weighted_median_split
+
+BOUNDS = torch.tensor([[-2.0, -0.5, -3.0], [2.0, 0.5, 3.0]], dtype=torch.float64)
+
+
+def volume(boxes):
+    return (boxes[:, 1] - boxes[:, 0]).prod(dim=1)
+
+
+@pytest.mark.parametrize("num", [1, 2, 3, 4, 6, 8])
+def test_grid_covers_bounds_exactly_once(num):
+    part = grid_partition(BOUNDS, num)
+    assert len(part) == num
+    assert float(volume(part.boxes).sum()) == pytest.approx(float(volume(BOUNDS[None])[0]), rel=1e-12)
+    # every point of the closed box, boundaries and corners included, has exactly one owner
+    g = torch.rand(20000, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(num))
+    pts = BOUNDS[0] + g * (BOUNDS[1] - BOUNDS[0])
+    faces = torch.unique(part.boxes[:, :, None, :].expand(-1, -1, 1, -1).reshape(-1, 3), dim=0)
+    pts = torch.cat([pts, faces, BOUNDS])  # region corners and the scene box corners
+    member = part.contains(pts)
+    assert bool((member.sum(dim=1) == 1).all())
+    assert torch.equal(part.region_of(pts), member.to(torch.int8).argmax(dim=1))
+
+
+def test_grid_splits_ground_plane_of_flat_scene():
+    part = grid_partition(BOUNDS, 4)  # y is the short (vertical) axis: a 2 x 2 grid on x, z
+    assert torch.all(part.boxes[:, 0, 1] == BOUNDS[0, 1]) and torch.all(part.boxes[:, 1, 1] == BOUNDS[1, 1])
+    assert len(torch.unique(part.boxes[:, 0, 0])) == 2 and len(torch.unique(part.boxes[:, 0, 2])) == 2
+    with pytest.raises(ValueError, match="product"):
+        grid_partition(BOUNDS, 4, counts=[3, 1, 1])
+
+
+def test_boundary_sample_lands_in_exactly_one_region():
+    part = grid_partition(BOUNDS, 2, counts=[2, 1, 1])
+    on_plane = torch.tensor([[0.0, 0.0, 0.0], [0.0, 0.5, 3.0], [2.0, 0.5, 3.0], [-2.0, -0.5, -3.0]],
+                            dtype=torch.float64)
+    owners = part.region_of(on_plane)
+    assert owners.tolist() == [1, 1, 1, 0]  # half-open [lo, hi): the plane x = 0 belongs to the upper region
+    # points outside the scene box are clamped to it
+    assert part.region_of(torch.tensor([[-9.0, 0.0, 0.0], [9.0, 9.0, 9.0]], dtype=torch.float64)).tolist() == [0, 1]
+
+
+def test_enlarged_boxes_overlap_and_stay_inside_bounds():
+    part = grid_partition(BOUNDS, 2, counts=[2, 1, 1], overlap=0.15)
+    big = part.enlarged()
+    assert float(big[0, 1, 0]) == pytest.approx(0.0 + 0.15 * 2.0)  # region 0 spans x in [-2, 0]
+    assert float(big[1, 0, 0]) == pytest.approx(0.0 - 0.15 * 2.0)
+    assert torch.all(big[:, 0] >= BOUNDS[0]) and torch.all(big[:, 1] <= BOUNDS[1])
+    pts = torch.tensor([[0.1, 0.0, 0.0], [1.0, 0.0, 0.0]], dtype=torch.float64)
+    assert part.contains(pts, enlarged=True).tolist() == [[True, True], [False, True]]
+
+
+def test_ray_crossing_several_regions_is_routed_to_each():
+    part = grid_partition(BOUNDS, 4, counts=[4, 1, 1])  # slabs x in [-2,-1], [-1,0], [0,1], [1,2]
+    origins = torch.tensor([[-3.0, 0.0, 0.0], [-3.0, 0.0, 0.0], [0.5, 0.0, -9.0], [0.5, 5.0, 0.0]],
+                           dtype=torch.float64)
+    directions = torch.tensor([[1.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0], [0.0, 1.0, 0.0]],
+                              dtype=torch.float64)
+    near = torch.tensor([0.0, 0.0, 0.0, 0.0], dtype=torch.float64)
+    far = torch.tensor([10.0, 2.5, 20.0, 10.0], dtype=torch.float64)
+    crossing = part.ray_crossings(origins, directions, near, far, enlarged=False)
+    assert crossing.tolist() == [[True, True, True, True],      # crosses the whole box along x
+                                 [True, True, False, False],    # stops at x = -0.5 (far)
+                                 [False, False, True, False],   # along z inside one slab
+                                 [False, False, False, False]]  # starts above the box, goes up: misses all
+
+
+def test_balanced_split_equalises_content():
+    g = torch.Generator().manual_seed(0)
+    # content concentrated near x = 1.5: a grid split would give one region almost everything
+    pts = torch.cat([torch.rand(4000, 3, generator=g, dtype=torch.float64) * 0.4 + torch.tensor([1.3, -0.2, 1.3]),
+                     BOUNDS[0] + torch.rand(1000, 3, generator=g, dtype=torch.float64) * (BOUNDS[1] - BOUNDS[0])])
+    weights = torch.ones(len(pts), dtype=torch.float64)
+    part = balanced_partition(BOUNDS, 4, pts, weights, overlap=0.1)
+    share = torch.bincount(part.region_of(pts), minlength=4).double() / len(pts)
+    assert torch.all((share - 0.25).abs() < 0.03), share
+    assert float(volume(part.boxes).sum()) == pytest.approx(float(volume(BOUNDS[None])[0]), rel=1e-12)
+    grid_share = torch.bincount(grid_partition(BOUNDS, 4).region_of(pts), minlength=4).double() / len(pts)
+    assert float(grid_share.max()) > 0.5  # the grid is unbalanced on this content
+
+
+def test_weighted_median():
+    pos = torch.tensor([0.0, 1.0, 2.0, 3.0])
+    assert weighted_median_split(pos, torch.tensor([1.0, 1.0, 1.0, 1.0]), 0.5) == 1.0
+    assert weighted_median_split(pos, torch.tensor([0.0, 0.0, 0.0, 5.0]), 0.5) == 3.0
+
+
+def test_partition_round_trip(tmp_path):
+    part = grid_partition(BOUNDS, 3, overlap=0.2)
+    part.save(tmp_path / "partition.json")
+    again = Partition.load(tmp_path / "partition.json")
+    assert torch.equal(again.boxes, part.boxes) and again.overlap == 0.2 and again.kind == "grid"
+    (tmp_path / "bad.json").write_text('{"boxes": []}')
+    with pytest.raises(ValueError, match="bad.json"):
+        Partition.load(tmp_path / "bad.json")
+
+
+def test_region_owner_blocks():
+    assert region_owner(4, 2) == [0, 0, 1, 1]
+    assert region_owner(2, 2) == [0, 1]
+    with pytest.raises(ValueError, match="multiple of the world size"):
+        region_owner(3, 2)
