@@ -1,0 +1,103 @@
+"""Step breakdown pieces checked against independent values (no processes spawned)."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from distnerf.data.rays import RayBundle
+from distnerf.model.nerf import NeRFModel
+from distnerf.observe.breakdown import PHASES, StepProfiler, exposed_communication, interval_union, summarize
+from distnerf.observe.compare import flatten, setting_differences
+from distnerf.observe.telemetry import Telemetry
+
+
+def test_interval_union_matches_a_dense_grid():
+    gen = torch.Generator().manual_seed(0)
+    starts = torch.rand(40, generator=gen) * 10
+    spans = [(float(s), float(s + d)) for s, d in zip(starts, torch.rand(40, generator=gen))]
+    grid = torch.linspace(0, 12, 120001)
+    covered = torch.zeros_like(grid, dtype=torch.bool)
+    for a, b in spans:
+        covered |= (grid >= a) & (grid < b)
+    assert interval_union(spans) == pytest.approx(float(covered.sum()) * 1e-4, abs=5e-3)
+
+
+def test_exposed_communication_split():
+    # two buckets: one all-reduce fully inside backward, one finishing 3 s after the last hook returned
+    comm = {"in_hook_s": 0.5, "last_return": 10.0, "spans": [(2.0, 5.0), (9.5, 13.0)], "bytes": 8}
+    exposed, total, hidden = exposed_communication(comm, backward_end=13.0)
+    assert exposed == pytest.approx(0.5 + 3.0)
+    assert total == pytest.approx(3.0 + 3.5)
+    assert hidden == pytest.approx(total - exposed)
+    assert exposed_communication(None, 1.0) == (0.0, 0.0, 0.0)
+
+
+def _tiny_rays(n: int = 16) -> RayBundle:
+    gen = torch.Generator().manual_seed(1)
+    d = torch.nn.functional.normalize(torch.randn(n, 3, generator=gen), dim=-1)
+    return RayBundle(torch.zeros(n, 3), d, d, torch.full((n,), 0.1), torch.full((n,), 2.0))
+
+
+def test_forward_subphases_of_nerf_sum_to_forward():
+    model = NeRFModel(torch.tensor([[-1.0] * 3, [1.0] * 3]), torch.ones(3), num_coarse=8, num_fine=8,
+                      width=16, depth=2)
+    prof = StepProfiler(torch.device("cpu"), model)
+    rays = _tiny_rays()
+    prof.begin_step()
+    with prof.phase("forward"):
+        out = model(rays, torch.Generator().manual_seed(0))
+    with prof.phase("backward"):
+        out["rgb"].sum().backward()
+    model.coarse(rays.origins, rays.viewdirs)  # outside the forward phase: not attributed
+    rec = prof.end_step(0, len(rays), out["num_samples"], None)
+    assert {"forward.coarse", "forward.fine", "forward.other"} <= rec.keys()
+    assert rec["forward.coarse"] + rec["forward.fine"] + rec["forward.other"] == pytest.approx(rec["forward"])
+    assert rec["field_evals"] == out["num_samples"] == len(rays) * (8 + 16)
+    assert rec["samples_per_ray"] == pytest.approx(24.0)
+    assert sum(rec[p] for p in PHASES) + rec["unattributed"] == pytest.approx(rec["step_s"])
+    assert rec["exposed_comm"] == 0.0
+    prof.close()
+
+
+def test_step_time_is_the_wall_time_and_phases_add_up():
+    prof = StepProfiler(torch.device("cpu"), skip_steps=0)
+    for step in range(3):
+        start = time.perf_counter()
+        prof.begin_step()
+        with prof.phase("input_wait"):
+            time.sleep(0.02)
+        time.sleep(0.01)  # outside any phase: unattributed
+        with prof.phase("optimizer"):
+            time.sleep(0.01)
+        prof.end_step(step, 100, 1000, None)
+        wall = time.perf_counter() - start
+        rec = prof.records[-1]
+        assert rec["step_s"] <= wall and rec["step_s"] > 0.04
+        assert rec["unattributed"] >= 0.01
+    s = summarize(prof.records)
+    assert s["keys"]["input_wait"]["share"] + s["keys"]["optimizer"]["share"] + s["keys"]["unattributed"]["share"] \
+        == pytest.approx(1.0, abs=1e-6)
+    assert s["unattributed_share"]["median"] > 0.15  # 10 of ~40 ms, so the check can fail
+
+
+def test_telemetry_on_cpu_samples_the_process_and_no_nvml():
+    tel = Telemetry(torch.device("cpu"), interval_s=0.05).start()
+    time.sleep(0.2)
+    out = tel.stop()
+    assert out["nvml"] == "device is not CUDA"
+    assert out["summary"]["rss_mb"]["max"] > 10
+    assert not any("gpu_util" in s for s in out["samples"])
+    with pytest.raises(ValueError, match="telemetry_interval_s"):
+        Telemetry(torch.device("cpu"), interval_s=0)
+
+
+def test_setting_differences_declared_and_undeclared():
+    a = flatten({"train": {"lr": 1e-3, "max_steps": 10}, "run_dir": "/a", "env": {"torch_threads": 1}})
+    b = flatten({"train": {"lr": 2e-3, "max_steps": 10}, "run_dir": "/b", "env": {"torch_threads": 2}})
+    declared, undeclared = setting_differences(a, b, ["train.lr"])
+    assert declared == [("train.lr", 1e-3, 2e-3)]
+    assert undeclared == [("env.torch_threads", 1, 2)]  # run_dir is bookkeeping
+    declared, undeclared = setting_differences(a, b, ["train", "env"])
+    assert not undeclared and len(declared) == 2
