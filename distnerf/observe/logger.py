@@ -56,6 +56,10 @@ class WandbLogger:
         self.run = wandb.init(project=cfg.get("project", "distnerf"), mode=cfg.get("mode", "offline"),
                               dir=str(run_dir), config=config, name=cfg.get("name") or run_dir.name,
                               id=cfg.get("id") or _stable_id(run_dir), resume="allow")  # restarts continue one run
+        # both axes usable in the UI: training step (default x) and training wall time
+        self.run.define_metric("step")
+        self.run.define_metric("train_seconds")
+        self.run.define_metric("*", step_metric="step")
 
     def log(self, row: dict) -> None:
         step = row.get("step")

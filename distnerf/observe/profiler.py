@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from .breakdown import StepProfiler
+from .breakdown import PHASES, StepProfiler
 from .telemetry import Telemetry
 
 log = logging.getLogger("distnerf")
@@ -181,3 +181,12 @@ def log_profile_summaries(summaries: list[dict], logger, step: int) -> None:
                  share("exposed_comm"), share("step_sync"), share("optimizer"), share("unattributed"),
                  100 * s["summary"]["unattributed_share"]["p95"])
     logger.log({"step": step, "event": "profile_summary", **flat_summary(summaries)})
+    from .logger import WandbLogger
+
+    for sink in getattr(logger, "loggers", [logger]):
+        if isinstance(sink, WandbLogger):  # the breakdown as a table: one row per rank and phase
+            columns = ["rank", "phase", "mean_ms", "median_ms", "p95_ms", "share"]
+            rows = [[s["rank"], key, 1e3 * v["mean"], 1e3 * v["median"], 1e3 * v["p95"], v.get("share")]
+                    for s in summaries for key, v in s["summary"].get("keys", {}).items()
+                    if key in PHASES or key.startswith("forward.") or key in ("unattributed", "step_s")]
+            sink.run.log({"profile/breakdown": sink.wandb.Table(columns=columns, data=rows)}, step=step)
