@@ -165,3 +165,28 @@ def test_fusion_rejects_missing_regions_and_distributed_blend():
         FusedRenderer(part, models, "blend", distributed=True)
     with pytest.raises(ValueError, match="fusion="):
         FusedRenderer(part, models, "average")
+
+
+def test_region_models_train_only_on_rays_crossing_their_region():
+    from distnerf.engine.loss import photometric_sse
+    from distnerf.strategy.ss import RegionModels
+
+    part = grid_partition(AABB, 2, [2, 1, 1], overlap=0.0)
+    subs = {k: GridModel(AABB.float(), BG.float(), resolutions=[8], upsample_steps=[], color="sh",
+                         focus_aabb=part.enlarged()[k].float(), context_resolution=4) for k in range(2)}
+    models = RegionModels(subs, part)
+    # two rays along z: one at x = -0.5 (region 0 only), one at x = +0.5 (region 1 only); one that misses the box
+    o = torch.tensor([[-0.5, 0.0, -3.0], [0.5, 0.0, -3.0], [5.0, 5.0, -3.0]])
+    d = torch.tensor([[0.0, 0.0, 1.0]] * 3)
+    rays = RayBundle(o, d, d.clone(), torch.zeros(3), torch.full((3,), 6.0))
+    out = models(rays)
+    assert out["ray_index"].tolist() == [0, 1]  # region 0 renders ray 0, region 1 renders ray 1
+    sse = photometric_sse(out, torch.rand(3, 3), torch.ones(3, dtype=torch.bool))
+    sse.backward()
+    assert subs[0].density.grad.abs().sum() > 0 and subs[1].density.grad.abs().sum() > 0
+    # a batch whose rays cross none of the regions: zero loss that still backpropagates (no crash, no hang)
+    models.zero_grad()
+    empty = models(RayBundle(o[2:], d[2:], d[2:], torch.zeros(1), torch.full((1,), 6.0)))
+    loss = photometric_sse(empty, torch.rand(1, 3), torch.ones(1, dtype=torch.bool))
+    loss.backward()
+    assert float(loss) == 0.0 and all(float(p.grad.abs().sum()) == 0 for p in models.parameters())

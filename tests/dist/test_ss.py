@@ -1,0 +1,100 @@
+"""``strategy=ss`` through the real CLI: a 2-rank gloo run on the built-in wide scene with
+4 regions (2 per rank), fused rendering from its manifest (one process and across
+ranks), and exact resume of the sharded checkpoint."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from distnerf import checkpoint as ckpt
+from tests.conftest import run_cli, torchrun
+
+N = 3
+COMMON = ["experiment=smoke", "strategy=ss", "strategy.num_regions=4", "dataset.kind=wide", "train.progress=false",
+          "train.ckpt_every=0", "train.log_every=1", "model.resolutions=[24,32]", "model.upsample_steps=[2]",
+          "model.occupancy_every=2", "strategy.context_resolution=12", "sampler=pipelined", "sampler.num_workers=1"]
+
+
+def train(run_dir: Path, cache: Path, extra: list[str]):
+    return run_cli(torchrun(2) + ["-m", "distnerf.train"] + COMMON + [f"run_dir={run_dir}",
+                                                                      f"dataset.cache_dir={cache}"] + extra)
+
+
+@pytest.fixture(scope="session")
+def ss_runs(tmp_path_factory, synthetic_cache):
+    root = tmp_path_factory.mktemp("ss")
+    straight, resumed = root / "straight", root / "resumed"
+    log = train(straight, synthetic_cache, [f"train.max_steps={2 * N}", "eval.num_views=2"]).stderr
+    train(resumed, synthetic_cache, [f"train.max_steps={N}", "eval.enabled=false"])
+    train(resumed, synthetic_cache, [f"train.max_steps={2 * N}", "resume=true", "eval.enabled=false"])
+    return {"straight": straight, "resumed": resumed, "log": log}
+
+
+def test_partition_saved_and_routing_reported(ss_runs):
+    part = json.loads((ss_runs["straight"] / "partition.json").read_text())
+    assert len(part["boxes"]) == 4 and part["overlap"] == 0.15
+    assert "training rays crossing each enlarged region" in ss_runs["log"]
+    manifest = ckpt.read_manifest(ckpt.latest(ss_runs["straight"] / "checkpoints"), verify=True)
+    assert manifest["strategy"] == "ss" and manifest["region_owner"] == [0, 0, 1, 1]
+    assert manifest["partition"] == part
+    assert set(manifest["files"]) == ({f"region_{k:03d}.pt" for k in range(4)} | {"optimizer_rank_0.pt",
+                                      "optimizer_rank_1.pt", "rank_0.pt", "rank_1.pt"})
+
+
+def test_no_gradient_all_reduce_and_sub_models_differ(ss_runs):
+    rows = [json.loads(line) for line in (ss_runs["straight"] / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "loss" in r]
+    assert steps and all("allreduce_bytes" not in r or r["allreduce_bytes"] == 0 for r in steps)
+    found = ckpt.latest(ss_runs["straight"] / "checkpoints")
+    a = torch.load(found / "region_000.pt", weights_only=False)["model"]
+    b = torch.load(found / "region_003.pt", weights_only=False)["model"]
+    assert not torch.equal(a["focus"], b["focus"])  # each grid sub-model holds its own region
+    assert not torch.equal(a["density"], b["density"])
+
+
+def test_resume_of_sharded_checkpoint_is_bit_exact(ss_runs):
+    a_dir = ckpt.latest(ss_runs["straight"] / "checkpoints")
+    b_dir = ckpt.latest(ss_runs["resumed"] / "checkpoints")
+    assert a_dir.name == b_dir.name == f"step_{2 * N:08d}"
+    for name in [f"region_{k:03d}.pt" for k in range(4)] + ["optimizer_rank_0.pt", "optimizer_rank_1.pt"]:
+        a = torch.load(a_dir / name, weights_only=False)
+        b = torch.load(b_dir / name, weights_only=False)
+        key = "model" if "model" in a else "optimizer"
+        if key == "model":
+            for k in a["model"]:
+                assert torch.equal(a["model"][k], b["model"][k]), (name, k)
+        else:
+            for i in a["optimizer"]["state"]:
+                for k, v in a["optimizer"]["state"][i].items():
+                    assert torch.equal(torch.as_tensor(v), torch.as_tensor(b["optimizer"]["state"][i][k])), (name, k)
+
+
+def test_fused_render_one_process_equals_distributed(ss_runs):
+    run = ss_runs["straight"]
+    trained = json.loads((run / "metrics.json").read_text())  # distributed segment fusion at the end of training
+    run_cli([sys.executable, "-m", "distnerf.render", f"run_dir={run}", f"out_dir={run / 'single'}"])
+    single = json.loads((run / "single" / "metrics.json").read_text())
+    assert single["psnr"] == pytest.approx(trained["psnr"], abs=1e-6)
+    run_cli(torchrun(2) + ["-m", "distnerf.render", f"run_dir={run}", f"out_dir={run / 'dist'}"])
+    distributed = json.loads((run / "dist" / "metrics.json").read_text())
+    assert distributed["psnr"] == pytest.approx(single["psnr"], abs=1e-6)
+    for png in (run / "single" / "test").glob("*_rgb.png"):
+        assert png.read_bytes() == (run / "dist" / "test" / png.name).read_bytes()
+    # blend needs one process; it renders the same run (differently, in the overlaps)
+    run_cli([sys.executable, "-m", "distnerf.render", f"run_dir={run}", "fusion=blend", f"out_dir={run / 'blend'}"])
+    blend = json.loads((run / "blend" / "metrics.json").read_text())
+    assert 0 < blend["psnr"] < 100
+    with pytest.raises(AssertionError, match="one process"):
+        run_cli(torchrun(2) + ["-m", "distnerf.render", f"run_dir={run}", "fusion=blend",
+                               f"out_dir={run / 'blend2'}"])
+
+
+def test_resume_at_other_world_size_is_refused(ss_runs, synthetic_cache):
+    with pytest.raises(AssertionError, match="original world size"):
+        run_cli([sys.executable, "-m", "distnerf.train"] + COMMON + [
+            f"run_dir={ss_runs['resumed']}", f"dataset.cache_dir={synthetic_cache}", "strategy.num_regions=4",
+            f"train.max_steps={2 * N + 1}", "resume=true", "eval.enabled=false"])
