@@ -44,7 +44,7 @@ import json
 import logging
 import time
 from collections import defaultdict
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -168,10 +168,14 @@ class StepProfiler:
         skip_steps: leading steps excluded from the steady-state summary.
         nvtx: push NVTX ranges named after the phases (CUDA only; no-op elsewhere).
         annotate: wrap phases in ``torch.profiler.record_function`` (trace runs).
+        enabled: False turns every call into a no-op (``profiler=off``: the baseline of the
+            overhead benchmark); no records are kept.
     """
 
     def __init__(self, device: torch.device, model: nn.Module | None = None, rank: int = 0, world_size: int = 1,
-                 skip_steps: int = 2, nvtx: bool = False, annotate: bool = False):
+                 skip_steps: int = 2, nvtx: bool = False, annotate: bool = False, enabled: bool = True):
+        self.enabled = enabled
+        self._null = nullcontext()
         self.cuda = device.type == "cuda"
         self.clock = _CudaClock() if self.cuda else _HostClock()
         self.rank, self.world_size, self.skip_steps = rank, world_size, skip_steps
@@ -187,7 +191,7 @@ class StepProfiler:
         self._in_forward = False
         self._hooks = []
         self.created = time.perf_counter()
-        if model is not None:
+        if model is not None and enabled:
             self.attach(model)
 
     # ----------------------------------------------------------------- hooks
@@ -215,14 +219,19 @@ class StepProfiler:
     # ----------------------------------------------------------------- phases
     def begin_step(self) -> None:
         """Start timing a step (host clock; on CUDA also an event)."""
+        if not self.enabled:
+            return
         self._marks.clear()
         self._host_edges.clear()
         self._step_start = time.perf_counter()
         self._step_mark = self.clock.mark() if self.cuda else None
 
-    @contextmanager
     def phase(self, name: str):
-        """Time ``name`` (one of :data:`PHASES`); nested NVTX/record_function ranges when enabled."""
+        """Context manager timing ``name`` (one of :data:`PHASES`); NVTX/record_function ranges when enabled."""
+        return self._timed(name) if self.enabled else self._null
+
+    @contextmanager
+    def _timed(self, name: str):
         ranges = []
         if self.nvtx:
             torch.cuda.nvtx.range_push(name)

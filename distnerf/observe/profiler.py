@@ -76,7 +76,8 @@ class RunProfiler:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.trace_cfg = cfg.get("trace") or None
         self.steps = StepProfiler(device, model, rank, world_size, int(cfg.get("skip_steps", 2)),
-                                  nvtx=bool(cfg.get("nvtx", False)), annotate=self.trace_cfg is not None)
+                                  nvtx=bool(cfg.get("nvtx", False)), annotate=self.trace_cfg is not None,
+                                  enabled=bool(cfg.get("breakdown", True)))
         self.env = environment_fingerprint(device, world_size)
         if rank == 0:
             from ..checkpoint import atomic_write_text
