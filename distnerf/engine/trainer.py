@@ -138,7 +138,9 @@ class Trainer:
         # ddp: the main rank writes one model.pt; ss: every rank its regions' files
         self.strategy.save_model_state(d, self.model, self.optimizer,
                                        {"step": self.step, "train_seconds": self.train_seconds})
-        ckpt.atomic_torch_save({"rng": D.rng_state(), "rank": self.env.rank, "sampler": self.sampler.state_dict()},
+        # the next batch is the one of self.step even when a stop came after drawing it (signal, time budget)
+        ckpt.atomic_torch_save({"rng": D.rng_state(), "rank": self.env.rank,
+                                "sampler": {**self.sampler.state_dict(), "next_step": self.step}},
                                d / f"rank_{self.env.rank}.pt")
         self.strategy.barrier()  # every rank's files are complete before the manifest commits them
         if self.env.is_main:

@@ -1,0 +1,52 @@
+# Shared by the launch/ scripts (sourced, not run). The only place that knows cluster flags.
+#
+# distnerf_setup            cd to the repository (DISTNERF_ROOT, else the sbatch submit directory, else
+#                           the parent of launch/), activate .venv when present, export the signal list
+#                           torchrun forwards to its ranks
+# distnerf_head_node LIST   first host of a Slurm node list (the c10d rendezvous host)
+# distnerf_run CMD...       run CMD in the background, forward SIGUSR1/SIGTERM/SIGINT to it, wait for it;
+#                           sets DISTNERF_RC (its exit status) and DISTNERF_SIGNAL (USR1/TERM/INT or empty)
+# distnerf_requeue RUN_DIR  after a SIGUSR1 (Slurm's warning before the time limit): requeue this job
+#                           unless the run finished (RUN_DIR/metrics.json exists); returns 0 when requeued
+
+distnerf_setup() {
+  local here; here="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+  cd "${DISTNERF_ROOT:-${SLURM_SUBMIT_DIR:-$here}}"
+  if [ -f .venv/bin/activate ] && [ -z "${VIRTUAL_ENV:-}" ]; then . .venv/bin/activate; fi
+  # torchrun's agent handles SIGTERM, SIGINT, SIGHUP and SIGQUIT by default (it forwards them to the
+  # ranks and stops); SIGUSR1 would kill it and leave the ranks running. With SIGUSR1 listed
+  # (torchrun --signals-to-handle, read from PET_SIGNALS_TO_HANDLE) it forwards that too: the ranks
+  # agree on a stop step, checkpoint and exit within the agent's shutdown timeout (--shutdown-timeout,
+  # PET_SHUTDOWN_TIMEOUT, 30 s by default), after which it kills them.
+  export PET_SIGNALS_TO_HANDLE="SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+}
+
+distnerf_head_node() {
+  scontrol show hostnames "${1:?node list}" | head -n1
+}
+
+distnerf_run() {
+  DISTNERF_SIGNAL=""
+  "$@" &
+  local child=$!
+  # bash runs a trap only between commands: `wait` returns early (status > 128) when one arrives,
+  # so wait again until the child is gone, then collect its own status
+  trap 'DISTNERF_SIGNAL=USR1; kill -USR1 '"$child"' 2>/dev/null || true' USR1
+  trap 'DISTNERF_SIGNAL=${DISTNERF_SIGNAL:-TERM}; kill -TERM '"$child"' 2>/dev/null || true' TERM
+  trap 'DISTNERF_SIGNAL=${DISTNERF_SIGNAL:-INT}; kill -INT '"$child"' 2>/dev/null || true' INT
+  while kill -0 "$child" 2>/dev/null; do wait "$child" || true; done
+  DISTNERF_RC=0
+  wait "$child" || DISTNERF_RC=$?
+  trap - USR1 TERM INT
+  echo "distnerf: $1 exited with $DISTNERF_RC${DISTNERF_SIGNAL:+ after SIG$DISTNERF_SIGNAL}"
+}
+
+distnerf_requeue() {
+  local run_dir="${1:?run dir}"
+  if [ "${DISTNERF_SIGNAL:-}" = USR1 ] && [ -n "${SLURM_JOB_ID:-}" ] && [ ! -f "$run_dir/metrics.json" ]; then
+    echo "distnerf: preempted; requeueing job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0} -> $(( ${SLURM_RESTART_COUNT:-0} + 1 )))"
+    scontrol requeue "$SLURM_JOB_ID"  # ends this script; the job runs again, with the same run dir
+    return 0
+  fi
+  return 1
+}
