@@ -16,20 +16,24 @@ synthetic  cache_dir, kind, resolution, downscale, background, near, far, aabb
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Optional
+from typing import Callable, Mapping, Optional
+
+import torch
 
 from distnerf.data.base import Cameras, DatasetError, NDCParams, SceneData
 from distnerf.data.blender import as_aabb, load_blender
+from distnerf.data.images import ImageList
 from distnerf.data.llff import load_llff
 
-__all__ = ["Cameras", "DatasetError", "NDCParams", "SceneData", "load_blender", "load_llff",
+__all__ = ["Cameras", "DatasetError", "ImageList", "NDCParams", "SceneData", "load_blender", "load_llff",
            "load_scene", "DATASET_NAMES"]
 
 DATASET_NAMES = ("blender", "llff", "synthetic")
 DEFAULT_SYNTHETIC_CACHE = ".cache/synthetic"
 
 
-def load_scene(cfg_dataset: Mapping, split: Optional[str] = None) -> SceneData:
+def load_scene(cfg_dataset: Mapping, split: Optional[str] = None,
+               pixels: Optional[Callable[[ImageList], torch.Tensor]] = None) -> SceneData:
     """Loads one split of the dataset described by ``cfg_dataset``.
 
     Args:
@@ -37,6 +41,9 @@ def load_scene(cfg_dataset: Mapping, split: Optional[str] = None) -> SceneData:
             ``DATASET_NAMES`` and the keys of the table above; other keys are ignored.
         split: ``"train"``, ``"val"`` or ``"test"``; default ``cfg_dataset["split"]``,
             else ``"train"``.
+        pixels: where the decoded images go, ``pixels(image_list) -> (N, H, W, 3)``
+            float32 tensor; default: decoded into RAM. ``distnerf.sampler.cache.PixelCache``
+            streams them into a memory-mapped file instead.
 
     Returns:
         The split's SceneData.
@@ -70,9 +77,9 @@ def load_scene(cfg_dataset: Mapping, split: Optional[str] = None) -> SceneData:
     if name == "blender":
         extra = {} if background is None else {"background": background}
         return load_blender(root, split, downscale=int(_get(cfg, "downscale", 1)), **extra,
-                            **bounds)
+                            **bounds, pixels=pixels)
     scene = load_llff(root, split, factor=int(_get(cfg, "factor", 8)),
-                      holdout=int(_get(cfg, "holdout", 8)), ndc=bool(_get(cfg, "ndc", True)),
+                      holdout=int(_get(cfg, "holdout", 8)), ndc=bool(_get(cfg, "ndc", True)), pixels=pixels,
                       **({} if background is None else {"background": background}))
     changes = {key: float(bounds[key]) for key in ("near", "far") if bounds[key] is not None}
     if bounds["aabb"] is not None:

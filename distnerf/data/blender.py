@@ -17,13 +17,13 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import torch
 
 from distnerf.data.base import Cameras, DatasetError, SceneData
-from distnerf.data.images import composite, downscale_image, read_image_size, read_images
+from distnerf.data.images import ImageList, composite, downscale_image, read_image_size
 
 DEFAULT_NEAR, DEFAULT_FAR = 2.0, 6.0
 DEFAULT_AABB = ((-1.5, -1.5, -1.5), (1.5, 1.5, 1.5))
@@ -32,7 +32,7 @@ DEFAULT_AABB = ((-1.5, -1.5, -1.5), (1.5, 1.5, 1.5))
 def load_blender(root, split: str, downscale: int = 1,
                  background: Sequence[float] = (1.0, 1.0, 1.0),
                  near: Optional[float] = None, far: Optional[float] = None,
-                 aabb=None) -> SceneData:
+                 aabb=None, pixels: Optional[Callable[[ImageList], torch.Tensor]] = None) -> SceneData:
     """Loads one split of a Blender-format scene.
 
     Intrinsics: per frame, ``fl_x`` else ``camera_angle_x`` (``focal = 0.5 * W /
@@ -52,6 +52,9 @@ def load_blender(root, split: str, downscale: int = 1,
             else 2 and 6.
         aabb: (2, 3) [min, max] scene box in world units; default: the JSON's ``aabb``,
             else [-1.5, 1.5]^3.
+        pixels: where the decoded images go: ``pixels(image_list) -> (N, H, W, 3)``
+            float32 tensor (e.g. a memory-mapped cache built image by image, see
+            ``distnerf.sampler.cache.PixelCache``); default: decoded into RAM.
 
     Returns:
         SceneData with images (N, H, W, 3) float32, c2w (N, 3, 4) float32 OpenGL.
@@ -91,7 +94,10 @@ def load_blender(root, split: str, downscale: int = 1,
                                    f"{want[1]}x{want[0]}")
         return downscale_image(composite(image, background), downscale)
 
-    images = read_images(paths, prepare, label=lambda i: f"{json_path} frame {i}")
+    image_list = ImageList(paths, prepare, label=lambda i: f"{json_path} frame {i}",
+                           recipe=f"blender v1 background={tuple(float(c) for c in background)} "
+                                  f"downscale={int(downscale)}")
+    images = torch.from_numpy(image_list.decode_all()) if pixels is None else pixels(image_list)
     intrinsics /= downscale
     cameras = Cameras(
         c2w=torch.from_numpy(c2w[:, :3, :4].astype(np.float32)),
@@ -105,7 +111,7 @@ def load_blender(root, split: str, downscale: int = 1,
     if not 0.0 <= near < far:
         raise ValueError(f"{json_path}: need 0 <= near < far, got near={near}, far={far}")
     return SceneData(
-        split=split, images=torch.from_numpy(images), cameras=cameras, near=near, far=far,
+        split=split, images=images, cameras=cameras, near=near, far=far,
         aabb=as_aabb(aabb if aabb is not None else meta.get("aabb", DEFAULT_AABB), json_path),
         background=torch.tensor(background, dtype=torch.float32).reshape(3),
         ndc=None, image_paths=[str(p) for p in paths], source=str(root))

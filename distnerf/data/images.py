@@ -8,8 +8,10 @@ the parsers decode many images at once with a thread pool (``read_images``).
 """
 from __future__ import annotations
 
+import hashlib
 import os
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -176,26 +178,101 @@ def read_images(paths: Sequence, transform: Callable[[np.ndarray, int], np.ndarr
             with ``label(index)``; DatasetError too when a transformed image differs in
             shape from the first one.
     """
-    def load(index: int) -> np.ndarray:
+    return ImageList(list(paths), transform, label).decode_all(num_threads)
+
+
+@dataclass
+class ImageList:
+    """The images of one split, not decoded yet: files plus the per-image transform.
+
+    Parsers hand this to a ``pixels`` hook (see ``load_blender``/``load_llff``), which
+    decides where the decoded pixels live: in RAM (:meth:`decode_all`, the default) or
+    streamed image by image into a preallocated array such as a memory-mapped file
+    (:meth:`first` then :meth:`decode_into`), so that all decoded pixels are never held
+    in RAM at once.
+
+    Attributes:
+        paths: image files, in split order.
+        transform: ``transform(image, index) -> (H', W', 3) float32`` applied to each
+            decoded (H, W, C) image (checks, compositing, downscaling).
+        label: ``label(index)`` names an image in error messages (e.g. file and frame).
+        recipe: everything ``transform`` does to the pixels, as text (parser, background,
+            downscale factor, ...): with the files' identity it keys on-disk caches.
+    """
+
+    paths: list
+    transform: Callable[[np.ndarray, int], np.ndarray]
+    label: Callable[[int], str] = field(default=lambda index: f"image {index}")
+    recipe: str = ""
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def decode(self, index: int) -> np.ndarray:
+        """Image ``index`` decoded and transformed: (H', W', 3) float32 in [0, 1].
+
+        Raises:
+            FileNotFoundError, DatasetError: prefixed with ``label(index)``.
+        """
         try:
-            return transform(read_image(paths[index]), index)
+            return self.transform(read_image(self.paths[index]), index)
         except FileNotFoundError as err:
-            raise FileNotFoundError(f"{label(index)}: {err}") from err
+            raise FileNotFoundError(f"{self.label(index)}: {err}") from err
         except DatasetError as err:
-            raise DatasetError(f"{label(index)}: {err}") from err
+            raise DatasetError(f"{self.label(index)}: {err}") from err
 
-    first = load(0)
-    out = np.empty((len(paths),) + first.shape, dtype=np.float32)
-    out[0] = first
+    def first(self) -> tuple[tuple, np.ndarray]:
+        """``(shape, image 0)``: the (N, H', W', 3) shape of the decoded split and its first image."""
+        image = self.decode(0)
+        return (len(self),) + image.shape, image
 
-    def load_into(index: int) -> None:
-        image = load(index)
-        if image.shape != first.shape:
-            raise DatasetError(f"{label(index)}: image {paths[index]} gives shape "
-                               f"{image.shape} but {paths[0]} gives {first.shape}")
-        out[index] = image
+    def decode_into(self, out, first: np.ndarray | None = None, num_threads: int | None = None) -> None:
+        """Decodes every image into ``out[index]``; at most ``num_threads`` decoded images in RAM.
 
-    num_threads = num_threads or min(16, os.cpu_count() or 1)
-    with ThreadPoolExecutor(max_workers=num_threads) as pool:
-        list(pool.map(load_into, range(1, len(paths))))  # re-raises a worker's exception
-    return out
+        Args:
+            out: writable (N, H', W', 3) float32 array (e.g. a ``numpy.memmap``).
+            first: image 0 when already decoded (from :meth:`first`).
+            num_threads: decoding threads (default ``min(16, cpu count)``); Pillow
+                releases the GIL while decoding.
+
+        Raises:
+            FileNotFoundError, DatasetError: from :meth:`decode`; DatasetError when an
+                image's shape differs from ``out[index]``'s (names both files).
+        """
+        out[0] = self.decode(0) if first is None else first
+
+        def load_into(index: int) -> None:
+            image = self.decode(index)
+            if image.shape != out.shape[1:]:
+                raise DatasetError(f"{self.label(index)}: image {self.paths[index]} gives shape "
+                                   f"{image.shape} but {self.paths[0]} gives {tuple(out.shape[1:])}")
+            out[index] = image
+
+        num_threads = num_threads or min(16, os.cpu_count() or 1)
+        with ThreadPoolExecutor(max_workers=num_threads) as pool:
+            list(pool.map(load_into, range(1, len(self))))  # re-raises a worker's exception
+
+    def decode_all(self, num_threads: int | None = None) -> np.ndarray:
+        """All images in one (N, H', W', 3) float32 array in RAM (see :meth:`decode_into`)."""
+        shape, first = self.first()
+        out = np.empty(shape, dtype=np.float32)
+        self.decode_into(out, first, num_threads)
+        return out
+
+    def fingerprint(self) -> str:
+        """sha256 (hex, 16 chars) of ``recipe`` and each file's resolved path, size and mtime.
+
+        Cheap (one ``stat`` per file, no decoding); changes when a file is replaced or
+        the transform's recipe changes.
+
+        Raises:
+            FileNotFoundError: an image file is missing (names it and its label).
+        """
+        h = hashlib.sha256(self.recipe.encode())
+        for index, path in enumerate(self.paths):
+            try:
+                st = os.stat(path)
+            except FileNotFoundError as err:
+                raise FileNotFoundError(f"{self.label(index)}: image not found: {path}") from err
+            h.update(f"\n{Path(path).resolve()}|{st.st_size}|{st.st_mtime_ns}".encode())
+        return h.hexdigest()[:16]

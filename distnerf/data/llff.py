@@ -14,13 +14,13 @@ camera-to-world rotation and translation with camera axes [down, right, back]; c
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import torch
 
 from distnerf.data.base import Cameras, DatasetError, NDCParams, SceneData
-from distnerf.data.images import composite, read_image_size, read_images
+from distnerf.data.images import ImageList, composite, read_image_size
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg"}
 BOUND_FACTOR = 0.75  # nearest bound maps to 1 / 0.75 (reference ``bd_factor``)
@@ -28,7 +28,8 @@ NDC_NEAR_PLANE = 1.0
 
 
 def load_llff(root, split: str, factor: int = 8, holdout: int = 8, ndc: bool = True,
-              background: Sequence[float] = (0.0, 0.0, 0.0)) -> SceneData:
+              background: Sequence[float] = (0.0, 0.0, 0.0),
+              pixels: Optional[Callable[[ImageList], torch.Tensor]] = None) -> SceneData:
     """Loads one split of an LLFF scene.
 
     Poses are reordered from LLFF [down, right, back] to OpenGL [right, up, back]
@@ -62,6 +63,9 @@ def load_llff(root, split: str, factor: int = 8, holdout: int = 8, ndc: bool = T
         holdout: test-view stride (>= 1).
         ndc: use normalised device coordinates.
         background: (3,) RGB in [0, 1] that RGBA images are composited onto.
+        pixels: where the decoded images go: ``pixels(image_list) -> (M, H, W, 3)``
+            float32 tensor (e.g. a memory-mapped cache built image by image, see
+            ``distnerf.sampler.cache.PixelCache``); default: decoded into RAM.
 
     Returns:
         SceneData with images (M, H, W, 3) float32 and c2w (M, 3, 4) float32 OpenGL.
@@ -117,9 +121,10 @@ def load_llff(root, split: str, factor: int = 8, holdout: int = 8, ndc: bool = T
     if len(index) == 0:
         raise DatasetError(f"LLFF scene {root}: split {split!r} is empty with {len(c2w)} "
                            f"images and holdout {holdout}")
-    images = read_images([paths[i] for i in index],
-                         lambda image, _: composite(image, background),
-                         label=lambda i: f"{image_dir} image {int(index[i])}")
+    image_list = ImageList([paths[i] for i in index], lambda image, _: composite(image, background),
+                           label=lambda i: f"{image_dir} image {int(index[i])}",
+                           recipe=f"llff v1 background={tuple(float(c) for c in background)}")
+    images = torch.from_numpy(image_list.decode_all()) if pixels is None else pixels(image_list)
     full = lambda a: torch.full((len(index),), a, dtype=torch.float32)  # noqa: E731
     cameras = Cameras(c2w=torch.from_numpy(c2w[index].astype(np.float32)),
                       fx=torch.from_numpy(focal[index].astype(np.float32)),
@@ -135,7 +140,7 @@ def load_llff(root, split: str, factor: int = 8, holdout: int = 8, ndc: bool = T
         near, far = float(bounds.min() * 0.9), float(bounds.max())
         aabb = torch.from_numpy(frustum_box(c2w, focal, width, height, near, far)
                                 .astype(np.float32))
-    return SceneData(split=split, images=torch.from_numpy(images), cameras=cameras,
+    return SceneData(split=split, images=images, cameras=cameras,
                      near=near, far=far, aabb=aabb,
                      background=torch.tensor(background, dtype=torch.float32).reshape(3),
                      ndc=ndc_params, image_paths=[str(paths[i]) for i in index],

@@ -23,7 +23,7 @@ from ..data.base import SceneData
 from ..observe.logger import JsonlLogger, MultiLogger, NullLogger, WandbLogger
 from ..observe.metrics import LPIPS, LPIPS_BACKBONE
 from ..observe.profiler import RunProfiler, log_profile_summaries
-from ..sampler import build_sampler
+from ..sampler import build_sampler, pixel_source
 from ..strategy.base import Strategy
 from .evaluate import evaluate_views, select_views
 from .loss import photometric_sse
@@ -55,7 +55,8 @@ class Trainer:
         self.train_cfg = OmegaConf.to_container(cfg.train, resolve=True)
         D.seed_everything(int(cfg.seed))  # identical model initialisation on every rank
         dataset_cfg = OmegaConf.to_container(cfg.dataset, resolve=True)
-        self.train_scene = load_scene(dataset_cfg, "train")
+        # sampler.cache_dir: pixels decoded image by image into a memory-mapped cache, never all in RAM
+        self.train_scene = load_scene(dataset_cfg, "train", pixels=pixel_source(cfg.sampler))
         self.rays_per_rank = strategy.rays_per_rank(int(cfg.train.global_rays))
         model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
         strategy.prepare(self.train_scene, self.run_dir, int(cfg.seed), model_cfg)  # ss: the partition

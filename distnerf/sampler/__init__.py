@@ -12,6 +12,7 @@ from typing import Mapping
 import torch
 
 from ..data.base import SceneData
+from .cache import PixelCache
 from .base import BatchSpec, RayBatch, RayFilter, Sampler, batch_rng, draw_indices, make_batch
 from .device import DeviceSampler, fits_on_device
 from .pipelined import PipelinedSampler, SamplerWorkerError
@@ -22,8 +23,20 @@ log = logging.getLogger("distnerf")
 
 KINDS = ("sync", "pipelined", "device")
 
-__all__ = ["BatchSpec", "BoxFilter", "DeviceSampler", "PipelinedSampler", "RayBatch", "RayFilter", "Sampler",
-           "SamplerWorkerError", "SyncSampler", "batch_rng", "build_sampler", "draw_indices", "make_batch"]
+__all__ = ["BatchSpec", "BoxFilter", "DeviceSampler", "PipelinedSampler", "PixelCache", "RayBatch", "RayFilter",
+           "Sampler", "SamplerWorkerError", "SyncSampler", "batch_rng", "build_sampler", "draw_indices", "make_batch",
+           "pixel_source"]
+
+
+def pixel_source(cfg_sampler: Mapping | None) -> PixelCache | None:
+    """The ``pixels`` hook of ``load_scene`` for this sampler config.
+
+    With ``sampler.cache_dir`` set, training images are decoded image by image into a
+    memory-mapped cache there (built once, reused across runs and ranks) and never
+    held in RAM; otherwise None (decoded into RAM).
+    """
+    cache_dir = (cfg_sampler or {}).get("cache_dir")
+    return PixelCache(cache_dir) if cache_dir else None
 
 
 def build_sampler(cfg_sampler: Mapping, scene: SceneData, rays_per_batch: int, seed: int, stream: int,

@@ -2,23 +2,95 @@
 
 Legend: N images, H, W image size.
 
-``sampler.cache_dir`` makes the pipelined sampler write the training pixels once
-as ``pixels-<split>-<digest>.npy`` (content digest, so runs and ranks on one machine
-reuse the same file) and map it read-only: all ranks and their workers then share
-one page-cache copy that the kernel can evict under memory pressure, instead of one
-shared-memory copy per rank.
+``sampler.cache_dir`` keeps the decoded training pixels in one ``.npy`` file there,
+mapped read-only by every rank and every sampler worker: one page-cache copy that
+the kernel can evict under memory pressure, so datasets larger than memory train.
+
+* **Built once, image by image.** The trainer passes :class:`PixelCache` to
+  ``load_scene`` as its ``pixels`` hook: the parser's image list is decoded one image
+  at a time (a few threads) straight into a preallocated ``numpy`` memmap, so the
+  decoded split is never held in RAM. The file is named by a fingerprint of the
+  files (resolved path, size, mtime) and of the decoding recipe (parser, background,
+  downscale), so later runs reuse it without decoding anything.
+* **Atomic.** It is written under a temporary name ``<name>.<pid>.tmp`` and renamed
+  into place; torn temporaries of dead writers are swept.
+* **One builder.** Concurrent builders (several ranks on one host, or runs sharing
+  the directory) serialise on an ``flock`` of ``<name>.lock``: the first builds, the
+  others wait and then map its file. The kernel drops the lock when a builder dies,
+  so a waiter then builds instead (no hang). ``flock`` must work on the file system
+  of ``cache_dir`` (local disks do; on NFS/Lustre use a node-local directory).
+* **Checked.** A cache file whose header, dtype, shape or size is wrong (truncated,
+  overwritten) is rebuilt with a warning naming it; :func:`open_pixel_cache` refuses
+  such a file with an error naming it.
+
+Scenes already decoded into RAM (built in memory, or loaded without the hook) go
+through :func:`write_pixel_cache`, keyed by a digest of their pixels.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
+import logging
 import os
+import time
 import warnings
+import weakref
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
+import numpy.lib.format as npy_format
 import torch
 
 from ..data.base import SceneData
+from ..data.images import ImageList
+
+log = logging.getLogger("distnerf")
+
+FORMAT_VERSION = 1  # bump when the decoded content of a recipe changes
+_MAPPED: dict[int, tuple] = {}  # id(tensor) -> (weakref to the tensor, cache file)
+
+
+class PixelCache:
+    """The ``pixels`` hook of ``load_scene`` that streams decoded images into ``cache_dir``.
+
+    ``PixelCache(dir)(image_list)`` returns the split's pixels as a read-only memory-mapped
+    (N, H, W, 3) float32 tensor of ``dir/pixels-<fingerprint>.npy``, building the file
+    first if it is missing or damaged (see the module docstring).
+
+    Args:
+        cache_dir: directory of the cache files (created if needed).
+        num_threads: decoding threads while building (default ``min(16, cpu count)``);
+            at most this many decoded images are in RAM at once.
+    """
+
+    def __init__(self, cache_dir: str | Path, num_threads: int | None = None):
+        self.cache_dir, self.num_threads = Path(cache_dir), num_threads
+
+    def path_for(self, images: ImageList) -> Path:
+        """The cache file of ``images`` (no decoding; one ``stat`` per image file)."""
+        return self.cache_dir / f"pixels-{images.fingerprint()}-v{FORMAT_VERSION}.npy"
+
+    def __call__(self, images: ImageList) -> torch.Tensor:
+        if len(images) == 0:
+            raise ValueError("cannot cache an empty image list")
+
+        def build(tmp: Path) -> None:
+            shape, first = images.first()
+            out = npy_format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=shape)
+            try:
+                images.decode_into(out, first, self.num_threads)
+                out.flush()
+            finally:
+                del out
+
+        path = self.path_for(images)
+        ensure_pixel_file(path, build, len(images), f"{len(images)} images from {Path(images.paths[0]).parent}")
+        return open_pixel_cache(path)
+
+    def __repr__(self) -> str:
+        return f"PixelCache({str(self.cache_dir)!r})"
 
 
 def pixel_digest(images: torch.Tensor) -> str:
@@ -32,23 +104,120 @@ def pixel_digest(images: torch.Tensor) -> str:
 
 
 def write_pixel_cache(scene: SceneData, cache_dir: str | Path) -> Path:
-    """The cache file of ``scene.images`` ((N, H, W, 3) float32), written once (atomic rename)."""
+    """The cache file of ``scene.images`` ((N, H, W, 3) float32, already in RAM), written once.
+
+    Keyed by a digest of the pixels; same atomic, single-builder write as :class:`PixelCache`.
+    """
     cache_dir = Path(cache_dir)
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    sweep_stale(cache_dir)
     path = cache_dir / f"pixels-{scene.split}-{pixel_digest(scene.images)}.npy"
-    if not path.exists():
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        with open(tmp, "wb") as f:
-            np.save(f, scene.images.contiguous().numpy())
-        os.replace(tmp, path)  # ranks racing here write identical bytes
+    source = scene.images.contiguous().numpy()
+
+    def build(tmp: Path) -> None:
+        out = npy_format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=source.shape)
+        try:
+            out[...] = source
+            out.flush()
+        finally:
+            del out
+
+    ensure_pixel_file(path, build, len(scene), f"{scene.split} split of {scene.source}")
     return path
+
+
+def ensure_pixel_file(path: Path, build: Callable[[Path], None], num_images: int, what: str) -> None:
+    """Make ``path`` a valid cache file of ``num_images`` images, building it if needed.
+
+    Args:
+        path: the cache file.
+        build: ``build(tmp)`` writes the complete file at ``tmp``.
+        num_images: N expected in the file.
+        what: the images, for log messages.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sweep_stale(path.parent)  # torn temporaries of dead writers (live writers' are kept)
+    if check_pixel_file(path, num_images) is None:
+        return  # built by an earlier run or rank
+    with _exclusive(path.with_name(path.name + ".lock")):
+        problem = check_pixel_file(path, num_images)
+        if problem is None:
+            return  # another builder finished while we waited
+        if path.exists():
+            log.warning("pixel cache %s %s: rebuilding it", path, problem)
+            path.unlink()
+        log.info("building the pixel cache %s (%s, decoded image by image)", path, what)
+        start = time.monotonic()
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        try:
+            build(tmp)
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+            problem = check_pixel_file(tmp, num_images)
+            if problem is not None:
+                raise RuntimeError(f"the pixel cache just written at {tmp} {problem}")
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        log.info("pixel cache %s built in %.1f s", path, time.monotonic() - start)
+
+
+@contextlib.contextmanager
+def _exclusive(lock_path: Path, log_every_s: float = 60.0):
+    """Hold an exclusive ``flock`` on ``lock_path`` (released by the kernel if we die)."""
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        next_log = time.monotonic() + 5.0
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > next_log:
+                    log.info("waiting for another process to finish the pixel cache (lock %s)", lock_path)
+                    next_log += log_every_s
+                time.sleep(0.1)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def check_pixel_file(path: str | Path, num_images: int | None = None) -> str | None:
+    """What is wrong with the cache file ``path``, or None if it is a complete cache.
+
+    Complete: a version 1 or 2 ``.npy`` header of a C-ordered little-endian float32
+    (N, H, W, 3) array (N = ``num_images`` when given) and exactly the header plus
+    N * H * W * 3 * 4 bytes.
+
+    Returns:
+        None, or a phrase such as ``"is missing"``, ``"is truncated (...)"``.
+    """
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            version = npy_format.read_magic(f)
+            if version not in ((1, 0), (2, 0)):
+                raise ValueError(f".npy format version {version}")
+            read_header = npy_format.read_array_header_1_0 if version == (1, 0) else npy_format.read_array_header_2_0
+            shape, fortran, dtype = read_header(f)
+            offset = f.tell()
+    except FileNotFoundError:
+        return "is missing"
+    except (OSError, ValueError, SyntaxError, TypeError) as err:
+        return f"has no valid .npy header ({err})"
+    if dtype != np.dtype("<f4") or fortran or len(shape) != 4 or shape[-1] != 3:
+        return f"holds a {'Fortran' if fortran else 'C'}-ordered {dtype} array of shape {shape}, not (N, H, W, 3) float32"
+    if num_images is not None and shape[0] != num_images:
+        return f"holds {shape[0]} images, not {num_images}"
+    expected = offset + int(np.prod(shape)) * 4
+    if size != expected:
+        return f"is truncated or padded ({size} bytes, expected {expected} for shape {shape})"
+    return None
 
 
 def sweep_stale(cache_dir: Path) -> list[Path]:
     """Remove ``pixels-*.<pid>.tmp`` files of writers that died (pid no longer alive on this host)."""
     removed = []
-    for tmp in cache_dir.glob("pixels-*.tmp"):
+    for tmp in Path(cache_dir).glob("pixels-*.tmp"):
         try:
             pid = int(tmp.name.rsplit(".", 2)[-2])
             os.kill(pid, 0)
@@ -63,8 +232,23 @@ def sweep_stale(cache_dir: Path) -> list[Path]:
 
 
 def open_pixel_cache(path: str | Path) -> torch.Tensor:
-    """The cached pixels as a read-only memory-mapped (N, H, W, 3) float32 tensor (never written)."""
+    """The cached pixels as a read-only memory-mapped (N, H, W, 3) float32 tensor (never written).
+
+    Raises:
+        ValueError: ``path`` is not a complete cache file (names it and what is wrong).
+    """
+    problem = check_pixel_file(path)
+    if problem is not None:
+        raise ValueError(f"pixel cache {path} {problem}; delete it to have it rebuilt")
     array = np.load(path, mmap_mode="r")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # torch warns about non-writable arrays
-        return torch.from_numpy(array)
+        tensor = torch.from_numpy(array)
+    _MAPPED[id(tensor)] = (weakref.ref(tensor, lambda _, key=id(tensor): _MAPPED.pop(key, None)), str(path))
+    return tensor
+
+
+def cached_file(images: torch.Tensor) -> str | None:
+    """The cache file ``images`` maps, when it is a tensor returned by :func:`open_pixel_cache`."""
+    entry = _MAPPED.get(id(images))
+    return entry[1] if entry is not None and entry[0]() is images else None

@@ -17,7 +17,7 @@ Flow::
   batches are bitwise those of ``sync`` for any W and K.
 * Images and cameras are moved into shared memory once and handed to the workers
   at start (or, with ``cache_dir``, the pixels are a memory-mapped file every rank
-  and worker maps); the K slots are one fixed shared tensor. Per batch only a few integers
+  and worker maps, see :mod:`.cache`); the K slots are one fixed shared tensor. Per batch only a few integers
   travel through the pipes. The memory is anonymous (``torch`` file-descriptor
   sharing: segments are unlinked at creation), so nothing is left in ``/dev/shm``
   even after a SIGKILL and there are no stale named segments to sweep.
@@ -40,7 +40,7 @@ import torch.multiprocessing as mp
 
 from ..data.base import SceneData
 from .base import BatchSpec, RayBatch, Sampler
-from .cache import open_pixel_cache, write_pixel_cache
+from .cache import cached_file, open_pixel_cache, write_pixel_cache
 from .worker import SLOT_FLOATS, unpack, worker_main
 
 log = logging.getLogger("distnerf")
@@ -86,8 +86,10 @@ class PipelinedSampler(Sampler):
         start_method: ``forkserver`` (workers fork from a server that has imported
             torch once) or ``spawn``; both are safe with CUDA in the trainer.
         timeout_s: longest wait for one batch from a live worker before giving up.
-        cache_dir: when given, the pixels go to a memory-mapped file there (see
-            :mod:`.cache`) and ``scene.images`` is replaced by its read-only mapping.
+        cache_dir: when given and ``scene.images`` is in RAM, the pixels are written to
+            a memory-mapped file there (see :mod:`.cache`) and ``scene.images`` is
+            replaced by its read-only mapping. A scene loaded through
+            :class:`.cache.PixelCache` already maps its file: workers map the same one.
     """
 
     name = "pipelined"
@@ -104,10 +106,11 @@ class PipelinedSampler(Sampler):
         super().__init__(spec, device)
         self.num_workers, self.prefetch, self.timeout_s = num_workers, prefetch, float(timeout_s)
         self._num_rays = spec.rays_per_batch
-        pixel_cache, worker_scene = None, scene
-        if cache_dir:
+        pixel_cache, worker_scene = cached_file(scene.images), scene
+        if pixel_cache is None and cache_dir:  # decoded into RAM: write them out, map the file
             pixel_cache = str(write_pixel_cache(scene, cache_dir))
             scene.images = open_pixel_cache(pixel_cache)
+        if pixel_cache is not None:  # workers map the file themselves
             worker_scene = replace(scene, images=scene.images[:0].clone())
         else:
             scene.images.share_memory_()

@@ -113,7 +113,8 @@ def test_memory_mapped_pixel_cache_is_shared_and_reused(tmp_path):
     stamp = cached.stat().st_mtime_ns
     with PipelinedSampler(tiny_scene(seed=3), spec, "cpu", num_workers=1, prefetch=2, cache_dir=str(tmp_path)) as p:
         assert_same(p.batch(5), sync.batch(5))
-    assert [cached] == list(tmp_path.glob("pixels-*")) and cached.stat().st_mtime_ns == stamp  # stale swept
+    assert [cached] == list(tmp_path.glob("pixels-*.npy")) and cached.stat().st_mtime_ns == stamp
+    assert not list(tmp_path.glob("*.tmp"))  # stale swept
 
 
 def test_sync_keeps_its_historical_batches(scene):
