@@ -123,9 +123,12 @@ def prune(root: Path, keep: int) -> None:
 def config_hashes(cfg: dict, sections=("model", "dataset", "strategy")) -> dict:
     """sha256 of the resume-relevant config sections (JSON, sorted keys).
 
-    The strategy section is hashed without keys that may change across a restart
-    (none today), the world size is checked separately.
+    The model section is hashed without its runtime keys (``compile``, ``compile_mode``:
+    a run may resume with or without torch.compile); the world size is checked separately.
     """
+    runtime = ("compile", "compile_mode")
+    cfg = {**cfg, "model": {k: v for k, v in cfg["model"].items() if k not in runtime}} \
+        if isinstance(cfg.get("model"), dict) else cfg
     return {s: hashlib.sha256(json.dumps(cfg.get(s), sort_keys=True, default=str).encode()).hexdigest()[:16]
             for s in sections}
 

@@ -11,6 +11,8 @@ from .nerf import NeRFModel
 from .ngp import NGPModel
 
 MODELS = {"grid": GridModel, "nerf": NeRFModel, "ngp": NGPModel}
+# how the model runs, not what it is: handled by the trainer (torch.compile), never constructor arguments
+RUNTIME_KEYS = ("compile", "compile_mode")
 
 
 def build_model(cfg: Mapping, aabb: torch.Tensor, background: torch.Tensor) -> RadianceModel:
@@ -22,7 +24,7 @@ def build_model(cfg: Mapping, aabb: torch.Tensor, background: torch.Tensor) -> R
     Raises:
         ValueError: unknown model name or unknown option.
     """
-    cfg = dict(cfg)
+    cfg = {k: v for k, v in cfg.items() if k not in RUNTIME_KEYS}
     name = cfg.pop("name")
     if name not in MODELS:
         raise ValueError(f"model.name={name!r} is not one of {sorted(MODELS)}")

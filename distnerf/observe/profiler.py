@@ -75,7 +75,9 @@ class RunProfiler:
         self.dir = Path(run_dir) / "profile"
         self.dir.mkdir(parents=True, exist_ok=True)
         self.trace_cfg = cfg.get("trace") or None
-        self.steps = StepProfiler(device, model, rank, world_size, int(cfg.get("skip_steps", 2)),
+        # torch.compile'd in place (model.compile=true): no sub-phase hooks inside the compiled region
+        self.compiled = model is not None and getattr(model, "_compiled_call_impl", None) is not None
+        self.steps = StepProfiler(device, None if self.compiled else model, rank, world_size, int(cfg.get("skip_steps", 2)),
                                   nvtx=bool(cfg.get("nvtx", False)), annotate=self.trace_cfg is not None,
                                   enabled=bool(cfg.get("breakdown", True)))
         self.env = environment_fingerprint(device, world_size)
@@ -127,6 +129,19 @@ class RunProfiler:
         atomic_write_text(self.dir / f"ops_rank_{self.rank}.json",
                           json.dumps({"sort": key, "ops": ops[: int(self.trace_cfg.get("top_ops", 30))]}, indent=1))
 
+    def compile_stats(self) -> dict | None:
+        """torch.compile figures of this process (None when the model is not compiled):
+        ``compile_s`` (dynamo + inductor time, torch's own ``compilation_time_metrics``),
+        ``graph_breaks`` (count), ``unique_graphs``; start-up steps are the summary's ``startup_s``."""
+        if not self.compiled:
+            return None
+        from torch._dynamo.utils import compilation_time_metrics, counters
+
+        return {"compile_s": float(sum(compilation_time_metrics.get("_compile.compile_inner", []))),
+                "graph_breaks": int(sum(counters["graph_break"].values())),
+                "graph_break_reasons": sorted(counters["graph_break"])[:20],
+                "unique_graphs": int(counters["stats"].get("unique_graphs", 0))}
+
     # ----------------------------------------------------------------- per step
     def end_step(self, step: int, num_rays: float, num_samples: int, comm: dict | None) -> dict | None:
         """Record the step in the breakdown and advance the trace schedule."""
@@ -144,10 +159,10 @@ class RunProfiler:
         telemetry = self.telemetry.stop() if self.telemetry is not None else None
         self.telemetry = None
         self.steps.close()
-        extra = {"env": self.env, "telemetry": telemetry, "traces": self.trace_files,
+        extra = {"env": self.env, "telemetry": telemetry, "traces": self.trace_files, "compile": self.compile_stats(),
                  "written": time.strftime("%Y-%m-%dT%H:%M:%S")}
         data = self.steps.write(self.dir / f"rank_{self.rank}.json", extra)
-        return {"rank": self.rank, "summary": data["summary"],
+        return {"rank": self.rank, "summary": data["summary"], "compile": extra["compile"],
                 "telemetry": None if telemetry is None else telemetry["summary"], "traces": self.trace_files}
 
 
@@ -181,6 +196,12 @@ def log_profile_summaries(summaries: list[dict], logger, step: int) -> None:
                  s["rank"], 1e3 * step_s, share("input_wait") + share("copy"), share("forward"), share("backward"),
                  share("exposed_comm"), share("step_sync"), share("optimizer"), share("unattributed"),
                  100 * s["summary"]["unattributed_share"]["p95"])
+    for s in summaries:
+        if s.get("compile"):
+            c = s["compile"]
+            log.info("torch.compile rank %d: %.1f s compiling, %d graph break(s), %d graph(s); start-up steps %.1f s "
+                     "(steady-state figures above exclude them)", s["rank"], c["compile_s"], c["graph_breaks"],
+                     c["unique_graphs"], s["summary"].get("startup_s", 0.0))
     logger.log({"step": step, "event": "profile_summary", **flat_summary(summaries)})
     from .logger import WandbLogger
 

@@ -34,7 +34,7 @@ def profiled_runs(tmp_path_factory, synthetic_cache):
     cache = f"dataset.cache_dir={synthetic_cache}"
     proc = run_cli(torchrun(2) + ["-m", "distnerf.train", *COMMON, *TRACE_RUN, f"run_dir={ddp}", cache])
     base = [sys.executable, "-m", "distnerf.train", *COMMON, "train.max_steps=10", cache]
-    run_cli(base + [f"run_dir={single}"])
+    run_cli(base + [f"run_dir={single}", "profiler.nvtx=true"])  # NVTX ranges: a no-op without CUDA
     run_cli(base + [f"run_dir={single_b}", "train.lr=2e-3", "eval.enabled=false"])
     report = run_cli([sys.executable, "-m", "distnerf.profile", "report", str(ddp)])
     return {"ddp": ddp, "single": single, "single_b": single_b, "train_log": proc.stderr, "report": report}
