@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from distnerf.data.base import Cameras, DatasetError, SceneData
-from distnerf.data.images import ImageList, composite, downscale_image, read_image_size
+from distnerf.data.images import ImageList, IndexLabel, composite, downscale_image, read_image_size
 
 DEFAULT_NEAR, DEFAULT_FAR = 2.0, 6.0
 DEFAULT_AABB = ((-1.5, -1.5, -1.5), (1.5, 1.5, 1.5))
@@ -84,19 +84,9 @@ def load_blender(root, split: str, downscale: int = 1,
     intrinsics = np.array([_intrinsics(json_path, i, meta, frame, width, height)
                            for i, frame in enumerate(frames)], dtype=np.float64)
 
-    def prepare(image: np.ndarray, index: int) -> np.ndarray:
-        size = image.shape[:2]
-        for want, source in ((declared[index], "its declared w/h"),
-                             ((height, width), f"frame 0 ({paths[0]})")):
-            if want is not None and size != want:
-                raise DatasetError(f"image {paths[index]} is "
-                                   f"{size[1]}x{size[0]} (WxH) but {source} is "
-                                   f"{want[1]}x{want[0]}")
-        return downscale_image(composite(image, background), downscale)
-
-    image_list = ImageList(paths, prepare, label=lambda i: f"{json_path} frame {i}",
-                           recipe=f"blender v1 background={tuple(float(c) for c in background)} "
-                                  f"downscale={int(downscale)}")
+    prepare = _Prepare(paths, declared, (height, width), tuple(float(c) for c in background), int(downscale))
+    image_list = ImageList(paths, prepare, label=IndexLabel(f"{json_path} frame "),
+                           recipe=f"blender v1 background={prepare.background} downscale={prepare.downscale}")
     images = torch.from_numpy(image_list.decode_all()) if pixels is None else pixels(image_list)
     intrinsics /= downscale
     cameras = Cameras(
@@ -115,6 +105,28 @@ def load_blender(root, split: str, downscale: int = 1,
         aabb=as_aabb(aabb if aabb is not None else meta.get("aabb", DEFAULT_AABB), json_path),
         background=torch.tensor(background, dtype=torch.float32).reshape(3),
         ndc=None, image_paths=[str(p) for p in paths], source=str(root))
+
+
+class _Prepare:
+    """The per-image transform of a Blender split (picklable: sampler workers may decode).
+
+    Checks the decoded size against the frame's declared ``w``/``h`` and frame 0, then
+    composites onto ``background`` and area-downscales by ``downscale``.
+    """
+
+    def __init__(self, paths, declared, size, background, downscale):
+        self.paths, self.declared, self.size = paths, declared, size
+        self.background, self.downscale = background, downscale
+
+    def __call__(self, image: np.ndarray, index: int) -> np.ndarray:
+        size = image.shape[:2]
+        for want, source in ((self.declared[index], "its declared w/h"),
+                             (self.size, f"frame 0 ({self.paths[0]})")):
+            if want is not None and size != want:
+                raise DatasetError(f"image {self.paths[index]} is "
+                                   f"{size[1]}x{size[0]} (WxH) but {source} is "
+                                   f"{want[1]}x{want[0]}")
+        return downscale_image(composite(image, self.background), self.downscale)
 
 
 def as_aabb(value, where="aabb") -> torch.Tensor:

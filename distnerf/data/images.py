@@ -181,6 +181,31 @@ def read_images(paths: Sequence, transform: Callable[[np.ndarray, int], np.ndarr
     return ImageList(list(paths), transform, label).decode_all(num_threads)
 
 
+class IndexLabel:
+    """``label(index)``: ``prefix`` followed by the image's number (picklable).
+
+    Args:
+        prefix: e.g. ``"transforms_train.json frame "``.
+        numbers: number shown for each index (default: the index itself).
+    """
+
+    def __init__(self, prefix: str, numbers: Sequence[int] | None = None):
+        self.prefix, self.numbers = str(prefix), None if numbers is None else list(numbers)
+
+    def __call__(self, index: int) -> str:
+        return f"{self.prefix}{index if self.numbers is None else self.numbers[index]}"
+
+
+class Composite:
+    """``transform(image, index)`` compositing straight alpha onto ``background`` (picklable)."""
+
+    def __init__(self, background):
+        self.background = tuple(float(c) for c in background)
+
+    def __call__(self, image: np.ndarray, index: int) -> np.ndarray:
+        return composite(image, self.background)
+
+
 @dataclass
 class ImageList:
     """The images of one split, not decoded yet: files plus the per-image transform.
@@ -194,8 +219,10 @@ class ImageList:
     Attributes:
         paths: image files, in split order.
         transform: ``transform(image, index) -> (H', W', 3) float32`` applied to each
-            decoded (H, W, C) image (checks, compositing, downscaling).
-        label: ``label(index)`` names an image in error messages (e.g. file and frame).
+            decoded (H, W, C) image (checks, compositing, downscaling). Picklable
+            (a module-level class) when sampler workers decode (``sampler.source=files``).
+        label: ``label(index)`` names an image in error messages (e.g. file and frame);
+            picklable likewise (:class:`IndexLabel`).
         recipe: everything ``transform`` does to the pixels, as text (parser, background,
             downscale factor, ...): with the files' identity it keys on-disk caches.
     """

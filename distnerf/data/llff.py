@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from distnerf.data.base import Cameras, DatasetError, NDCParams, SceneData
-from distnerf.data.images import ImageList, composite, read_image_size
+from distnerf.data.images import Composite, ImageList, IndexLabel, read_image_size
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg"}
 BOUND_FACTOR = 0.75  # nearest bound maps to 1 / 0.75 (reference ``bd_factor``)
@@ -121,9 +121,10 @@ def load_llff(root, split: str, factor: int = 8, holdout: int = 8, ndc: bool = T
     if len(index) == 0:
         raise DatasetError(f"LLFF scene {root}: split {split!r} is empty with {len(c2w)} "
                            f"images and holdout {holdout}")
-    image_list = ImageList([paths[i] for i in index], lambda image, _: composite(image, background),
-                           label=lambda i: f"{image_dir} image {int(index[i])}",
-                           recipe=f"llff v1 background={tuple(float(c) for c in background)}")
+    background = tuple(float(c) for c in background)
+    image_list = ImageList([paths[i] for i in index], Composite(background),
+                           label=IndexLabel(f"{image_dir} image ", [int(i) for i in index]),
+                           recipe=f"llff v1 background={background}")
     images = torch.from_numpy(image_list.decode_all()) if pixels is None else pixels(image_list)
     full = lambda a: torch.full((len(index),), a, dtype=torch.float32)  # noqa: E731
     cameras = Cameras(c2w=torch.from_numpy(c2w[index].astype(np.float32)),

@@ -12,9 +12,10 @@ from typing import Mapping
 import torch
 
 from ..data.base import SceneData
-from .cache import PixelCache
 from .base import BatchSpec, RayBatch, RayFilter, Sampler, batch_rng, draw_indices, make_batch
+from .cache import PixelCache
 from .device import DeviceSampler, fits_on_device
+from .files import FilePixels, FileSource
 from .pipelined import PipelinedSampler, SamplerWorkerError
 from .policy import POLICIES, BoxFilter, build_ray_filter
 from .sync import SyncSampler
@@ -24,18 +25,34 @@ log = logging.getLogger("distnerf")
 KINDS = ("sync", "pipelined", "device")
 
 __all__ = ["BatchSpec", "BoxFilter", "DeviceSampler", "PipelinedSampler", "PixelCache", "RayBatch", "RayFilter",
-           "Sampler", "SamplerWorkerError", "SyncSampler", "batch_rng", "build_sampler", "draw_indices", "make_batch",
+           "FilePixels", "FileSource", "Sampler", "SamplerWorkerError", "SyncSampler", "batch_rng", "build_sampler", "draw_indices", "make_batch",
            "pixel_source"]
 
 
-def pixel_source(cfg_sampler: Mapping | None) -> PixelCache | None:
+SOURCES = ("memory", "files")
+
+
+def pixel_source(cfg_sampler: Mapping | None) -> PixelCache | FileSource | None:
     """The ``pixels`` hook of ``load_scene`` for this sampler config.
 
-    With ``sampler.cache_dir`` set, training images are decoded image by image into a
-    memory-mapped cache there (built once, reused across runs and ranks) and never
-    held in RAM; otherwise None (decoded into RAM).
+    ``sampler.source=memory`` (default): with ``sampler.cache_dir`` set, training images
+    are decoded image by image into a memory-mapped cache there (built once, reused
+    across runs and ranks) and never held in RAM; without it, None (decoded into RAM).
+    ``sampler.source=files``: nothing is decoded at load; every batch decodes the
+    images it draws from (:mod:`.files`).
+
+    Raises:
+        ValueError: unknown ``source``, or ``source=files`` with a ``cache_dir``.
     """
-    cache_dir = (cfg_sampler or {}).get("cache_dir")
+    cfg = cfg_sampler or {}
+    source, cache_dir = cfg.get("source") or "memory", cfg.get("cache_dir")
+    if source not in SOURCES:
+        raise ValueError(f"sampler.source must be one of {SOURCES}, got {source!r}")
+    if source == "files":
+        if cache_dir:
+            raise ValueError(f"sampler.source=files decodes the image files for every batch; "
+                             f"sampler.cache_dir={cache_dir!r} does not apply (use one or the other)")
+        return FileSource()
     return PixelCache(cache_dir) if cache_dir else None
 
 

@@ -19,6 +19,7 @@ import torch
 
 from ..data.base import SceneData
 from ..data.rays import RayBundle, generate_rays
+from .files import FilePixels
 from .policy import draw_pixels
 
 RayFilter = Callable[[RayBundle], torch.Tensor]
@@ -82,7 +83,7 @@ def draw_indices(spec: BatchSpec, num_images: int, height: int, width: int, step
     return flat, int(rng.integers(0, 2**62))
 
 
-def make_batch(spec: BatchSpec, scene: SceneData, flat_rgb: torch.Tensor, step: int,
+def make_batch(spec: BatchSpec, scene: SceneData, flat_rgb: torch.Tensor | FilePixels, step: int,
                device: torch.device | None = None) -> RayBatch:
     """Build the batch of ``step``: choose pixels, make their rays, gather colours.
 
@@ -91,7 +92,8 @@ def make_batch(spec: BatchSpec, scene: SceneData, flat_rgb: torch.Tensor, step: 
         scene: the training split; its cameras live on ``device`` (or the CPU). Only
             cameras, image size, near/far and NDC parameters are used: the pixels are
             ``flat_rgb``.
-        flat_rgb: (N * H * W, 3) float32 pixels on the same device as the cameras.
+        flat_rgb: (N * H * W, 3) float32 pixels on the same device as the cameras, or a
+            :class:`.files.FilePixels` that decodes the drawn images (CPU only).
         step: global step index.
         device: where rays are generated (default: the CPU).
     Returns:
@@ -110,7 +112,8 @@ def make_batch(spec: BatchSpec, scene: SceneData, flat_rgb: torch.Tensor, step: 
         assert valid.shape == (len(flat),), f"ray filter returned shape {tuple(valid.shape)}"
     else:
         valid = torch.ones(len(flat), dtype=torch.bool, device=flat.device)
-    return RayBatch(rays, flat_rgb[flat], valid, jitter_seed)
+    rgb = flat_rgb.gather(flat) if isinstance(flat_rgb, FilePixels) else flat_rgb[flat]
+    return RayBatch(rays, rgb, valid, jitter_seed)
 
 
 class Sampler(ABC):

@@ -23,6 +23,7 @@ import torch
 
 from ..data.base import Cameras, SceneData
 from .base import BatchSpec, RayBatch, Sampler, make_batch
+from .files import image_files
 
 log = logging.getLogger("distnerf")
 
@@ -62,6 +63,10 @@ class DeviceSampler(Sampler):
     def __init__(self, scene: SceneData, spec: BatchSpec, device: torch.device | str):
         if len(scene) == 0:
             raise ValueError(f"training split of {scene.source} has no images")
+        if image_files(scene.images) is not None:
+            raise ValueError("sampler=device keeps all pixels on the device, but the scene was loaded with "
+                             "sampler.source=files (decoded per batch on the CPU): use sampler=pipelined or "
+                             "sampler.source=memory")
         super().__init__(spec, device)
         c = scene.cameras
         move = lambda t: t.to(self.device)  # noqa: E731

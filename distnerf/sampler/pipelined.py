@@ -41,6 +41,7 @@ import torch.multiprocessing as mp
 from ..data.base import SceneData
 from .base import BatchSpec, RayBatch, Sampler
 from .cache import cached_file, open_pixel_cache, write_pixel_cache
+from .files import image_files
 from .worker import SLOT_FLOATS, unpack, worker_main
 
 log = logging.getLogger("distnerf")
@@ -89,7 +90,9 @@ class PipelinedSampler(Sampler):
         cache_dir: when given and ``scene.images`` is in RAM, the pixels are written to
             a memory-mapped file there (see :mod:`.cache`) and ``scene.images`` is
             replaced by its read-only mapping. A scene loaded through
-            :class:`.cache.PixelCache` already maps its file: workers map the same one.
+            :class:`.cache.PixelCache` already maps its file: workers map the same one. A
+            scene loaded through :class:`.files.FileSource` has no pixels: workers get
+            its image list and decode the images each batch draws from.
     """
 
     name = "pipelined"
@@ -106,12 +109,12 @@ class PipelinedSampler(Sampler):
         super().__init__(spec, device)
         self.num_workers, self.prefetch, self.timeout_s = num_workers, prefetch, float(timeout_s)
         self._num_rays = spec.rays_per_batch
-        pixel_cache, worker_scene = cached_file(scene.images), scene
-        if pixel_cache is None and cache_dir:  # decoded into RAM: write them out, map the file
+        pixel_cache, worker_scene, files = cached_file(scene.images), scene, image_files(scene.images)
+        if pixel_cache is None and files is None and cache_dir:  # decoded into RAM: write them out, map the file
             pixel_cache = str(write_pixel_cache(scene, cache_dir))
             scene.images = open_pixel_cache(pixel_cache)
-        if pixel_cache is not None:  # workers map the file themselves
-            worker_scene = replace(scene, images=scene.images[:0].clone())
+        if pixel_cache is not None or files is not None:  # workers map the file / decode the images themselves
+            worker_scene = replace(scene, images=torch.empty((0,) + tuple(scene.images.shape[1:])))
         else:
             scene.images.share_memory_()
         for t in (scene.cameras.c2w, scene.cameras.fx, scene.cameras.fy, scene.cameras.cx, scene.cameras.cy):
@@ -126,7 +129,7 @@ class PipelinedSampler(Sampler):
         for i in range(num_workers):
             parent_end, child_end = ctx.Pipe(duplex=True)
             proc = ctx.Process(target=worker_main, args=(i, child_end, worker_scene, self._slots, spec, parent_pid,
-                                                         pixel_cache),
+                                                         pixel_cache, files),
                                name=f"distnerf-sampler-{i}", daemon=True)
             self._conns.append(parent_end)
             try:

@@ -12,6 +12,7 @@ import torch
 
 from ..data.base import SceneData
 from .base import BatchSpec, RayBatch, Sampler, make_batch
+from .files import flat_pixels
 
 
 class SyncSampler(Sampler):
@@ -33,7 +34,7 @@ class SyncSampler(Sampler):
             raise ValueError(f"training split of {scene.source} has no images")
         super().__init__(spec, device)
         self.scene = scene
-        self._flat_rgb = scene.images.reshape(-1, 3)
+        self._flat_rgb = flat_pixels(scene)  # or decoded per batch from the files (sampler.source=files)
 
     def host_batch(self, step: int) -> RayBatch:
         """The batch of global step ``step`` (pure function of seed, stream, step)."""

@@ -21,9 +21,11 @@ import traceback
 import torch
 
 from ..data.base import SceneData
+from ..data.images import ImageList
 from ..data.rays import RayBundle
 from .base import BatchSpec, RayBatch, make_batch
 from .cache import open_pixel_cache
+from .files import FilePixels
 
 SLOT_FLOATS = 15
 _FIELDS = (("origins", 3), ("directions", 3), ("viewdirs", 3), ("near", 1), ("far", 1), ("rgb", 3),
@@ -67,7 +69,7 @@ def _detach_from_parent() -> None:
 
 
 def worker_main(worker_id: int, conn, scene: SceneData, slots: torch.Tensor, spec: BatchSpec,
-                parent_pid: int | None, pixel_cache: str | None = None) -> None:
+                parent_pid: int | None, pixel_cache: str | None = None, files: ImageList | None = None) -> None:
     """Serve ``(step, slot)`` tasks from ``conn`` until ``None`` or the parent's end closes.
 
     Each task builds the batch of ``step`` with :func:`make_batch` into ``slots[slot]``
@@ -84,12 +86,16 @@ def worker_main(worker_id: int, conn, scene: SceneData, slots: torch.Tensor, spe
         parent_pid: the trainer's pid under ``spawn`` (exit if already re-parented);
             ``None`` under ``forkserver`` (the parent is the fork server).
         pixel_cache: path of the memory-mapped pixel cache to read instead of ``scene.images``.
+        files: the image list to decode each batch's images from (``sampler.source=files``).
     """
     _detach_from_parent()
     if parent_pid is not None and os.getppid() != parent_pid:
         return
     torch.set_num_threads(1)
-    flat_rgb = (open_pixel_cache(pixel_cache) if pixel_cache else scene.images).reshape(-1, 3)
+    if files is not None:
+        flat_rgb = FilePixels(files, scene.height, scene.width)
+    else:
+        flat_rgb = (open_pixel_cache(pixel_cache) if pixel_cache else scene.images).reshape(-1, 3)
     conn.send(("ready", worker_id, os.getpid(), torch.cuda.is_initialized()))
     while True:
         try:

@@ -250,3 +250,42 @@ def test_two_ranks_train_from_one_cache_built_once(tmp_path, synthetic_cache):
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+# ----------------------------------------------------------------------------- sampler.source=files
+def test_file_source_batches_equal_memory_batches(blender, monkeypatch):
+    from distnerf.sampler import build_sampler, pixel_source
+
+    reference = load_scene(blender, "train")
+    scene = load_scene(blender, "train", pixels=pixel_source({"source": "files"}))
+    assert scene.images.is_meta and scene.images.shape == reference.images.shape  # nothing decoded, no data
+    spec = BatchSpec(256, seed=5, stream=1, policy="per_image", images_per_step=2)
+    sync_ram = SyncSampler(reference, spec)
+    counter = CountDecodes(monkeypatch)
+    sync_files = SyncSampler(scene, spec)
+    for k in range(3):
+        a, b = sync_files.batch(k), sync_ram.batch(k)
+        assert torch.equal(a.rgb, b.rgb) and torch.equal(a.rays.origins, b.rays.origins) and a.jitter_seed == b.jitter_seed
+    assert counter.calls == 3 * 2  # each batch decoded its two images, nothing else
+    for workers in (1, 2):
+        with PipelinedSampler(scene, spec, "cpu", num_workers=workers, prefetch=2) as pipe:
+            for k in range(4):
+                a, b = pipe.batch(k), sync_ram.batch(k)
+                assert torch.equal(a.rgb, b.rgb) and torch.equal(a.rays.directions, b.rays.directions)
+    with pytest.raises(ValueError, match="sampler.source=files"):
+        build_sampler({"name": "device"}, scene, 64, 0, 0, "cpu")
+    with pytest.raises(ValueError, match="cache_dir"):
+        pixel_source({"source": "files", "cache_dir": "/tmp/x"})
+    with pytest.raises(ValueError, match="sampler.source must be one of"):
+        pixel_source({"source": "disk"})
+
+
+def test_file_source_names_a_vanished_image(blender):
+    from distnerf.sampler import pixel_source
+
+    scene = load_scene(blender, "train", pixels=pixel_source({"source": "files"}))
+    missing = Path(blender["root"]) / "train/r_7.png"
+    missing.unlink()
+    sampler = SyncSampler(scene, BatchSpec(4096, seed=0, stream=0))  # uniform: every image is drawn
+    with pytest.raises(FileNotFoundError, match=rf"frame 7: image not found: {missing}"):
+        sampler.batch(0)
