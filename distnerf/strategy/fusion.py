@@ -98,7 +98,7 @@ class FusedRenderer(nn.Module):
     """
 
     def __init__(self, partition: Partition, models: dict[int, RadianceModel], fusion: str = "segment",
-                 background: torch.Tensor | None = None, color_threshold: float = 1e-4, blend_power: float = 2.0,
+                 background: torch.Tensor | None = None, color_threshold: float = 1e-3, blend_power: float = 2.0,
                  distributed: bool = False):
         super().__init__()
         if fusion not in FUSIONS:

@@ -300,7 +300,7 @@ class SSStrategy(Strategy):
                         "run with `python -m distnerf.render run_dir=... fusion=blend` for blend")
             fusion = "segment"
         return FusedRenderer(self.partition, dict(zip(model.regions, model.models)), fusion,
-                             color_threshold=float(self.cfg.get("color_threshold", 1e-4)),
+                             color_threshold=float(self.cfg.get("color_threshold", 1e-3)),
                              blend_power=float(self.cfg.get("blend_power", 2.0)),
                              distributed=self.env.distributed)
 
@@ -338,7 +338,7 @@ def load_fused(manifest: dict, ckpt_dir: Path, model_cfg: dict, strategy_cfg: di
         sub.load_state_dict(torch.load(Path(ckpt_dir) / f"region_{k:03d}.pt", map_location="cpu",
                                        weights_only=False)["model"])
         models[k] = sub.to(env.device).eval()
-    return FusedRenderer(partition, models, fusion, color_threshold=float(strategy_cfg.get("color_threshold", 1e-4)),
+    return FusedRenderer(partition, models, fusion, color_threshold=float(strategy_cfg.get("color_threshold", 1e-3)),
                          blend_power=float(strategy_cfg.get("blend_power", 2.0)),
                          distributed=env.distributed).to(env.device)
 
