@@ -93,7 +93,9 @@ def compare_runs(run_a: Path, run_b: Path, vary: list[str], force: bool = False)
         rows.append({"name": name, "a": a, "b": b, "ratio": b / a if a and b is not None else None})
     for name, ka, kb in (("global_rays_per_s", ra["global_rays_per_s"], rb["global_rays_per_s"]),
                          ("test_psnr", ra["test_psnr"], rb["test_psnr"]),
-                         ("startup_s (rank 0)", ra["per_rank"][0]["startup_s"], rb["per_rank"][0]["startup_s"])):
+                         ("startup_s (rank 0)", ra["per_rank"][0]["startup_s"], rb["per_rank"][0]["startup_s"]),
+                         ("compile_s (rank 0)", (ra["compile"].get(0) or {}).get("compile_s"),
+                          (rb["compile"].get(0) or {}).get("compile_s"))):
         rows.append({"name": name, "a": ka, "b": kb, "ratio": kb / ka if ka and kb is not None else None})
     return {"run_a": str(run_a), "run_b": str(run_b), "vary": vary, "declared": declared, "undeclared": undeclared,
             "forced": bool(undeclared), "rows": rows}

@@ -169,6 +169,7 @@ def build_report(run_dir: Path) -> dict:
     report["shares"] = {name: keys.get(name, {}).get("share") for name in (*PHASES, "unattributed")}
     report["input_stall_share"] = keys.get("input_wait", {}).get("share")
     report["exposed_comm_share"] = keys.get("exposed_comm", {}).get("share")
+    report["compile"] = {r["rank"]: r.get("compile") for r in ranks if r.get("compile")}
     metrics = run_dir / "metrics.json"
     report["test_psnr"] = json.loads(metrics.read_text()).get("psnr") if metrics.exists() else None
     # operators and traces
@@ -246,6 +247,10 @@ def to_markdown(report: dict) -> str:
                      f"p95 {imb['p95']:.3f}, max {imb['max']:.3f} over {imb['steps']} steps")
     if report["test_psnr"] is not None:
         lines.append(f"- test PSNR: {report['test_psnr']:.2f} dB")
+    for rank, c in report["compile"].items():
+        lines.append(f"- torch.compile (rank {rank}): {c['compile_s']:.1f} s compiling, {c['graph_breaks']} graph "
+                     f"break(s), {c['unique_graphs']} graph(s); start-up steps "
+                     f"{report['per_rank'][rank].get('startup_s', 0.0):.1f} s, excluded from the tables")
     lines += ["", "## Per rank", ""]
     for rank, summary in report["per_rank"].items():
         sync = summary["keys"].get("step_sync", {})
