@@ -67,7 +67,13 @@ def init_distributed(device: str = "auto", timeout_s: float = 600.0) -> DistEnv:
     else:
         dev = torch.device("cpu")
     if not dist.is_initialized():
-        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s),
+        timeout = datetime.timedelta(seconds=timeout_s)
+        # torchrun keeps one rendezvous store for all restarts of a worker group: without a prefix per
+        # attempt, a restarted rank can read the addresses the dead attempt's ranks published and fail to
+        # connect ("Gloo connectFullMesh failed ... Connection refused")
+        store, _, _ = next(dist.rendezvous("env://", timeout=timeout))
+        store = dist.PrefixStore(f"distnerf/attempt_{restart_count}", store)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout,
                                 device_id=dev if use_cuda else None)
     return DistEnv(rank, world_size, local_rank, dev, backend, restart_count)
 

@@ -1,0 +1,176 @@
+"""torchrun through ``launch/torchrun_local.sh``: elastic restart with automatic resume
+after a SIGKILLed rank, failure reporting without restarts, two agents in one c10d
+rendezvous, and a signal that reaches one rank only.
+
+Every run is a real 2-rank gloo run of the smoke config (40 steps, a checkpoint every
+10); interrupted runs must end bit for bit where the uninterrupted one does.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from distnerf import checkpoint as ckpt
+from tests.conftest import free_port
+from tests.launch.conftest import (alive, descendants, finish, launch_local, last_step, rows, trainer_ranks,
+                                   wait_for)
+
+STEPS, EVERY = 40, 10
+
+
+def final_model(run_dir: Path) -> dict:
+    found = ckpt.latest(Path(run_dir) / "checkpoints")
+    assert found is not None, f"no committed checkpoint in {run_dir}"
+    return torch.load(found / "model.pt", map_location="cpu", weights_only=False)
+
+
+def assert_same_model(a: dict, b: dict) -> None:
+    assert a["step"] == b["step"] == STEPS
+    assert a["model"].keys() == b["model"].keys()
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+
+
+def start_time(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except OSError:
+        return None
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory) -> Path:
+    """The uninterrupted reference run."""
+    run = tmp_path_factory.mktemp("launch") / "straight"
+    proc = launch_local(2, run, [], env={"MAX_RESTARTS": "0"})
+    assert finish(proc, 300, "straight run") == 0, run.with_suffix(".out").read_text()[-4000:]
+    return run
+
+
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory) -> dict:
+    """Rank 1 SIGKILLed after step 22; torchrun (MAX_RESTARTS=1) restarts the group, which resumes.
+    W&B offline, to check both segments log to one W&B run."""
+    run = tmp_path_factory.mktemp("launch") / "killed"
+    proc = launch_local(2, run, ["logger.wandb.mode=offline"], env={"MAX_RESTARTS": "1", "WANDB_MODE": "offline"})
+    try:
+        wait_for(lambda: last_step(run) >= 22, 240, "step 22 of the run to be killed")
+        ranks = trainer_ranks(proc.pid, run)
+        assert sorted(ranks) == [0, 1], ranks
+        group = {pid: start_time(pid) for r in ranks.values() for pid in [r, *descendants(r)]}
+        kill_step = last_step(run)
+        os.kill(ranks[1], signal.SIGKILL)
+        committed_at_kill = ckpt.latest(run / "checkpoints")
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    rc = finish(proc, 300, "restarted run")
+    return {"run": run, "rc": rc, "kill_step": kill_step, "group": group, "ranks": ranks,
+            "committed_at_kill": committed_at_kill, "log": run.with_suffix(".out").read_text()}
+
+
+def test_restarted_run_finishes_with_all_steps_and_metrics(killed):
+    assert killed["rc"] == 0, killed["log"][-4000:]
+    assert (killed["run"] / "metrics.json").exists()
+    assert final_model(killed["run"])["step"] == STEPS
+    steps = [r["step"] for r in rows(killed["run"]) if "loss" in r]
+    assert steps == list(range(1, STEPS + 1))  # one row per step, none doubled by the repeat
+
+
+def test_restart_repeats_at_most_one_checkpoint_interval(killed):
+    resumed = [r for r in rows(killed["run"]) if r.get("event") == "resumed"]
+    assert len(resumed) == 1 and resumed[0]["torchrun_restart"] == 1, resumed
+    assert resumed[0]["checkpoint"] == killed["committed_at_kill"].name
+    assert 0 <= killed["kill_step"] - resumed[0]["step"] <= EVERY, (killed["kill_step"], resumed)
+
+
+def test_restart_continues_bit_exactly(killed, straight):
+    assert_same_model(final_model(killed["run"]), final_model(straight))
+
+
+def test_no_process_or_shared_memory_of_the_killed_group_survives(killed):
+    # ranks, their sampler workers, fork server and resource tracker: all gone (pid reuse excluded)
+    left = [pid for pid, started in killed["group"].items() if alive(pid) and start_time(pid) == started]
+    assert not left, f"processes of the killed worker group still running: {left}"
+    assert len(killed["group"]) > 2 + 2  # the group did have sampler workers to check
+    pids = {str(p) for p in killed["group"]}
+    stale = [n for n in os.listdir("/dev/shm") if set(re.findall(r"\d+", n)) & pids]
+    assert not stale, f"shared-memory segments of the killed group in /dev/shm: {stale}"
+
+
+def test_resumed_segment_logs_to_the_same_wandb_run(killed):
+    runs = sorted((killed["run"] / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2, runs  # one per segment
+    ids = {p.name.rsplit("-", 1)[1] for p in runs}
+    assert len(ids) == 1, ids
+
+
+def test_rank_death_without_restart_is_reported_naming_the_rank(tmp_path):
+    run = tmp_path / "fail"
+    proc = launch_local(2, run, ["train.max_steps=100000", "dist_timeout_s=30"], env={"MAX_RESTARTS": "0"})
+    try:
+        wait_for(lambda: last_step(run) >= 5, 240, "step 5")
+        ranks = trainer_ranks(proc.pid, run)
+        os.kill(ranks[1], signal.SIGKILL)
+        killed_at = time.monotonic()
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        raise
+    rc = finish(proc, 90, "the failed run")
+    took = time.monotonic() - killed_at
+    out = run.with_suffix(".out").read_text()
+    assert rc != 0
+    assert took < 45, f"the run took {took:.0f} s to end after a rank died"
+    # torchrun's summary names the dead rank and how it died
+    assert re.search(r"rank\s*:\s*1 \(local_rank: 1\)", out) and "SIGKILL" in out, out[-3000:]
+    # the survivor's exception went through @record into its error file and the summary
+    assert re.search(r"rank\s*:\s*0 \(local_rank: 0\)", out) and "distnerf/engine/trainer.py" in out, out[-3000:]
+    assert not [p for p in ranks.values() if alive(p)]
+
+
+def two_agents(run: Path, extra: list[str], tag: str) -> list:
+    """Two torchrun agents (1 rank each) joining one c10d rendezvous on localhost."""
+    env = {"NNODES": "2", "RDZV_ENDPOINT": f"127.0.0.1:{free_port()}", "RDZV_ID": f"{run.name}-{tag}",
+           "MAX_RESTARTS": "0"}
+    return [launch_local(1, run, extra, env=env, log=run.parent / f"{run.name}-{tag}-agent{i}.out")
+            for i in range(2)]
+
+
+def test_two_agents_c10d_one_signalled_rank_stops_all_at_one_step(tmp_path, straight):
+    run = tmp_path / "c10d"
+    agents = two_agents(run, [], "a")
+    try:
+        wait_for(lambda: last_step(run) >= 12, 240, "step 12 of the two-agent run")
+        ranks = {}
+        for agent in agents:
+            ranks.update(trainer_ranks(agent.pid, run))
+        assert sorted(ranks) == [0, 1], ranks  # one rank under each agent
+        os.kill(ranks[1], signal.SIGUSR1)  # only rank 1 hears it
+    except BaseException:
+        for agent in agents:
+            os.killpg(agent.pid, signal.SIGKILL)
+        raise
+    assert [finish(a, 120, "signalled agents") for a in agents] == [0, 0]
+    stop = [r for r in rows(run) if r.get("event") == "signal_stop"]
+    assert len(stop) == 1 and stop[0]["signal"] is None  # rank 0 stopped for rank 1's signal
+    k = stop[0]["step"]
+    assert k % EVERY != 0 and k >= 12
+    saved = ckpt.latest(run / "checkpoints")
+    manifest = ckpt.read_manifest(saved, verify=True)
+    assert manifest["step"] == k and manifest["world_size"] == 2
+    for rank in (0, 1):
+        state = torch.load(saved / f"rank_{rank}.pt", map_location="cpu", weights_only=False)
+        assert state["rank"] == rank and state["sampler"]["next_step"] == k
+    assert not (run / "metrics.json").exists()  # stopped runs skip the evaluation
+    # both agents again: the run resumes at step k and ends where the uninterrupted run does
+    agents = two_agents(run, [], "b")
+    assert [finish(a, 300, "resumed two-agent run") for a in agents] == [0, 0]
+    assert [r["step"] for r in rows(run) if r.get("event") == "resumed"] == [k]
+    assert (run / "metrics.json").exists()
+    assert_same_model(final_model(run), final_model(straight))
