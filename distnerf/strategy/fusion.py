@@ -26,13 +26,14 @@ Two fusions:
 
       C = sum_k (prod_{j<k} T_j) C_k + (prod_k T_k) * background
 
-  which equals rendering one model whose field is the union of the sub-fields. A
-  region's colours are computed only where its *segment-local* weight exceeds
-  ``color_threshold``; the local weight bounds the global one from above, so this never
-  drops a sample that a global threshold would keep, and no ray is terminated on the
-  strength of another segment's transmittance. Under torchrun each rank renders its own
-  regions' segments for all rays; the (R, K, 6) segment values are all-gathered and
-  composited identically on every rank.
+  which equals rendering one model whose field is the union of the sub-fields. It runs
+  in two phases with two exchanges: (1) each region's densities give its segment
+  transmittance ``T_k``, and the (R, K) transmittances are exchanged, so each region
+  knows the transmittance ``prod_{j<k} T_j`` in front of its segment; (2) colours are
+  evaluated only where a sample's *global* weight exceeds ``color_threshold`` (the
+  early termination a single model applies, here on exchanged values only), and the
+  (R, K, 4) segment colours and depths are exchanged and composited identically on
+  every rank. Under torchrun each rank renders its own regions' segments for all rays.
 * ``blend`` (one process): a sample's density and colour are the inverse-distance
   weighted mean (weights ``1 / d_k^power`` to region centres, normalised) of the
   sub-models whose *enlarged* regions contain it (Mega-NeRF, Turki et al. 2022,
@@ -41,13 +42,16 @@ Two fusions:
 """
 from __future__ import annotations
 
+import time
+from collections import defaultdict
+
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from ..data.rays import RayBundle
 from ..model.base import RadianceModel
-from ..renderer.occupancy import march_rays
+from ..renderer.occupancy import OccupancyGrid, march_rays
 from ..renderer.samples import intervals_from_points, ray_aabb, sample_pdf, stratified_samples
 from ..renderer.volume import alphas_from_densities, composite, render_weights
 from .partition import Partition
@@ -89,7 +93,7 @@ class FusedRenderer(nn.Module):
             regions for distributed ``segment`` fusion (then ``distributed=True``).
         fusion: ``segment`` or ``blend``.
         background: (3,) float RGB.
-        color_threshold: segment-local weight below which a sample gets no colour.
+        color_threshold: global compositing weight below which a sample gets no colour.
         blend_power: exponent of the inverse-distance weights of ``blend``.
         distributed: every rank holds its regions and takes part in every forward
             (collectives: all ranks must render the same rays in the same order).
@@ -123,15 +127,54 @@ class FusedRenderer(nn.Module):
                 dist.all_reduce(t, op=dist.ReduceOp.MIN)
                 step = float(t)
         self.step = step
-        self.last_stats: dict = {}
+        self.prefilter = None if self.hierarchical else self._occupancy_prefilter()
+        # seconds spent in what fusion adds to rendering (routing samples to regions, the exchange,
+        # compositing) and in total, accumulated over forwards (benchmarks read and reset it)
+        self.timing: dict[str, float] = defaultdict(float)
 
-    def _model(self, region: int) -> RadianceModel:
-        return self.models[self.regions.index(region)]
+    def _occupancy_prefilter(self) -> OccupancyGrid | None:
+        """A conservative empty-space filter for the shared samples, or None.
+
+        When every sub-model's occupancy grid has the same resolution over the scene box
+        (``grid`` and ``ngp`` sub-models do), a cell is kept if the occupancy grid of any
+        region whose box (``blend``: enlarged box) touches the cell marks it occupied. A
+        sample it drops is empty for every sub-model it is routed to, so results are
+        unchanged and only the routing of empty samples is saved. Under torchrun each
+        rank contributes its regions and the grids are combined with an all-reduce.
+        """
+        bounds = self.partition.bounds.float()
+        grids = [getattr(m, "occupancy", None) for m in self.models]
+        res = grids[0].resolution if grids[0] is not None else 0
+        usable = all(g is not None and g.resolution == res and torch.allclose(g.aabb.float().cpu(), bounds)
+                     for g in grids)
+        if self.distributed:  # every rank must take the same branch
+            flag = torch.tensor([int(usable), res], dtype=torch.long)
+            low, high = flag.clone(), flag.clone()
+            dist.all_reduce(low, op=dist.ReduceOp.MIN)
+            dist.all_reduce(high, op=dist.ReduceOp.MAX)
+            usable = bool(low[0]) and int(low[1]) == int(high[1])
+        if not usable:
+            return None
+        boxes = (self.partition.enlarged() if self.fusion == "blend" else self.partition.boxes).float()
+        edges = [torch.linspace(float(bounds[0, a]), float(bounds[1, a]), res + 1) for a in range(3)]
+        binary = torch.zeros((res,) * 3, dtype=torch.uint8)
+        for k, grid in zip(self.regions, grids):
+            axes = [(edges[a][:-1] <= boxes[k, 1, a]) & (edges[a][1:] >= boxes[k, 0, a]) for a in range(3)]
+            touches = axes[0][:, None, None] & axes[1][None, :, None] & axes[2][None, None, :]
+            binary |= (touches & grid.binary.cpu()).to(torch.uint8)
+        if self.distributed:
+            dist.all_reduce(binary, op=dist.ReduceOp.MAX)
+        prefilter = OccupancyGrid(bounds, res)
+        prefilter.binary.copy_(binary.bool())
+        return prefilter.to(self.background.device)
 
     # ------------------------------------------------------------------ samples
     def _march(self, rays: RayBundle):
         bounds = self.partition.bounds.to(rays.origins.device, rays.origins.dtype)
-        return march_rays(rays.origins, rays.directions, rays.near, rays.far, bounds, self.step, None, False)
+        if self.prefilter is not None and self.prefilter.aabb.dtype != rays.origins.dtype:
+            self.prefilter.aabb = self.prefilter.aabb.to(rays.origins.dtype)
+        return march_rays(rays.origins, rays.directions, rays.near, rays.far, bounds, self.step, self.prefilter,
+                          False)
 
     def _points(self, rays, t_starts, t_ends, mask):
         ray_idx, sample_idx = mask.nonzero(as_tuple=True)
@@ -150,41 +193,68 @@ class FusedRenderer(nn.Module):
     # ------------------------------------------------------------------ forward
     @torch.no_grad()
     def forward(self, rays: RayBundle, generator=None) -> dict:
-        if self.fusion == "blend":
-            return self._blend(rays)
-        return self._segment(rays)
+        start = time.perf_counter()
+        out = self._blend(rays) if self.fusion == "blend" else self._segment(rays)
+        self.timing["total_s"] += time.perf_counter() - start
+        return out
 
-    def _region_segment(self, model: RadianceModel, rays, t_starts, t_ends, mask, level: str | None = None):
-        """Segment values of one region: colour (R, 3), transmittance (R,), depth (R,),
-        number of evaluated samples. ``mask``: (R, S) its samples."""
+    def _region_density(self, model: RadianceModel, rays, t_starts, t_ends, mask, level: str = "fine") -> dict:
+        """Phase 1 of one region's segment: opacities of its samples (``mask``: (R, S)).
+
+        Returns a dict with ``alphas`` (R, S), ``transmittance`` (R,) = prod (1 - alpha)
+        over the segment, the evaluated samples' indices and points, and (NeRF) their colours.
+        """
         ray_idx, sample_idx, points = self._points(rays, t_starts, t_ends, mask)
+        rgb = None
         if not self.hierarchical:
             keep = model.occupied(points)
             ray_idx, sample_idx, points = ray_idx[keep], sample_idx[keep], points[keep]
             sigma = model.field_density(points)
         else:
-            sigma, rgb_all = model.field(points, rays.viewdirs[ray_idx], level=level or "fine")
+            sigma, rgb = model.field(points, rays.viewdirs[ray_idx], level=level)
         sigmas = torch.zeros(mask.shape, dtype=sigma.dtype, device=sigma.device)
         sigmas[ray_idx, sample_idx] = sigma
         alphas = alphas_from_densities(sigmas, t_ends - t_starts)
-        weights, _ = render_weights(alphas)
         transmittance = torch.exp(torch.log1p(-alphas.clamp(max=1.0 - 1e-7)).sum(dim=1))
-        rgbs = torch.zeros(mask.shape + (3,), dtype=sigma.dtype, device=sigma.device)
-        if self.hierarchical:
-            rgbs[ray_idx, sample_idx] = rgb_all
+        return {"alphas": alphas, "transmittance": transmittance, "ray_idx": ray_idx, "sample_idx": sample_idx,
+                "points": points, "rgb": rgb}
+
+    def _region_colour(self, model: RadianceModel, rays, t_starts, t_ends, seg: dict, before: torch.Tensor):
+        """Phase 2: segment colour (R, 3) and depth (R,), composited with segment-local weights.
+
+        Colours are evaluated where the sample's *global* weight ``before[r] * T^k_i alpha_i``
+        exceeds ``color_threshold`` (``before``: (R,) transmittance of the segments in
+        front, exchanged), the rule a single model applies along the whole ray.
+        """
+        weights, _ = render_weights(seg["alphas"])
+        ray_idx, sample_idx = seg["ray_idx"], seg["sample_idx"]
+        rgbs = torch.zeros(weights.shape + (3,), dtype=weights.dtype, device=weights.device)
+        if seg["rgb"] is not None:
+            rgbs[ray_idx, sample_idx] = seg["rgb"]
         else:
-            colour = weights[ray_idx, sample_idx] > self.color_threshold
-            rgbs[ray_idx[colour], sample_idx[colour]] = model.field_rgb(points[colour],
+            colour = before[ray_idx] * weights[ray_idx, sample_idx] > self.color_threshold
+            rgbs[ray_idx[colour], sample_idx[colour]] = model.field_rgb(seg["points"][colour],
                                                                          rays.viewdirs[ray_idx[colour]])
         rgb, depth, _ = composite(weights, rgbs, 0.5 * (t_starts + t_ends), None)
-        return rgb, transmittance, depth, int(ray_idx.numel()), alphas
+        return rgb, depth
 
     def _owned(self, rays, t_starts, t_ends, mask) -> torch.Tensor:
         """(R, S) int64 owning region of every sample (-1 where masked out)."""
+        start = time.perf_counter()
         ray_idx, sample_idx, points = self._points(rays, t_starts, t_ends, mask)
         owner = torch.full(mask.shape, -1, dtype=torch.long, device=mask.device)
         owner[ray_idx, sample_idx] = self.partition.region_of(points)
+        self.timing["routing_s"] += time.perf_counter() - start
         return owner
+
+    def _all_regions(self, local: torch.Tensor) -> torch.Tensor:
+        """(R, m, C) values of this rank's regions -> (R, K, C) of every region (all-gather)."""
+        if not self.distributed:
+            return local
+        parts = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, local.contiguous())
+        gathered_regions = [r for rank_regions in dist_regions(self.partition) for r in rank_regions]
+        return torch.cat(parts, dim=1)[:, torch.argsort(torch.tensor(gathered_regions))]
 
     def _segment(self, rays: RayBundle) -> dict:
         if self.hierarchical:
@@ -193,27 +263,29 @@ class FusedRenderer(nn.Module):
         else:
             t_starts, t_ends, mask = self._march(rays)
         owner = self._owned(rays, t_starts, t_ends, mask)
-        num_rays, k_all = len(rays), len(self.partition)
-        local = torch.zeros(num_rays, len(self.regions), 5, dtype=rays.origins.dtype, device=rays.origins.device)
-        num_samples = 0
-        for j, k in enumerate(self.regions):
-            rgb, trans, depth, n, _ = self._region_segment(self.models[j], rays, t_starts, t_ends, owner == k)
-            local[:, j, :3], local[:, j, 3], local[:, j, 4] = rgb, trans, depth
-            num_samples += n
-        if self.distributed:  # one all-gather of 5 floats per ray and region
-            parts = [torch.empty_like(local) for _ in range(dist.get_world_size())]
-            dist.all_gather(parts, local.contiguous())
-            gathered_regions = [r for rank_regions in dist_regions(self.partition) for r in rank_regions]
-            values = torch.cat(parts, dim=1)[:, torch.argsort(torch.tensor(gathered_regions))]
-            counts = torch.tensor([num_samples], dtype=torch.long)
-            dist.all_reduce(counts)
-            num_samples = int(counts)
-        else:
-            values = local
-        assert values.shape[1] == k_all
-        rgb, depth, opacity = composite_segments(values[..., :3], values[..., 3], values[..., 4],
-                                                 self._entries(rays), self.background)
-        return {"rgb": rgb, "depth": depth, "opacity": opacity, "num_samples": num_samples}
+        segs = [self._region_density(m, rays, t_starts, t_ends, owner == k) for k, m in zip(self.regions, self.models)]
+        start = time.perf_counter()
+        # exchange 1: every segment's transmittance, so each rank knows what lies in front of its segments
+        transmittance = self._all_regions(torch.stack([s["transmittance"] for s in segs], dim=1)[..., None])[..., 0]
+        entry = self._entries(rays)
+        order = torch.argsort(entry, dim=1)
+        t_sorted = torch.gather(transmittance, 1, order)
+        before_sorted = torch.cumprod(torch.cat([torch.ones_like(t_sorted[:, :1]), t_sorted[:, :-1]], dim=1), dim=1)
+        before = torch.empty_like(before_sorted).scatter_(1, order, before_sorted)  # (R, K) in region order
+        self.timing["exchange_composite_s"] += time.perf_counter() - start
+        local = torch.zeros(len(rays), len(self.regions), 4, dtype=rays.origins.dtype, device=rays.origins.device)
+        for j, (k, model, seg) in enumerate(zip(self.regions, self.models, segs)):
+            rgb, depth = self._region_colour(model, rays, t_starts, t_ends, seg, before[:, k])
+            local[:, j, :3], local[:, j, 3] = rgb, depth
+        start = time.perf_counter()
+        values = self._all_regions(local)  # exchange 2: segment colour and depth (4 floats per ray and region)
+        num_samples = torch.tensor([sum(int(s["ray_idx"].numel()) for s in segs)], dtype=torch.long)
+        if self.distributed:
+            dist.all_reduce(num_samples)
+        rgb, depth, opacity = composite_segments(values[..., :3], transmittance, values[..., 3], entry,
+                                                 self.background)
+        self.timing["exchange_composite_s"] += time.perf_counter() - start
+        return {"rgb": rgb, "depth": depth, "opacity": opacity, "num_samples": int(num_samples)}
 
     def _hierarchical_samples(self, rays: RayBundle):
         """NeRF's coarse pass composited across all regions, then fine samples (see module doc)."""
@@ -223,8 +295,8 @@ class FusedRenderer(nn.Module):
         owner = self._owned(rays, t_starts, t_ends, mask)
         alphas = torch.zeros_like(t_starts)
         for j, k in enumerate(self.regions):
-            alphas = alphas + self._region_segment(self.models[j], rays, t_starts, t_ends, owner == k,
-                                                   level="coarse")[4]
+            alphas = alphas + self._region_density(self.models[j], rays, t_starts, t_ends, owner == k,
+                                                   level="coarse")["alphas"]
         if self.distributed:  # second exchange: every rank needs the whole coarse distribution
             dist.all_reduce(alphas)
         weights, _ = render_weights(alphas)

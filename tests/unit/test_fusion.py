@@ -51,8 +51,9 @@ def grid_submodels(part, seed: int) -> dict:
     return models
 
 
-def union_reference(part, models, rays, step):
-    """One pass over the union field (independent of the segment compositing)."""
+def union_reference(part, models, rays, step, color_threshold: float = 0.0):
+    """One pass over the union field (independent of the segment compositing); colours
+    only where the global weight exceeds ``color_threshold``, as a single grid model does."""
     t_starts, t_ends, mask = march_rays(rays.origins, rays.directions, rays.near, rays.far, part.bounds, step,
                                         None, False)
     ray_idx, sample_idx = mask.nonzero(as_tuple=True)
@@ -63,9 +64,11 @@ def union_reference(part, models, rays, step):
     rgbs = torch.zeros(mask.shape + (3,), dtype=torch.float64)
     for k, m in models.items():
         sel = (owner == k) & m.occupied(pts)
-        s, c = m.field(pts[sel], rays.viewdirs[ray_idx[sel]])
-        sigmas[ray_idx[sel], sample_idx[sel]] = s
-        rgbs[ray_idx[sel], sample_idx[sel]] = c
+        sigmas[ray_idx[sel], sample_idx[sel]] = m.field_density(pts[sel])
+    weights = render_weights(1 - torch.exp(-sigmas * (t_ends - t_starts)))[0]
+    for k, m in models.items():
+        sel = (owner == k) & m.occupied(pts) & (weights[ray_idx, sample_idx] > color_threshold)
+        rgbs[ray_idx[sel], sample_idx[sel]] = m.field_rgb(pts[sel], rays.viewdirs[ray_idx[sel]])
     return volume_render(sigmas, rgbs, t_starts, t_ends, BG)
 
 
@@ -87,15 +90,17 @@ def test_segment_fusion_equals_single_render_of_union_field(counts):
     assert torch.allclose(out["depth"], (ref["weights"] * t_mid).sum(-1), atol=1e-9, rtol=0)
 
 
-def test_colour_threshold_on_segment_weights_is_conservative():
+def test_colour_threshold_uses_exchanged_transmittance_like_one_model():
     part = grid_partition(AABB, 2, [2, 1, 1], overlap=0.15)
     models = grid_submodels(part, 3)
     rays = random_rays(200, 4)
-    exact = FusedRenderer(part, models, "segment", background=BG, color_threshold=0.0)(rays)
-    thresholded = FusedRenderer(part, models, "segment", background=BG, color_threshold=1e-4)(rays)
-    # samples dropped have global weight <= local weight < 1e-4: the colour error is bounded by their sum
-    assert float((exact["rgb"] - thresholded["rgb"]).abs().max()) < 1e-2
-    assert torch.equal(exact["opacity"], thresholded["opacity"])
+    fused = FusedRenderer(part, models, "segment", background=BG, color_threshold=1e-3)
+    out = fused(rays)
+    with torch.no_grad():
+        ref = union_reference(part, models, rays, fused.step, color_threshold=1e-3)
+        exact = union_reference(part, models, rays, fused.step, color_threshold=0.0)
+    assert torch.allclose(out["rgb"], ref["rgb"], atol=1e-10, rtol=0)
+    assert float((exact["rgb"] - ref["rgb"]).abs().max()) > 1e-6  # the threshold did drop samples
 
 
 def test_blend_equals_union_where_regions_do_not_overlap():
