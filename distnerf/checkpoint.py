@@ -133,9 +133,13 @@ def config_hashes(cfg: dict, sections=("model", "dataset", "strategy")) -> dict:
             for s in sections}
 
 
+LATER_SECTIONS = ("sampler",)  # hashed since issue 4: checkpoints written before lack it and are not checked on it
+
+
 def check_compatible(manifest: dict, hashes: dict, ckpt: Path) -> None:
     """Raise CheckpointError naming each config section that differs from the checkpoint."""
-    diff = [s for s, h in hashes.items() if manifest.get("config", {}).get(s) != h]
+    saved = manifest.get("config", {})
+    diff = [s for s, h in hashes.items() if saved.get(s) != h and not (s in LATER_SECTIONS and s not in saved)]
     if diff:
         raise CheckpointError(f"cannot resume from {ckpt}: the {', '.join(diff)} config differs from the "
                               f"checkpoint's (start a new run directory or restore the original settings)")

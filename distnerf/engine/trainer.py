@@ -23,7 +23,7 @@ from ..data.base import SceneData
 from ..observe.logger import JsonlLogger, MultiLogger, NullLogger, WandbLogger
 from ..observe.metrics import LPIPS, LPIPS_BACKBONE
 from ..observe.profiler import RunProfiler, log_profile_summaries
-from ..sampler import build_sampler, pixel_source
+from ..sampler import batch_config, build_sampler, pixel_source
 from ..strategy.base import Strategy
 from .evaluate import evaluate_views, select_views
 from .loss import photometric_sse
@@ -67,6 +67,8 @@ class Trainer:
         if model_cfg.get("compile"):  # in place, so DDP re-wraps keep it; compile time reported by the profiler
             self.model.compile(mode=model_cfg.get("compile_mode"))
         self.hashes = ckpt.config_hashes(OmegaConf.to_container(cfg, resolve=True))
+        # which rays are drawn (not how fast): resume refuses a change
+        self.hashes.update(ckpt.config_hashes({"sampler": batch_config(cfg.sampler)}, ("sampler",)))
         self.step, self.train_seconds = 0, 0.0
         resume_from = self._find_resume()
         state = None

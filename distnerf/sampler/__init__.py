@@ -26,7 +26,7 @@ KINDS = ("sync", "pipelined", "device")
 
 __all__ = ["BatchSpec", "BoxFilter", "DeviceSampler", "PipelinedSampler", "PixelCache", "RayBatch", "RayFilter",
            "FilePixels", "FileSource", "Sampler", "SamplerWorkerError", "SyncSampler", "batch_rng", "build_sampler", "draw_indices", "make_batch",
-           "pixel_source"]
+           "pixel_source", "batch_config"]
 
 
 SOURCES = ("memory", "files")
@@ -95,3 +95,19 @@ def build_sampler(cfg_sampler: Mapping, scene: SceneData, rays_per_batch: int, s
                                 cfg.get("start_method", "forkserver"), float(cfg.get("timeout_s", 300.0)),
                                 cfg.get("cache_dir"))
     return SyncSampler(scene, spec, device=device)
+
+
+def batch_config(cfg_sampler: Mapping | None) -> dict:
+    """The part of the sampler config that decides which rays are drawn.
+
+    ``policy``, ``images_per_step`` (under ``per_image``) and ``filter``: resuming with
+    other values would train on other batches than the uninterrupted run, so the
+    checkpoint records their hash and resume refuses a change. The kind, workers,
+    prefetch, source and cache are performance settings (bitwise the same batches)
+    and may change across a restart.
+    """
+    cfg = dict(cfg_sampler or {})
+    out = {"policy": cfg.get("policy") or "uniform", "filter": cfg.get("filter")}
+    if out["policy"] == "per_image":
+        out["images_per_step"] = int(cfg.get("images_per_step") or 4)
+    return out

@@ -339,3 +339,27 @@ def test_device_sampler_falls_back_with_a_clear_message(scene, monkeypatch):
         logger.removeHandler(handler)
     assert isinstance(s, SyncSampler)
     assert any("need 9 GiB" in r.getMessage() and "falling back to sampler=sync" in r.getMessage() for r in records)
+
+
+def test_resume_checks_only_the_sampler_settings_that_change_batches(tmp_path):
+    from distnerf import checkpoint as ckpt
+    from distnerf.sampler import batch_config
+
+    def h(cfg):
+        return ckpt.config_hashes({"sampler": batch_config(cfg)}, ("sampler",))
+
+    base = {"name": "pipelined", "policy": "uniform", "images_per_step": 4, "filter": None, "num_workers": 2}
+    # performance settings (and images_per_step, unused under uniform) keep the batches: same hash
+    assert h(base) == h({**base, "name": "sync", "num_workers": 5, "prefetch": 9, "images_per_step": 9,
+                         "source": "files", "cache_dir": "/x"})
+    for change in ({"policy": "per_image"}, {"filter": {"kind": "box", "aabb": [[0, 0, 0], [1, 1, 1]]}}):
+        assert h(base) != h({**base, **change})
+    per_image = {**base, "policy": "per_image"}
+    assert h(per_image) != h({**per_image, "images_per_step": 2})
+    manifest = {"config": {"model": "m", **h(base)}}
+    ckpt.check_compatible(manifest, {"model": "m", **h({**base, "name": "sync"})}, tmp_path)
+    with pytest.raises(ckpt.CheckpointError, match="the sampler config differs"):
+        ckpt.check_compatible(manifest, {"model": "m", **h(per_image)}, tmp_path)
+    ckpt.check_compatible({"config": {"model": "m"}}, {"model": "m", **h(per_image)}, tmp_path)  # written before
+    with pytest.raises(ckpt.CheckpointError, match="the model config differs"):
+        ckpt.check_compatible({"config": {"model": "other", **h(base)}}, {"model": "m", **h(base)}, tmp_path)

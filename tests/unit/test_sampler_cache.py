@@ -23,7 +23,7 @@ import distnerf.data.images as images_module
 from distnerf.data import load_scene
 from distnerf.sampler import BatchSpec, PipelinedSampler, PixelCache, SyncSampler
 from distnerf.sampler.cache import _exclusive, cached_file, open_pixel_cache
-from tests.conftest import FERN, run_cli, torchrun
+from tests.conftest import FERN, REPO, run_cli, torchrun
 
 NUM_IMAGES, H, W = 12, 24, 32
 
@@ -235,17 +235,26 @@ def test_pipelined_workers_map_the_scene_cache(blender, tmp_path):
 
 
 def test_two_ranks_train_from_one_cache_built_once(tmp_path, synthetic_cache):
+    import subprocess
+
     cache_dir = tmp_path / "pixels"
-    proc = run_cli(torchrun(2) + ["-m", "distnerf.train", "experiment=smoke", f"run_dir={tmp_path / 'run'}",
-                                  f"dataset.cache_dir={synthetic_cache}", "sampler=pipelined",
-                                  "sampler.num_workers=1", f"sampler.cache_dir={cache_dir}", "train.max_steps=2",
-                                  "train.ckpt_every=-1", "train.progress=false", "eval.enabled=false"])
+    args = torchrun(2) + ["-m", "distnerf.train", "experiment=smoke", f"run_dir={tmp_path / 'run'}",
+                          f"dataset.cache_dir={synthetic_cache}", "sampler=pipelined", "sampler.num_workers=1",
+                          f"sampler.cache_dir={cache_dir}", "train.max_steps=2", "train.ckpt_every=0",
+                          "train.progress=false", "eval.enabled=false"]
+    proc = run_cli(args)
     log = proc.stdout + proc.stderr
-    assert log.count("building the pixel cache") == 1, log[-3000:]
+    assert log.count("building the pixel cache") <= 1, log[-3000:]  # (only rank 0 logs INFO)
     (path,) = cache_dir.glob("pixels-*.npy")
+    assert not list(cache_dir.glob("*.tmp"))
     synthetic = load_scene({"name": "synthetic", "cache_dir": str(synthetic_cache), "resolution": 40}, "train")
     assert torch.equal(open_pixel_cache(path), synthetic.images)
     assert (tmp_path / "run" / "metrics.jsonl").exists()
+    # resuming with a sampler setting that changes the drawn rays is refused, naming the section
+    refused = subprocess.run(args + ["resume=true", "train.max_steps=4", "sampler.policy=per_image"], cwd=REPO,
+                             capture_output=True, text=True, timeout=600,
+                             env={**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"})
+    assert refused.returncode != 0 and "the sampler config differs" in refused.stdout + refused.stderr
 
 
 if __name__ == "__main__":
