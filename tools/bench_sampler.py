@@ -1,12 +1,15 @@
 """Input-pipeline benchmark: sync vs pipelined vs device samplers, side by side.
 
     # lego and fern, 2 ranks (the issue's comparison), medians over steps after warm-up
-    python tools/bench_sampler.py all --dataset lego --nproc 2 --num-workers 1 --steps 60 --warmup 10
-    python tools/bench_sampler.py all --dataset fern --nproc 2 --num-workers 1 --steps 60 --warmup 10
-    # stall-bound regime on a 2-core machine: one rank, one compute thread, one worker,
-    # large batches over all images, a cheap model step
-    python tools/bench_sampler.py compare alone --dataset lego --nproc 1 --threads 1 --num-workers 1 \
-        --global-rays 32768 --steps 60 --warmup 10 --extra "model.resolutions=[32]" "model.upsample_steps=[]"
+    python tools/bench_sampler.py compare alone --dataset lego fern --nproc 2 --num-workers 1 --steps 40 \
+        --warmup 8 --repeats 2
+    # stall-bound regime on a 2-core machine: one rank, one compute thread, one worker; every
+    # batch decodes the images it draws from (sampler.source=files, 4 images per step), a cheap
+    # model step (16^3 grid, few samples)
+    python tools/bench_sampler.py compare alone --dataset lego --samplers sync pipelined --nproc 1 \
+        --threads 1 --num-workers 1 --global-rays 16384 --steps 30 --warmup 6 --repeats 3 \
+        --extra "model.resolutions=[16]" "model.upsample_steps=[]" model.step_ratio=4 model.tv_weight=0 \
+        sampler.source=files sampler.policy=per_image sampler.images_per_step=4
     # memory over 10,000 batches
     python tools/bench_sampler.py memory --dataset lego --memory-batches 10000
     # smoke (seconds)
@@ -38,10 +41,13 @@ can at best shrink from S + C to max(S, C) (capacity bound above); W workers nee
 spare cores. On a 2-core machine measure with one rank, ``--threads 1`` and
 ``--num-workers 1`` (one core each); with 2 ranks there is no spare core and
 ``pipelined`` cannot beat ``sync`` by much. On a 16-core GPU machine use several
-workers per rank. A stall-bound regime needs S comparable to C: large batches
-(``--global-rays``) and a cheap model step (e.g. ``--extra "model.resolutions=[16]"
-"model.upsample_steps=[]" model.step_ratio=2``); check the sync ``input_wait_share``
-of a short ``compare --samplers sync`` first.
+workers per rank. A stall-bound regime needs S comparable to C. Building a batch from
+decoded pixels costs ~0.2 us per ray here, the cheapest model step ~5-10 us per ray, so
+large batches and a cheap model alone give S ~ 3% of the step; per-step image work
+(``sampler.source=files``: each batch decodes its ``images_per_step`` images, ~20 ms
+each for lego) brings S to C. Check the sync ``input_wait_share`` of a short
+``compare --samplers sync`` first. Every row records the 1-minute load average
+(``load_before``/``load_after``): other work on the machine takes the spare core.
 """
 from __future__ import annotations
 
@@ -88,6 +94,11 @@ def train_run(args, kind: str, run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def load_average() -> float:
+    """1-minute load average of the machine (``uptime``): other work competing for the cores."""
+    return round(os.getloadavg()[0], 2)
+
+
 def step_stats(rows: list[dict], warmup: int) -> dict:
     """Medians over steps after ``warmup`` of one run's per-step rows (``log_every=1``)."""
     steps = [r for r in rows if "loss" in r]
@@ -113,28 +124,53 @@ def compare(args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(args.repeats):
             for kind in args.samplers:
+                load_before = load_average()
                 stats = step_stats(train_run(args, kind, Path(tmp) / f"{kind}_{rep}"), args.warmup)
+                stats.update(load_before=load_before, load_after=load_average())
                 runs[kind].append(stats)
                 emit({"part": "compare", "sampler": kind, "repeat": rep, **stats})
+                if kind == "pipelined" and runs.get("sync"):  # the ratio of this repeat, side by side
+                    emit({"part": "compare_pair", "repeat": rep,
+                          **speedup(runs["sync"][-1], stats, args.num_workers)})
     out = {k: {key: statistics.median(s[key] for s in v) for key in v[0]} for k, v in runs.items()}
     if "sync" in out and "pipelined" in out:
-        t, s = out["sync"]["step_s"], out["sync"]["input_wait_s"]
-        c = max(t - s, 1e-12)
-        ideal = t / c
-        bound = (s + c) / max(s / args.num_workers, c)
-        speedup = t / out["pipelined"]["step_s"]
-        target = min(ideal, bound)
-        out["speedup"] = {"pipelined_over_sync": speedup, "ideal": ideal, "capacity_bound": bound,
-                          "share_of_min_ideal_bound": speedup / target, "sync_sampling_s": s, "sync_compute_s": c}
+        out["speedup"] = speedup(out["sync"], out["pipelined"], args.num_workers)
+        pairs = [speedup(a, b, args.num_workers) for a, b in zip(runs["sync"], runs["pipelined"])]
+        out["speedup"]["median_of_pairs"] = statistics.median(p["pipelined_over_sync"] for p in pairs)
+        out["speedup"]["median_share_of_pairs"] = statistics.median(p["share_of_min_ideal_bound"] for p in pairs)
     emit({"part": "compare_summary", **out})
     return out
 
 
+def speedup(sync: dict, pipelined: dict, num_workers: int) -> dict:
+    """Speedup of ``pipelined`` over ``sync`` against the ideal and the capacity bound.
+
+    ``T`` sync step, ``S`` its sampling time (its ``input_wait``), ``C = T - S``: ideal
+    ``T / C`` (sampling fully hidden), capacity bound of W workers ``(S + C) / max(S / W, C)``.
+    """
+    t, s = sync["step_s"], sync["input_wait_s"]
+    c = max(t - s, 1e-12)
+    ideal, bound = t / c, (s + c) / max(s / num_workers, c)
+    value = t / pipelined["step_s"]
+    return {"pipelined_over_sync": value, "ideal": ideal, "capacity_bound": bound,
+            "share_of_min_ideal_bound": value / min(ideal, bound), "sync_sampling_s": s, "sync_compute_s": c,
+            "pipelined_input_wait_share": pipelined["input_wait_share"]}
+
+
 # ----------------------------------------------------------------------------- alone
+def sampler_options(args) -> dict:
+    """``sampler.*`` entries of ``--extra`` (e.g. source, policy, images_per_step) as a dict."""
+    import yaml
+
+    return {ov.split("=", 1)[0][len("sampler."):]: yaml.safe_load(ov.split("=", 1)[1])
+            for ov in args.extra if ov.startswith("sampler.")}
+
+
 def load(args):
     from omegaconf import OmegaConf
 
     from distnerf.data import load_scene
+    from distnerf.sampler import pixel_source
 
     cfg = OmegaConf.load("conf/train.yaml")
     for ov in dataset_overrides(args.dataset) + [e for e in args.extra if e.startswith("dataset.")]:
@@ -143,13 +179,14 @@ def load(args):
             cfg.dataset = OmegaConf.load(f"conf/dataset/{value}.yaml")
         else:
             OmegaConf.update(cfg, key, value)
-    return load_scene(OmegaConf.to_container(cfg.dataset, resolve=True), "train")
+    return load_scene(OmegaConf.to_container(cfg.dataset, resolve=True), "train",
+                      pixels=pixel_source(sampler_options(args)))
 
 
 def make_sampler(args, kind: str, scene, rays: int):
     from distnerf.sampler import build_sampler
 
-    cfg = {"name": kind, "num_workers": args.num_workers, "prefetch": args.prefetch}
+    cfg = {**sampler_options(args), "name": kind, "num_workers": args.num_workers, "prefetch": args.prefetch}
     return build_sampler(cfg, scene, rays, 0, 0, torch.device(args.device))
 
 
@@ -171,7 +208,8 @@ def alone(args, consumption: dict | None = None) -> dict:
             seconds = time.perf_counter() - start
         finally:
             sampler.close()
-        row = {"batches_per_s": args.alone_batches / seconds, "rays_per_s": args.alone_batches * rays / seconds}
+        row = {"batches_per_s": args.alone_batches / seconds, "rays_per_s": args.alone_batches * rays / seconds,
+               "load": load_average()}
         if consumption and kind in consumption:
             row["trainer_steps_per_s"] = 1.0 / consumption[kind]["step_s"]
             row["capacity_over_consumption"] = row["batches_per_s"] / row["trainer_steps_per_s"]
@@ -235,7 +273,7 @@ def emit(row: dict) -> None:
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("parts", nargs="+", choices=["compare", "alone", "memory", "all"])
-    parser.add_argument("--dataset", default="lego", help=f"one of {sorted(DATASETS)}")
+    parser.add_argument("--dataset", nargs="+", default=["lego"], help=f"one or more of {sorted(DATASETS)}, in turn")
     parser.add_argument("--samplers", nargs="+", default=list(KINDS), choices=KINDS)
     parser.add_argument("--nproc", type=int, default=1, help="ranks (torchrun when > 1)")
     parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of each rank")
@@ -255,14 +293,16 @@ def main():
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.set_num_threads(args.threads)
-    emit({"part": "setup", "dataset": args.dataset, "nproc": args.nproc, "threads": args.threads,
-          "num_workers": args.num_workers, "global_rays": args.global_rays, "device": args.device,
-          "cpu_cores": os.cpu_count(), "extra": args.extra})
-    consumption = compare(args) if "compare" in parts else None
-    if "alone" in parts:
-        alone(args, consumption)
-    if "memory" in parts:
-        memory(args)
+    for dataset in list(args.dataset):
+        args.dataset = dataset
+        emit({"part": "setup", "dataset": args.dataset, "nproc": args.nproc, "threads": args.threads,
+              "num_workers": args.num_workers, "global_rays": args.global_rays, "device": args.device,
+              "cpu_cores": os.cpu_count(), "load": load_average(), "extra": args.extra})
+        consumption = compare(args) if "compare" in parts else None
+        if "alone" in parts:
+            alone(args, consumption)
+        if "memory" in parts:
+            memory(args)
     if args.json:
         Path(args.json).write_text(json.dumps(RESULTS, indent=1))
 
