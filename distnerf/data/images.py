@@ -257,7 +257,8 @@ class ImageList:
         """Decodes every image into ``out[index]``; at most ``num_threads`` decoded images in RAM.
 
         Args:
-            out: writable (N, H', W', 3) float32 array (e.g. a ``numpy.memmap``).
+            out: (N, H', W', 3) destination with ``shape`` and ``out[index] = image``
+                (a numpy array, a ``numpy.memmap``, a file writer).
             first: image 0 when already decoded (from :meth:`first`).
             num_threads: decoding threads (default ``min(16, cpu count)``); Pillow
                 releases the GIL while decoding.
@@ -270,7 +271,7 @@ class ImageList:
 
         def load_into(index: int) -> None:
             image = self.decode(index)
-            if image.shape != out.shape[1:]:
+            if image.shape != tuple(out.shape[1:]):
                 raise DatasetError(f"{self.label(index)}: image {self.paths[index]} gives shape "
                                    f"{image.shape} but {self.paths[0]} gives {tuple(out.shape[1:])}")
             out[index] = image

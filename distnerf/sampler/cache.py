@@ -8,8 +8,9 @@ the kernel can evict under memory pressure, so datasets larger than memory train
 
 * **Built once, image by image.** The trainer passes :class:`PixelCache` to
   ``load_scene`` as its ``pixels`` hook: the parser's image list is decoded one image
-  at a time (a few threads) straight into a preallocated ``numpy`` memmap, so the
-  decoded split is never held in RAM. The file is named by a fingerprint of the
+  at a time (a few threads), each written at its place in a preallocated ``.npy``
+  file (:class:`NpyWriter`), so the decoded split is never held in RAM, not even as
+  mapped pages of the process. The file is named by a fingerprint of the
   files (resolved path, size, mtime) and of the decoding recipe (parser, background,
   downscale), so later runs reuse it without decoding anything.
 * **Atomic.** It is written under a temporary name ``<name>.<pid>.tmp`` and renamed
@@ -78,12 +79,8 @@ class PixelCache:
 
         def build(tmp: Path) -> None:
             shape, first = images.first()
-            out = npy_format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=shape)
-            try:
+            with NpyWriter(tmp, shape) as out:
                 images.decode_into(out, first, self.num_threads)
-                out.flush()
-            finally:
-                del out
 
         path = self.path_for(images)
         ensure_pixel_file(path, build, len(images), f"{len(images)} images from {Path(images.paths[0]).parent}")
@@ -91,6 +88,50 @@ class PixelCache:
 
     def __repr__(self) -> str:
         return f"PixelCache({str(self.cache_dir)!r})"
+
+
+class NpyWriter:
+    """A preallocated ``.npy`` file of float32 images written in place, image by image.
+
+    ``out[index] = image`` writes image ``index`` at its offset with ``os.pwrite`` (safe
+    from several threads, in any order). Nothing is mapped: the written pages go to the
+    kernel's page cache (written back and evicted under memory pressure), not to this
+    process's resident memory, so building a cache larger than RAM works.
+
+    Args:
+        path: the file to create (truncated).
+        shape: (N, H, W, 3) of the array.
+    """
+
+    def __init__(self, path: Path, shape: tuple):
+        self.path, self.shape = Path(path), tuple(int(n) for n in shape)
+        self._image_bytes = int(np.prod(self.shape[1:])) * 4
+        with open(self.path, "wb") as f:
+            npy_format.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False, "shape": self.shape})
+            self._offset = f.tell()
+            f.truncate(self._offset + self.shape[0] * self._image_bytes)  # sparse until written
+        self._fd = os.open(self.path, os.O_WRONLY)
+
+    def __setitem__(self, index: int, image: np.ndarray) -> None:
+        data = np.ascontiguousarray(image, dtype="<f4")
+        assert data.shape == self.shape[1:], (data.shape, self.shape)
+        view, offset = memoryview(data).cast("B"), self._offset + int(index) * self._image_bytes
+        while view:  # pwrite may write less than asked
+            written = os.pwrite(self._fd, view, offset)
+            view, offset = view[written:], offset + written
+
+    def close(self) -> None:
+        """fsync and close (idempotent)."""
+        if self._fd is not None:
+            os.fsync(self._fd)
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 def pixel_digest(images: torch.Tensor) -> str:
@@ -113,12 +154,9 @@ def write_pixel_cache(scene: SceneData, cache_dir: str | Path) -> Path:
     source = scene.images.contiguous().numpy()
 
     def build(tmp: Path) -> None:
-        out = npy_format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=source.shape)
-        try:
-            out[...] = source
-            out.flush()
-        finally:
-            del out
+        with NpyWriter(tmp, source.shape) as out:
+            for index, image in enumerate(source):
+                out[index] = image
 
     ensure_pixel_file(path, build, len(scene), f"{scene.split} split of {scene.source}")
     return path
@@ -129,7 +167,7 @@ def ensure_pixel_file(path: Path, build: Callable[[Path], None], num_images: int
 
     Args:
         path: the cache file.
-        build: ``build(tmp)`` writes the complete file at ``tmp``.
+        build: ``build(tmp)`` writes the complete file at ``tmp`` and fsyncs it.
         num_images: N expected in the file.
         what: the images, for log messages.
     """
@@ -149,8 +187,6 @@ def ensure_pixel_file(path: Path, build: Callable[[Path], None], num_images: int
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         try:
             build(tmp)
-            with open(tmp, "rb+") as f:
-                os.fsync(f.fileno())
             problem = check_pixel_file(tmp, num_images)
             if problem is not None:
                 raise RuntimeError(f"the pixel cache just written at {tmp} {problem}")
