@@ -94,6 +94,6 @@ class NeRFModel(RadianceModel):
         t_all = torch.sort(torch.cat([t_starts, t_fine], dim=-1), dim=-1).values
         f_starts, f_ends = intervals_from_points(t_all, rays.far)
         fine = self._render(self.fine, rays, f_starts, f_ends)
-        fine["rgb_coarse"] = coarse["rgb"]
+        fine["rgb_coarse"], fine["opacity_coarse"] = coarse["rgb"], coarse["opacity"]
         fine["num_samples"] = num_samples + f_starts.numel()
         return fine

@@ -22,6 +22,7 @@ holds the partition for the whole run (resume and rendering reuse it).
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import torch
@@ -35,11 +36,14 @@ from ..model.base import RadianceModel
 from ..sampler.policy import BoxFilter
 from .base import Strategy
 from .fusion import FusedRenderer, region_owner
+from .joint import GatherSegments, composite_all, render_segments
 from .partition import Partition, balanced_partition, grid_partition
 
 log = logging.getLogger("distnerf")
 
 PARTITIONS = ("grid", "balanced")
+TRAININGS = ("independent", "joint")
+SHARED_STREAM = 1 << 30  # the ray stream every rank draws under joint training
 
 
 class RegionRayFilter:
@@ -72,11 +76,12 @@ class RegionModels(RadianceModel):
 
     Args:
         models: region index -> sub-model. partition: the run's partition.
+        background: (3,) scene background (default: the first sub-model's).
     """
 
-    def __init__(self, models: dict[int, RadianceModel], partition: Partition):
+    def __init__(self, models: dict[int, RadianceModel], partition: Partition, background=None):
         first = next(iter(models.values()))
-        super().__init__(first.aabb, first.background)
+        super().__init__(first.aabb, first.background if background is None else background)
         self.regions = sorted(models)
         self.models = nn.ModuleList([models[k] for k in self.regions])
         self.register_buffer("boxes", partition.enlarged()[self.regions].float())
@@ -121,6 +126,39 @@ class RegionModels(RadianceModel):
             for g in m.param_groups(lr):
                 groups.append({**g, "name": f"region{k}/{g.get('name', 'params')}"})
         return groups
+
+
+class JointRegionModels(RegionModels):
+    """``training=joint``: this rank's sub-models render their segments of every ray; the
+    segments of all regions are exchanged and composited exactly (:mod:`.joint`).
+
+    Args:
+        models: region index -> sub-model (its box only, black background).
+        partition: the run's partition. background: (3,) scene background.
+        distributed: exchange segments with the other ranks (else all K regions are here).
+    """
+
+    def __init__(self, models: dict[int, RadianceModel], partition: Partition, background, distributed: bool):
+        super().__init__(models, partition, background)
+        self.register_buffer("all_boxes", partition.boxes.float())
+        self.distributed = distributed
+        self.exchange = {"seconds": 0.0, "bytes": 0, "calls": 0}
+        if not distributed and self.regions != list(range(len(partition))):
+            raise ValueError(f"one process needs all {len(partition)} regions, got {self.regions}")
+
+    def forward(self, rays: RayBundle, generator=None) -> dict:
+        seg = render_segments(self.models, self.regions, self.all_boxes, rays, generator)
+        values = seg["values"]
+        if self.distributed:  # the one exchange of a step: C floats per ray and region
+            start = time.perf_counter()
+            values = GatherSegments.apply(values)
+            self.exchange["seconds"] += time.perf_counter() - start
+            self.exchange["bytes"] += seg["values"].numel() * seg["values"].element_size()
+            self.exchange["calls"] += 1
+        out = composite_all(values, rays, self.all_boxes, self.background)
+        out["num_samples"] = seg["num_samples"]
+        out["samples_per_region"] = seg["samples_per_region"]
+        return out
 
 
 def estimate_density(scene, model_cfg: dict, steps: int, resolution: int, rays_per_step: int, seed: int,
@@ -168,7 +206,7 @@ class SSStrategy(Strategy):
     ``overlap`` (0.15), ``context_resolution`` (grid sub-models), ``balance_steps``,
     ``balance_resolution``, ``balance_rays`` (the coarse fit of ``balanced``),
     ``fusion`` (segment | blend: how training-time evaluation renders),
-    ``color_threshold``, ``blend_power``.
+    ``color_threshold``, ``blend_power``, ``training`` (independent | joint, see :mod:`.joint`).
     """
 
     name = "ss"
@@ -178,6 +216,10 @@ class SSStrategy(Strategy):
         self.partition: Partition | None = None
         self.owner: list[int] = []
         self._local_valid = 0.0
+        self.training = cfg.get("training", "independent")
+        if self.training not in TRAININGS:
+            raise ValueError(f"strategy.training={self.training!r} is not one of {TRAININGS}")
+        self.joint = self.training == "joint"
 
     # -- set-up -----------------------------------------------------------------
     def prepare(self, scene, run_dir: Path, seed: int, model_cfg: dict) -> None:
@@ -237,19 +279,27 @@ class SSStrategy(Strategy):
         return [k for k, r in enumerate(self.owner) if r == self.env.rank]
 
     def sampler_stream(self) -> int:
-        return self.env.rank
+        return SHARED_STREAM if self.joint else self.env.rank  # joint: every rank the same rays
 
     def ray_filter(self, scene):
-        return RegionRayFilter(self.partition.enlarged()[self.my_regions])
+        return None if self.joint else RegionRayFilter(self.partition.enlarged()[self.my_regions])
+
+    def rays_per_rank(self, global_rays: int) -> int:
+        return global_rays if self.joint else super().rays_per_rank(global_rays)
 
     # -- model --------------------------------------------------------------------
     def build_model(self, model_cfg: dict, scene) -> RadianceModel:
-        return RegionModels({k: self.build_region_model(model_cfg, scene.aabb, scene.background, k)
-                             for k in self.my_regions}, self.partition)
+        models = {k: self.build_region_model(model_cfg, scene.aabb, scene.background, k) for k in self.my_regions}
+        if self.joint:
+            return JointRegionModels(models, self.partition, scene.background, self.env.distributed)
+        return RegionModels(models, self.partition)
 
     def build_region_model(self, model_cfg: dict, aabb, background, region: int) -> RadianceModel:
-        """Sub-model of ``region``: a grid holds the enlarged region at full resolution."""
+        """Sub-model of ``region``. Independent: the whole scene box, a grid holding the
+        enlarged region at full resolution; joint: the region's box only, black background."""
         cfg = dict(model_cfg)
+        if self.joint:
+            return build_model(cfg, self.partition.boxes[region].float(), torch.zeros(3))
         if cfg["name"] == "grid":
             cfg["focus_aabb"] = self.partition.enlarged()[region].float().tolist()
             cfg["context_resolution"] = int(self.cfg.get("context_resolution", 32))
@@ -261,7 +311,19 @@ class SSStrategy(Strategy):
 
     def reduce_step_stats(self, stats: torch.Tensor) -> torch.Tensor:
         self._local_valid = float(stats[0])
-        return super().reduce_step_stats(stats)
+        out = super().reduce_step_stats(stats)
+        if self.joint:  # every rank holds the same rays: count them once
+            out[0] = stats[0]
+        return out
+
+    def comm_stats(self) -> dict:
+        """Joint training: the segment exchange since the last call (seconds include waiting)."""
+        ex = getattr(self.model, "exchange", None)
+        if not ex:
+            return {}
+        out = {"exchange_s": ex["seconds"], "exchange_bytes": ex["bytes"], "exchange_calls": ex["calls"]}
+        ex.update(seconds=0.0, bytes=0, calls=0)
+        return out
 
     def loss_normalizer(self, global_valid: float) -> float:
         """This rank's own valid rays: the sub-models are independent (no averaging)."""
@@ -288,11 +350,12 @@ class SSStrategy(Strategy):
                           weights_only=False)
 
     def manifest_extra(self) -> dict:
-        return {"strategy": self.name, "partition": self.partition.to_dict(), "region_owner": self.owner}
+        return {"strategy": self.name, "training": self.training, "partition": self.partition.to_dict(),
+                "region_owner": self.owner}
 
     # -- evaluation: distributed segment fusion, every rank renders every view ----------
     def inference_model(self, model: RegionModels | FusedRenderer) -> nn.Module:
-        if isinstance(model, FusedRenderer):  # distnerf.render built it from a checkpoint
+        if isinstance(model, (FusedRenderer, JointRegionModels)):  # joint: its forward composites the segments
             return model
         fusion = self.cfg.get("fusion", "segment")
         if self.env.distributed and fusion == "blend":
@@ -330,6 +393,9 @@ def load_fused(manifest: dict, ckpt_dir: Path, model_cfg: dict, strategy_cfg: di
     owner = region_owner(len(partition), env.world_size)
     strategy = SSStrategy(strategy_cfg, env)
     strategy.partition = partition
+    if strategy.joint and fusion != "segment":
+        raise ValueError(f"fusion={fusion!r}: a joint ss run has no overlapping regions to blend; it renders with "
+                         f"fusion=segment (its sub-models' own segment sampling, exchanged across ranks under torchrun)")
     models = {}
     for k in range(len(partition)):
         if env.distributed and owner[k] != env.rank:
@@ -338,6 +404,9 @@ def load_fused(manifest: dict, ckpt_dir: Path, model_cfg: dict, strategy_cfg: di
         sub.load_state_dict(torch.load(Path(ckpt_dir) / f"region_{k:03d}.pt", map_location="cpu",
                                        weights_only=False)["model"])
         models[k] = sub.to(env.device).eval()
+    if strategy.joint:  # the same segments and compositing as training
+        return JointRegionModels(models, partition, torch.as_tensor(background).float(),
+                                 env.distributed).to(env.device).eval()
     return FusedRenderer(partition, models, fusion, color_threshold=float(strategy_cfg.get("color_threshold", 1e-3)),
                          blend_power=float(strategy_cfg.get("blend_power", 2.0)),
                          distributed=env.distributed).to(env.device)

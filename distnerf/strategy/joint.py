@@ -1,0 +1,125 @@
+"""Joint training of segmented scenes (``strategy=ss strategy.training=joint``).
+
+Legend: R rays, K regions, m regions of this rank, C values per segment.
+
+Every rank draws the same ray batch (the sampler's shared stream). Each region's
+sub-model covers only its own (non-enlarged) region box and renders only its own
+segment of every ray: the ray is clipped to the box, and the sub-model (with a black
+background) returns the segment's colour ``C_k = sum_i T^k_i alpha_i c_i``,
+transmittance ``T_k = 1 - opacity_k = prod_i (1 - alpha_i)`` and depth. The per-ray
+segment values are all-gathered (C = 5 floats per ray and region, 9 with NeRF's coarse
+pass) and composited exactly, front to back by entry distance (NeRF-XL, Li et al.
+ECCV 2024, Eq. 4; :func:`composite_segments`)::
+
+    C = sum_k (prod_{j<k} T_j) C_k + (prod_k T_k) * background
+
+The loss is computed on the composite, identically on every rank. Its gradient with
+respect to this rank's segment values, computed locally, is therefore already exact,
+so the backward of the exchange is a slice (no communication) and gradients flow
+only into this rank's sub-models: there is no gradient all-reduce (no parameter is
+shared between regions). A sub-model never terminates a ray early on another
+segment's transmittance (its colour threshold sees only its own segment).
+
+Sampling: each segment is sampled by its own sub-model inside its box (``grid`` and
+``ngp`` march uniformly from the segment's entry; ``nerf`` draws stratified coarse
+samples in the segment and fine samples from the segment's own coarse weights, and its
+coarse pass is composited across regions for the coarse loss). This is a different
+estimator from one NeRF sampling the whole ray; it needs one exchange per step. The
+jitter of region k comes from a generator seeded by (step seed, k), so the result does
+not depend on which rank holds which region: one process holding all K sub-models
+renders (and trains) exactly what K ranks do.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ..data.rays import RayBundle
+from ..renderer.samples import ray_aabb
+from .fusion import composite_segments
+
+
+class GatherSegments(torch.autograd.Function):
+    """All-gather of (R, m, C) segment values into (R, W*m, C); backward: own slice.
+
+    Every rank composites the gathered values identically and computes the same loss,
+    so the gradient with respect to its own slice is exact without communication.
+    """
+
+    @staticmethod
+    def forward(ctx, local: torch.Tensor) -> torch.Tensor:
+        world, rank = dist.get_world_size(), dist.get_rank()
+        parts = [torch.empty_like(local) for _ in range(world)]
+        dist.all_gather(parts, local.contiguous())
+        ctx.lo, ctx.hi = rank * local.shape[1], (rank + 1) * local.shape[1]
+        return torch.cat(parts, dim=1)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad[:, ctx.lo:ctx.hi].contiguous()
+
+
+def clip_to_box(rays: RayBundle, box: torch.Tensor):
+    """Entry and exit of each ray segment ``[near, far]`` in ``box``.
+
+    Returns:
+        t_in, t_out: (R,) float; hit: (R,) bool where ``t_in < t_out``.
+    """
+    t_in, t_out = ray_aabb(rays.origins, rays.directions, box.to(rays.origins))
+    t_in, t_out = torch.maximum(t_in, rays.near), torch.minimum(t_out, rays.far)
+    return t_in, t_out, t_in < t_out
+
+
+def region_generator(generator: torch.Generator | None, region: int, device) -> torch.Generator | None:
+    """A jitter generator of region ``region`` derived from the step's generator."""
+    if generator is None:
+        return None
+    return torch.Generator(device).manual_seed((int(generator.initial_seed()) * 1000003 + 7919 * region) % 2**62)
+
+
+def render_segments(models, regions: list[int], boxes: torch.Tensor, rays: RayBundle, generator=None) -> dict:
+    """Each sub-model renders its region's segment of every ray.
+
+    Args:
+        models: sub-models (black background), one per entry of ``regions``.
+        boxes: (K, 2, 3) every region's box (K regions in all).
+    Returns:
+        dict with ``values`` (R, m, C) [colour (3), transmittance, depth, (coarse colour (3),
+        coarse transmittance)], ``num_samples`` and per-region sample counts.
+    """
+    num_rays = len(rays)
+    segs, counts = [], []
+    for k, model in zip(regions, models):
+        t_in, t_out, hit = clip_to_box(rays, boxes[k])
+        idx = hit.nonzero().view(-1)
+        clipped = RayBundle(rays.origins[idx], rays.directions[idx], rays.viewdirs[idx], t_in[idx], t_out[idx])
+        out = model(clipped, region_generator(generator, k, rays.origins.device)) if len(idx) else None
+        coarse = out is not None and "rgb_coarse" in out
+        width = 9 if (coarse or getattr(model, "fine", None) is not None) else 5
+        seg = rays.origins.new_zeros(num_rays, width)
+        seg[:, 3] = 1.0
+        if width == 9:
+            seg[:, 8] = 1.0
+        if out is not None:
+            cols = [out["rgb"], (1.0 - out["opacity"])[:, None], out["depth"][:, None]]
+            if width == 9:
+                cols += [out["rgb_coarse"], (1.0 - out["opacity_coarse"])[:, None]]
+            seg = seg.index_put((idx,), torch.cat(cols, dim=1).to(seg.dtype))
+        segs.append(seg)
+        counts.append(int(out.get("num_samples", 0)) if out is not None else 0)
+    return {"values": torch.stack(segs, dim=1), "num_samples": sum(counts), "samples_per_region": counts}
+
+
+def composite_all(values: torch.Tensor, rays: RayBundle, boxes: torch.Tensor, background: torch.Tensor) -> dict:
+    """Composite (R, K, C) segment values of every region front to back."""
+    entry = []
+    for box in boxes:
+        t_in, _, hit = clip_to_box(rays, box)
+        entry.append(torch.where(hit, t_in, torch.full_like(t_in, float("inf"))))
+    entry = torch.stack(entry, dim=1)
+    rgb, depth, opacity = composite_segments(values[..., :3], values[..., 3], values[..., 4], entry, background)
+    out = {"rgb": rgb, "depth": depth, "opacity": opacity}
+    if values.shape[-1] == 9:
+        out["rgb_coarse"] = composite_segments(values[..., 5:8], values[..., 8], values[..., 4], entry,
+                                               background)[0]
+    return out

@@ -1,0 +1,56 @@
+"""Workers and reference of the joint-training exactness test (float64, gloo)."""
+from __future__ import annotations
+
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from distnerf.model.grid import GridModel
+from distnerf.strategy.fusion import region_owner
+from distnerf.strategy.partition import grid_partition
+from tests.dist.workers import make_problem, set_env
+
+AABB = torch.tensor([[-1.0, -1.0, -1.0], [1.0, 1.0, 1.0]], dtype=torch.float64)
+BG = torch.tensor([1.0, 0.5, 0.25], dtype=torch.float64)
+COUNTS = {2: [2, 1, 1], 4: [2, 2, 1]}
+
+
+def region_models(num_regions: int, regions: list[int]) -> dict:
+    """Sub-models of ``regions`` with random tables (identical wherever they are built)."""
+    part = grid_partition(AABB, num_regions, COUNTS[num_regions])
+    models = {}
+    for k in regions:
+        torch.manual_seed(100 + k)
+        m = GridModel(part.boxes[k].float(), torch.zeros(3), resolutions=[8], upsample_steps=[], color="sh",
+                      color_threshold=0.0, tighten_aabb=False).double()
+        with torch.no_grad():
+            m.density.copy_(torch.randn_like(m.density) * 3.0 + 6.0)
+            m.features.copy_(torch.randn_like(m.features))
+            m.occupancy.binary.copy_(torch.rand(m.occupancy.binary.shape) > 0.2)
+        models[k] = m
+    return part, models
+
+
+def joint_worker(rank: int, world_size: int, port: int, num_regions: int, out_dir: str) -> None:
+    try:
+        from distnerf.strategy.ss import JointRegionModels
+
+        set_env(rank, world_size, port)
+        dist.init_process_group("gloo")
+        owners = region_owner(num_regions, world_size)
+        part, models = region_models(num_regions, [k for k, r in enumerate(owners) if r == rank])
+        joint = JointRegionModels(models, part, BG, distributed=True)
+        rays, target = make_problem(48, seed=3)
+        out = joint(rays, torch.Generator().manual_seed(1234))
+        # the photometric loss of engine/loss.py, kept in float64 here (it casts to float32)
+        loss = ((out["rgb"] - target) ** 2).mean(dim=-1).sum() / len(target)
+        loss.backward()
+        torch.save({"loss": loss.detach(), "rgb": out["rgb"].detach(),
+                    "grads": {k: {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
+                              for k, m in models.items()}}, Path(out_dir) / f"rank_{rank}.pt")
+        dist.destroy_process_group()
+    except Exception:
+        traceback.print_exc()
+        raise
