@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# ss joint training at a training-time budget on 2 ranks (BENCHMARKS.md, "ss joint training").
+#   tools/bench_ss_joint.sh MINUTES NAME [hydra overrides...]   -> bench/NAME_joint
+# and the quality-vs-regions series at a fixed number of steps:
+#   tools/bench_ss_joint.sh scaling STEPS [hydra overrides...] -> bench/scaling_K{1,2,4}
+set -euo pipefail
+mkdir -p bench
+common=(train.progress=false train.log_every=25 logger.wandb.mode=disabled eval.lpips=false)
+if [ "$1" = scaling ]; then
+  steps="$2"; shift 2
+  # a deliberately small per-region grid: total capacity grows with the number of regions
+  small=(model.resolutions=[32,48,64] model.upsample_steps=[100,200] train.max_steps="$steps")
+  out=bench/scaling_K1; rm -rf "$out"
+  torchrun --standalone --nproc_per_node=2 -m distnerf.train strategy=ddp run_dir="$out" "${small[@]}" "${common[@]}" "$@"
+  for k in 2 4; do
+    out="bench/scaling_K$k"; rm -rf "$out"
+    torchrun --standalone --nproc_per_node=2 -m distnerf.train strategy=ss strategy.training=joint \
+      strategy.num_regions="$k" run_dir="$out" "${small[@]}" "${common[@]}" "$@"
+  done
+  exit 0
+fi
+minutes="$1"; name="$2"; shift 2
+out="bench/${name}_joint"; rm -rf "$out"
+torchrun --standalone --nproc_per_node=2 -m distnerf.train strategy=ss strategy.training=joint run_dir="$out" \
+  train.max_minutes="$minutes" train.max_steps=1000000 "${common[@]}" "$@"
+uptime > "$out/uptime.txt"
