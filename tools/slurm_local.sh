@@ -2,7 +2,7 @@
 # A single-node Slurm cluster on this machine (tests, local trials of launch/*.sbatch).
 #   tools/slurm_local.sh start DIR   write DIR/slurm.conf, start munged (if not running), slurmctld, slurmd;
 #                                    wait until `sinfo` reports the node idle
-#   tools/slurm_local.sh stop DIR    stop the slurmctld/slurmd started for DIR (munged is left running)
+#   tools/slurm_local.sh stop DIR    stop the slurmctld, slurmd (and munged, if `start` started it) of DIR
 # Then: export SLURM_CONF=DIR/slurm.conf; sbatch ...
 # Needs root and Debian's slurmctld, slurmd and munge packages
 #   (apt-get update && apt-get install -y slurmctld slurmd munge).
@@ -12,7 +12,7 @@ set -euo pipefail
 cmd="${1:?usage: $0 start|stop DIR}"; dir="$(mkdir -p "${2:?usage: $0 start|stop DIR}" && cd "$2" && pwd)"
 
 stop() {
-  for daemon in slurmd slurmctld; do
+  for daemon in slurmd slurmctld munged; do
     local pidfile="$dir/$daemon.pid"
     if [ -f "$pidfile" ]; then
       local pid; pid="$(cat "$pidfile")"
@@ -31,6 +31,7 @@ start() {
   local port="${SLURM_LOCAL_PORT:-6917}" host; host="$(hostname -s)"
   local node; node="$(slurmd -C | head -n1)"   # NodeName=<host> CPUs=.. Boards=.. ... RealMemory=..
   [ -n "${SLURM_LOCAL_CPUS:-}" ] && node="NodeName=$host CPUs=$SLURM_LOCAL_CPUS"
+  stop  # leftovers of an earlier start in DIR
   mkdir -p "$dir/state" "$dir/spool"
   cat > "$dir/slurm.conf" <<CONF
 ClusterName=distnerf-local
@@ -66,9 +67,10 @@ CONF
   if ! pgrep -u munge -x munged >/dev/null; then
     mkdir -p /run/munge && chown munge:munge /run/munge && chmod 755 /run/munge
     runuser -u munge -- /usr/sbin/munged
+    cp /run/munge/munged.pid "$dir/munged.pid"  # started here: `stop` ends it too
   fi
+  for _ in $(seq 50); do [ -S /run/munge/munge.socket.2 ] && break; sleep 0.1; done
   export SLURM_CONF="$dir/slurm.conf"
-  stop  # leftovers of an earlier start in DIR
   slurmctld -f "$SLURM_CONF" -i   # -i: ignore state from an earlier cluster in DIR
   slurmd -f "$SLURM_CONF"
   for _ in $(seq 150); do
