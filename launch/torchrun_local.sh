@@ -29,5 +29,5 @@ echo "run_dir=$run_dir"
 # shellcheck disable=SC2086
 distnerf_run python -m torch.distributed.run "${rdzv[@]}" --nproc_per_node="$nproc" \
   --max-restarts="${MAX_RESTARTS:-3}" ${TORCHRUN_ARGS:-} \
-  -m distnerf.train strategy=ddp run_dir="$run_dir" resume=true "$@"
+  -m distnerf.train run_dir="$run_dir" resume=true "$@"
 exit "$DISTNERF_RC"
