@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -114,7 +115,8 @@ class RunProfiler:
         os.replace(tmp, path)
         size = path.stat().st_size
         self.trace_files.append({"path": str(path.relative_to(self.dir)), "bytes": size, "step": prof.step_num})
-        log.warning("rank %d: trace %s (%.2f MB; opens in https://ui.perfetto.dev)", self.rank, path, size / 2**20)
+        print(f"[rank {self.rank}] trace {path} ({size / 2**20:.2f} MB; open in https://ui.perfetto.dev)",
+              file=sys.stderr, flush=True)  # every rank prints its own (non-main ranks log warnings only)
         key = "self_device_time_total" if any(e.device_type.name == "CUDA" for e in prof.events()) \
             else "self_cpu_time_total"
         ops = []

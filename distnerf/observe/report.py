@@ -120,7 +120,8 @@ def hta_overlap(traces: dict[int, Path]) -> dict:
         from hta.trace_analysis import TraceAnalysis
     except ImportError as err:
         return {"skipped": f"HolisticTraceAnalysis not installed ({err})"}
-    analysis = TraceAnalysis(trace_files={r: str(p) for r, p in traces.items()}, trace_dir="/")
+    analysis = TraceAnalysis(trace_files={r: str(p) for r, p in traces.items()},
+                             trace_dir=str(next(iter(traces.values())).parent))
     df = analysis.get_comm_comp_overlap(visualize=False)
     return {"per_rank": {int(row["rank"]): float(row["comp_comm_overlap_pctg"]) for _, row in df.iterrows()}}
 
