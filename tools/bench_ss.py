@@ -94,6 +94,7 @@ def main() -> None:
     chunk = int(cfg_ss.eval.chunk)
     times = {k: [] for k in renderers}
     quality = {k: {"psnr": [], "ssim": []} for k in renderers}
+    samples = {k: [] for k in renderers}
     for r in renderers.values():  # warm-up
         render_image(r, scene_eval, views[0], chunk, "cpu")
     for fused in (segment, blend):
@@ -104,6 +105,7 @@ def main() -> None:
             start = time.perf_counter()
             out = render_image(renderers[name], scene_eval, v, chunk, "cpu")
             times[name].append(time.perf_counter() - start)
+            samples[name].append(out["num_samples"])
             quality[name]["psnr"].append(psnr(out["rgb"], scene_eval.images[v]))
             quality[name]["ssim"].append(ssim(out["rgb"], scene_eval.images[v]))
     train_scene = load_scene(OmegaConf.to_container(cfg_ss.dataset, resolve=True), "train")
@@ -113,6 +115,7 @@ def main() -> None:
         "views": views, "resolution": [scene_eval.height, scene_eval.width], "threads": args.threads,
         "render_s_median": {k: statistics.median(v) for k, v in times.items()},
         "render_s_all": times,
+        "samples_per_image_median": {k: statistics.median(v) for k, v in samples.items()},
         "fusion_share": {k: {"routing": r.timing["routing_s"] / r.timing["total_s"],
                              "exchange_composite": r.timing["exchange_composite_s"] / r.timing["total_s"]}
                          for k, r in (("ss_segment", segment), ("ss_blend", blend))},
@@ -137,6 +140,8 @@ def main() -> None:
     print("| SSIM, timed views | " + " | ".join(f"{report['ssim_timed_views'][k]:.4f}" for k in renderers) + " |")
     print("| render s/image (median) | " + " | ".join(f"{report['render_s_median'][k]:.2f}" for k in renderers)
           + " |")
+    print("| samples per image (median) | " + " | ".join(f"{report['samples_per_image_median'][k]:.0f}"
+                                                       for k in renderers) + " |")
     print(f"| steps trained | {m['ss']['step']} | | {m['ddp']['step']} |")
     print(json.dumps({k: report[k] for k in ("fusion_share", "train_rays_per_s_per_rank", "outside_own_region_share",
                                              "params", "context_memory_share", "render_ratio_segment_over_ddp")},
