@@ -80,7 +80,8 @@ def cpu_overlap(trace: dict) -> dict:
 
     Collective work: ``gloo:*`` spans (gloo's worker threads) that start inside a
     ``phase:backward`` span. Computation: the union of the operator (``cpu_op``) spans on
-    the thread of ``phase:backward``, inside it, except the c10d launches themselves.
+    the thread of ``phase:backward``, inside it, except the c10d launches and the
+    operators run by the DDP communication hook (``distnerf:comm_hook`` spans).
 
     Returns:
         ``{"steps", "comm_s", "overlapped_s", "overlap_fraction", "backward_s",
@@ -89,6 +90,7 @@ def cpu_overlap(trace: dict) -> dict:
     """
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
     backward = [e for e in events if e.get("name") == "phase:backward"]
+    hooks = [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name") == "distnerf:comm_hook"]
     comm, compute = [], []
     for b in backward:
         start, end = b["ts"], b["ts"] + b["dur"]
@@ -98,7 +100,8 @@ def cpu_overlap(trace: dict) -> dict:
             name = e.get("name", "")
             if name.startswith("gloo:"):
                 comm.append((e["ts"], e["ts"] + e["dur"]))
-            elif e.get("cat") == "cpu_op" and e.get("tid") == b.get("tid") and not name.startswith("c10d::"):
+            elif (e.get("cat") == "cpu_op" and e.get("tid") == b.get("tid") and not name.startswith("c10d::")
+                  and not any(h0 <= e["ts"] < h1 for h0, h1 in hooks)):  # the hook's own work is communication
                 compute.append((e["ts"], min(e["ts"] + e["dur"], end)))
     comm_s, compute_s = interval_union(comm) / 1e6, interval_union(compute) / 1e6
     overlapped = _intersection(comm, compute) / 1e6
