@@ -70,6 +70,33 @@ def read_trace(path: Path) -> dict:
 
 
 # ----------------------------------------------------------------------------- figures
+def _merged(spans) -> list[tuple[float, float]]:
+    out: list[list[float]] = []
+    for start, end in sorted(spans):
+        if out and start <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], end)
+        else:
+            out.append([start, end])
+    return [(a, b) for a, b in out]
+
+
+def _subtract(spans, holes) -> list[tuple[float, float]]:
+    """The parts of ``spans`` outside every interval of ``holes``."""
+    out = []
+    holes = _merged(holes)
+    for start, end in _merged(spans):
+        cur = start
+        for h0, h1 in holes:
+            if h1 <= cur or h0 >= end:
+                continue
+            if h0 > cur:
+                out.append((cur, h0))
+            cur = max(cur, h1)
+        if cur < end:
+            out.append((cur, end))
+    return out
+
+
 def _intersection(spans_a, spans_b) -> float:
     """Length of (union of spans_a) intersected with (union of spans_b)."""
     return interval_union(spans_a) + interval_union(spans_b) - interval_union(list(spans_a) + list(spans_b))
@@ -100,9 +127,9 @@ def cpu_overlap(trace: dict) -> dict:
             name = e.get("name", "")
             if name.startswith("gloo:"):
                 comm.append((e["ts"], e["ts"] + e["dur"]))
-            elif (e.get("cat") == "cpu_op" and e.get("tid") == b.get("tid") and not name.startswith("c10d::")
-                  and not any(h0 <= e["ts"] < h1 for h0, h1 in hooks)):  # the hook's own work is communication
+            elif e.get("cat") == "cpu_op" and e.get("tid") == b.get("tid") and not name.startswith("c10d::"):
                 compute.append((e["ts"], min(e["ts"] + e["dur"], end)))
+    compute = _subtract(compute, hooks)  # the hook's own time (and its callers' share of it) is communication
     comm_s, compute_s = interval_union(comm) / 1e6, interval_union(compute) / 1e6
     overlapped = _intersection(comm, compute) / 1e6
     return {"steps": len(backward), "collectives": len(comm), "comm_s": comm_s, "overlapped_s": overlapped,

@@ -101,3 +101,14 @@ def test_setting_differences_declared_and_undeclared():
     assert undeclared == [("env.torch_threads", 1, 2)]  # run_dir is bookkeeping
     declared, undeclared = setting_differences(a, b, ["train", "env"])
     assert not undeclared and len(declared) == 2
+
+
+def test_cpu_overlap_interval_subtraction_matches_a_dense_grid():
+    from distnerf.observe.report import _subtract
+
+    spans, holes = [(0.0, 4.0), (3.0, 6.0), (8.0, 9.0)], [(1.0, 2.0), (5.5, 8.5)]
+    grid = torch.linspace(0, 10, 100001)[:-1] + 5e-5
+    inside = lambda ivs: torch.stack([(grid >= a) & (grid < b) for a, b in ivs]).any(0)  # noqa: E731
+    expected = float((inside(spans) & ~inside(holes)).sum()) * 1e-4
+    assert interval_union(_subtract(spans, holes)) == pytest.approx(expected, abs=1e-3)
+    assert _subtract(spans, []) == [(0.0, 6.0), (8.0, 9.0)]
