@@ -68,18 +68,20 @@ def test_step_time_is_the_wall_time_and_phases_add_up():
         prof.begin_step()
         with prof.phase("input_wait"):
             time.sleep(0.02)
+        gap_start = time.perf_counter()
         time.sleep(0.01)  # outside any phase: unattributed
+        gap = time.perf_counter() - gap_start
         with prof.phase("optimizer"):
             time.sleep(0.01)
         prof.end_step(step, 100, 1000, None)
         wall = time.perf_counter() - start
         rec = prof.records[-1]
         assert rec["step_s"] <= wall and rec["step_s"] > 0.04
-        assert rec["unattributed"] >= 0.01
+        # the gap, measured here independently, is what no phase explains (30 ms of phases are not)
+        assert gap <= rec["unattributed"] < gap + 0.015
     s = summarize(prof.records)
     assert s["keys"]["input_wait"]["share"] + s["keys"]["optimizer"]["share"] + s["keys"]["unattributed"]["share"] \
         == pytest.approx(1.0, abs=1e-6)
-    assert s["unattributed_share"]["median"] > 0.15  # 10 of ~40 ms, so the check can fail
 
 
 def test_telemetry_on_cpu_samples_the_process_and_no_nvml():
