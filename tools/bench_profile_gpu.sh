@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Prepared GPU profiling check (issue 6), at most ~8 minutes on one GPU. NOT RUN YET: no GPU was
+# available when it was written. Run from the repository root with .venv active:
+#   bash tools/bench_profile_gpu.sh [OUT_DIR]
+# 1. a short 1-rank torchrun (nccl) lego run with profiler=trace, NVTX ranges and NVML telemetry,
+#    then its report (HTA overlap on the GPU trace);
+# 2. the small GPU trace fixture for tests/dist/test_profile.py::test_hta_overlap_on_gpu_nccl_trace
+#    (one active step, no shapes/memory) copied to tests/fixtures/gpu_nccl_trace/;
+# 3. that test; 4. an nsys timeline when nsys is installed.
+set -euo pipefail
+OUT="${1:-runs/gpu_profile}"
+LEGO=../shared/data/nerf_synthetic_half/lego
+TR="python -m torch.distributed.run --standalone --nproc_per_node=1 -m distnerf.train"
+COMMON="dataset=blender dataset.root=$LEGO device=cuda train.progress=false train.ckpt_every=-1 eval.enabled=false"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+timeout 240 $TR $COMMON run_dir="$OUT/report" train.max_steps=300 profiler=trace profiler.nvtx=true
+python -m distnerf.profile report "$OUT/report" | head -80
+timeout 120 $TR $COMMON run_dir="$OUT/fixture" train.max_steps=8 profiler=trace profiler.trace.wait=4 \
+  profiler.trace.warmup=1 profiler.trace.active=1 profiler.trace.record_shapes=false \
+  profiler.trace.profile_memory=false profiler.telemetry=false
+mkdir -p tests/fixtures/gpu_nccl_trace
+cp "$OUT"/fixture/profile/traces/rank_0.*.json.gz tests/fixtures/gpu_nccl_trace/
+ls -la tests/fixtures/gpu_nccl_trace/
+python -m pytest -q tests/dist/test_profile.py::test_hta_overlap_on_gpu_nccl_trace -rs
+if command -v nsys >/dev/null; then
+  timeout 120 nsys profile -t cuda,nvtx,osrt -o "$OUT/nsys_ddp1" $TR $COMMON run_dir="$OUT/nsys" \
+    train.max_steps=100 profiler.nvtx=true
+  nsys stats --report nvtx_sum "$OUT/nsys_ddp1.nsys-rep" | head -30
+fi
