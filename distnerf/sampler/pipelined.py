@@ -28,12 +28,15 @@ Flow::
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
+import signal
 import time
 import weakref
 from dataclasses import replace
+from multiprocessing import resource_tracker
 
 import torch
 import torch.multiprocessing as mp
@@ -51,6 +54,28 @@ START_METHODS = ("forkserver", "spawn")
 
 class SamplerWorkerError(RuntimeError):
     """A sampler worker raised, died or stopped answering; the message says which and why."""
+
+
+@contextlib.contextmanager
+def _stop_signals_blocked():
+    """Block SIGTERM and SIGUSR1 while starting processes, which inherit the mask.
+
+    torchrun's agent and Slurm signal a rank's whole process group (or process tree):
+    the fork server and resource tracker that multiprocessing starts with the first
+    worker would die of it (default action) and take the workers with them. Blocked from
+    birth they never see these signals; the trainer alone decides how to stop. A signal
+    arriving meanwhile stays pending for the trainer and is handled when the block ends.
+    """
+    stop = {signal.SIGTERM, signal.SIGUSR1}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, stop)
+    try:
+        # the resource tracker unblocks SIGTERM here after starting its process (which ignores
+        # SIGTERM and keeps SIGUSR1 blocked): start it first, then block again for the fork server
+        resource_tracker.ensure_running()
+        signal.pthread_sigmask(signal.SIG_BLOCK, stop)
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def _shutdown(procs: list, conns: list, join_s: float = 5.0) -> None:
@@ -133,7 +158,8 @@ class PipelinedSampler(Sampler):
                                name=f"distnerf-sampler-{i}", daemon=True)
             self._conns.append(parent_end)
             try:
-                proc.start()
+                with _stop_signals_blocked():
+                    proc.start()
             except (pickle.PicklingError, AttributeError, TypeError) as err:
                 child_end.close()
                 self.close()
