@@ -137,6 +137,34 @@ def cpu_overlap(trace: dict) -> dict:
             "backward_s": sum(b["dur"] for b in backward) / 1e6, "backward_compute_s": compute_s}
 
 
+def trace_collectives(trace: dict) -> dict:
+    """Every collective in one trace, by name (``gloo:*`` work spans on CPU, NCCL kernels on GPU),
+    and the phase it was launched in: ``{name: {"count", "total_ms", "per_step_ms", "phases"}}``.
+
+    Covers what the always-on breakdown does not split out, e.g. the collectives a
+    strategy runs inside its forward (``ss`` joint training's all-gather).
+    """
+    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
+    steps = max(1, sum(1 for e in events if str(e.get("name", "")).startswith("ProfilerStep#")))
+    phases = sorted(((e["ts"], e["ts"] + e["dur"], e["name"][6:]) for e in events
+                     if str(e.get("name", "")).startswith("phase:")))
+    out: dict[str, dict] = {}
+    for e in events:
+        name = str(e.get("name", ""))
+        is_comm = name.startswith("gloo:") or (e.get("cat") == "kernel" and "nccl" in name.lower())
+        if not is_comm:
+            continue
+        key = name if name.startswith("gloo:") else name.split("(")[0][:60]
+        row = out.setdefault(key, {"count": 0, "total_ms": 0.0, "phases": {}})
+        row["count"] += 1
+        row["total_ms"] += e["dur"] / 1e3
+        phase = next((p for a, b, p in phases if a <= e["ts"] <= b), "other")
+        row["phases"][phase] = row["phases"].get(phase, 0) + 1
+    for row in out.values():
+        row["per_step_ms"] = row["total_ms"] / steps
+    return out
+
+
 def has_gpu_kernels(trace: dict) -> bool:
     return any(e.get("cat") == "kernel" for e in trace.get("traceEvents", []))
 
@@ -218,6 +246,7 @@ def build_report(run_dir: Path) -> dict:
     for rank, paths in traces.items():
         trace = read_trace(paths[-1])
         report["cpu_overlap"][rank] = cpu_overlap(trace)
+        report.setdefault("collectives", {})[rank] = trace_collectives(trace)
         if has_gpu_kernels(trace):
             gpu[rank] = paths[-1]
     if not traces:
@@ -299,6 +328,13 @@ def to_markdown(report: dict) -> str:
                          f"{_ms(c['backward_compute_s'])} |")
     else:
         lines.append("No traces: run with `profiler=trace` for the trace-based overlap.")
+    if report.get("collectives"):
+        lines += ["", "Collectives in the traces (work spans; the phase each started in):", "",
+                  "| rank | collective | count | ms per traced step | started in |", "|---:|---|---:|---:|---|"]
+        for rank, coll in report["collectives"].items():
+            for name, c in sorted(coll.items()):
+                where = ", ".join(f"{p} x{n}" for p, n in sorted(c["phases"].items()))
+                lines.append(f"| {rank} | `{name}` | {c['count']} | {c['per_step_ms']:.2f} | {where} |")
     hidden = keys.get("comm_hidden_s", {}).get("mean")
     total = keys.get("comm_total_s", {}).get("mean")
     if total:
