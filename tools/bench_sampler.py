@@ -10,8 +10,9 @@
         --threads 1 --num-workers 1 --global-rays 16384 --steps 30 --warmup 6 --repeats 3 \
         --extra "model.resolutions=[16]" "model.upsample_steps=[]" model.step_ratio=4 model.tv_weight=0 \
         sampler.source=files sampler.policy=per_image sampler.images_per_step=4
-    # memory over 10,000 batches
+    # memory over 10,000 batches; the pixel cache's build and reuse
     python tools/bench_sampler.py memory --dataset lego --memory-batches 10000
+    python tools/bench_sampler.py cache --dataset lego
     # smoke (seconds)
     python tools/bench_sampler.py all --dataset synthetic --steps 6 --warmup 2 --memory-batches 50
 
@@ -28,6 +29,10 @@ workers ``(S + C) / max(S / W, C)`` with ``C = T - S`` (at most W free cores).
 
 ``alone``: each sampler with no trainer: batches/s and rays/s (``to_device``
 included), against the trainer's consumption rate from ``compare`` when run.
+
+``cache``: the train split loaded in fresh processes into RAM, then through
+``sampler.cache_dir`` (building the memory-mapped cache), then again (reusing it): time
+and peak resident memory above the imports.
 
 ``memory``: a pipelined sampler drawing ``--memory-batches`` batches; resident and
 shared memory (``/proc/PID/status`` VmRSS, RssShmem) of the trainer process and the
@@ -261,6 +266,41 @@ def memory(args) -> dict:
     return {"samples": samples, **summary}
 
 
+# ----------------------------------------------------------------------------- cache
+CACHE_PROBE = """
+import json, resource, sys, time
+sys.path.insert(0, {repo!r})
+from bench_sampler import load
+import argparse
+args = argparse.Namespace(dataset={dataset!r}, extra={extra!r})
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+start = time.perf_counter()
+scene = load(args)
+seconds = time.perf_counter() - start
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps({{"seconds": seconds, "peak_rss_above_imports_mib": peak - base,
+                  "pixels_mib": scene.images.numel() * 4 / 2**20}}))
+"""
+
+
+def cache(args) -> dict:
+    """Load the train split in fresh processes: into RAM, building the pixel cache, reusing it.
+
+    Time and peak resident memory (``ru_maxrss``) above the imports of each.
+    """
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for how, extra in (("ram", []), ("build", [f"sampler.cache_dir={tmp}"]), ("reuse", [f"sampler.cache_dir={tmp}"])):
+            code = CACHE_PROBE.format(repo=str(Path(__file__).parent), dataset=args.dataset, extra=extra)
+            proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                  env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
+            if proc.returncode:
+                raise SystemExit(f"cache probe ({how}) failed:\n{proc.stderr[-4000:]}")
+            out[how] = {**json.loads(proc.stdout.splitlines()[-1]), "load": load_average()}
+            emit({"part": "cache", "pixels": how, **out[how]})
+    return out
+
+
 # ----------------------------------------------------------------------------- main
 RESULTS: list[dict] = []
 
@@ -272,7 +312,7 @@ def emit(row: dict) -> None:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("parts", nargs="+", choices=["compare", "alone", "memory", "all"])
+    parser.add_argument("parts", nargs="+", choices=["compare", "alone", "memory", "cache", "all"])
     parser.add_argument("--dataset", nargs="+", default=["lego"], help=f"one or more of {sorted(DATASETS)}, in turn")
     parser.add_argument("--samplers", nargs="+", default=list(KINDS), choices=KINDS)
     parser.add_argument("--nproc", type=int, default=1, help="ranks (torchrun when > 1)")
@@ -289,7 +329,7 @@ def main():
     parser.add_argument("--extra", nargs="*", default=[], help="more Hydra overrides for the trainer runs")
     parser.add_argument("--json", default=None, help="write all results here")
     args = parser.parse_args()
-    parts = ["compare", "alone", "memory"] if "all" in args.parts else args.parts
+    parts = ["compare", "alone", "memory", "cache"] if "all" in args.parts else args.parts
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.set_num_threads(args.threads)
@@ -303,6 +343,8 @@ def main():
             alone(args, consumption)
         if "memory" in parts:
             memory(args)
+        if "cache" in parts:
+            cache(args)
     if args.json:
         Path(args.json).write_text(json.dumps(RESULTS, indent=1))
 
