@@ -3,14 +3,18 @@
 #   tools/bench_sampler_gpu.sh [OUT_DIR] [DATASET]     DATASET: lego (default) | fern | synthetic
 # 1. tests/unit/test_sampler.py on CUDA (device sampler bitwise vs sync, pinned side-stream copy);
 # 2. the stall-bound regime: one rank, 4 compute threads, 4 workers, 65536-ray batches over all images;
-# 3. the default batch (8192 rays) with the same layout.
+# 3. the default batch (8192 rays) with the same layout;
+# 4. per-batch image decoding (sampler.source=files, 8 images per step), sync vs pipelined with 4 workers.
 set -euo pipefail
 out="${1:-bench/sampler_gpu}"; dataset="${2:-lego}"
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$out/gpu.txt" || true
-timeout 120 python -m pytest -q tests/unit/test_sampler.py 2>&1 | tail -20 | tee "$out/tests.txt" || true
+timeout 90 python -m pytest -q tests/unit/test_sampler.py 2>&1 | tail -20 | tee "$out/tests.txt" || true
 common=(--dataset "$dataset" --device cuda --nproc 1 --threads 4 --num-workers 4 --steps 60 --warmup 10)
-timeout 200 python tools/bench_sampler.py compare alone "${common[@]}" --global-rays 65536 \
+timeout 150 python tools/bench_sampler.py compare alone "${common[@]}" --global-rays 65536 \
   --json "$out/${dataset}_stall.json" | tee "$out/${dataset}_stall.txt" || true
-timeout 120 python tools/bench_sampler.py compare "${common[@]}" --global-rays 8192 \
+timeout 100 python tools/bench_sampler.py compare "${common[@]}" --global-rays 8192 \
   --json "$out/${dataset}_default.json" | tee "$out/${dataset}_default.txt" || true
+timeout 120 python tools/bench_sampler.py compare alone "${common[@]}" --samplers sync pipelined --global-rays 16384 \
+  --extra sampler.source=files sampler.policy=per_image sampler.images_per_step=8 \
+  --json "$out/${dataset}_decode.json" | tee "$out/${dataset}_decode.txt" || true
