@@ -88,9 +88,9 @@ class Trainer:
             self.logger.log({"step": self.step, "event": "resumed", "checkpoint": resume_from.name,
                              "torchrun_restart": self.env.restart_count})
         if self.env.is_main:
-            log.info("global batch %d rays = %d ranks x %d rays; lr %.3g (per-group multipliers from the "
-                     "model; not scaled with the world size since the global batch is fixed)",
-                     cfg.train.global_rays, self.env.world_size, self.rays_per_rank, cfg.train.lr)
+            log.info("global batch %d rays: %s; lr %.3g (per-group multipliers from the model; not scaled "
+                     "with the world size since the global batch is fixed)", cfg.train.global_rays,
+                     strategy.describe_batch(int(cfg.train.global_rays)), cfg.train.lr)
 
     # ----------------------------------------------------------------- resume
     def _find_resume(self) -> Path | None:

@@ -58,6 +58,10 @@ class Strategy:
                              f"{self.env.world_size}")
         return global_rays // self.env.world_size
 
+    def describe_batch(self, global_rays: int) -> str:
+        """How the global batch is spread over ranks (for the start-up log)."""
+        return f"{self.env.world_size} ranks x {self.rays_per_rank(global_rays)} rays"
+
     # -- set-up and model -----------------------------------------------------
     def prepare(self, scene, run_dir, seed: int, model_cfg: dict) -> None:
         """Strategy set-up that needs the training split (``ss``: the partition)."""

@@ -287,6 +287,13 @@ class SSStrategy(Strategy):
     def rays_per_rank(self, global_rays: int) -> int:
         return global_rays if self.joint else super().rays_per_rank(global_rays)
 
+    def describe_batch(self, global_rays: int) -> str:
+        if self.joint:
+            return (f"the same {global_rays} rays on each of {self.env.world_size} ranks, each rendering the segments "
+                    f"of its {len(self.my_regions)} region(s)")
+        return (f"{self.env.world_size} ranks x {self.rays_per_rank(global_rays)} drawn rays (those crossing the "
+                f"rank's enlarged regions count)")
+
     # -- model --------------------------------------------------------------------
     def build_model(self, model_cfg: dict, scene) -> RadianceModel:
         models = {k: self.build_region_model(model_cfg, scene.aabb, scene.background, k) for k in self.my_regions}
