@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .samples import ray_aabb
+from .samples import clip_to_box
 
 
 def normalize_points(points: torch.Tensor, aabb: torch.Tensor) -> torch.Tensor:
@@ -104,9 +104,7 @@ def march_rays(origins, directions, near, far, aabb, step_size: float,
         t_starts, t_ends: (R, S) float; mask: (R, S) bool samples to evaluate, where S
         is the largest sample count of any ray in this batch.
     """
-    t_min, t_max = ray_aabb(origins, directions, aabb)
-    t_min = torch.maximum(t_min, near)
-    t_max = torch.minimum(t_max, far)
+    t_min, t_max = clip_to_box(origins, directions, near, far, aabb)
     length = (t_max - t_min).clamp(min=0)
     num = int(math.ceil(float(length.max()) / step_size)) if length.numel() else 0
     num = max(num, 1)

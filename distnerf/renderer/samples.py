@@ -27,6 +27,19 @@ def ray_aabb(origins: torch.Tensor, directions: torch.Tensor, aabb: torch.Tensor
     return t_min, t_max
 
 
+def clip_to_box(origins: torch.Tensor, directions: torch.Tensor, near: torch.Tensor, far: torch.Tensor,
+                aabb: torch.Tensor):
+    """The part ``[t_in, t_out]`` of each ray segment ``[near, far]`` inside a box.
+
+    Args:
+        origins, directions: (R, 3) float. near, far: (R,) float. aabb: (2, 3) float.
+    Returns:
+        t_in, t_out: (R,) float; the segment misses the box where ``t_in > t_out``.
+    """
+    t_min, t_max = ray_aabb(origins, directions, aabb)
+    return torch.maximum(t_min, near), torch.minimum(t_max, far)
+
+
 def stratified_samples(near: torch.Tensor, far: torch.Tensor, num_samples: int,
                        perturb: bool, generator: torch.Generator | None = None):
     """Stratified samples in ``[near, far]`` (NeRF Eq. 2).

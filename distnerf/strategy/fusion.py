@@ -52,11 +52,37 @@ from torch import nn
 from ..data.rays import RayBundle
 from ..model.base import RadianceModel
 from ..renderer.occupancy import OccupancyGrid, march_rays
-from ..renderer.samples import intervals_from_points, ray_aabb, sample_pdf, stratified_samples
+from ..renderer.samples import clip_to_box, intervals_from_points, sample_pdf, stratified_samples
 from ..renderer.volume import alphas_from_densities, composite, render_weights
 from .partition import Partition
 
 FUSIONS = ("segment", "blend")
+
+
+def segment_entries(rays: RayBundle, boxes: torch.Tensor) -> torch.Tensor:
+    """(R, K) ray parameter where each ray segment enters each of the (K, 2, 3) boxes
+    (+inf where it misses the box): the front-to-back order of the segments."""
+    out = []
+    for box in boxes.to(rays.origins.device, rays.origins.dtype):
+        t_in, t_out = clip_to_box(rays.origins, rays.directions, rays.near, rays.far, box)
+        out.append(torch.where(t_in <= t_out, t_in, torch.full_like(t_in, float("inf"))))
+    return torch.stack(out, dim=1)
+
+
+def transmittance_in_front(seg_transmittance: torch.Tensor, entry: torch.Tensor):
+    """Transmittance of the segments in front of each segment.
+
+    Args:
+        seg_transmittance: (R, K) float ``T_k``. entry: (R, K) float entry distances.
+    Returns:
+        before: (R, K) float ``prod_{j in front of k} T_j`` (region order);
+        remaining: (R,) float ``prod_k T_k``.
+    """
+    order = torch.argsort(entry, dim=1)
+    t_sorted = torch.gather(seg_transmittance, 1, order)
+    before_sorted = torch.cumprod(torch.cat([torch.ones_like(t_sorted[:, :1]), t_sorted[:, :-1]], dim=1), dim=1)
+    before = torch.empty_like(before_sorted).scatter_(1, order, before_sorted)
+    return before, before_sorted[:, -1] * t_sorted[:, -1]
 
 
 def composite_segments(seg_rgb: torch.Tensor, seg_transmittance: torch.Tensor, seg_depth: torch.Tensor,
@@ -72,13 +98,9 @@ def composite_segments(seg_rgb: torch.Tensor, seg_transmittance: torch.Tensor, s
     Returns:
         rgb (R, 3), depth (R,), opacity (R,) = 1 - prod_k T_k.
     """
-    order = torch.argsort(entry, dim=1)
-    t_seg = torch.gather(seg_transmittance, 1, order)
-    before = torch.cumprod(torch.cat([torch.ones_like(t_seg[:, :1]), t_seg[:, :-1]], dim=1), dim=1)
-    rgb_sorted = torch.gather(seg_rgb, 1, order[..., None].expand(-1, -1, 3))
-    rgb = (before[..., None] * rgb_sorted).sum(dim=1)
-    depth = (before * torch.gather(seg_depth, 1, order)).sum(dim=1)
-    remaining = before[:, -1] * t_seg[:, -1]
+    before, remaining = transmittance_in_front(seg_transmittance, entry)
+    rgb = (before[..., None] * seg_rgb).sum(dim=1)
+    depth = (before * seg_depth).sum(dim=1)
     if background is not None:
         rgb = rgb + remaining[:, None] * background
     return rgb, depth, 1.0 - remaining
@@ -181,15 +203,6 @@ class FusedRenderer(nn.Module):
         t_mid = 0.5 * (t_starts + t_ends)[ray_idx, sample_idx]
         return ray_idx, sample_idx, rays.origins[ray_idx] + rays.directions[ray_idx] * t_mid[:, None]
 
-    def _entries(self, rays: RayBundle) -> torch.Tensor:
-        """(R, K) entry ray parameter of every region box (+inf where missed)."""
-        out = []
-        for box in self.partition.boxes.to(rays.origins.device, rays.origins.dtype):
-            t_in, t_out = ray_aabb(rays.origins, rays.directions, box)
-            t_in, t_out = torch.maximum(t_in, rays.near), torch.minimum(t_out, rays.far)
-            out.append(torch.where(t_in <= t_out, t_in, torch.full_like(t_in, float("inf"))))
-        return torch.stack(out, dim=1)
-
     # ------------------------------------------------------------------ forward
     @torch.no_grad()
     def forward(self, rays: RayBundle, generator=None) -> dict:
@@ -256,22 +269,22 @@ class FusedRenderer(nn.Module):
         gathered_regions = [r for rank_regions in dist_regions(self.partition) for r in rank_regions]
         return torch.cat(parts, dim=1)[:, torch.argsort(torch.tensor(gathered_regions))]
 
-    def _segment(self, rays: RayBundle) -> dict:
+    def _samples(self, rays: RayBundle):
+        """The shared samples of every fused render: (R, S) t_starts, t_ends and mask."""
         if self.hierarchical:
             t_starts, t_ends = self._hierarchical_samples(rays)
-            mask = torch.ones_like(t_starts, dtype=torch.bool)
-        else:
-            t_starts, t_ends, mask = self._march(rays)
+            return t_starts, t_ends, torch.ones_like(t_starts, dtype=torch.bool)
+        return self._march(rays)
+
+    def _segment(self, rays: RayBundle) -> dict:
+        t_starts, t_ends, mask = self._samples(rays)
         owner = self._owned(rays, t_starts, t_ends, mask)
         segs = [self._region_density(m, rays, t_starts, t_ends, owner == k) for k, m in zip(self.regions, self.models)]
         start = time.perf_counter()
         # exchange 1: every segment's transmittance, so each rank knows what lies in front of its segments
         transmittance = self._all_regions(torch.stack([s["transmittance"] for s in segs], dim=1)[..., None])[..., 0]
-        entry = self._entries(rays)
-        order = torch.argsort(entry, dim=1)
-        t_sorted = torch.gather(transmittance, 1, order)
-        before_sorted = torch.cumprod(torch.cat([torch.ones_like(t_sorted[:, :1]), t_sorted[:, :-1]], dim=1), dim=1)
-        before = torch.empty_like(before_sorted).scatter_(1, order, before_sorted)  # (R, K) in region order
+        entry = segment_entries(rays, self.partition.boxes)
+        before, _ = transmittance_in_front(transmittance, entry)
         self.timing["exchange_composite_s"] += time.perf_counter() - start
         local = torch.zeros(len(rays), len(self.regions), 4, dtype=rays.origins.dtype, device=rays.origins.device)
         for j, (k, model, seg) in enumerate(zip(self.regions, self.models, segs)):
@@ -308,11 +321,7 @@ class FusedRenderer(nn.Module):
         return intervals_from_points(t_all, rays.far)
 
     def _blend(self, rays: RayBundle) -> dict:
-        if self.hierarchical:
-            t_starts, t_ends = self._hierarchical_samples(rays)
-            mask = torch.ones_like(t_starts, dtype=torch.bool)
-        else:
-            t_starts, t_ends, mask = self._march(rays)
+        t_starts, t_ends, mask = self._samples(rays)
         ray_idx, sample_idx, points = self._points(rays, t_starts, t_ends, mask)
         member = self.partition.contains(points.clamp(self.partition.bounds[0].to(points),
                                                       self.partition.bounds[1].to(points)), enlarged=True)

@@ -35,8 +35,8 @@ import torch
 import torch.distributed as dist
 
 from ..data.rays import RayBundle
-from ..renderer.samples import ray_aabb
-from .fusion import composite_segments
+from ..renderer import samples
+from .fusion import composite_segments, segment_entries
 
 
 class GatherSegments(torch.autograd.Function):
@@ -65,8 +65,7 @@ def clip_to_box(rays: RayBundle, box: torch.Tensor):
     Returns:
         t_in, t_out: (R,) float; hit: (R,) bool where ``t_in < t_out``.
     """
-    t_in, t_out = ray_aabb(rays.origins, rays.directions, box.to(rays.origins))
-    t_in, t_out = torch.maximum(t_in, rays.near), torch.minimum(t_out, rays.far)
+    t_in, t_out = samples.clip_to_box(rays.origins, rays.directions, rays.near, rays.far, box.to(rays.origins))
     return t_in, t_out, t_in < t_out
 
 
@@ -112,11 +111,7 @@ def render_segments(models, regions: list[int], boxes: torch.Tensor, rays: RayBu
 
 def composite_all(values: torch.Tensor, rays: RayBundle, boxes: torch.Tensor, background: torch.Tensor) -> dict:
     """Composite (R, K, C) segment values of every region front to back."""
-    entry = []
-    for box in boxes:
-        t_in, _, hit = clip_to_box(rays, box)
-        entry.append(torch.where(hit, t_in, torch.full_like(t_in, float("inf"))))
-    entry = torch.stack(entry, dim=1)
+    entry = segment_entries(rays, boxes)
     rgb, depth, opacity = composite_segments(values[..., :3], values[..., 3], values[..., 4], entry, background)
     out = {"rgb": rgb, "depth": depth, "opacity": opacity}
     if values.shape[-1] == 9:

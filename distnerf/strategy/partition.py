@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from ..renderer.samples import ray_aabb
+from ..renderer.samples import clip_to_box
 
 
 @dataclass
@@ -110,8 +110,8 @@ class Partition:
         boxes = (self.enlarged() if enlarged else self.boxes).to(origins.device, origins.dtype)
         out = []
         for box in boxes:
-            t_in, t_out = ray_aabb(origins, directions, box)
-            out.append(torch.maximum(t_in, near) <= torch.minimum(t_out, far))
+            t_in, t_out = clip_to_box(origins, directions, near, far, box)
+            out.append(t_in <= t_out)
         return torch.stack(out, dim=1)
 
     def to_dict(self) -> dict:

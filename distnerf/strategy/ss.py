@@ -21,6 +21,7 @@ holds the partition for the whole run (resume and rendering reuse it).
 """
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 from pathlib import Path
@@ -33,6 +34,7 @@ from .. import dist as D
 from ..data.rays import RayBundle
 from ..model import build_model
 from ..model.base import RadianceModel
+from ..model.grid import GridModel
 from ..sampler.policy import BoxFilter
 from .base import Strategy
 from .fusion import FusedRenderer, region_owner
@@ -175,11 +177,9 @@ def estimate_density(scene, model_cfg: dict, steps: int, resolution: int, rays_p
     from ..engine.optim import build_optimizer
     from ..sampler import build_sampler
 
-    cfg = {**model_cfg, "name": "grid", "resolutions": [resolution], "upsample_steps": []}
-    for key in ("focus_aabb", "context_resolution", "num_coarse", "num_fine", "width", "depth",
-                "pos_frequencies", "dir_frequencies", "num_levels", "features_per_level", "log2_table_size",
-                "base_resolution", "max_resolution", "num_steps", "occupancy_resolution"):
-        cfg.pop(key, None)
+    grid_options = inspect.signature(GridModel).parameters  # the run's model settings that a grid also takes
+    cfg = {**{k: v for k, v in model_cfg.items() if k in grid_options and k not in ("focus_aabb", "context_resolution")},
+           "name": "grid", "resolutions": [resolution], "upsample_steps": []}
     model = build_model(cfg, scene.aabb, scene.background).to(device)
     optimizer = build_optimizer(model, {"lr": 1e-3, "fused": False})
     sampler = build_sampler({"name": "sync"}, scene, rays_per_step, seed, 1 << 20, device)
