@@ -137,7 +137,8 @@ class Trainer:
         self.sampler.load_state_dict({**saved, "next_step": self.step})
 
     def save_checkpoint(self) -> Path:
-        """Write ``step_N/``: model + optimizer (main rank), RNG per rank, then the manifest."""
+        """Write ``step_N/``: model + optimizer (as the strategy shards them), RNG and sampler state per
+        rank, then the manifest."""
         d = ckpt.step_dir(self.ckpt_root, self.step)
         d.mkdir(parents=True, exist_ok=True)
         # ddp: the main rank writes one model.pt; ss: every rank its regions' files
