@@ -79,24 +79,11 @@ class RadianceModel(nn.Module):
         return self.field(points, viewdirs)[1]
 
     def march_step(self) -> float | None:
-        """Interval length of the model's uniform ray marching (ray-parameter units), or
+        """Interval length of the model's uniform ray marching (a distance in the scene's
+        space: world units, or NDC units for LLFF), or
         None when it samples stratified + hierarchically (NeRF)."""
         return None
 
     def occupied(self, points: torch.Tensor) -> torch.Tensor:
         """(P, 3) points -> (P,) bool: False where empty-space skipping drops a sample."""
         return torch.ones(points.shape[0], dtype=torch.bool, device=points.device)
-
-
-def scatter_samples(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Place per-sample values of masked samples into a dense (R, S, ...) tensor.
-
-    Args:
-        values: (P, ...) values of the P samples where ``mask`` is True (row-major order).
-        mask: (R, S) bool.
-    Returns:
-        (R, S, ...) with zeros at masked-out samples (differentiable w.r.t. values).
-    """
-    out = values.new_zeros(mask.shape + values.shape[1:])
-    out[mask] = values
-    return out

@@ -100,4 +100,4 @@ class HashEncoding(nn.Module):
             feats = self.table[index + int(self.offsets[level])]  # (P, 8, F)
             w = torch.where(corners.bool(), frac[:, None, :], 1 - frac[:, None, :]).prod(-1)  # (P, 8)
             outs.append((feats * w[..., None]).sum(dim=1))
-        return torch.cat(outs, dim=-1).reshape(num, -1)
+        return torch.cat(outs, dim=-1).reshape(num, self.output_dim)

@@ -33,11 +33,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..data.rays import RayBundle
-from ..renderer.occupancy import OccupancyGrid, march_rays
-from ..renderer.volume import alphas_from_densities, composite, render_weights
-from .base import RadianceModel, scatter_samples
+from ..renderer.occupancy import OccupancyGrid
 from .encoding import PositionalEncoding
+from .marching import MarchingModel
 
 _CORNERS = torch.tensor([[i, j, k] for i in (0, 1) for j in (0, 1) for k in (0, 1)])
 
@@ -118,7 +116,7 @@ def interpolate(table: torch.Tensor, index: torch.Tensor, weights: torch.Tensor)
     return _Interpolate.apply(table, index, weights)
 
 
-class GridModel(RadianceModel):
+class GridModel(MarchingModel):
     """Dense voxel grid with a tiny colour MLP.
 
     Args:
@@ -126,10 +124,13 @@ class GridModel(RadianceModel):
         resolutions: vertex resolutions of the coarse-to-fine schedule, e.g. [64, 128, 160].
         upsample_steps: training steps at which to move to the next resolution.
         num_features: C. hidden_width, viewdir_frequencies: colour MLP.
-        step_ratio: marching step in voxels of the current resolution.
+        step_ratio: marching step as a fraction of the smallest voxel edge of the current
+            resolution (a distance in world, or NDC, units).
         alpha_init: initial opacity of one step of the final resolution.
         occupancy_threshold / occupancy_every: empty-space skipping.
         color_threshold: samples with a smaller compositing weight get no colour.
+        termination: transmittance below which a ray stops (early ray termination).
+        eval_round_steps: sample-grid intervals marched per round at evaluation.
         tv_weight: weight of the density total-variation regulariser.
         tighten_aabb: shrink the box to the occupied region at each upsampling.
         focus_aabb: (2, 3) box holding the full-resolution tables, or None (the whole
@@ -142,8 +143,10 @@ class GridModel(RadianceModel):
                  step_ratio: float = 0.5, alpha_init: float = 1e-3,
                  occupancy_threshold: float = 1e-4, occupancy_every: int = 16,
                  color_threshold: float = 1e-3, tv_weight: float = 1e-5, tighten_aabb: bool = True,
-                 color: str = "mlp", sh_degree: int = 1, focus_aabb=None, context_resolution: int = 32):
+                 color: str = "mlp", sh_degree: int = 1, focus_aabb=None, context_resolution: int = 32,
+                 termination: float = 1e-4, eval_round_steps: int = 64):
         super().__init__(aabb, background)
+        self.termination, self.eval_round_steps = float(termination), int(eval_round_steps)
         if len(upsample_steps) != len(resolutions) - 1:
             raise ValueError(f"model.upsample_steps ({list(upsample_steps)}) needs one entry per "
                              f"resolution change of model.resolutions ({list(resolutions)})")
@@ -285,38 +288,21 @@ class GridModel(RadianceModel):
     def march_step(self) -> float:
         return self.step_size()
 
-    def occupied(self, points: torch.Tensor) -> torch.Tensor:
-        return self.occupancy.query(points)
+    def marching_box(self) -> torch.Tensor:
+        return self.grid_aabb
+
+    def colours(self, points: torch.Tensor, viewdirs: torch.Tensor, ray_indices: torch.Tensor) -> torch.Tensor:
+        return self._colours(self.point_features(points), viewdirs, ray_indices)
 
     def densities(self, raw: torch.Tensor) -> torch.Tensor:
         """Raw grid density -> sigma (1 / world unit)."""
         return F.softplus(raw + self.density_shift) / self.base_voxel
 
     def step_size(self) -> float:
+        """Marching step: ``step_ratio`` x the smallest voxel edge (distance, world or NDC units)."""
         box = self._table_box()
-        extent = (box[1] - box[0]).max().item()
+        extent = (box[1] - box[0]).min().item()
         return self.step_ratio * extent / (self.resolution - 1)
-
-    def forward(self, rays: RayBundle, generator=None) -> dict:
-        t_starts, t_ends, mask = march_rays(rays.origins, rays.directions, rays.near, rays.far,
-                                            self.grid_aabb, self.step_size(), self.occupancy,
-                                            self.training, generator)
-        ray_idx, sample_idx = mask.nonzero(as_tuple=True)
-        t_mid = 0.5 * (t_starts + t_ends)
-        points = rays.origins[ray_idx] + rays.directions[ray_idx] * t_mid[ray_idx, sample_idx, None]
-        sigmas = scatter_samples(self.densities(self.raw_density(points)), mask)
-        alphas = alphas_from_densities(sigmas, t_ends - t_starts)
-        blend, _ = render_weights(alphas)
-        # colour only where it can matter (also early termination behind surfaces)
-        keep = blend[ray_idx, sample_idx].detach() > self.color_threshold
-        rgbs = self._colours(self.point_features(points[keep]), rays.viewdirs, ray_idx[keep])
-        colour_mask = torch.zeros_like(mask)
-        colour_mask[ray_idx[keep], sample_idx[keep]] = True
-        rgb, depth, opacity = composite(blend * colour_mask, scatter_samples(rgbs, colour_mask), t_mid,
-                                        self.background)
-        out = {"rgb": rgb, "depth": depth, "opacity": opacity, "num_samples": int(ray_idx.numel()),
-               "num_colour_samples": int(keep.sum())}
-        return out
 
     def add_regularizer_grads_(self) -> float:
         """Total variation of the density (weighted by ``tv_weight``), gradient added locally."""
@@ -337,12 +323,28 @@ class GridModel(RadianceModel):
     # ---------------------------------------------------------------- schedule
     @torch.no_grad()
     def update_occupancy(self) -> None:
-        """Occupancy from the density at occupancy-cell centres (deterministic)."""
-        n = self.resolution
+        """Occupancy from the density (deterministic).
+
+        Without a focus box the occupancy cells are the grid's voxels, (N-1)^3 over
+        ``grid_aabb``, and a voxel is occupied when the opacity of one marching step at
+        the *largest* of its 8 corner densities exceeds ``occupancy_threshold``: trilinear
+        interpolation never exceeds its largest corner and softplus is monotonic, so no
+        point of an empty voxel is above the threshold (one max-pool over the table, no
+        interpolation). With a focus box, the density at N^3 cell centres over the scene
+        box, dilated by one cell.
+        """
+        n, step = self.resolution, self.step_size()
+        if self.focus is None:
+            corner_max = F.max_pool3d(self.density.detach().view(1, 1, n, n, n), 2, stride=1)[0, 0]
+            alpha = 1.0 - torch.exp(-self.densities(corner_max) * step)
+            if not torch.equal(self.occupancy.aabb, self.grid_aabb):
+                self.occupancy.aabb = self.grid_aabb.clone()
+            self.occupancy.set_from_alpha(alpha, self.occupancy_threshold, dilation=0)
+            return
         if self.occupancy.resolution != n:
             self.occupancy.resize(self.grid_aabb, n)
         sigma = self.densities(self.raw_density(self.occupancy.cell_centers()))
-        alpha = 1.0 - torch.exp(-sigma * self.step_size())
+        alpha = 1.0 - torch.exp(-sigma * step)
         self.occupancy.set_from_alpha(alpha.view(n, n, n), self.occupancy_threshold, dilation=1)
 
     @torch.no_grad()

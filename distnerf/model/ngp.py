@@ -1,12 +1,13 @@
 """Instant-NGP style model in pure PyTorch (Mueller et al., SIGGRAPH 2022).
 
-Legend: R rays, S samples per ray, P evaluated samples.
+Legend: R rays, P packed samples.
 
 Multiresolution hash encoding -> 1-hidden-layer density MLP (64 wide, 16 outputs,
 the first is log-density) -> colour MLP (2 x 64) on the geometry features and the
 encoded view direction. Empty space is skipped by an occupancy grid refreshed every
 ``occupancy_every`` steps from the density at cell centres (deterministic, so
-replicas agree), with uniform marching steps inside the box.
+replicas agree), with uniform marching steps inside the box (packed samples, early ray
+termination and the colour threshold of :class:`~distnerf.model.marching.MarchingModel`).
 """
 from __future__ import annotations
 
@@ -16,29 +17,32 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..data.rays import RayBundle
-from ..renderer.occupancy import OccupancyGrid, march_rays, normalize_points
-from ..renderer.volume import volume_render
-from .base import RadianceModel, scatter_samples
+from ..renderer.occupancy import OccupancyGrid, normalize_points
 from .encoding import HashEncoding, PositionalEncoding
+from .marching import MarchingModel
 
 
-class NGPModel(RadianceModel):
+class NGPModel(MarchingModel):
     """Hash-grid radiance field with an occupancy grid.
 
     Args:
         aabb, background: see :class:`RadianceModel`.
         num_levels, features_per_level, log2_table_size, base_resolution, max_resolution:
             hash encoding (Instant-NGP Table 1).
-        hidden_width: MLP width. num_steps: marching steps across the box diagonal.
+        hidden_width: MLP width. num_steps: marching steps across the box diagonal (the
+            step is a distance: diagonal / num_steps).
         occupancy_resolution, occupancy_threshold, occupancy_every: empty-space skipping.
+        color_threshold, termination, eval_round_steps: see :class:`MarchingModel`.
     """
 
     def __init__(self, aabb, background, num_levels: int = 16, features_per_level: int = 2,
                  log2_table_size: int = 17, base_resolution: int = 16, max_resolution: int = 1024,
                  hidden_width: int = 64, num_steps: int = 512, occupancy_resolution: int = 64,
-                 occupancy_threshold: float = 1e-3, occupancy_every: int = 16):
+                 occupancy_threshold: float = 1e-3, occupancy_every: int = 16, color_threshold: float = 1e-3,
+                 termination: float = 1e-4, eval_round_steps: int = 64):
         super().__init__(aabb, background)
+        self.color_threshold, self.termination = float(color_threshold), float(termination)
+        self.eval_round_steps = int(eval_round_steps)
         self.encoding = HashEncoding(num_levels, features_per_level, log2_table_size,
                                      base_resolution, max_resolution)
         self.density_net = nn.Sequential(nn.Linear(self.encoding.output_dim, hidden_width), nn.ReLU(),
@@ -72,21 +76,12 @@ class NGPModel(RadianceModel):
     def march_step(self) -> float:
         return self.step
 
-    def occupied(self, points: torch.Tensor) -> torch.Tensor:
-        return self.occupancy.query(points)
+    def marching_box(self) -> torch.Tensor:
+        return self.aabb
 
-    def forward(self, rays: RayBundle, generator=None) -> dict:
-        t_starts, t_ends, mask = march_rays(rays.origins, rays.directions, rays.near, rays.far,
-                                            self.aabb, self.step, self.occupancy, self.training, generator)
-        ray_idx, sample_idx = mask.nonzero(as_tuple=True)
-        t_mid = 0.5 * (t_starts + t_ends)[ray_idx, sample_idx]
-        points = rays.origins[ray_idx] + rays.directions[ray_idx] * t_mid[:, None]
-        sigma, geo = self._geometry(points)
-        rgb = torch.sigmoid(self.color_net(torch.cat([geo, self.dir_encoding(rays.viewdirs)[ray_idx]], -1)))
-        out = volume_render(scatter_samples(sigma, mask), scatter_samples(rgb, mask),
-                            t_starts, t_ends, self.background)
-        out["num_samples"] = int(ray_idx.numel())
-        return out
+    def colours(self, points: torch.Tensor, viewdirs: torch.Tensor, ray_indices: torch.Tensor) -> torch.Tensor:
+        _, geo = self._geometry(points)
+        return torch.sigmoid(self.color_net(torch.cat([geo, self.dir_encoding(viewdirs)[ray_indices]], -1)))
 
     @torch.no_grad()
     def update_state(self, step: int) -> bool:

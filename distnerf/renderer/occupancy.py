@@ -1,11 +1,23 @@
-"""Occupancy grid for empty-space skipping and uniform ray marching.
+"""Occupancy grid for empty-space skipping and packed ray marching.
 
-Legend: R rays, S samples per ray, P points, M occupancy resolution per axis.
+Legend: R rays, P packed samples, Q candidate groups, M occupancy cells per axis.
 
-The occupancy grid is a binary (M, M, M) grid over the scene box, indexed
-``[ix, iy, iz]`` (x first). It is derived deterministically from the model's density
-(no random numbers), so every process that holds the same parameters holds the same
-grid (Instant-NGP, Mueller et al. 2022, Sec. 4 "accelerated ray marching").
+The occupancy grid is a binary (M, M, M) grid over a box, indexed ``[ix, iy, iz]``
+(x first). It is derived deterministically from the model's density (no random
+numbers), so every process that holds the same parameters holds the same grid
+(Instant-NGP, Mueller et al. 2022, Sec. 4 "accelerated ray marching").
+
+Marching (:func:`march`) places samples on a per-ray **global sample grid** anchored at
+a ray parameter ``anchor`` (the ray's ``near`` plus a jitter offset): interval ``j`` is
+``[anchor + j dt, anchor + (j + 1) dt]`` with ``dt = step / |d|``, so ``step`` is a
+distance in the scene's space (world units, or NDC units for LLFF) whatever the length
+of the direction. A segment ``[t_lo, t_hi]`` (a ray clipped to a box or a region) gets
+the grid's intervals clipped to it, so consecutive segments of one ray tile it with no
+gap and no overlap, and every segment of a ray uses the same grid. Only intervals whose
+midpoint lies in an occupied cell are emitted, found by a two-level walk: groups of
+``G`` consecutive intervals are first tested against a coarse, dilated copy of the
+grid, and only the intervals of occupied groups are tested against the grid itself
+(no padding to the longest ray, no per-sample test of empty groups).
 """
 from __future__ import annotations
 
@@ -15,12 +27,22 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .samples import clip_to_box
+from .packed import PackedSamples
+
+COARSE_FACTOR = 8  # occupancy cells per coarse cell along each axis
 
 
 def normalize_points(points: torch.Tensor, aabb: torch.Tensor) -> torch.Tensor:
     """Map points from the box to [0, 1]^3. points: (P, 3); aabb: (2, 3)."""
     return (points - aabb[0]) / (aabb[1] - aabb[0])
+
+
+def _cells(points: torch.Tensor, aabb: torch.Tensor, binary: torch.Tensor) -> torch.Tensor:
+    x = normalize_points(points, aabb)
+    inside = ((x >= 0) & (x <= 1)).all(dim=-1)
+    m = binary.shape[0]
+    idx = (x * m).long().clamp(0, m - 1)
+    return binary[idx[:, 0], idx[:, 1], idx[:, 2]] & inside
 
 
 class OccupancyGrid(nn.Module):
@@ -35,10 +57,15 @@ class OccupancyGrid(nn.Module):
         super().__init__()
         self.register_buffer("aabb", aabb.clone().float())
         self.register_buffer("binary", torch.ones((resolution,) * 3, dtype=torch.bool))
+        self._coarse_key, self._coarse = None, None
 
     @property
     def resolution(self) -> int:
         return self.binary.shape[0]
+
+    def cell_size(self) -> torch.Tensor:
+        """(3,) float32 cell edge along each axis."""
+        return (self.aabb[1] - self.aabb[0]) / self.resolution
 
     def cell_centers(self) -> torch.Tensor:
         """(M^3, 3) float32 world positions of cell centres, x-major like ``binary``."""
@@ -49,25 +76,52 @@ class OccupancyGrid(nn.Module):
 
     def query(self, points: torch.Tensor) -> torch.Tensor:
         """Occupancy of points. points: (P, 3) float. Returns (P,) bool; outside the box is False."""
-        x = normalize_points(points, self.aabb)
-        inside = ((x >= 0) & (x <= 1)).all(dim=-1)
-        m = self.resolution
+        return _cells(points, self.aabb.to(points.dtype), self.binary)
+
+    def coarse(self) -> tuple[torch.Tensor, float]:
+        """The coarse level of the two-level walk: (Mc, Mc, Mc) bool, ``Mc = ceil(M / 8)``,
+        a coarse cell occupied when any of its cells *or its 26 neighbours'* cells is,
+        and the smallest coarse cell edge (float). Cached until ``binary`` changes."""
+        key = (self.binary.data_ptr(), self.binary._version, self.binary.shape[0])
+        if self._coarse_key != key:
+            f = min(COARSE_FACTOR, self.resolution)
+            pooled = F.max_pool3d(self.binary[None, None].float(), f, stride=f, ceil_mode=True)
+            dilated = F.max_pool3d(pooled, 3, stride=1, padding=1)[0, 0] > 0
+            mc = dilated.shape[0]
+            # the coarse cells cover mc * f fine cells (>= M): their edge in the box's units
+            edge = float(((self.aabb[1] - self.aabb[0]) / self.resolution * f).min())
+            self._coarse_key, self._coarse = key, (dilated, edge, mc * f / self.resolution)
+        dilated, edge, _ = self._coarse
+        return dilated, edge
+
+    def query_coarse(self, points: torch.Tensor) -> torch.Tensor:
+        """(P, 3) points -> (P,) bool occupancy of the dilated coarse level (conservative:
+        True wherever a point within one coarse cell edge of ``points`` may be occupied)."""
+        dilated, _ = self.coarse()
+        _, _, scale = self._coarse
+        aabb = self.aabb.to(points.dtype)
+        box = torch.stack([aabb[0], aabb[0] + (aabb[1] - aabb[0]) * scale])
+        # points outside the box are projected onto it: the projection is no farther from
+        # any point of the box than the point itself, so the dilation still covers it
+        x = normalize_points(points, box).clamp(min=0.0).minimum(torch.full_like(points[:1], 1.0 / scale))
+        m = dilated.shape[0]
         idx = (x * m).long().clamp(0, m - 1)
-        occ = self.binary[idx[:, 0], idx[:, 1], idx[:, 2]]
-        return occ & inside
+        return dilated[idx[:, 0], idx[:, 1], idx[:, 2]]
 
     @torch.no_grad()
     def set_from_alpha(self, alpha: torch.Tensor, threshold: float, dilation: int = 1) -> None:
         """Occupied where the (dilated) opacity of a cell exceeds ``threshold``.
 
         Args:
-            alpha: (M, M, M) float opacity of one marching step at each cell centre.
+            alpha: (M, M, M) float opacity of one marching step at each cell.
             threshold: opacity below which a cell is empty.
             dilation: cells of max-pool dilation so that surfaces are not clipped.
         """
         if dilation > 0:
             k = 2 * dilation + 1
             alpha = F.max_pool3d(alpha[None, None], k, stride=1, padding=dilation)[0, 0]
+        if alpha.shape != self.binary.shape:
+            self.binary = torch.zeros(alpha.shape, dtype=torch.bool, device=self.binary.device)
         self.binary.copy_(alpha > threshold)
 
     def resize(self, aabb: torch.Tensor, resolution: int) -> None:
@@ -86,39 +140,66 @@ class OccupancyGrid(nn.Module):
         return torch.stack([lo, hi])
 
 
-def march_rays(origins, directions, near, far, aabb, step_size: float,
-               occupancy: OccupancyGrid | None, perturb: bool,
-               generator: torch.Generator | None = None):
-    """Uniform ray marching through a box with empty-space skipping.
+def _expand(counts: torch.Tensor, total: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row of each of ``sum(counts)`` items and its rank within its row: (N,), (N,) int64."""
+    rows = torch.repeat_interleave(torch.arange(counts.shape[0], device=counts.device), counts,
+                                   output_size=total)
+    starts = torch.cumsum(counts, 0) - counts
+    return rows, torch.arange(rows.shape[0], device=counts.device) - starts[rows]
 
-    Samples are intervals of length ``step_size`` starting at the ray's entry into
-    ``aabb`` (clipped to ``[near, far]``), jittered by one random offset per ray when
-    ``perturb``. Samples in unoccupied cells or beyond the exit are masked out.
+
+def grid_edges(anchor: torch.Tensor, dt: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+    """Ray parameter of edge ``j`` of the global sample grid: ``anchor + j dt`` (all (N,))."""
+    return anchor + j.to(anchor.dtype) * dt
+
+
+def march(origins: torch.Tensor, directions: torch.Tensor, anchor: torch.Tensor, t_lo: torch.Tensor,
+          t_hi: torch.Tensor, step: float, occupancy: OccupancyGrid | None) -> PackedSamples:
+    """Packed samples of ray segments on the global sample grid, in occupied space only.
 
     Args:
-        origins, directions: (R, 3) float rays. near, far: (R,) float bounds.
-        aabb: (2, 3) float box. step_size: interval length in ray-parameter units.
-        occupancy: grid used to skip empty space, or None.
-        perturb: random per-ray offset in [0, step) (training) or none (evaluation).
+        origins, directions: (R, 3) float rays (directions need not be unit; NDC).
+        anchor: (R,) float ray parameter of grid edge 0 (``near + u dt``, u in [0, 1):
+            a jitter; ``near`` at evaluation).
+        t_lo, t_hi: (R,) float segment to sample; empty where ``t_lo >= t_hi``.
+        step: interval length as a distance in the scene's space (world or NDC units).
+        occupancy: grid whose occupied cells are sampled, or None (sample the whole segment).
     Returns:
-        t_starts, t_ends: (R, S) float; mask: (R, S) bool samples to evaluate, where S
-        is the largest sample count of any ray in this batch.
+        PackedSamples: the grid intervals clipped to ``[t_lo, t_hi]`` (zero-length
+        pieces dropped) whose midpoints are occupied; they tile the segment's occupied
+        part, with partial intervals at its two ends.
     """
-    t_min, t_max = clip_to_box(origins, directions, near, far, aabb)
-    length = (t_max - t_min).clamp(min=0)
-    num = int(math.ceil(float(length.max()) / step_size)) if length.numel() else 0
-    num = max(num, 1)
-    offset = torch.zeros_like(t_min)
-    if perturb:
-        offset = torch.rand(t_min.shape, generator=generator, device=t_min.device) * step_size
-    steps = torch.arange(num, device=origins.device, dtype=origins.dtype)
-    t_starts = t_min[:, None] + offset[:, None] + steps * step_size
-    t_ends = t_starts + step_size
-    mask = t_ends <= t_max[:, None] + 1e-6
+    num_rays = origins.shape[0]
+    dt = step / directions.norm(dim=-1)
+    valid = t_hi > t_lo
+    lo_j = torch.floor((t_lo - anchor) / dt).long()
+    hi_j = torch.ceil((t_hi - anchor) / dt).long()  # exclusive
+    lo_j, hi_j = torch.where(valid, lo_j, 0), torch.where(valid, hi_j, 0)
+    if occupancy is None:
+        ray, rank = _expand((hi_j - lo_j).clamp(min=0))
+        j = lo_j[ray] + rank
+    else:
+        _, coarse_edge = occupancy.coarse()
+        group = max(1, int(math.floor(coarse_edge / step)))  # half a group <= half a coarse cell
+        g_lo = torch.div(lo_j, group, rounding_mode="floor")
+        g_hi = torch.div(hi_j - 1, group, rounding_mode="floor")  # inclusive
+        ray_g, rank = _expand(torch.where(valid, g_hi - g_lo + 1, 0))
+        g = g_lo[ray_g] + rank
+        a, d = anchor[ray_g], dt[ray_g]
+        lo_g = torch.maximum(grid_edges(a, d, g * group), t_lo[ray_g])
+        hi_g = torch.minimum(grid_edges(a, d, (g + 1) * group), t_hi[ray_g])
+        mid = 0.5 * (lo_g + hi_g)
+        keep = occupancy.query_coarse(origins[ray_g] + directions[ray_g] * mid[:, None])
+        ray_g, g = ray_g[keep], g[keep]
+        first = torch.maximum(g * group, lo_j[ray_g])
+        last = torch.minimum((g + 1) * group, hi_j[ray_g])
+        row, rank = _expand((last - first).clamp(min=0))
+        ray, j = ray_g[row], first[row] + rank
+    a, d = anchor[ray], dt[ray]
+    t0 = torch.minimum(torch.maximum(grid_edges(a, d, j), t_lo[ray]), t_hi[ray])
+    t1 = torch.minimum(torch.maximum(grid_edges(a, d, j + 1), t_lo[ray]), t_hi[ray])
+    keep = t1 > t0
     if occupancy is not None:
-        mids = 0.5 * (t_starts + t_ends)
-        ray_idx, sample_idx = mask.nonzero(as_tuple=True)
-        pts = origins[ray_idx] + directions[ray_idx] * mids[ray_idx, sample_idx, None]
-        keep = occupancy.query(pts)
-        mask[ray_idx[~keep], sample_idx[~keep]] = False
-    return t_starts, t_ends, mask
+        mids = 0.5 * (t0 + t1)
+        keep &= occupancy.query(origins[ray] + directions[ray] * mids[:, None])
+    return PackedSamples(ray[keep], t0[keep], t1[keep], num_rays)

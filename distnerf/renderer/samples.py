@@ -46,20 +46,21 @@ def stratified_samples(near: torch.Tensor, far: torch.Tensor, num_samples: int,
 
     Args:
         near, far: (R,) float bounds. num_samples: S.
-        perturb: jitter uniformly inside each of the S equal bins (training); else bin
-            midpoints' edges (deterministic).
+        perturb: jitter each inner edge uniformly between the midpoints of the two bins
+            it separates (training); else the S equal bins (deterministic). The outer
+            edges stay at ``near`` and ``far`` either way.
         generator: random source for the jitter.
     Returns:
-        t_starts, t_ends: (R, S) float contiguous intervals covering [near, far].
+        t_starts, t_ends: (R, S) float contiguous intervals covering exactly [near, far].
     """
-    steps = torch.linspace(0.0, 1.0, num_samples + 1, device=near.device)
+    steps = torch.linspace(0.0, 1.0, num_samples + 1, device=near.device, dtype=near.dtype)
     edges = near[:, None] + (far - near)[:, None] * steps  # (R, S+1)
-    if perturb:
-        mids = 0.5 * (edges[:, 1:] + edges[:, :-1])
-        lower = torch.cat([edges[:, :1], mids], dim=-1)
-        upper = torch.cat([mids, edges[:, -1:]], dim=-1)
-        u = torch.rand(edges.shape, generator=generator, device=near.device)
-        edges = lower + (upper - lower) * u
+    if perturb and num_samples > 1:
+        mids = 0.5 * (edges[:, 1:] + edges[:, :-1])  # (R, S)
+        u = torch.rand((edges.shape[0], num_samples - 1), generator=generator, device=near.device,
+                       dtype=near.dtype)
+        inner = mids[:, :-1] + (mids[:, 1:] - mids[:, :-1]) * u
+        edges = torch.cat([edges[:, :1], inner, edges[:, -1:]], dim=-1)
     return edges[:, :-1], edges[:, 1:]
 
 

@@ -4,9 +4,11 @@ Legend: R rays, K regions, m regions of this rank, C values per segment.
 
 Every rank draws the same ray batch (the sampler's shared stream). Each region's
 sub-model covers only its own (non-enlarged) region box and renders only its own
-segment of every ray: the ray is clipped to the box, and the sub-model (with a black
-background) returns the segment's colour ``C_k = sum_i T^k_i alpha_i c_i``,
-transmittance ``T_k = 1 - opacity_k = prod_i (1 - alpha_i)`` and depth. The per-ray
+segment of every ray: the ray is clipped to the box, and the sub-model renders it
+without background (:meth:`~distnerf.model.marching.MarchingModel.render_segment`),
+returning the segment's colour ``C_k = sum_i T^k_i alpha_i c_i``, transmittance
+``T_k = prod_i (1 - alpha_i)`` (the transmittance behind its last sample, whatever the
+colour threshold dropped) and depth. The per-ray
 segment values are all-gathered (C = 5 floats per ray and region, 9 with NeRF's coarse
 pass) and composited exactly, front to back by entry distance (NeRF-XL, Li et al.
 ECCV 2024, Eq. 4; :func:`composite_segments`)::
@@ -20,14 +22,17 @@ only into this rank's sub-models: there is no gradient all-reduce (no parameter 
 shared between regions). A sub-model never terminates a ray early on another
 segment's transmittance (its colour threshold sees only its own segment).
 
-Sampling: each segment is sampled by its own sub-model inside its box (``grid`` and
-``ngp`` march uniformly from the segment's entry; ``nerf`` draws stratified coarse
-samples in the segment and fine samples from the segment's own coarse weights, and its
-coarse pass is composited across regions for the coarse loss). This is a different
-estimator from one NeRF sampling the whole ray; it needs one exchange per step. The
-jitter of region k comes from a generator seeded by (step seed, k), so the result does
-not depend on which rank holds which region: one process holding all K sub-models
-renders (and trains) exactly what K ranks do.
+Sampling: ``grid`` and ``ngp`` sub-models march their segment on the ray's one sample
+grid, anchored at ``near`` and jittered by one offset per ray drawn from the step's
+generator (the same on every rank, since every rank draws the same batch), so the
+segments of a ray tile it with no gap and no overlap, and with equal steps a ray gets
+exactly the samples one model marching the whole ray would place (split at the region
+boundaries). ``nerf`` draws stratified coarse samples in the segment and fine samples
+from the segment's own coarse weights, and its coarse pass is composited across regions
+for the coarse loss; this is a different estimator from one NeRF sampling the whole
+ray. Its jitter of region k comes from a generator seeded by (step seed, k). Either way
+the result does not depend on which rank holds which region: one process holding all K
+sub-models renders (and trains) exactly what K ranks do.
 """
 from __future__ import annotations
 
@@ -35,8 +40,9 @@ import torch
 import torch.distributed as dist
 
 from ..data.rays import RayBundle
+from ..model.marching import MarchingModel
 from ..renderer import samples
-from .fusion import composite_segments, segment_entries
+from ..renderer.segments import composite_segments, segment_entries
 
 
 class GatherSegments(torch.autograd.Function):
@@ -88,8 +94,18 @@ def render_segments(models, regions: list[int], boxes: torch.Tensor, rays: RayBu
     """
     num_rays = len(rays)
     segs, counts = [], []
+    u = None  # one jitter per ray for every marched segment: the ray's sample grid
+    if generator is not None and any(m.training for m in models):
+        u = torch.rand(rays.near.shape, generator=generator, device=rays.near.device, dtype=rays.near.dtype)
     for k, model in zip(regions, models):
         t_in, t_out, hit = clip_to_box(rays, boxes[k])
+        if isinstance(model, MarchingModel):
+            step = model.march_step()
+            anchor = rays.near if u is None else rays.near + u * step / rays.directions.norm(dim=-1)
+            out = model.render_segment(rays, t_in, t_out, anchor, None, step)
+            segs.append(torch.cat([out["rgb"], out["transmittance"][:, None], out["depth"][:, None]], dim=1))
+            counts.append(int(out["num_samples"]))
+            continue
         idx = hit.nonzero().view(-1)
         clipped = RayBundle(rays.origins[idx], rays.directions[idx], rays.viewdirs[idx], t_in[idx], t_out[idx])
         out = model(clipped, region_generator(generator, k, rays.origins.device)) if len(idx) else None
@@ -99,7 +115,7 @@ def render_segments(models, regions: list[int], boxes: torch.Tensor, rays: RayBu
         seg[:, 3] = 1.0
         if width == 9:
             seg[:, 8] = 1.0
-        if out is not None:
+        if out is not None:  # nerf's batched rendering has no colour threshold: 1 - opacity = prod (1 - alpha)
             cols = [out["rgb"], (1.0 - out["opacity"])[:, None], out["depth"][:, None]]
             if width == 9:
                 cols += [out["rgb_coarse"], (1.0 - out["opacity_coarse"])[:, None]]
@@ -111,7 +127,7 @@ def render_segments(models, regions: list[int], boxes: torch.Tensor, rays: RayBu
 
 def composite_all(values: torch.Tensor, rays: RayBundle, boxes: torch.Tensor, background: torch.Tensor) -> dict:
     """Composite (R, K, C) segment values of every region front to back."""
-    entry = segment_entries(rays, boxes)
+    entry = segment_entries(rays.origins, rays.directions, rays.near, rays.far, boxes)
     rgb, depth, opacity = composite_segments(values[..., :3], values[..., 3], values[..., 4], entry, background)
     out = {"rgb": rgb, "depth": depth, "opacity": opacity}
     if values.shape[-1] == 9:

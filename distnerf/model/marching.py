@@ -1,0 +1,101 @@
+"""The rendering shared by marched models (``grid``, ``ngp``): a radiance field queried
+at packed samples on a uniform sample grid, in the cells its occupancy grid marks.
+
+Legend: R rays, P packed samples, Q samples that get a colour.
+
+A subclass supplies the field (:meth:`field_density`, :meth:`colours`), its marching
+box and step, and an :class:`~distnerf.renderer.occupancy.OccupancyGrid`; this class
+renders whole rays (:meth:`forward`) and ray segments (:meth:`render_segment`, used by
+``ss`` fusion and joint training) with
+:func:`~distnerf.renderer.marching.render_segment`.
+
+Sample grid: every ray's samples lie on the grid anchored at its ``near`` bound, jittered
+during training by one uniform offset ``u dt`` per ray (``u`` in [0, 1), ``dt`` = step /
+|direction|), so the segments of one ray, sampled separately, tile it exactly and
+agree with sampling the whole ray (see :mod:`distnerf.renderer.occupancy`).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..data.rays import RayBundle
+from ..renderer.marching import render_segment
+from ..renderer.occupancy import OccupancyGrid, march
+from ..renderer.samples import clip_to_box
+from .base import RadianceModel
+
+
+class MarchingModel(RadianceModel):
+    """Base class of models rendered by packed ray marching.
+
+    Subclasses set ``self.occupancy`` (OccupancyGrid), ``self.color_threshold``
+    (weight below which a sample gets no colour), ``self.termination`` (transmittance
+    below which a ray stops) and ``self.eval_round_steps`` (grid intervals per
+    evaluation round), and implement :meth:`marching_box`, :meth:`march_step`,
+    :meth:`field_density` and :meth:`colours`.
+    """
+
+    occupancy: OccupancyGrid
+    color_threshold: float = 1e-3
+    termination: float = 1e-4
+    eval_round_steps: int = 64
+
+    def marching_box(self) -> torch.Tensor:
+        """(2, 3) float32 box outside which the field is empty (never sampled)."""
+        raise NotImplementedError
+
+    def colours(self, points: torch.Tensor, viewdirs: torch.Tensor, ray_indices: torch.Tensor) -> torch.Tensor:
+        """Colour at points: (Q, 3) points, (R, 3) unit viewdirs per ray, (Q,) int64 ray of
+        each point -> (Q, 3) float RGB in [0, 1]."""
+        raise NotImplementedError
+
+    def field_rgb(self, points: torch.Tensor, viewdirs: torch.Tensor) -> torch.Tensor:
+        return self.colours(points, viewdirs, torch.arange(points.shape[0], device=points.device))
+
+    def occupied(self, points: torch.Tensor) -> torch.Tensor:
+        return self.occupancy.query(points)
+
+    def marcher(self, step: float | None = None):
+        """``(origins, directions, anchor, t_lo, t_hi) -> PackedSamples`` marching this model's
+        occupied cells inside its box with ``step`` (default :meth:`march_step`)."""
+        step = self.march_step() if step is None else step
+        box = self.marching_box()
+
+        def fn(origins, directions, anchor, t_lo, t_hi):
+            t0, t1 = clip_to_box(origins, directions, t_lo, t_hi, box.to(origins.dtype))
+            return march(origins, directions, anchor, t0, t1, step, self.occupancy)
+
+        return fn
+
+    def sample_anchor(self, rays: RayBundle, step: float, generator: torch.Generator | None) -> torch.Tensor:
+        """(R,) float anchor of each ray's sample grid: ``near``, plus ``u dt`` in training."""
+        if not self.training:
+            return rays.near
+        u = torch.rand(rays.near.shape, generator=generator, device=rays.near.device, dtype=rays.near.dtype)
+        return rays.near + u * step / rays.directions.norm(dim=-1)
+
+    def render_segment(self, rays: RayBundle, t_lo: torch.Tensor, t_hi: torch.Tensor, anchor: torch.Tensor,
+                       background: torch.Tensor | None, step: float | None = None,
+                       in_front: torch.Tensor | None = None) -> dict:
+        """Render the segments ``[t_lo, t_hi]`` ((R,) float) of ``rays``.
+
+        Args:
+            anchor: (R,) float sample-grid anchor (:meth:`sample_anchor`).
+            background: (3,) or (R, 3) float, or None for a segment without background.
+            step: marching step (distance; default :meth:`march_step`).
+            in_front: (R,) float transmittance in front of the segment, or None.
+        Returns:
+            see :func:`~distnerf.renderer.marching.render_segment`.
+        """
+        step = self.march_step() if step is None else step
+        return render_segment(self.field_density, self.colours, self.marcher(step), rays.origins, rays.directions,
+                              rays.viewdirs, anchor, t_lo, t_hi, background=background,
+                              colour_threshold=self.color_threshold, termination=self.termination,
+                              in_front=in_front, step=step, round_steps=self.eval_round_steps)
+
+    def forward(self, rays: RayBundle, generator: torch.Generator | None = None) -> dict:
+        """Render rays over ``[near, far]`` with the background (see :class:`RadianceModel`)."""
+        step = self.march_step()
+        out = self.render_segment(rays, rays.near, rays.far, self.sample_anchor(rays, step, generator),
+                                  self.background, step)
+        return out

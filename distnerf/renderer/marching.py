@@ -1,0 +1,164 @@
+"""Rendering a ray segment of a marched field: packed samples, early ray termination,
+the colour threshold (pure math over callables; no model, no distributed code).
+
+Legend: R rays, P packed samples, Q samples that get a colour.
+
+One function, :func:`render_segment`, serves a whole ray (the segment ``[near, far]``
+clipped to the model's box, with the background) and one region's segment of a ray
+(no background; ``ss`` fusion and joint training), in three regimes:
+
+* **training** (autograd on): one no-grad pass evaluates the density at every marched
+  sample and finds, per ray, the samples whose transmittance (times ``in_front``)
+  exceeds ``termination``; only those run again with gradients. Samples behind them
+  carry at most ``termination`` of the ray's weight.
+* **evaluation** (autograd off): the segment is marched in rounds of ``round_groups``
+  coarse groups; after each round the rays whose transmittance fell below
+  ``termination`` stop and the others are compacted and marched further, so the
+  density behind opaque surfaces is never evaluated.
+* both: a sample gets a colour only where its weight ``in_front * T_i alpha_i`` exceeds
+  ``colour_threshold`` (DVGO's fast colour threshold); it still attenuates the ray, and
+  the background receives exactly the transmittance behind the last evaluated sample.
+
+Error bound of termination (``eps = termination``): a ray stops only once its
+transmittance ``T`` is below ``eps``; every later sample has weight below ``eps`` (so,
+with ``eps <= colour_threshold``, no colour) and the only change is the background term,
+``T bg`` instead of ``T_R bg`` with ``0 <= T_R <= T < eps``: each channel changes by less
+than ``eps``. The gradient of a channel of C w.r.t. a kept sample's density is
+``delta_i (T_{i+1} c_i - sum_{j>i} w_j c_j - T_R bg)`` (NeRF Eq. 3 differentiated); the
+terms of the samples after the cut sum to weight ``T_cut < eps``, so termination changes
+it by less than ``delta_i eps``; colour gradients ``dC/dc_i = w_i`` are unchanged.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from .occupancy import grid_edges
+from .packed import PackedSamples, accumulate, render_transmittance
+
+Marcher = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], PackedSamples]
+
+
+def shade(density_fn, colour_fn, samples: PackedSamples, origins, directions, viewdirs, in_front,
+           background, colour_threshold: float, sigmas: torch.Tensor | None = None) -> dict:
+    """Weights, colours and accumulation of packed samples.
+
+    Args:
+        density_fn, colour_fn: see :func:`render_segment`.
+        samples: P packed samples of R rays. origins, directions, viewdirs: (R, 3) float.
+        in_front: (R,) float transmittance in front of the segment, or None (1).
+        background: (3,) or (R, 3) float, or None. colour_threshold: float.
+        sigmas: (P,) float densities, or None to evaluate them (with autograd if enabled).
+    Returns:
+        dict of :func:`~distnerf.renderer.packed.accumulate` plus ``num_colour_samples``.
+    """
+    points = samples.points(origins, directions)
+    if sigmas is None:
+        sigmas = density_fn(points)
+    weights, _, remaining = render_transmittance(sigmas, samples)
+    global_w = weights.detach() if in_front is None else weights.detach() * in_front[samples.ray_indices]
+    colour_index = (global_w > colour_threshold).nonzero().view(-1)
+    rgbs = colour_fn(points[colour_index], viewdirs, samples.ray_indices[colour_index])
+    out = accumulate(weights, rgbs.to(weights.dtype), samples, remaining, background, colour_index)
+    out["num_colour_samples"] = colour_index.shape[0]
+    return out
+
+
+def march_alive(density_fn, marcher: Marcher, origins, directions, anchor, t_lo, t_hi, *, termination: float,
+                in_front: torch.Tensor | None = None, step: float = 0.0, round_steps: int | None = None):
+    """The marched samples in front of each ray's termination point.
+
+    With ``round_steps`` (evaluation), the segments are marched ``round_steps`` grid
+    intervals at a time; after each round the rays whose transmittance (times
+    ``in_front``) fell below ``termination`` stop, and only the others are marched on.
+    Otherwise one no-grad pass over all marched samples finds the cut.
+
+    Returns:
+        samples: the kept PackedSamples (a prefix of each ray's marched samples);
+        sigmas: (P,) their densities, or None when autograd is on (the caller evaluates
+        them with gradients); num_marched: int, samples marched (density evaluated).
+    """
+    with torch.no_grad():
+        if not round_steps or torch.is_grad_enabled():
+            samples = marcher(origins, directions, anchor, t_lo, t_hi)
+            num_marched = len(samples)
+            if termination <= 0 or not num_marched:
+                return samples, None, num_marched
+            sigmas = density_fn(samples.points(origins, directions))
+            _, trans, _ = render_transmittance(sigmas, samples)
+            if in_front is not None:
+                trans = trans * in_front[samples.ray_indices]
+            keep = (trans > termination).nonzero().view(-1)
+            samples = samples.select(keep)
+            return samples, (None if torch.is_grad_enabled() else sigmas[keep]), num_marched
+    num_rays = origins.shape[0]
+    local = torch.ones(num_rays, dtype=origins.dtype, device=origins.device)  # transmittance so far
+    alive = (t_hi > t_lo).nonzero().view(-1)
+    lo = t_lo.clone()
+    dt = step / directions.norm(dim=-1)
+    parts, sigma_parts, num_marched = [], [], 0
+    while alive.numel():
+        o, d, a = origins[alive], directions[alive], anchor[alive]
+        # each round ends on an edge of the sample grid, so rounds split no interval
+        j_end = torch.floor((lo[alive] - a) / dt[alive]).long() + round_steps
+        hi = torch.minimum(grid_edges(a, dt[alive], j_end), t_hi[alive])
+        samples = marcher(o, d, a, lo[alive], hi)
+        sigmas = density_fn(samples.points(o, d))
+        _, trans, remaining = render_transmittance(sigmas, samples)
+        before = local[alive] if in_front is None else local[alive] * in_front[alive]
+        keep = (trans * before[samples.ray_indices] > termination).nonzero().view(-1)
+        parts.append(PackedSamples(alive[samples.ray_indices[keep]], samples.t_starts[keep], samples.t_ends[keep],
+                                   num_rays))
+        sigma_parts.append(sigmas[keep])
+        num_marched += len(samples)
+        local[alive] = local[alive] * remaining
+        lo[alive] = hi
+        alive = alive[(hi < t_hi[alive]) & (before * remaining > termination)]
+    if not parts:  # no ray crosses its segment
+        empty = origins.new_zeros(0)
+        return PackedSamples(empty.long(), empty, empty, num_rays), empty, 0
+    ray = torch.cat([p.ray_indices for p in parts])
+    order = torch.argsort(ray, stable=True)  # rounds are in order along every ray
+    samples = PackedSamples(ray[order], torch.cat([p.t_starts for p in parts])[order],
+                            torch.cat([p.t_ends for p in parts])[order], num_rays)
+    return samples, torch.cat(sigma_parts)[order], num_marched
+
+
+def render_segment(density_fn: Callable[[torch.Tensor], torch.Tensor],
+                   colour_fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor],
+                   marcher: Marcher, origins: torch.Tensor, directions: torch.Tensor, viewdirs: torch.Tensor,
+                   anchor: torch.Tensor, t_lo: torch.Tensor, t_hi: torch.Tensor, *,
+                   background: torch.Tensor | None, colour_threshold: float, termination: float,
+                   in_front: torch.Tensor | None = None, step: float = 0.0,
+                   round_steps: int | None = None) -> dict:
+    """Render the segments ``[t_lo, t_hi]`` of R rays (module docstring).
+
+    Args:
+        density_fn: (P, 3) points -> (P,) float sigma (1 / ray-parameter unit).
+        colour_fn: (Q, 3) points, (R, 3) viewdirs, (Q,) int64 ray indices -> (Q, 3) rgb.
+        marcher: ``(origins, directions, anchor, t_lo, t_hi) -> PackedSamples``, e.g.
+            :func:`~distnerf.renderer.occupancy.march` bound to a step and a grid.
+        origins, directions: (R, 3) float. viewdirs: (R, 3) float unit, for colour.
+        anchor: (R,) float sample-grid anchor. t_lo, t_hi: (R,) float segment bounds.
+        background: (3,) or (R, 3) float RGB, or None (a segment: no background term).
+        colour_threshold: weight below which a sample gets no colour (0: every sample).
+        termination: transmittance below which a ray stops (0: never).
+        in_front: (R,) float transmittance in front of the segment (1 when None); the
+            colour threshold and termination apply to ``in_front * T``.
+        step: the marcher's step (distance), to end evaluation rounds on grid edges.
+        round_steps: grid intervals per evaluation round, or None (one pass). Ignored
+            when autograd is on.
+    Returns:
+        dict with ``rgb`` (R, 3), ``depth`` (R,), ``opacity`` (R,) = 1 - ``transmittance``
+        (R,), and int counts ``num_samples`` (marched), ``num_density_samples`` (density
+        evaluations, both passes) and ``num_colour_samples``.
+    """
+    samples, sigmas, num_marched = march_alive(density_fn, marcher, origins, directions, anchor, t_lo, t_hi,
+                                               termination=termination, in_front=in_front, step=step,
+                                               round_steps=round_steps)
+    out = shade(density_fn, colour_fn, samples, origins, directions, viewdirs, in_front, background,
+                 colour_threshold, sigmas)
+    extra = len(samples) if (sigmas is None and termination > 0) else 0
+    out.update(num_samples=num_marched, num_density_samples=num_marched + extra)
+    return out

@@ -1,0 +1,168 @@
+"""Packed samples and volume rendering on them (pure math, no distributed code).
+
+Legend: R rays, P packed samples (all rays' samples in one flat list).
+
+A packed sample batch (nerfacc's layout, Li et al. 2023) holds every sample of every
+ray in one flat list sorted by ray, then front to back: ``ray_indices`` (P,) long,
+``t_starts``/``t_ends`` (P,) ray parameters, and the number of rays R. No ray is
+padded to the longest one; a ray may have no samples, and so may the whole batch.
+
+Volume rendering (NeRF, Mildenhall et al. 2020, Eq. 3; Max 1995) on packed samples::
+
+    tau_i   = sigma_i * delta_i                  (optical thickness, delta_i = t_end - t_start)
+    T_i     = exp(-sum_{j<i, same ray} tau_j)    (exclusive sum per ray, in log space)
+    alpha_i = 1 - exp(-tau_i),   w_i = T_i * alpha_i
+    T_R     = exp(-sum_{i in ray} tau_i)         (transmittance left behind the last sample)
+    C       = sum_{i kept} w_i c_i + T_R * background
+
+``kept`` samples are those that receive a colour (DVGO's colour threshold, Sun et al.
+2022): a dropped sample still attenuates the ray (its tau is in every sum) but adds no
+colour, and the background gets exactly ``T_R``, never ``1 - sum w``. Opacity is
+``1 - T_R``. The exclusive sums are one ``cumsum`` over the flat list in float64 minus
+each ray's starting value, so long rays and many rays lose no precision in float32.
+All functions are differentiable w.r.t. ``sigmas`` and colours.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class PackedSamples:
+    """Samples of R rays in one flat list, sorted by ray then along the ray.
+
+    Attributes:
+        ray_indices: (P,) int64 ray of each sample, non-decreasing.
+        t_starts, t_ends: (P,) float interval bounds (ray parameters; world units along
+            unit world directions, NDC parameters for LLFF).
+        num_rays: R.
+    """
+
+    ray_indices: torch.Tensor
+    t_starts: torch.Tensor
+    t_ends: torch.Tensor
+    num_rays: int
+
+    def __len__(self) -> int:
+        return self.ray_indices.shape[0]
+
+    @property
+    def t_mids(self) -> torch.Tensor:
+        return 0.5 * (self.t_starts + self.t_ends)
+
+    @property
+    def deltas(self) -> torch.Tensor:
+        return self.t_ends - self.t_starts
+
+    def select(self, index: torch.Tensor) -> "PackedSamples":
+        """The samples at ``index`` ((Q,) int64 sorted, or (P,) bool mask): still packed."""
+        return PackedSamples(self.ray_indices[index], self.t_starts[index], self.t_ends[index], self.num_rays)
+
+    def points(self, origins: torch.Tensor, directions: torch.Tensor) -> torch.Tensor:
+        """(P, 3) midpoints ``o + t_mid d`` of the samples; origins, directions: (R, 3)."""
+        return origins[self.ray_indices] + directions[self.ray_indices] * self.t_mids[:, None]
+
+    @staticmethod
+    def cat(parts: list["PackedSamples"]) -> "PackedSamples":
+        """Concatenate sample lists of the same rays and sort them by (ray, t_start).
+
+        Parts must not overlap along a ray (e.g. the segments of disjoint regions).
+        """
+        ray = torch.cat([p.ray_indices for p in parts])
+        t0, t1 = torch.cat([p.t_starts for p in parts]), torch.cat([p.t_ends for p in parts])
+        order = torch.argsort(t0, stable=True)
+        order = order[torch.argsort(ray[order], stable=True)]  # by ray, then by t_start
+        return PackedSamples(ray[order], t0[order], t1[order], parts[0].num_rays)
+
+
+def ray_offsets(ray_indices: torch.Tensor, num_rays: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """First sample of each ray and the sample count of each ray.
+
+    Args:
+        ray_indices: (P,) int64 non-decreasing. num_rays: R.
+    Returns:
+        starts: (R,) int64 index of each ray's first sample (= the next ray's when empty);
+        counts: (R,) int64 samples per ray.
+    """
+    counts = torch.bincount(ray_indices, minlength=num_rays)
+    return torch.cumsum(counts, 0) - counts, counts
+
+
+def exclusive_sum(values: torch.Tensor, ray_indices: torch.Tensor, num_rays: int) -> torch.Tensor:
+    """Per-ray exclusive prefix sum of a packed (P,) tensor: ``out_i = sum_{j<i, same ray} v_j``.
+
+    Accumulated in float64 (a global cumsum minus each ray's start), returned in the
+    dtype of ``values``; differentiable.
+    """
+    if values.numel() == 0:
+        return values
+    v = values.double()
+    inclusive = torch.cumsum(v, 0)
+    excl = inclusive - v
+    starts, _ = ray_offsets(ray_indices, num_rays)
+    return (excl - excl[starts.clamp(max=values.shape[0] - 1)][ray_indices]).to(values.dtype)
+
+
+def sum_along_rays(values: torch.Tensor, ray_indices: torch.Tensor, num_rays: int) -> torch.Tensor:
+    """(P, ...) packed values -> (R, ...) per-ray sums (``index_add``; differentiable)."""
+    out = values.new_zeros((num_rays,) + values.shape[1:])
+    return out.index_add(0, ray_indices, values)
+
+
+def render_transmittance(sigmas: torch.Tensor, samples: PackedSamples):
+    """Transmittance and weights of packed samples (module docstring).
+
+    Args:
+        sigmas: (P,) float density (1 / ray-parameter unit), >= 0.
+        samples: the P samples.
+    Returns:
+        weights: (P,) ``T_i alpha_i``; transmittance: (P,) ``T_i`` before each sample;
+        remaining: (R,) ``T_R`` behind each ray's last sample (1 for a ray without samples).
+    """
+    tau = sigmas * samples.deltas
+    trans = torch.exp(-exclusive_sum(tau, samples.ray_indices, samples.num_rays))
+    weights = trans * (1.0 - torch.exp(-tau))
+    total = sum_along_rays(tau.double(), samples.ray_indices, samples.num_rays)
+    remaining = torch.exp(-total).to(sigmas.dtype if sigmas.numel() else samples.t_starts.dtype)
+    return weights, trans, remaining
+
+
+def accumulate(weights: torch.Tensor, rgbs: torch.Tensor, samples: PackedSamples, remaining: torch.Tensor,
+               background: torch.Tensor | None, colour_index: torch.Tensor | None = None) -> dict:
+    """Colour, depth and opacity of rays from packed weights.
+
+    Args:
+        weights: (P,) float ``w_i``. rgbs: (Q, 3) float colours in [0, 1] of the kept
+            samples ``colour_index`` ((Q,) int64; all P samples when None).
+        samples: the P samples. remaining: (R,) ``T_R``.
+        background: (3,) or (R, 3) float RGB, or None (a segment: no background term).
+    Returns:
+        dict with ``rgb`` (R, 3) ``sum_kept w c + T_R bg``, ``depth`` (R,) ``sum_i w_i t_i``
+        over every sample, ``opacity`` (R,) ``1 - T_R`` and ``transmittance`` (R,) ``T_R``.
+    """
+    ray = samples.ray_indices
+    w_col = weights if colour_index is None else weights[colour_index]
+    ray_col = ray if colour_index is None else ray[colour_index]
+    rgb = sum_along_rays(w_col[:, None] * rgbs, ray_col, samples.num_rays)
+    if background is not None:
+        rgb = rgb + remaining[:, None] * background
+    depth = sum_along_rays(weights * samples.t_mids, ray, samples.num_rays)
+    return {"rgb": rgb, "depth": depth, "opacity": 1.0 - remaining, "transmittance": remaining}
+
+
+def render_packed(sigmas: torch.Tensor, rgbs: torch.Tensor, samples: PackedSamples,
+                  background: torch.Tensor | None) -> dict:
+    """Densities and colours at every packed sample to pixel values (Eq. 3; no threshold).
+
+    Args:
+        sigmas: (P,) float. rgbs: (P, 3) float. samples: P samples of R rays.
+        background: (3,) or (R, 3) float, or None.
+    Returns:
+        dict of :func:`accumulate` plus ``weights`` (P,).
+    """
+    weights, _, remaining = render_transmittance(sigmas, samples)
+    out = accumulate(weights, rgbs, samples, remaining, background)
+    out["weights"] = weights
+    return out
