@@ -1,4 +1,5 @@
-"""Adam with per-group learning rates and an exponential-decay schedule.
+"""Adam with per-group learning rates and an exponential-decay schedule; lazy (row-wise)
+updates for parameters with sparse gradients.
 
 The schedule is a pure function of the step, so it needs no state of its own to
 resume: ``lr(step) = base * decay ** (step / decay_steps)`` after a linear warm-up
@@ -22,15 +23,63 @@ def lr_factor(step: int, cfg: Mapping) -> float:
     return factor
 
 
+class LazyAdam(torch.optim.Adam):
+    """Adam (Kingma & Ba 2015, Algorithm 1) whose parameters with a **sparse** gradient are
+    updated lazily, row by row, like ``torch.optim.SparseAdam`` (and TensorFlow's LazyAdam).
+
+    Parameters with a dense gradient get exactly ``torch.optim.Adam``'s update (fused
+    when asked). For a parameter whose ``.grad`` is a sparse COO tensor over its rows
+    (e.g. a voxel grid's colour features: only the rows a step's samples touched), only
+    those rows are read and written: their moments and values receive exactly Adam's
+    update with the parameter's step count ``t`` (bias corrections ``1 - beta^t``); the
+    moments of rows without gradient are *not* decayed that step (Adam would decay them
+    and still move the row by ``m / (sqrt(v) + eps)``). A row that receives gradient at
+    every step is therefore updated exactly as by Adam. The state keys are Adam's
+    (``step``, ``exp_avg``, ``exp_avg_sq``), so checkpoints are interchangeable.
+    ``torch.optim.SparseAdam`` itself cannot hold dense parameters in the same optimizer.
+    """
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        sparse = []
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None and p.grad.is_sparse:
+                    sparse.append((group, p, p.grad))
+                    p.grad = None  # the dense update below skips it
+        loss = super().step(closure)
+        for group, p, grad in sparse:
+            self._lazy_update(group, p, grad.coalesce())
+            p.grad = grad
+        return loss
+
+    def _lazy_update(self, group: dict, p: torch.Tensor, grad: torch.Tensor) -> None:
+        beta1, beta2 = group["betas"]
+        state = self.state[p]
+        if not state:
+            state["step"] = torch.tensor(0.0, dtype=torch.float32, device=p.device)
+            state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        state["step"] += 1
+        t = float(state["step"])
+        rows, values = grad.indices()[0], grad.values()
+        m = state["exp_avg"].index_select(0, rows).mul_(beta1).add_(values, alpha=1 - beta1)
+        v = state["exp_avg_sq"].index_select(0, rows).mul_(beta2).addcmul_(values, values, value=1 - beta2)
+        state["exp_avg"].index_copy_(0, rows, m)
+        state["exp_avg_sq"].index_copy_(0, rows, v)
+        denom = (v / (1 - beta2 ** t)).sqrt_().add_(group["eps"])
+        p.index_add_(0, rows, m.div_(denom), alpha=-group["lr"] / (1 - beta1 ** t))
+
+
 def build_optimizer(model: RadianceModel, cfg: Mapping) -> torch.optim.Optimizer:
-    """Adam over ``model.param_groups(cfg.lr)``; each group remembers its base lr."""
+    """:class:`LazyAdam` over ``model.param_groups(cfg.lr)``; each group remembers its base lr."""
     groups = model.param_groups(float(cfg["lr"]))
     for g in groups:
         g["base_lr"] = g["lr"]
     kwargs = {"betas": tuple(cfg.get("betas", (0.9, 0.999))), "eps": float(cfg.get("eps", 1e-15))}
     if cfg.get("fused") and all(p.is_floating_point() for g in groups for p in g["params"]):
         kwargs["fused"] = True
-    return torch.optim.Adam(groups, **kwargs)
+    return LazyAdam(groups, **kwargs)
 
 
 def rebuild_optimizer(old: torch.optim.Optimizer, model: RadianceModel, cfg: Mapping) -> torch.optim.Optimizer:

@@ -20,6 +20,10 @@ class RadianceModel(nn.Module):
         background: (3,) float32 RGB composited behind every ray.
     """
 
+    #: whether some parameters receive sparse COO gradients (only the rows a step touched);
+    #: a strategy that all-reduces dense gradient buckets sets it to False before wrapping.
+    sparse_grad: bool = False
+
     def __init__(self, aabb: torch.Tensor, background: torch.Tensor):
         super().__init__()
         self.register_buffer("aabb", aabb.clone().float())

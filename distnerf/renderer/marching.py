@@ -79,8 +79,9 @@ def march_alive(density_fn, marcher: Marcher, origins, directions, anchor, t_lo,
         sigmas: (P,) their densities, or None when autograd is on (the caller evaluates
         them with gradients); num_marched: int, samples marched (density evaluated).
     """
+    grad = torch.is_grad_enabled()
     with torch.no_grad():
-        if not round_steps or torch.is_grad_enabled():
+        if not round_steps or grad:
             samples = marcher(origins, directions, anchor, t_lo, t_hi)
             num_marched = len(samples)
             if termination <= 0 or not num_marched:
@@ -91,7 +92,7 @@ def march_alive(density_fn, marcher: Marcher, origins, directions, anchor, t_lo,
                 trans = trans * in_front[samples.ray_indices]
             keep = (trans > termination).nonzero().view(-1)
             samples = samples.select(keep)
-            return samples, (None if torch.is_grad_enabled() else sigmas[keep]), num_marched
+            return samples, (None if grad else sigmas[keep]), num_marched
     num_rays = origins.shape[0]
     local = torch.ones(num_rays, dtype=origins.dtype, device=origins.device)  # transmittance so far
     alive = (t_hi > t_lo).nonzero().view(-1)

@@ -15,9 +15,11 @@ of the direction. A segment ``[t_lo, t_hi]`` (a ray clipped to a box or a region
 the grid's intervals clipped to it, so consecutive segments of one ray tile it with no
 gap and no overlap, and every segment of a ray uses the same grid. Only intervals whose
 midpoint lies in an occupied cell are emitted, found by a two-level walk: groups of
-``G`` consecutive intervals are first tested against a coarse, dilated copy of the
-grid, and only the intervals of occupied groups are tested against the grid itself
-(no padding to the longest ray, no per-sample test of empty groups).
+``G`` consecutive intervals (a group no longer than a coarse cell) are first tested
+against a coarse copy of the grid (``COARSE_FACTOR``^3 cells per coarse cell; exact and
+conservative, :meth:`OccupancyGrid.coarse_blocks`), and only the intervals of groups
+that may touch occupied space are tested against the grid itself (no padding to the
+longest ray, no per-sample test of empty groups).
 """
 from __future__ import annotations
 
@@ -28,8 +30,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from .packed import PackedSamples
+from .samples import clip_to_box
 
-COARSE_FACTOR = 8  # occupancy cells per coarse cell along each axis
+COARSE_FACTOR = 4  # occupancy cells per coarse cell along each axis
 
 
 def normalize_points(points: torch.Tensor, aabb: torch.Tensor) -> torch.Tensor:
@@ -42,7 +45,7 @@ def _cells(points: torch.Tensor, aabb: torch.Tensor, binary: torch.Tensor) -> to
     inside = ((x >= 0) & (x <= 1)).all(dim=-1)
     m = binary.shape[0]
     idx = (x * m).long().clamp(0, m - 1)
-    return binary[idx[:, 0], idx[:, 1], idx[:, 2]] & inside
+    return binary.reshape(-1)[(idx[:, 0] * m + idx[:, 1]) * m + idx[:, 2]] & inside
 
 
 class OccupancyGrid(nn.Module):
@@ -78,35 +81,54 @@ class OccupancyGrid(nn.Module):
         """Occupancy of points. points: (P, 3) float. Returns (P,) bool; outside the box is False."""
         return _cells(points, self.aabb.to(points.dtype), self.binary)
 
-    def coarse(self) -> tuple[torch.Tensor, float]:
-        """The coarse level of the two-level walk: (Mc, Mc, Mc) bool, ``Mc = ceil(M / 8)``,
-        a coarse cell occupied when any of its cells *or its 26 neighbours'* cells is,
-        and the smallest coarse cell edge (float). Cached until ``binary`` changes."""
-        key = (self.binary.data_ptr(), self.binary._version, self.binary.shape[0])
+    def coarse(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The coarse level of the two-level walk.
+
+        Returns:
+            blocks: (Mc, Mc, Mc) bool, ``Mc = ceil(M / f)`` with ``f = COARSE_FACTOR``:
+                whether any cell of the 2 x 2 x 2 coarse cells ``[i, i+1] x [j, j+1] x
+                [k, k+1]`` is occupied (a coarse cell holds f^3 cells);
+            edge: (3,) float the coarse cell edge per axis.
+        Cached until ``binary`` changes.
+        """
+        key = (self.binary.data_ptr(), self.binary._version, self.binary.shape[0], self.aabb.data_ptr())
         if self._coarse_key != key:
             f = min(COARSE_FACTOR, self.resolution)
             pooled = F.max_pool3d(self.binary[None, None].float(), f, stride=f, ceil_mode=True)
-            dilated = F.max_pool3d(pooled, 3, stride=1, padding=1)[0, 0] > 0
-            mc = dilated.shape[0]
-            # the coarse cells cover mc * f fine cells (>= M): their edge in the box's units
-            edge = float(((self.aabb[1] - self.aabb[0]) / self.resolution * f).min())
-            self._coarse_key, self._coarse = key, (dilated, edge, mc * f / self.resolution)
-        dilated, edge, _ = self._coarse
-        return dilated, edge
+            blocks = F.max_pool3d(F.pad(pooled, (0, 1, 0, 1, 0, 1)), 2, stride=1)[0, 0] > 0
+            self._coarse_key = key
+            self._coarse = (blocks, (self.aabb[1] - self.aabb[0]) / self.resolution * f, self.occupied_aabb())
+        return self._coarse[:2]
 
-    def query_coarse(self, points: torch.Tensor) -> torch.Tensor:
-        """(P, 3) points -> (P,) bool occupancy of the dilated coarse level (conservative:
-        True wherever a point within one coarse cell edge of ``points`` may be occupied)."""
-        dilated, _ = self.coarse()
-        _, _, scale = self._coarse
-        aabb = self.aabb.to(points.dtype)
-        box = torch.stack([aabb[0], aabb[0] + (aabb[1] - aabb[0]) * scale])
-        # points outside the box are projected onto it: the projection is no farther from
-        # any point of the box than the point itself, so the dilation still covers it
-        x = normalize_points(points, box).clamp(min=0.0).minimum(torch.full_like(points[:1], 1.0 / scale))
-        m = dilated.shape[0]
-        idx = (x * m).long().clamp(0, m - 1)
-        return dilated[idx[:, 0], idx[:, 1], idx[:, 2]]
+    def occupied_box(self) -> torch.Tensor:
+        """(2, 3) float32 box around the occupied cells (cached; see :meth:`occupied_aabb`)."""
+        self.coarse()
+        return self._coarse[2]
+
+    def coarse_blocks(self, starts: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+        """Whether a straight segment may touch an occupied coarse cell (conservative).
+
+        A segment no longer than the smallest coarse cell edge crosses at most one cell
+        plane per axis, so every coarse cell it touches lies in the 2 x 2 x 2 block of
+        coarse cells starting at the smaller of its two ends' cell indices on each axis;
+        one lookup in :meth:`coarse`'s block grid tests it. Ends outside the box are
+        clamped to its border cells, which keeps the part inside the box covered.
+
+        Args:
+            starts, ends: (Q, 3) float segment end points, each segment no longer than
+                ``coarse()[1].min()``.
+        Returns:
+            (Q,) bool.
+        """
+        blocks, _ = self.coarse()
+        mc = blocks.shape[0]
+        aabb = self.aabb.to(starts.dtype)
+        f = min(COARSE_FACTOR, self.resolution)
+        extent = (aabb[1] - aabb[0]) * (mc * f / self.resolution)  # the coarse cells may overhang the box (ceil)
+        ia = ((starts - aabb[0]) / extent * mc).floor().long().clamp(0, mc - 1)
+        ib = ((ends - aabb[0]) / extent * mc).floor().long().clamp(0, mc - 1)
+        lo = torch.minimum(ia, ib)
+        return blocks.reshape(-1)[(lo[:, 0] * mc + lo[:, 1]) * mc + lo[:, 2]]
 
     @torch.no_grad()
     def set_from_alpha(self, alpha: torch.Tensor, threshold: float, dilation: int = 1) -> None:
@@ -171,6 +193,8 @@ def march(origins: torch.Tensor, directions: torch.Tensor, anchor: torch.Tensor,
     """
     num_rays = origins.shape[0]
     dt = step / directions.norm(dim=-1)
+    if occupancy is not None:  # nothing outside the occupied cells' box is sampled
+        t_lo, t_hi = clip_to_box(origins, directions, t_lo, t_hi, occupancy.occupied_box().to(origins.dtype))
     valid = t_hi > t_lo
     lo_j = torch.floor((t_lo - anchor) / dt).long()
     hi_j = torch.ceil((t_hi - anchor) / dt).long()  # exclusive
@@ -180,24 +204,24 @@ def march(origins: torch.Tensor, directions: torch.Tensor, anchor: torch.Tensor,
         j = lo_j[ray] + rank
     else:
         _, coarse_edge = occupancy.coarse()
-        group = max(1, int(math.floor(coarse_edge / step)))  # half a group <= half a coarse cell
+        group = max(1, int(math.floor(float(coarse_edge.min()) / step)))  # a group is shorter than a coarse cell
         g_lo = torch.div(lo_j, group, rounding_mode="floor")
         g_hi = torch.div(hi_j - 1, group, rounding_mode="floor")  # inclusive
         ray_g, rank = _expand(torch.where(valid, g_hi - g_lo + 1, 0))
         g = g_lo[ray_g] + rank
-        a, d = anchor[ray_g], dt[ray_g]
-        lo_g = torch.maximum(grid_edges(a, d, g * group), t_lo[ray_g])
-        hi_g = torch.minimum(grid_edges(a, d, (g + 1) * group), t_hi[ray_g])
-        mid = 0.5 * (lo_g + hi_g)
-        keep = occupancy.query_coarse(origins[ray_g] + directions[ray_g] * mid[:, None])
+        a, d, lo_r, hi_r = anchor[ray_g], dt[ray_g], t_lo[ray_g], t_hi[ray_g]
+        lo_g = grid_edges(a, d, g * group).clamp(lo_r, hi_r)
+        hi_g = grid_edges(a, d, (g + 1) * group).clamp(lo_r, hi_r)
+        o, dr = origins[ray_g], directions[ray_g]
+        keep = occupancy.coarse_blocks(o + dr * lo_g[:, None], o + dr * hi_g[:, None])
         ray_g, g = ray_g[keep], g[keep]
         first = torch.maximum(g * group, lo_j[ray_g])
         last = torch.minimum((g + 1) * group, hi_j[ray_g])
         row, rank = _expand((last - first).clamp(min=0))
         ray, j = ray_g[row], first[row] + rank
-    a, d = anchor[ray], dt[ray]
-    t0 = torch.minimum(torch.maximum(grid_edges(a, d, j), t_lo[ray]), t_hi[ray])
-    t1 = torch.minimum(torch.maximum(grid_edges(a, d, j + 1), t_lo[ray]), t_hi[ray])
+    a, d, lo_r, hi_r = anchor[ray], dt[ray], t_lo[ray], t_hi[ray]
+    t0 = grid_edges(a, d, j).clamp(lo_r, hi_r)
+    t1 = grid_edges(a, d, j + 1).clamp(lo_r, hi_r)
     keep = t1 > t0
     if occupancy is not None:
         mids = 0.5 * (t0 + t1)

@@ -55,6 +55,8 @@ def stratified_samples(near: torch.Tensor, far: torch.Tensor, num_samples: int,
     """
     steps = torch.linspace(0.0, 1.0, num_samples + 1, device=near.device, dtype=near.dtype)
     edges = near[:, None] + (far - near)[:, None] * steps  # (R, S+1)
+    # near + (far - near) * 1 may miss far by an ulp: pin the outer edges exactly
+    edges = torch.cat([near[:, None], edges[:, 1:-1], far[:, None]], dim=-1)
     if perturb and num_samples > 1:
         mids = 0.5 * (edges[:, 1:] + edges[:, :-1])  # (R, S)
         u = torch.rand((edges.shape[0], num_samples - 1), generator=generator, device=near.device,

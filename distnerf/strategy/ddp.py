@@ -15,6 +15,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from ..model.base import RadianceModel
 from .base import Strategy
 
 
@@ -175,6 +176,9 @@ class DDPStrategy(Strategy):
         if not self.env.distributed:
             self.wrapped = self.model
             return self.wrapped
+        for module in self.model.modules():  # DDP buckets (and its comm hook) need dense gradients
+            if isinstance(module, RadianceModel):
+                module.sparse_grad = False
         ddp = DistributedDataParallel(
             self.model,
             device_ids=[self.env.device.index] if self.env.device.type == "cuda" else None,
