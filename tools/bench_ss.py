@@ -36,7 +36,6 @@ from distnerf.data import load_scene  # noqa: E402
 from distnerf.engine.evaluate import render_image, select_views  # noqa: E402
 from distnerf.observe.metrics import psnr, ssim  # noqa: E402
 from distnerf.render import load_renderer, load_run_config  # noqa: E402
-from distnerf.renderer.occupancy import march_rays  # noqa: E402
 from distnerf.sampler import SyncSampler  # noqa: E402
 from distnerf.strategy.fusion import FusedRenderer  # noqa: E402
 from distnerf.strategy.partition import Partition  # noqa: E402
@@ -62,11 +61,8 @@ def outside_share(fused: FusedRenderer, scene, num_rays: int = 8192) -> list[flo
         keep = RegionRayFilter(fused.partition.enlarged()[[k]])
         batch = SyncSampler(scene, num_rays, 0, 1 << 22).host_batch(0)
         rays = batch.rays.map(lambda t: t[keep(batch.rays)])
-        box = getattr(model, "grid_aabb", model.aabb)
-        t0, t1, mask = march_rays(rays.origins, rays.directions, rays.near, rays.far, box, model.march_step(),
-                                  model.occupancy, False)
-        ray_idx, sample_idx = mask.nonzero(as_tuple=True)
-        pts = rays.origins[ray_idx] + rays.directions[ray_idx] * (0.5 * (t0 + t1))[ray_idx, sample_idx, None]
+        samples = model.marcher()(rays.origins, rays.directions, rays.near, rays.near, rays.far)
+        pts = samples.points(rays.origins, rays.directions)
         inside = fused.partition.contains(pts.double())[:, k]
         shares.append(float(1.0 - inside.float().mean()) if len(pts) else float("nan"))
     return shares

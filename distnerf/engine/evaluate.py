@@ -15,30 +15,37 @@ from ..data.rays import image_rays
 from ..observe.metrics import LPIPS, psnr, ssim
 
 
+COUNTS = ("num_samples", "num_density_samples", "num_colour_samples")
+
+
 @torch.no_grad()
 def render_image(model, scene: SceneData, index: int, chunk: int, device) -> dict:
     """Render view ``index`` of ``scene`` in chunks of ``chunk`` rays.
 
     Returns:
         dict with ``rgb`` (H, W, 3) float32 in [0, 1], ``depth`` (H, W) float32 (ray
-        parameter units), ``opacity`` (H, W) float32, ``num_samples`` int; on the CPU.
+        parameter units), ``opacity`` (H, W) float32, ``num_samples`` int (marched), and
+        ``num_density_samples`` / ``num_colour_samples`` when the model reports them; on the CPU.
     """
     was_training = model.training
     model.eval()
     rays = image_rays(scene.cameras, index, scene.near, scene.far, scene.ndc)
     outs = {"rgb": [], "depth": [], "opacity": []}
-    num_samples = 0
+    counts: dict[str, int] = {}
     for start in range(0, len(rays), chunk):
         part = rays.map(lambda t: t[start:start + chunk].to(device))
         out = model(part)
         for k in outs:
             outs[k].append(out[k].float().cpu())
-        num_samples += int(out.get("num_samples", 0))
+        for k in COUNTS:
+            if k in out:
+                counts[k] = counts.get(k, 0) + int(out[k])
     model.train(was_training)
     h, w = scene.height, scene.width
     return {"rgb": torch.cat(outs["rgb"]).view(h, w, 3).clamp(0, 1),
             "depth": torch.cat(outs["depth"]).view(h, w),
-            "opacity": torch.cat(outs["opacity"]).view(h, w), "num_samples": num_samples}
+            "opacity": torch.cat(outs["opacity"]).view(h, w), "num_samples": counts.get("num_samples", 0),
+            **{k: v for k, v in counts.items() if k != "num_samples"}}
 
 
 def save_depth_png(depth: torch.Tensor, path: Path) -> None:

@@ -292,6 +292,10 @@ class Trainer:
                "train_seconds": self.train_seconds,
                **{f"time_{k}": v for k, v in self.timer.pop().items()}, **self.strategy.comm_stats(),
                **self.timer.recent_figures(self.train_cfg.get("log_every", 50))}
+        for key, name in (("num_density_samples", "density_samples_per_ray"),
+                          ("num_colour_samples", "colour_samples_per_ray")):
+            if key in out:  # packed engine: density evaluations (both passes) and coloured samples
+                row[name] = out[key] / max(len(batch.rgb), 1)
         grid_res = getattr(self.model, "resolution", None)
         if grid_res is not None:
             row["grid_resolution"] = grid_res

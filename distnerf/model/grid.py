@@ -199,7 +199,19 @@ class GridModel(MarchingModel):
     # ---------------------------------------------------------------- state
     @property
     def resolution(self) -> int:
-        return int(self.grid_resolution)
+        return self._geometry()[0]
+
+    def _geometry(self) -> tuple[int, float]:
+        """(resolution, marching step) as Python numbers, recomputed only when the grid
+        changes (upsampling, loading a state), so the hot path reads no tensor."""
+        key = (self.grid_resolution._version, self._table_box()._version, self._table_box().data_ptr(),
+               self.grid_resolution.data_ptr())
+        if getattr(self, "_geometry_key", None) != key:
+            box = self._table_box()
+            n = int(self.grid_resolution)
+            self._geometry_cache = (n, self.step_ratio * float((box[1] - box[0]).min()) / (n - 1))
+            self._geometry_key = key
+        return self._geometry_cache
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # match the saved resolution before tensors are copied
@@ -320,9 +332,7 @@ class GridModel(MarchingModel):
 
     def step_size(self) -> float:
         """Marching step: ``step_ratio`` x the smallest voxel edge (distance, world or NDC units)."""
-        box = self._table_box()
-        extent = (box[1] - box[0]).min().item()
-        return self.step_ratio * extent / (self.resolution - 1)
+        return self._geometry()[1]
 
     def add_regularizer_grads_(self) -> float:
         """Total variation of the density (weighted by ``tv_weight``), gradient added locally."""

@@ -98,11 +98,15 @@ def march_alive(density_fn, marcher: Marcher, origins, directions, anchor, t_lo,
     alive = (t_hi > t_lo).nonzero().view(-1)
     lo = t_lo.clone()
     dt = step / directions.norm(dim=-1)
+    # grid edge where each ray's next round starts, counted in integers: recomputing it from
+    # ``lo`` by floor((lo - a) / dt) can land one edge short and, with round_steps = 1, never advance
+    j_next = torch.floor((t_lo - anchor) / dt).long()
     parts, sigma_parts, num_marched = [], [], 0
     while alive.numel():
         o, d, a = origins[alive], directions[alive], anchor[alive]
         # each round ends on an edge of the sample grid, so rounds split no interval
-        j_end = torch.floor((lo[alive] - a) / dt[alive]).long() + round_steps
+        j_end = j_next[alive] + round_steps
+        j_next[alive] = j_end
         hi = torch.minimum(grid_edges(a, dt[alive], j_end), t_hi[alive])
         samples = marcher(o, d, a, lo[alive], hi)
         sigmas = density_fn(samples.points(o, d))

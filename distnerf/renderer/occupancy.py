@@ -40,12 +40,12 @@ def normalize_points(points: torch.Tensor, aabb: torch.Tensor) -> torch.Tensor:
     return (points - aabb[0]) / (aabb[1] - aabb[0])
 
 
-def _cells(points: torch.Tensor, aabb: torch.Tensor, binary: torch.Tensor) -> torch.Tensor:
-    x = normalize_points(points, aabb)
-    inside = ((x >= 0) & (x <= 1)).all(dim=-1)
+def _lookup(cells: torch.Tensor, binary: torch.Tensor) -> torch.Tensor:
+    """(P, 3) float positions in cell units (consumed) -> (P,) bool occupancy; outside is False."""
     m = binary.shape[0]
-    idx = (x * m).long().clamp(0, m - 1)
-    return binary.reshape(-1)[(idx[:, 0] * m + idx[:, 1]) * m + idx[:, 2]] & inside
+    inside = (cells >= 0).all(dim=-1) & (cells <= m).all(dim=-1)
+    i = cells.clamp_(0, m - 1).to(torch.int32)
+    return binary.reshape(-1)[(i[:, 0] * m + i[:, 1]) * m + i[:, 2]] & inside
 
 
 class OccupancyGrid(nn.Module):
@@ -79,7 +79,22 @@ class OccupancyGrid(nn.Module):
 
     def query(self, points: torch.Tensor) -> torch.Tensor:
         """Occupancy of points. points: (P, 3) float. Returns (P,) bool; outside the box is False."""
-        return _cells(points, self.aabb.to(points.dtype), self.binary)
+        aabb = self.aabb.to(points.dtype)
+        return _lookup((points - aabb[0]) * (self.resolution / (aabb[1] - aabb[0])), self.binary)
+
+    def ray_cells(self, origins: torch.Tensor, directions: torch.Tensor):
+        """Rays in cell units: (R, 3) origins and (R, 3) directions such that ``o + t d``
+        is the point ``origins + t directions`` measured in cells from the box corner."""
+        aabb = self.aabb.to(origins.dtype)
+        scale = self.resolution / (aabb[1] - aabb[0])
+        return (origins - aabb[0]) * scale, directions * scale
+
+    def query_rays(self, cell_origins: torch.Tensor, cell_directions: torch.Tensor, ray_indices: torch.Tensor,
+                   t: torch.Tensor) -> torch.Tensor:
+        """Occupancy at ray parameter ``t`` (P,) of rays ``ray_indices`` (P,), given the rays
+        in cell units (:meth:`ray_cells`). Returns (P,) bool, like :meth:`query`."""
+        return _lookup(torch.addcmul(cell_origins[ray_indices], cell_directions[ray_indices], t[:, None]),
+                       self.binary)
 
     def coarse(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The coarse level of the two-level walk.
@@ -97,8 +112,14 @@ class OccupancyGrid(nn.Module):
             pooled = F.max_pool3d(self.binary[None, None].float(), f, stride=f, ceil_mode=True)
             blocks = F.max_pool3d(F.pad(pooled, (0, 1, 0, 1, 0, 1)), 2, stride=1)[0, 0] > 0
             self._coarse_key = key
-            self._coarse = (blocks, (self.aabb[1] - self.aabb[0]) / self.resolution * f, self.occupied_aabb())
+            edge = (self.aabb[1] - self.aabb[0]) / self.resolution * f
+            self._coarse = (blocks, edge, self.occupied_aabb(), float(edge.min()))
         return self._coarse[:2]
+
+    def coarse_edge(self) -> float:
+        """The smallest coarse cell edge, a Python float (cached with :meth:`coarse`)."""
+        self.coarse()
+        return self._coarse[3]
 
     def occupied_box(self) -> torch.Tensor:
         """(2, 3) float32 box around the occupied cells (cached; see :meth:`occupied_aabb`)."""
@@ -203,8 +224,7 @@ def march(origins: torch.Tensor, directions: torch.Tensor, anchor: torch.Tensor,
         ray, rank = _expand((hi_j - lo_j).clamp(min=0))
         j = lo_j[ray] + rank
     else:
-        _, coarse_edge = occupancy.coarse()
-        group = max(1, int(math.floor(float(coarse_edge.min()) / step)))  # a group is shorter than a coarse cell
+        group = max(1, int(math.floor(occupancy.coarse_edge() / step)))  # a group is shorter than a coarse cell
         g_lo = torch.div(lo_j, group, rounding_mode="floor")
         g_hi = torch.div(hi_j - 1, group, rounding_mode="floor")  # inclusive
         ray_g, rank = _expand(torch.where(valid, g_hi - g_lo + 1, 0))
@@ -224,6 +244,6 @@ def march(origins: torch.Tensor, directions: torch.Tensor, anchor: torch.Tensor,
     t1 = grid_edges(a, d, j + 1).clamp(lo_r, hi_r)
     keep = t1 > t0
     if occupancy is not None:
-        mids = 0.5 * (t0 + t1)
-        keep &= occupancy.query(origins[ray] + directions[ray] * mids[:, None])
+        keep &= occupancy.query_rays(*occupancy.ray_cells(origins, directions), ray, 0.5 * (t0 + t1))
+    keep = keep.nonzero().view(-1)
     return PackedSamples(ray[keep], t0[keep], t1[keep], num_rays)

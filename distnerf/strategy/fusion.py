@@ -261,10 +261,12 @@ class FusedRenderer(nn.Module):
         samples = self._shared_samples(rays)
         points = samples.points(rays.origins, rays.directions)
         ray_idx = samples.ray_indices
+        start = time.perf_counter()  # routing: which enlarged regions hold each sample, and their weights
         member = self.partition.contains(points.clamp(self.partition.bounds[0].to(points),
                                                       self.partition.bounds[1].to(points)), enlarged=True)
         dist_k = torch.cdist(points.double(), self.partition.centers.to(points.device))
         inv = torch.where(member, 1.0 / dist_k.clamp(min=1e-9) ** self.blend_power, torch.zeros_like(dist_k))
+        self.timing["routing_s"] += time.perf_counter() - start
         occupied = torch.zeros_like(member)
         sigma = torch.zeros(points.shape[0], dtype=torch.float64, device=points.device)
         rgb = torch.zeros(points.shape[0], 3, dtype=torch.float64, device=points.device)

@@ -1,0 +1,236 @@
+"""The packed-sample engine against the engine of an earlier commit, side by side (BENCHMARKS.md, "Engine").
+
+    python tools/bench_engine.py RUN_DIR [--baseline bb24e52] [--views 25] [--old-views 25] [--threads 2]
+        [--parts eval,exact,old,memory,train] [--out RUN_DIR/bench_engine.json]
+
+RUN_DIR is a trained ``model=grid`` run (e.g. ``tools/bench_quality.sh``'s). In one invocation:
+
+* ``eval``: its checkpoint rendered on ``--views`` evenly spaced test views by this engine at
+  its settings: seconds and rays/s per view, PSNR/SSIM, samples per ray marched, evaluated
+  for density and coloured;
+* ``exact``: the same views with early termination and the colour threshold off
+  (``termination=0``, ``color_threshold=0``): the PSNR the thresholds must stay within;
+* ``old``: the same checkpoint rendered by the engine of ``--baseline`` (a ``git worktree`` of
+  that commit, in a subprocess with the same thread count) on ``--old-views`` views;
+* ``memory``: peak RSS of a fresh process rendering one view at ``eval.chunk`` 8192 and 65536;
+* ``train``: training rays/s of both engines at each grid stage (the checkpoint's tables
+  resampled to 64^3, 128^3, 160^3, the same ray batches), median of 8 steps after 2 of
+  warm-up (forward, backward, regulariser, optimizer).
+
+Views are rendered in this order: new and exact interleaved per view, then old. Writes JSON
+(``--out``) and prints a summary. Run it on a quiet machine (``../shared/tools/quiet``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+# The worker runs in a fresh process, from a checkout of either engine (its cwd): it renders
+# views or times training steps of one model state and prints one JSON line.
+WORKER = r'''
+import json, resource, statistics, sys, time
+import torch
+args = json.loads(sys.argv[1])
+torch.set_num_threads(args["threads"])
+sys.path.insert(0, ".")
+from distnerf.data import load_scene
+from distnerf.data.rays import generate_rays
+from distnerf.engine.evaluate import render_image
+from distnerf.model import build_model
+from distnerf.observe.metrics import psnr, ssim
+cfg = dict(args["model_cfg"])
+for k in ("compile", "compile_mode"):
+    cfg.pop(k, None)
+if args.get("legacy"):  # keys the old engine does not know
+    for k in ("termination", "eval_round_steps", "sparse_grad"):
+        cfg.pop(k, None)
+split = "test" if args["mode"] == "render" else "train"
+scene = load_scene(args["dataset"], split)
+model = build_model(cfg, scene.aabb, scene.background)
+model.load_state_dict(torch.load(args["state"], map_location="cpu", weights_only=False))
+out = {}
+if args["mode"] == "render":
+    model.eval()
+    rows = []
+    for v in args["views"]:
+        t = time.perf_counter()
+        r = render_image(model, scene, v, args["chunk"], torch.device("cpu"))
+        dt = time.perf_counter() - t
+        rows.append({"view": v, "seconds": dt, "psnr": psnr(r["rgb"], scene.images[v]),
+                     "ssim": ssim(r["rgb"], scene.images[v]), "num_samples": r["num_samples"]})
+    out["rows"] = rows
+else:
+    from distnerf.engine.optim import build_optimizer
+    model.train()
+    opt = build_optimizer(model, {"lr": 1e-3, "fused": True, "eps": 1e-15})
+    g = torch.Generator().manual_seed(0)
+    times = []
+    for it in range(args["steps"] + 2):
+        n = args["rays"]
+        idx = torch.randint(0, len(scene.images), (n,), generator=g)
+        u = torch.randint(0, scene.width, (n,), generator=g)
+        v = torch.randint(0, scene.height, (n,), generator=g)
+        rays = generate_rays(scene.cameras, idx, u, v, scene.near, scene.far, scene.ndc)
+        target = scene.images[idx, v, u]
+        jitter = torch.Generator().manual_seed(it)
+        t = time.perf_counter()
+        o = model(rays, jitter)
+        ((o["rgb"] - target) ** 2).mean(dim=-1).sum().div(n).backward()
+        model.add_regularizer_grads_()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - t)
+    out["rays_per_s"] = args["rays"] / statistics.median(times[2:])
+    out["samples_per_ray"] = o["num_samples"] / args["rays"]
+out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print("RESULT " + json.dumps(out))
+'''
+
+
+def run_worker(cwd: Path, args: dict) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": str(args["threads"]), "PYTHONPATH": str(cwd)}
+    proc = subprocess.run([sys.executable, "-c", WORKER, json.dumps(args)], cwd=cwd, env=env,
+                          capture_output=True, text=True)
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    if proc.returncode != 0 or not line:
+        raise RuntimeError(f"worker in {cwd} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return json.loads(line[-1][len("RESULT "):])
+
+
+def baseline_checkout(rev: str) -> Path:
+    """A git worktree of ``rev`` (re-used if present) under the system temp dir."""
+    path = Path(tempfile.gettempdir()) / f"distnerf-engine-{rev}"
+    if not (path / "distnerf").exists():
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--force", str(path), rev],
+                       check=True, capture_output=True)
+    return path
+
+
+def summarise(rows: list[dict], pixels: int) -> dict:
+    secs = [r["seconds"] for r in rows]
+    return {"views": len(rows), "seconds_median": statistics.median(secs), "seconds_all": secs,
+            "rays_per_s_median": pixels / statistics.median(secs),
+            "psnr": statistics.mean(r["psnr"] for r in rows), "ssim": statistics.mean(r["ssim"] for r in rows),
+            **{k: statistics.mean(r[k] for r in rows) / pixels for k in
+               ("num_samples", "num_density_samples", "num_colour_samples") if k in rows[0]}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("run_dir", type=Path)
+    ap.add_argument("--baseline", default="bb24e52")
+    ap.add_argument("--views", type=int, default=25)
+    ap.add_argument("--old-views", type=int, default=25)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--parts", default="eval,exact,old,memory,train")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    parts = set(args.parts.split(","))
+
+    import torch
+    from omegaconf import OmegaConf
+
+    from distnerf.data import load_scene
+    from distnerf.engine.evaluate import render_image, select_views
+    from distnerf.model import build_model
+    from distnerf.observe.metrics import psnr, ssim
+    from distnerf.render import load_run_config, load_weights
+
+    torch.set_num_threads(args.threads)
+    cfg, run_dir = load_run_config([f"run_dir={args.run_dir}"])
+    model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
+    dataset = OmegaConf.to_container(cfg.dataset, resolve=True)
+    state, step = load_weights(cfg, run_dir)
+    scene = load_scene(dataset, "test")
+    pixels = scene.height * scene.width
+    report = {"run_dir": str(run_dir), "step": step, "baseline": args.baseline, "threads": args.threads,
+              "resolution": [scene.height, scene.width], "load_before": os.getloadavg()}
+    runtime = {k: v for k, v in model_cfg.items() if k not in ("compile", "compile_mode")}
+    tmp = Path(tempfile.mkdtemp(prefix="bench_engine_"))
+    state_file = tmp / "state.pt"
+    torch.save(state, state_file)
+
+    views = select_views(len(scene), args.views)
+    if parts & {"eval", "exact"}:
+        new = build_model(runtime, scene.aabb, scene.background)
+        new.load_state_dict(state)
+        exact = build_model({**runtime, "termination": 0.0, "color_threshold": 0.0}, scene.aabb, scene.background)
+        exact.load_state_dict(state)
+        rows = {"new": [], "exact": []}
+        for v in views:
+            for name, model in (("new", new), ("exact", exact)):
+                if name == "new" and "eval" not in parts or name == "exact" and "exact" not in parts:
+                    continue
+                start = time.perf_counter()
+                out = render_image(model, scene, v, int(cfg.eval.chunk), torch.device("cpu"))
+                rows[name].append({"view": v, "seconds": time.perf_counter() - start,
+                                   "psnr": psnr(out["rgb"], scene.images[v]), "ssim": ssim(out["rgb"], scene.images[v]),
+                                   **{k: out[k] for k in ("num_samples", "num_density_samples",
+                                                          "num_colour_samples") if k in out}})
+            print(f"view {v}: " + ", ".join(f"{k} {r[-1]['seconds']:.2f} s {r[-1]['psnr']:.2f} dB"
+                                            for k, r in rows.items() if r), flush=True)
+        report.update({k: summarise(r, pixels) for k, r in rows.items() if r})
+        if rows["new"] and rows["exact"]:
+            report["psnr_new_minus_exact"] = report["new"]["psnr"] - report["exact"]["psnr"]
+    if "old" in parts:
+        old_views = select_views(len(scene), args.old_views)
+        res = run_worker(baseline_checkout(args.baseline),
+                         {"mode": "render", "legacy": True, "threads": args.threads, "model_cfg": model_cfg,
+                          "dataset": dataset, "state": str(state_file), "views": old_views,
+                          "chunk": int(cfg.eval.chunk)})
+        report["old"] = summarise(res["rows"], pixels)
+        if "new" in report:
+            same = [r for r in rows["new"] if r["view"] in set(old_views)]
+            if same:
+                report["old_over_new_seconds_same_views"] = (statistics.median(r["seconds"] for r in res["rows"])
+                                                            / statistics.median(r["seconds"] for r in same))
+        print(f"old engine: {report['old']['seconds_median']:.2f} s/view, {report['old']['psnr']:.2f} dB", flush=True)
+    if "memory" in parts:
+        report["memory"] = {}
+        for chunk in (8192, 65536):
+            res = run_worker(ROOT, {"mode": "render", "threads": args.threads, "model_cfg": model_cfg,
+                                    "dataset": dataset, "state": str(state_file), "views": [views[0]],
+                                    "chunk": chunk})
+            report["memory"][str(chunk)] = {"peak_rss_mb": res["peak_rss_mb"], "seconds": res["rows"][0]["seconds"]}
+            print(f"chunk {chunk}: peak RSS {res['peak_rss_mb']:.0f} MB", flush=True)
+    if "train" in parts:
+        report["train"] = {}
+        for res_n in (64, 128, 160):
+            model = build_model(runtime, scene.aabb, scene.background)
+            model.load_state_dict(state)
+            model.tighten_aabb = False
+            with torch.no_grad():
+                model.upsample(res_n)
+            stage_file = tmp / f"state_{res_n}.pt"
+            torch.save(model.state_dict(), stage_file)
+            job = {"mode": "train", "threads": args.threads, "model_cfg": {**model_cfg, "resolutions": [res_n],
+                                                                           "upsample_steps": []},
+                   "dataset": dataset, "state": str(stage_file), "steps": 8, "rays": int(cfg.train.global_rays)}
+            new_r = run_worker(ROOT, job)
+            old_r = run_worker(baseline_checkout(args.baseline), {**job, "legacy": True})
+            report["train"][str(res_n)] = {"new": new_r, "old": old_r,
+                                           "new_over_old": new_r["rays_per_s"] / old_r["rays_per_s"]}
+            print(f"train {res_n}^3: new {new_r['rays_per_s']:.0f} rays/s, old {old_r['rays_per_s']:.0f} rays/s",
+                  flush=True)
+    report["load_after"] = os.getloadavg()
+    out = args.out or run_dir / "bench_engine.json"
+    out.write_text(json.dumps(report, indent=1))
+    print(json.dumps({k: v for k, v in report.items() if k in ("new", "exact", "old", "psnr_new_minus_exact",
+                                                                "old_over_new_seconds_same_views", "memory")},
+                     indent=1, default=str))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
