@@ -15,6 +15,7 @@ from tests.dist.workers import make_problem, set_env
 AABB = torch.tensor([[-1.0, -1.0, -1.0], [1.0, 1.0, 1.0]], dtype=torch.float64)
 BG = torch.tensor([1.0, 0.5, 0.25], dtype=torch.float64)
 COUNTS = {2: [2, 1, 1], 4: [2, 2, 1]}
+JITTER_SEED = 1234  # seed of the step's generator: the per-ray jitter u is its first draw
 
 
 def region_models(num_regions: int, regions: list[int]) -> dict:
@@ -23,10 +24,11 @@ def region_models(num_regions: int, regions: list[int]) -> dict:
     models = {}
     for k in regions:
         torch.manual_seed(100 + k)
+        # default colour threshold (1e-3) and termination (1e-4): the reference applies them per segment
         m = GridModel(part.boxes[k].float(), torch.zeros(3), resolutions=[8], upsample_steps=[], color="sh",
-                      color_threshold=0.0, tighten_aabb=False).double()
+                      tighten_aabb=False).double()
         with torch.no_grad():
-            m.density.copy_(torch.randn_like(m.density) * 3.0 + 6.0)
+            m.density.copy_(torch.randn_like(m.density) * 3.0 + 9.0)  # dense enough for termination to cut
             m.features.copy_(torch.randn_like(m.features))
             m.occupancy.binary.copy_(torch.rand(m.occupancy.binary.shape) > 0.2)
         models[k] = m
@@ -43,7 +45,7 @@ def joint_worker(rank: int, world_size: int, port: int, num_regions: int, out_di
         part, models = region_models(num_regions, [k for k, r in enumerate(owners) if r == rank])
         joint = JointRegionModels(models, part, BG, distributed=True)
         rays, target = make_problem(48, seed=3)
-        out = joint(rays, torch.Generator().manual_seed(1234))
+        out = joint(rays, torch.Generator().manual_seed(JITTER_SEED))
         # the photometric loss of engine/loss.py, kept in float64 here (it casts to float32)
         loss = ((out["rgb"] - target) ** 2).mean(dim=-1).sum() / len(target)
         loss.backward()

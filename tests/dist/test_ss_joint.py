@@ -1,55 +1,94 @@
 """``ss`` joint training is exact: with K regions on 2 ranks, the loss and every region's
 gradients equal those of ONE process holding all K sub-fields that renders the union of
-their samples along each ray in a single volume-rendering pass (float64, gloo)."""
+their samples along each ray in a single volume-rendering pass (float64, gloo).
+
+The reference follows the sampling contract, not the code: one jitter ``u`` per ray,
+drawn first from the step's generator; region k marches its segment (the ray clipped to
+the region's box and to the sub-model's marching box) on the ray's sample grid anchored
+at ``near + u step_k / |d|``, in its occupied cells. Each sub-model renders its segment
+without knowledge of the others, so its rules see its *own* segment only: early
+termination keeps a sample while the transmittance inside the segment before it exceeds
+``termination``, and a sample gets a colour where its weight inside the segment exceeds
+``color_threshold`` (both at the models' defaults, 1e-4 and 1e-3). The kept samples of
+all regions are then merged along the ray and rendered in one differentiable pass
+(transmittance as a running product of ``exp(-tau)``, in a padded per-ray layout).
+"""
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
 
-from distnerf.renderer.occupancy import march_rays
-from distnerf.renderer.volume import volume_render
-from distnerf.strategy.joint import clip_to_box, region_generator
+from distnerf.renderer.occupancy import march
+from distnerf.renderer.samples import clip_to_box as clip_segment
+from distnerf.strategy.joint import clip_to_box
 from tests.conftest import spawn
-from tests.dist.joint_workers import BG, joint_worker, region_models
+from tests.dist.joint_workers import BG, JITTER_SEED, joint_worker, region_models
 from tests.dist.workers import make_problem
 
 
+def segment_masks(ray, t0, t1, sigma, termination: float, threshold: float):
+    """Per-segment rules of a sub-model (python loop over one region's samples, sorted by
+    ray then t): kept (local transmittance before the sample > termination) and coloured
+    (local weight > threshold)."""
+    trans, kept, coloured = {}, [], []
+    for r, a, b, s in zip(ray.tolist(), t0.tolist(), t1.tolist(), sigma.tolist()):
+        t = trans.get(r, 1.0)
+        alpha = 1.0 - math.exp(-s * (b - a))
+        kept.append(t > termination)
+        coloured.append(t > termination and t * alpha > threshold)
+        trans[r] = t * (1.0 - alpha)
+    return torch.tensor(kept, dtype=torch.bool), torch.tensor(coloured, dtype=torch.bool)
+
+
 def union_loss(num_regions: int):
-    """Reference: every region's samples (its own marching inside its box, the same jitter)
-    merged along the ray and rendered in one pass."""
+    """Reference (module docstring): loss, colour and gradients of the one-pass render."""
     part, models = region_models(num_regions, list(range(num_regions)))
     rays, target = make_problem(48, seed=3)
-    generator = torch.Generator().manual_seed(1234)
     r = len(rays)
-    starts, ends, sigmas, rgbs = [], [], [], []
+    u = torch.rand(r, generator=torch.Generator().manual_seed(JITTER_SEED), dtype=torch.float64)
+    o, d = rays.origins, rays.directions
+    ray, t0, t1, sig, rgb = [], [], [], [], []
+    num_cut = num_dark = 0  # samples behind a termination cut; kept samples without colour
     for k, m in models.items():
-        t_in, t_out, hit = clip_to_box(rays, part.boxes[k])
-        idx = hit.nonzero().view(-1)
-        t0, t1, mask = march_rays(rays.origins[idx], rays.directions[idx], t_in[idx], t_out[idx], m.grid_aabb,
-                                  m.step_size(), m.occupancy, True, region_generator(generator, k, "cpu"))
-        s = t0.shape[1]
-        ts, te = torch.full((r, s), 1e9, dtype=torch.float64), torch.full((r, s), 1e9, dtype=torch.float64)
-        ts[idx], te[idx] = torch.where(mask, t0, 1e9), torch.where(mask, t1, 1e9)
-        ray_i, samp_i = mask.nonzero(as_tuple=True)
-        mid = 0.5 * (t0 + t1)[ray_i, samp_i]
-        pts = rays.origins[idx][ray_i] + rays.directions[idx][ray_i] * mid[:, None]
-        sig = torch.zeros(r, s, dtype=torch.float64)
-        col = torch.zeros(r, s, 3, dtype=torch.float64)
-        sig = sig.index_put((idx[ray_i], samp_i), m.field_density(pts))
-        col = col.index_put((idx[ray_i], samp_i), m.field_rgb(pts, rays.viewdirs[idx][ray_i]))
-        starts.append(ts), ends.append(te), sigmas.append(sig), rgbs.append(col)
-    ts, te = torch.cat(starts, 1), torch.cat(ends, 1)
-    order = torch.argsort(ts, dim=1)
-    take = lambda t: torch.gather(t, 1, order)  # noqa: E731
-    sig = take(torch.cat(sigmas, 1))
-    col = torch.gather(torch.cat(rgbs, 1), 1, order[..., None].expand(-1, -1, 3))
-    ts, te = take(ts), take(te)
-    te = torch.where(ts >= 1e9, ts, te)  # padding: zero-length intervals, zero density
-    out = volume_render(sig, col, ts, te, BG)
-    loss = ((out["rgb"] - target) ** 2).mean(dim=-1).sum() / r
+        assert m.termination == 1e-4 and m.color_threshold == 1e-3  # the defaults are tested
+        step = m.march_step()
+        t_in, t_out, _ = clip_to_box(rays, part.boxes[k])
+        t_in, t_out = clip_segment(o, d, t_in, t_out, m.marching_box().double())
+        s = march(o, d, rays.near + u * step / d.norm(dim=-1), t_in, t_out, step, m.occupancy)
+        pts = s.points(o, d)
+        with torch.no_grad():
+            kept, coloured = segment_masks(s.ray_indices, s.t_starts, s.t_ends, m.field_density(pts),
+                                           m.termination, m.color_threshold)
+        num_cut += int((~kept).sum())
+        num_dark += int((kept & ~coloured).sum())
+        col = torch.zeros(int(kept.sum()), 3, dtype=torch.float64)
+        c_idx = coloured[kept].nonzero().view(-1)
+        col = col.index_put((c_idx,), m.field_rgb(pts[kept][c_idx], rays.viewdirs[s.ray_indices[kept][c_idx]]))
+        ray.append(s.ray_indices[kept]), t0.append(s.t_starts[kept]), t1.append(s.t_ends[kept])
+        sig.append(m.field_density(pts[kept])), rgb.append(col)
+    assert num_cut > 0 and num_dark > 0, (num_cut, num_dark)  # both rules act on this problem
+    ray, t0, t1, sig, rgb = (torch.cat(x) for x in (ray, t0, t1, sig, rgb))
+    # padded per-ray layout, sorted front to back; padding: zero-length, zero density, no colour
+    order = sorted(range(ray.shape[0]), key=lambda i: (int(ray[i]), float(t0[i])))
+    counts = torch.bincount(ray, minlength=r)
+    width = int(counts.max())
+    slot = torch.zeros(ray.shape[0], dtype=torch.long)
+    seen = [0] * r
+    for i in order:
+        slot[i] = seen[int(ray[i])]
+        seen[int(ray[i])] += 1
+    tau = torch.zeros(r, width, dtype=torch.float64).index_put((ray, slot), sig * (t1 - t0))
+    col = torch.zeros(r, width, 3, dtype=torch.float64).index_put((ray, slot), rgb)
+    survive = torch.exp(-tau)  # 1 - alpha
+    trans = torch.cumprod(torch.cat([torch.ones(r, 1, dtype=torch.float64), survive], dim=1), dim=1)
+    weights = trans[:, :-1] * (1.0 - survive)
+    out_rgb = (weights[..., None] * col).sum(dim=1) + trans[:, -1:] * BG
+    loss = ((out_rgb - target) ** 2).mean(dim=-1).sum() / r
     loss.backward()
     grads = {k: {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None} for k, m in models.items()}
-    return loss.detach(), out["rgb"].detach(), grads
+    return loss.detach(), out_rgb.detach(), grads
 
 
 @pytest.mark.parametrize("num_regions", [2, 4], ids=["K=2", "K=4 (2 per rank)"])

@@ -1,9 +1,13 @@
 """Fusion of sub-scene models: ``segment`` equals one render of the union field (float64).
 
-The reference renders every ray in ONE volume-rendering pass (``volume_render``)
-over the same samples, taking each sample's density and colour from the sub-model
-that owns it; the fused renderer instead renders one segment per region and
-composites the segments front to back. They must agree to float64 round-off.
+The reference places each region's samples as the engine's contract says (the ray's
+segment in the region's box, clipped to the box of the sub-model's occupied cells,
+marched on the ray's one sample grid, anchored at ``near``, with the fused step; a sample
+kept where its midpoint is occupied for the region's sub-model), merges all regions' samples along each ray and renders them in ONE pass of
+NeRF's quadrature as a float64 per-ray loop (:func:`tests.reference.render_loop`),
+colouring a sample only where its *global* weight exceeds the colour threshold. The fused
+renderer instead renders one segment per region and composites the segments front to
+back; they must agree to float64 round-off.
 """
 from __future__ import annotations
 
@@ -13,11 +17,14 @@ import torch
 from distnerf.data.rays import RayBundle
 from distnerf.model.grid import GridModel
 from distnerf.model.nerf import NeRFModel
-from distnerf.renderer.occupancy import march_rays
-from distnerf.renderer.samples import intervals_from_points, sample_pdf, stratified_samples
+from distnerf.renderer.occupancy import march
+from distnerf.renderer.packed import PackedSamples
+from distnerf.renderer.samples import clip_to_box, intervals_from_points, sample_pdf, stratified_samples
+from distnerf.renderer.segments import composite_segments
 from distnerf.renderer.volume import render_weights, volume_render
-from distnerf.strategy.fusion import FusedRenderer, composite_segments
+from distnerf.strategy.fusion import FusedRenderer
 from distnerf.strategy.partition import grid_partition
+from tests.reference import render_loop
 
 AABB = torch.tensor([[-1.0, -1.0, -1.0], [1.0, 1.0, 1.0]], dtype=torch.float64)
 BG = torch.tensor([1.0, 0.5, 0.25], dtype=torch.float64)
@@ -34,7 +41,7 @@ def random_rays(n: int, seed: int) -> RayBundle:
                      torch.full((n,), 6.0, dtype=torch.float64))
 
 
-def grid_submodels(part, seed: int) -> dict:
+def grid_submodels(part, seed: int, termination: float | None = None) -> dict:
     models = {}
     for k, box in enumerate(part.enlarged()):
         torch.manual_seed(seed + k)
@@ -47,73 +54,100 @@ def grid_submodels(part, seed: int) -> dict:
                 t.copy_(torch.randn_like(t))
             # some empty cells: each model's own occupancy decides for its samples
             m.occupancy.binary.copy_(torch.rand(m.occupancy.binary.shape) > 0.2)
+        if termination is not None:
+            m.termination = termination
         models[k] = m.eval()
     return models
 
 
-def union_reference(part, models, rays, step, color_threshold: float = 0.0):
-    """One pass over the union field (independent of the segment compositing); colours
-    only where the global weight exceeds ``color_threshold``, as a single grid model does."""
-    t_starts, t_ends, mask = march_rays(rays.origins, rays.directions, rays.near, rays.far, part.bounds, step,
-                                        None, False)
-    ray_idx, sample_idx = mask.nonzero(as_tuple=True)
-    mid = 0.5 * (t_starts + t_ends)[ray_idx, sample_idx]
-    pts = rays.origins[ray_idx] + rays.directions[ray_idx] * mid[:, None]
-    owner = part.region_of(pts)
-    sigmas = torch.zeros(mask.shape, dtype=torch.float64)
-    rgbs = torch.zeros(mask.shape + (3,), dtype=torch.float64)
+def union_reference(part, models, rays, step, color_threshold: float, shared: bool = False):
+    """One pass over the union of the regions' samples (module docstring).
+
+    ``shared``: instead of one march per region segment, one march of the whole scene box,
+    each sample taken by the region holding its midpoint (the samples of ``blend``).
+    """
+    o, d = rays.origins, rays.directions
+    if shared:
+        t_lo, t_hi = clip_to_box(o, d, rays.near, rays.far, part.bounds)
+        whole = march(o, d, rays.near, t_lo, t_hi, step, None)
+        owner = part.region_of(whole.points(o, d))
+        per_region = {k: whole.select(owner == k) for k in models}
+    else:
+        per_region = {}
+        for k in models:
+            t_lo, t_hi = clip_to_box(o, d, rays.near, rays.far, part.boxes[k])
+            per_region[k] = march(o, d, rays.near, t_lo, t_hi, step, None)
+    ray, t0, t1, sig, rgb = [], [], [], [], []
     for k, m in models.items():
-        sel = (owner == k) & m.occupied(pts)
-        sigmas[ray_idx[sel], sample_idx[sel]] = m.field_density(pts[sel])
-    weights = render_weights(1 - torch.exp(-sigmas * (t_ends - t_starts)))[0]
-    for k, m in models.items():
-        sel = (owner == k) & m.occupied(pts) & (weights[ray_idx, sample_idx] > color_threshold)
-        rgbs[ray_idx[sel], sample_idx[sel]] = m.field_rgb(pts[sel], rays.viewdirs[ray_idx[sel]])
-    return volume_render(sigmas, rgbs, t_starts, t_ends, BG)
+        s = per_region[k]
+        if not shared:  # a sub-model samples nothing outside the box of its occupied cells
+            grid = m.occupancy
+            idx = grid.binary.nonzero()
+            cell = (grid.aabb[1] - grid.aabb[0]) / grid.resolution
+            occ_box = torch.stack([grid.aabb[0] + idx.min(0).values * cell, grid.aabb[0] + (idx.max(0).values + 1) * cell])
+            lo, hi = clip_to_box(o, d, rays.near, rays.far, part.boxes[k])
+            lo, hi = clip_to_box(o, d, lo, hi, occ_box.to(o.dtype))
+            s = march(o, d, rays.near, lo, hi, step, None)
+        s = s.select(m.occupied(s.points(o, d)))
+        pts = s.points(o, d)
+        ray.append(s.ray_indices), t0.append(s.t_starts), t1.append(s.t_ends)
+        sig.append(m.field_density(pts)), rgb.append(m.field_rgb(pts, rays.viewdirs[s.ray_indices]))
+    return render_loop(torch.cat(ray), torch.cat(t0), torch.cat(t1), torch.cat(sig), torch.cat(rgb), len(rays), BG,
+                       colour_threshold=color_threshold)
 
 
+@pytest.mark.parametrize("threshold", [1e-3, 0.0], ids=["default threshold", "threshold 0"])
 @pytest.mark.parametrize("counts", [[2, 1, 1], [2, 2, 1]], ids=["2 regions", "4 regions"])
-def test_segment_fusion_equals_single_render_of_union_field(counts):
+def test_segment_fusion_equals_single_render_of_union_field(counts, threshold):
     part = grid_partition(AABB, counts[0] * counts[1] * counts[2], counts, overlap=0.15)
-    models = grid_submodels(part, 0)
+    models = grid_submodels(part, 0, termination=0.0)
     rays = random_rays(300, 1)
-    fused = FusedRenderer(part, models, "segment", background=BG, color_threshold=0.0)
+    fused = FusedRenderer(part, models, "segment", background=BG, color_threshold=threshold)
     out = fused(rays)
     with torch.no_grad():
-        ref = union_reference(part, models, rays, fused.step)
+        ref = union_reference(part, models, rays, fused.step, threshold)
     assert float(ref["opacity"].mean()) > 0.3  # a non-trivial field: most rays hit something
     assert torch.allclose(out["rgb"], ref["rgb"], atol=1e-10, rtol=0)
     assert torch.allclose(out["opacity"], ref["opacity"], atol=1e-10, rtol=0)
-    t_starts, t_ends, _ = march_rays(rays.origins, rays.directions, rays.near, rays.far, part.bounds, fused.step,
-                                     None, False)
-    t_mid = 0.5 * (t_starts + t_ends)
-    assert torch.allclose(out["depth"], (ref["weights"] * t_mid).sum(-1), atol=1e-9, rtol=0)
+    assert torch.allclose(out["depth"], ref["depth"], atol=1e-9, rtol=0)
+    if threshold > 0:
+        with torch.no_grad():
+            exact = union_reference(part, models, rays, fused.step, 0.0)
+        assert float((exact["rgb"] - ref["rgb"]).abs().max()) > 1e-6  # the threshold did drop samples
 
 
-def test_colour_threshold_uses_exchanged_transmittance_like_one_model():
-    part = grid_partition(AABB, 2, [2, 1, 1], overlap=0.15)
-    models = grid_submodels(part, 3)
-    rays = random_rays(200, 4)
-    fused = FusedRenderer(part, models, "segment", background=BG, color_threshold=1e-3)
+@pytest.mark.parametrize("counts", [[2, 1, 1], [2, 2, 1]], ids=["2 regions", "4 regions"])
+def test_segment_fusion_with_default_termination(counts):
+    """The sub-models' termination (1e-4): a ray stops inside a segment once its
+    transmittance there is below eps, so the global one is too, and what lies behind the
+    cut (total weight < eps, colours and background in [0, 1]) changes by < eps per channel."""
+    part = grid_partition(AABB, counts[0] * counts[1] * counts[2], counts, overlap=0.15)
+    models = grid_submodels(part, 0)
+    assert all(m.termination == 1e-4 for m in models.values())
+    rays = random_rays(300, 1)
+    fused = FusedRenderer(part, models, "segment", background=BG)
     out = fused(rays)
     with torch.no_grad():
-        ref = union_reference(part, models, rays, fused.step, color_threshold=1e-3)
-        exact = union_reference(part, models, rays, fused.step, color_threshold=0.0)
-    assert torch.allclose(out["rgb"], ref["rgb"], atol=1e-10, rtol=0)
-    assert float((exact["rgb"] - ref["rgb"]).abs().max()) > 1e-6  # the threshold did drop samples
+        ref = union_reference(part, models, rays, fused.step, 1e-3)
+    diff = (out["rgb"] - ref["rgb"]).abs()
+    assert float(diff.max()) <= 1e-4 and float(diff.max()) > 0.0
 
 
-def test_blend_equals_union_where_regions_do_not_overlap():
+def test_blend_equals_union_of_shared_samples_where_regions_do_not_overlap():
     part = grid_partition(AABB, 2, [1, 1, 2], overlap=0.0)
     models = grid_submodels(part, 5)
     rays = random_rays(200, 6)
-    blend = FusedRenderer(part, models, "blend", background=BG, color_threshold=0.0)(rays)
-    segment = FusedRenderer(part, models, "segment", background=BG, color_threshold=0.0)(rays)
-    assert torch.allclose(blend["rgb"], segment["rgb"], atol=1e-10, rtol=0)
+    blend = FusedRenderer(part, models, "blend", background=BG, color_threshold=0.0)
+    out = blend(rays)
+    with torch.no_grad():
+        ref = union_reference(part, models, rays, blend.step, 0.0, shared=True)
+    assert float(ref["opacity"].mean()) > 0.3
+    assert torch.allclose(out["rgb"], ref["rgb"], atol=1e-10, rtol=0)
+    assert torch.allclose(out["opacity"], ref["opacity"], atol=1e-10, rtol=0)
     # with overlap the two differ (blend mixes the sub-models inside the overlap)
     part_o = grid_partition(AABB, 2, [1, 1, 2], overlap=0.2)
     blend_o = FusedRenderer(part_o, models, "blend", background=BG, color_threshold=0.0)(rays)
-    assert float((blend_o["rgb"] - segment["rgb"]).abs().max()) > 1e-3
+    assert float((blend_o["rgb"] - ref["rgb"]).abs().max()) > 1e-3
 
 
 def test_composite_segments_order_by_entry():
@@ -124,6 +158,90 @@ def test_composite_segments_order_by_entry():
     out, _, opacity = composite_segments(rgb, trans, torch.zeros_like(trans), entry, None)
     assert torch.allclose(out, torch.tensor([[1.0, 0.0, 0.25]], dtype=torch.float64))  # red + 0.25 x blue
     assert torch.allclose(opacity, torch.tensor([1 - 0.125], dtype=torch.float64))
+    # with a background, and a ray missing region 1 (+inf entry, T = 1, no colour)
+    bg = torch.tensor([0.0, 1.0, 0.0], dtype=torch.float64)
+    rgb = torch.tensor([[[0.0, 0.0, 0.5], [0.0, 0.0, 0.0]]], dtype=torch.float64)
+    entry = torch.tensor([[2.0, float("inf")]], dtype=torch.float64)
+    out, _, opacity = composite_segments(rgb, torch.tensor([[0.5, 1.0]], dtype=torch.float64),
+                                         torch.zeros(1, 2, dtype=torch.float64), entry, bg)
+    assert torch.allclose(out, torch.tensor([[0.0, 0.5, 0.5]], dtype=torch.float64))  # blue + 0.5 x green
+    assert torch.allclose(opacity, torch.tensor([0.5], dtype=torch.float64))
+
+
+def test_one_region_fusion_equals_the_model():
+    """FusedRenderer with ONE region is the model itself (default colour threshold 1e-3 and
+    termination 1e-4, evaluation): same samples, same cut, same colours."""
+    torch.manual_seed(0)
+    model = GridModel(AABB.float(), BG.float(), resolutions=[16], upsample_steps=[], color="sh").double()
+    with torch.no_grad():
+        dens = torch.randn(16, 16, 16, dtype=torch.float64) * 2.0 - 8.0  # mostly empty cells
+        dens[2:7, 3:10, 4:12] = torch.rand(5, 7, 8, dtype=torch.float64) * 12.0  # from clear to opaque
+        dens[9:14, 8:13, 2:7] = 8.0
+        model.density.copy_(dens.reshape(-1, 1))
+        model.features.copy_(torch.randn_like(model.features))
+    model.update_occupancy()
+    model.eval()
+    assert 0.0 < model.occupancy.binary.float().mean() < 1.0
+    part = grid_partition(AABB, 1, [1, 1, 1])
+    assert torch.equal(part.bounds, model.grid_aabb.double())
+    fused = FusedRenderer(part, {0: model}, "segment", background=BG)
+    assert fused.color_threshold == model.color_threshold == 1e-3 and model.termination == 1e-4
+    rays = random_rays(300, 2)
+    with torch.no_grad():
+        out, ref = fused(rays), model(rays)
+    assert float(ref["opacity"].max()) > 0.999 and float(ref["opacity"].min()) < 0.5
+    for key in ("rgb", "depth", "opacity"):
+        assert torch.allclose(out[key], ref[key], atol=1e-12, rtol=0), key
+
+
+def test_regions_tile_the_ray_like_one_march():
+    """Random rays through a 2x2x2 grid of regions (crossing up to 3 region boundaries):
+    the union of the regions' own marches (no occupancy, one step, the same jittered
+    anchor) covers exactly the t-range of one march of the whole box, with no gap and no
+    overlap, and its interval edges are that march's edges plus exactly the points where
+    the ray crosses a region boundary."""
+    f64 = torch.float64
+    part = grid_partition(AABB, 8, [2, 2, 2])
+    g = torch.Generator().manual_seed(0)
+    n, step = 300, 0.043
+    rays = random_rays(n, 3)
+    inside = torch.rand(n // 3, 3, generator=g, dtype=f64) * 1.8 - 0.9  # a third start inside the box
+    origins = torch.cat([inside, rays.origins[n // 3:]])
+    dirs = torch.nn.functional.normalize(torch.randn(n, 3, generator=g, dtype=f64), dim=-1)
+    dirs = torch.cat([dirs[: n // 3], rays.directions[n // 3:]])
+    dirs = dirs * (0.5 + torch.rand(n, 1, generator=g, dtype=f64))  # not unit
+    near = torch.cat([torch.zeros(n // 3, dtype=f64), rays.near[n // 3:]])
+    far = torch.full((n,), 8.0, dtype=f64)
+    anchor = near + torch.rand(n, generator=g, dtype=f64) * step / dirs.norm(dim=-1)
+    t_in, t_out = clip_to_box(origins, dirs, near, far, part.bounds)
+    single = march(origins, dirs, anchor, t_in, t_out, step, None)
+    parts = []
+    for box in part.boxes:
+        lo, hi = clip_to_box(origins, dirs, near, far, box)
+        parts.append(march(origins, dirs, anchor, lo, hi, step, None))
+    union = PackedSamples.cat(parts)
+    crossings_seen = []
+    for r in range(n):
+        s0, s1 = single.t_starts[single.ray_indices == r], single.t_ends[single.ray_indices == r]
+        u0, u1 = union.t_starts[union.ray_indices == r], union.t_ends[union.ray_indices == r]
+        assert s0.numel() > 0
+        # same range, no gap, no overlap
+        assert u0[0] == s0[0] and u1[-1] == s1[-1]
+        assert torch.allclose(u0[1:], u1[:-1], atol=1e-12, rtol=0) and (u1 > u0).all()
+        # the boundary crossings: the planes x, y or z = 0 strictly inside the ray's box range
+        o, d = origins[r], dirs[r]
+        cross = [float(-o[a] / d[a]) for a in range(3) if d[a] != 0]
+        cross = [t for t in cross if float(t_in[r]) < t < float(t_out[r])]
+        crossings_seen.append(len(cross))
+        expected = sorted(set(torch.cat([s0, s1[-1:]]).tolist()) | set(cross))
+        merged = [expected[0]]
+        for t in expected[1:]:  # a crossing that falls on a grid edge is one edge
+            if t - merged[-1] > 1e-12:
+                merged.append(t)
+        edges = torch.cat([u0, u1[-1:]])
+        assert edges.numel() == len(merged), r
+        assert torch.allclose(edges, torch.tensor(merged, dtype=f64), atol=1e-12, rtol=0), r
+    assert max(crossings_seen) == 3 and sum(c >= 2 for c in crossings_seen) > 30
 
 
 def test_nerf_segment_fusion_composites_the_coarse_pass_across_regions():
