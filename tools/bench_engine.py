@@ -151,6 +151,9 @@ def main() -> None:
     cfg, run_dir = load_run_config([f"run_dir={args.run_dir}"])
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
     dataset = OmegaConf.to_container(cfg.dataset, resolve=True)
+    for key in ("root", "cache_dir"):  # workers run in other checkouts: absolute paths
+        if dataset.get(key):
+            dataset[key] = str(Path(dataset[key]).resolve())
     state, step = load_weights(cfg, run_dir)
     scene = load_scene(dataset, "test")
     pixels = scene.height * scene.width
