@@ -70,7 +70,8 @@ class RadianceModel(nn.Module):
             points: (P, 3) float positions (the scene's space: world, or NDC).
             viewdirs: (P, 3) float unit world-space viewing directions.
         Returns:
-            sigma: (P,) float density (1 / ray-parameter unit); rgb: (P, 3) float in [0, 1].
+            sigma: (P,) float density: 1 / distance unit for marched models (``grid``,
+            ``ngp``: world or NDC units), 1 / ray-parameter unit for ``nerf``; rgb: (P, 3) float in [0, 1].
         """
         raise NotImplementedError(f"{type(self).__name__} has no point-query field")
 

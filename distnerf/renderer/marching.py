@@ -26,7 +26,7 @@ with ``eps <= colour_threshold``, no colour) and the only change is the backgrou
 than ``eps``. The gradient of a channel of C w.r.t. a kept sample's density is
 ``delta_i (T_{i+1} c_i - sum_{j>i} w_j c_j - T_R bg)`` (NeRF Eq. 3 differentiated); the
 terms of the samples after the cut sum to weight ``T_cut < eps``, so termination changes
-it by less than ``delta_i eps``; colour gradients ``dC/dc_i = w_i`` are unchanged.
+it by less than ``|d| delta_i eps`` (the interval measured in distance); colour gradients ``dC/dc_i = w_i`` are unchanged.
 """
 from __future__ import annotations
 
@@ -40,6 +40,19 @@ from .packed import PackedSamples, accumulate, render_transmittance
 Marcher = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], PackedSamples]
 
 
+def along_ray(sigmas: torch.Tensor, samples: PackedSamples, directions: torch.Tensor) -> torch.Tensor:
+    """Densities per distance -> per unit of the ray parameter: ``sigma |d|`` ((P,) float).
+
+    A marched field's density is per unit of distance in the scene's space (world, or NDC
+    for LLFF), like its marching step; the quadrature runs on ray-parameter intervals
+    ``t_end - t_start``, which span ``|d|`` times that in distance (NeRF's reference code
+    multiplies its intervals by ``|rays_d|`` alike). A no-op for unit directions.
+    """
+    if sigmas.numel() == 0:
+        return sigmas
+    return sigmas * directions.norm(dim=-1).to(sigmas.dtype)[samples.ray_indices]
+
+
 def shade(density_fn, colour_fn, samples: PackedSamples, origins, directions, viewdirs, in_front,
            background, colour_threshold: float, sigmas: torch.Tensor | None = None) -> dict:
     """Weights, colours and accumulation of packed samples.
@@ -49,14 +62,15 @@ def shade(density_fn, colour_fn, samples: PackedSamples, origins, directions, vi
         samples: P packed samples of R rays. origins, directions, viewdirs: (R, 3) float.
         in_front: (R,) float transmittance in front of the segment, or None (1).
         background: (3,) or (R, 3) float, or None. colour_threshold: float.
-        sigmas: (P,) float densities, or None to evaluate them (with autograd if enabled).
+        sigmas: (P,) float densities (per distance, as ``density_fn`` returns them), or None to
+            evaluate them (with autograd if enabled).
     Returns:
         dict of :func:`~distnerf.renderer.packed.accumulate` plus ``num_colour_samples``.
     """
     points = samples.points(origins, directions)
     if sigmas is None:
         sigmas = density_fn(points)
-    weights, _, remaining = render_transmittance(sigmas, samples)
+    weights, _, remaining = render_transmittance(along_ray(sigmas, samples, directions), samples)
     global_w = weights.detach() if in_front is None else weights.detach() * in_front[samples.ray_indices]
     colour_index = (global_w > colour_threshold).nonzero().view(-1)
     rgbs = colour_fn(points[colour_index], viewdirs, samples.ray_indices[colour_index])
@@ -87,7 +101,7 @@ def march_alive(density_fn, marcher: Marcher, origins, directions, anchor, t_lo,
             if termination <= 0 or not num_marched:
                 return samples, None, num_marched
             sigmas = density_fn(samples.points(origins, directions))
-            _, trans, _ = render_transmittance(sigmas, samples)
+            _, trans, _ = render_transmittance(along_ray(sigmas, samples, directions), samples)
             if in_front is not None:
                 trans = trans * in_front[samples.ray_indices]
             keep = (trans > termination).nonzero().view(-1)
@@ -110,7 +124,7 @@ def march_alive(density_fn, marcher: Marcher, origins, directions, anchor, t_lo,
         hi = torch.minimum(grid_edges(a, dt[alive], j_end), t_hi[alive])
         samples = marcher(o, d, a, lo[alive], hi)
         sigmas = density_fn(samples.points(o, d))
-        _, trans, remaining = render_transmittance(sigmas, samples)
+        _, trans, remaining = render_transmittance(along_ray(sigmas, samples, d), samples)
         before = local[alive] if in_front is None else local[alive] * in_front[alive]
         keep = (trans * before[samples.ray_indices] > termination).nonzero().view(-1)
         parts.append(PackedSamples(alive[samples.ray_indices[keep]], samples.t_starts[keep], samples.t_ends[keep],
@@ -140,7 +154,7 @@ def render_segment(density_fn: Callable[[torch.Tensor], torch.Tensor],
     """Render the segments ``[t_lo, t_hi]`` of R rays (module docstring).
 
     Args:
-        density_fn: (P, 3) points -> (P,) float sigma (1 / ray-parameter unit).
+        density_fn: (P, 3) points -> (P,) float sigma (1 / distance unit; see :func:`along_ray`).
         colour_fn: (Q, 3) points, (R, 3) viewdirs, (Q,) int64 ray indices -> (Q, 3) rgb.
         marcher: ``(origins, directions, anchor, t_lo, t_hi) -> PackedSamples``, e.g.
             :func:`~distnerf.renderer.occupancy.march` bound to a step and a grid.

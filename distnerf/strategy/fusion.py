@@ -50,7 +50,7 @@ from torch import nn
 
 from ..data.rays import RayBundle
 from ..model.base import RadianceModel
-from ..renderer.marching import march_alive, shade
+from ..renderer.marching import along_ray, march_alive, shade
 from ..renderer.occupancy import OccupancyGrid, march
 from ..renderer.packed import PackedSamples, render_packed, render_transmittance
 from ..renderer.samples import clip_to_box, intervals_from_points, sample_pdf, stratified_samples
@@ -180,7 +180,9 @@ class FusedRenderer(nn.Module):
     def _segment(self, rays: RayBundle) -> dict:
         segs = self._region_samples(rays)
         for seg in segs:
-            seg["weights"], _, seg["transmittance"] = render_transmittance(seg["sigmas"], seg["samples"])
+            sigmas = seg["sigmas"] if seg["rgbs"] is not None else along_ray(seg["sigmas"], seg["samples"],
+                                                                              rays.directions)
+            seg["weights"], _, seg["transmittance"] = render_transmittance(sigmas, seg["samples"])
         start = time.perf_counter()
         # exchange 1: every segment's transmittance, so each rank knows what lies in front of its segments
         transmittance = self._all_regions(torch.stack([s["transmittance"] for s in segs], dim=1)[..., None])[..., 0]
@@ -282,6 +284,8 @@ class FusedRenderer(nn.Module):
             rgb[sel] += inv[sel, k, None] * c_k.double() * occ[:, None]
         norm = (inv * occupied).sum(dim=1).clamp(min=1e-300)
         sigma, rgb = (sigma / norm).to(points.dtype), (rgb / norm[:, None]).to(points.dtype)
+        if not self.hierarchical:  # marched fields: density per distance
+            sigma = along_ray(sigma, samples, rays.directions)
         out = render_packed(sigma, rgb, samples, self.background)
         return {"rgb": out["rgb"], "depth": out["depth"], "opacity": out["opacity"], "num_samples": int(member.sum())}
 

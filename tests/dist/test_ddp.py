@@ -23,7 +23,8 @@ def single_process_reference():
         loss = photometric_sse(model(rays), rgb, valid) / valid.sum()  # the global mean loss
         loss.backward()
         if step == 0:
-            grads = {k: p.grad.detach().clone() for k, p in model.named_parameters()}
+            # the one-process model may keep sparse feature gradients (DDP turns them off): compare dense
+            grads = {k: p.grad.detach().to_dense().clone() for k, p in model.named_parameters()}
         if step < SGD_STEPS:
             optimizer.step()
             optimizer.zero_grad()
