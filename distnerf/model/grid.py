@@ -1,23 +1,29 @@
 """Voxel-grid radiance field (DVGO / Plenoxels style), the CPU-practical default.
 
-Legend: R rays, S samples per ray, P evaluated samples, C feature channels,
-N grid resolution per axis (vertices), V = N^3 vertices.
+Legend: P evaluated samples, C feature channels, N grid resolution per axis
+(vertices), V = N^3 vertices.
 
 Two vertex tables in x-major order (vertex ``(i, j, k)`` is row ``(i N + j) N + k``):
 a raw density (V, 1) and colour features (V, C), trilinearly interpolated by
-gathering the 8 corner rows (channels-last, so one gather moves C contiguous
-floats; ``F.embedding``'s backward accumulates the gradient rows).
+gathering the 8 corner rows (channels-last, so one fused ``embedding_bag`` moves C
+contiguous floats per corner; the backward is a scatter, or sparse rows).
 
 * Density: DVGO's shifted softplus (Sun et al. 2022, Eq. 5-6) in units of the
-  *final* voxel size, so a resolution change keeps the field unchanged.
-* Colour: a tiny MLP on the features and the encoded view direction (DVGO Sec. 5),
-  evaluated only where a sample's compositing weight exceeds ``color_threshold``
-  (DVGO's "fast colour threshold"); this also terminates rays early, since samples
-  behind an opaque surface have negligible weight.
-* Empty space is skipped with an occupancy grid derived from the density.
+  *final* voxel size, so a resolution change keeps the field unchanged; sigma is per
+  unit of distance (world, or NDC for LLFF).
+* Colour: spherical harmonics of the features (``color=sh``) or a tiny MLP on the
+  features and the encoded view direction (``color=mlp``, DVGO Sec. 5), evaluated only
+  where a sample's compositing weight exceeds ``color_threshold`` (DVGO's "fast colour
+  threshold").
+* Rendering: packed samples, early ray termination and the colour threshold of
+  :class:`~distnerf.model.marching.MarchingModel`, marching ``grid_aabb`` with a step of
+  ``step_ratio`` x the smallest voxel edge.
+* Empty space is skipped with an occupancy grid derived from the density (the voxels
+  themselves, from their largest corner density; :meth:`GridModel.update_occupancy`).
 * Coarse to fine: at ``upsample_steps`` the tables are resampled to the next of
   ``resolutions`` inside a box tightened around the occupied cells.
-* Total variation on the density (Plenoxels, Fridovich-Keil et al. 2022, Eq. 3).
+* Total variation on the density (Plenoxels, Fridovich-Keil et al. 2022, Eq. 3), its
+  gradient in closed form (:func:`total_variation_grad_`).
 * Focus box (``focus_aabb``, the sub-scene models of ``strategy=ss``): the tables
   above cover only the focus box, at full resolution, and a second pair of tables at
   ``context_resolution`` covers the rest of the scene box, so that the model can

@@ -11,8 +11,8 @@ clipped to the model's box, with the background) and one region's segment of a r
   sample and finds, per ray, the samples whose transmittance (times ``in_front``)
   exceeds ``termination``; only those run again with gradients. Samples behind them
   carry at most ``termination`` of the ray's weight.
-* **evaluation** (autograd off): the segment is marched in rounds of ``round_groups``
-  coarse groups; after each round the rays whose transmittance fell below
+* **evaluation** (autograd off): the segment is marched in rounds of ``round_steps``
+  grid intervals; after each round the rays whose transmittance fell below
   ``termination`` stop and the others are compacted and marched further, so the
   density behind opaque surfaces is never evaluated.
 * both: a sample gets a colour only where its weight ``in_front * T_i alpha_i`` exceeds
