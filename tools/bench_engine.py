@@ -12,7 +12,9 @@ RUN_DIR is a trained ``model=grid`` run (e.g. ``tools/bench_quality.sh``'s). In 
   (``termination=0``, ``color_threshold=0``): the PSNR the thresholds must stay within;
 * ``old``: the same checkpoint rendered by the engine of ``--baseline`` (a ``git worktree`` of
   that commit, in a subprocess with the same thread count) on ``--old-views`` views;
-* ``memory``: peak RSS of a fresh process rendering one view at ``eval.chunk`` 8192 and 65536;
+* ``memory``: peak RSS (``VmHWM``) of a fresh process rendering one view at ``eval.chunk`` 8192
+  and 65536, with the test split's images decoded in it, and the same process's RSS before
+  rendering (scene and model loaded) for the share rendering adds;
 * ``train``: training rays/s of both engines at each grid stage (the checkpoint's tables
   resampled to 64^3, 128^3, 160^3, the same ray batches), median of 8 steps after 2 of
   warm-up (forward, backward, regulariser, optimizer).
@@ -60,6 +62,10 @@ scene = load_scene(args["dataset"], split)
 model = build_model(cfg, scene.aabb, scene.background)
 model.load_state_dict(torch.load(args["state"], map_location="cpu", weights_only=False))
 out = {}
+def _rss_mb():
+    rss = [ln for ln in open("/proc/self/status") if ln.startswith("VmRSS:")]
+    return int(rss[0].split()[1]) / 1024 if rss else float("nan")
+out["rss_before_mb"] = _rss_mb()
 if args["mode"] == "render":
     model.eval()
     rows = []
@@ -92,8 +98,11 @@ else:
         opt.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - t)
     out["rays_per_s"] = args["rays"] / statistics.median(times[2:])
+    out["steps_s"] = times
     out["samples_per_ray"] = o["num_samples"] / args["rays"]
-out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+# VmHWM, not ru_maxrss: Linux keeps ru_maxrss across exec, so a child would report its parent's peak
+hwm = [ln for ln in open("/proc/self/status") if ln.startswith("VmHWM:")]
+out["peak_rss_mb"] = int(hwm[0].split()[1]) / 1024 if hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 print("RESULT " + json.dumps(out))
 '''
 
@@ -205,7 +214,8 @@ def main() -> None:
             res = run_worker(ROOT, {"mode": "render", "threads": args.threads, "model_cfg": model_cfg,
                                     "dataset": dataset, "state": str(state_file), "views": [views[0]],
                                     "chunk": chunk})
-            report["memory"][str(chunk)] = {"peak_rss_mb": res["peak_rss_mb"], "seconds": res["rows"][0]["seconds"]}
+            report["memory"][str(chunk)] = {"peak_rss_mb": res["peak_rss_mb"], "rss_before_render_mb": res["rss_before_mb"],
+                                            "seconds": res["rows"][0]["seconds"]}
             print(f"chunk {chunk}: peak RSS {res['peak_rss_mb']:.0f} MB", flush=True)
     if "train" in parts:
         report["train"] = {}
