@@ -66,10 +66,6 @@ class OccupancyGrid(nn.Module):
     def resolution(self) -> int:
         return self.binary.shape[0]
 
-    def cell_size(self) -> torch.Tensor:
-        """(3,) float32 cell edge along each axis."""
-        return (self.aabb[1] - self.aabb[0]) / self.resolution
-
     def cell_centers(self) -> torch.Tensor:
         """(M^3, 3) float32 world positions of cell centres, x-major like ``binary``."""
         m = self.resolution

@@ -111,39 +111,30 @@ class FusedRenderer(nn.Module):
         self.timing: dict[str, float] = defaultdict(float)
 
     def _occupancy_prefilter(self) -> OccupancyGrid | None:
-        """A conservative empty-space filter for the shared samples, or None.
+        """A conservative empty-space filter for ``blend``'s shared samples, or None.
 
         When every sub-model's occupancy grid has the same resolution over the scene box
         (``grid`` and ``ngp`` sub-models do), a cell is kept if the occupancy grid of any
-        region whose box (``blend``: enlarged box) touches the cell marks it occupied. A
-        sample it drops is empty for every sub-model it is routed to, so results are
-        unchanged and only the routing of empty samples is saved. Under torchrun each
-        rank contributes its regions and the grids are combined with an all-reduce.
+        region whose enlarged box touches the cell marks it occupied. A sample it drops is
+        empty for every sub-model it is blended from, so results are unchanged and only
+        the work on empty samples is saved. ``blend`` runs on one process (all regions
+        here); ``segment`` needs no prefilter, each region marching its own grid.
         """
         bounds = self.partition.bounds.float()
         grids = [getattr(m, "occupancy", None) for m in self.models]
         res = grids[0].resolution if grids[0] is not None else 0
-        usable = all(g is not None and g.resolution == res and torch.allclose(g.aabb.float().cpu(), bounds)
-                     for g in grids)
-        if self.distributed:  # every rank must take the same branch
-            flag = torch.tensor([int(usable), res], dtype=torch.long)
-            low, high = flag.clone(), flag.clone()
-            dist.all_reduce(low, op=dist.ReduceOp.MIN)
-            dist.all_reduce(high, op=dist.ReduceOp.MAX)
-            usable = bool(low[0]) and int(low[1]) == int(high[1])
-        if not usable:
+        if not all(g is not None and g.resolution == res and torch.allclose(g.aabb.float().cpu(), bounds)
+                   for g in grids):
             return None
-        boxes = (self.partition.enlarged() if self.fusion == "blend" else self.partition.boxes).float()
+        boxes = self.partition.enlarged().float()
         edges = [torch.linspace(float(bounds[0, a]), float(bounds[1, a]), res + 1) for a in range(3)]
-        binary = torch.zeros((res,) * 3, dtype=torch.uint8)
+        binary = torch.zeros((res,) * 3, dtype=torch.bool)
         for k, grid in zip(self.regions, grids):
             axes = [(edges[a][:-1] <= boxes[k, 1, a]) & (edges[a][1:] >= boxes[k, 0, a]) for a in range(3)]
             touches = axes[0][:, None, None] & axes[1][None, :, None] & axes[2][None, None, :]
-            binary |= (touches & grid.binary.cpu()).to(torch.uint8)
-        if self.distributed:
-            dist.all_reduce(binary, op=dist.ReduceOp.MAX)
+            binary |= touches & grid.binary.cpu()
         prefilter = OccupancyGrid(bounds, res)
-        prefilter.binary.copy_(binary.bool())
+        prefilter.binary.copy_(binary)
         return prefilter.to(self.background.device)
 
     # ------------------------------------------------------------------ forward
@@ -182,7 +173,7 @@ class FusedRenderer(nn.Module):
         for seg in segs:
             sigmas = seg["sigmas"] if seg["rgbs"] is not None else along_ray(seg["sigmas"], seg["samples"],
                                                                               rays.directions)
-            seg["weights"], _, seg["transmittance"] = render_transmittance(sigmas, seg["samples"])
+            seg["transmittance"] = render_transmittance(sigmas, seg["samples"])[2]
         start = time.perf_counter()
         # exchange 1: every segment's transmittance, so each rank knows what lies in front of its segments
         transmittance = self._all_regions(torch.stack([s["transmittance"] for s in segs], dim=1)[..., None])[..., 0]
