@@ -1,0 +1,5 @@
+import sys
+
+from distnerf.data.synthetic.primitives import main
+
+sys.exit(main())
