@@ -1,5 +1,6 @@
+"""``python -m distnerf.data.synthetic``: see :mod:`distnerf.data.synthetic.cli`."""
 import sys
 
-from distnerf.data.synthetic.primitives import main
+from distnerf.data.synthetic.cli import main
 
 sys.exit(main())

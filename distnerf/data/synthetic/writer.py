@@ -1,0 +1,145 @@
+"""Writing a procedural scene to disk in the Blender layout, and the scene cache.
+
+:func:`ensure_scene` renders a scene once into a cache directory, in the nerf_synthetic
+("Blender") layout, and every later call (from any rank) reuses it::
+
+    <root>/transforms_{train,val,test}.json
+    <root>/{train,val,test}/r_<i>.png      RGBA, 8 bit, straight (not premultiplied) alpha
+    <root>/scene.json                      kind, version, light, ambient and primitives
+    <root>/.complete                       completion marker (:data:`MARKER`), written last
+
+``transform_matrix`` of each frame is its (4, 4) ``c2w``, OpenGL convention; the
+transforms files also carry ``near``, ``far``, ``aabb`` (world units) and ``world_up``
+(+Y). PNG values are ``round(255 * clip(rgba, 0, 1))`` of the rendered float RGBA.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import imageio.v3 as iio
+import numpy as np
+
+from distnerf.data.synthetic.scenes import KINDS, SceneSpec, build_scene
+from distnerf.data.synthetic.tracer import render_view
+
+#: Bumped whenever the generated content changes; part of the scene root name.
+VERSION = "v1"
+#: Completion marker inside a finished scene root.
+MARKER = ".complete"
+SPLITS = ("train", "val", "test")
+
+# Temp dirs of crashed generators older than this are removed (seconds).
+_STALE_TEMP_AGE = 3600.0
+
+
+def scene_name(kind: str, resolution: int, seed: int, num_train: int, num_val: int,
+               num_test: int) -> str:
+    """Directory name of a generated scene; includes :data:`VERSION` and every parameter,
+    e.g. ``objects_r100_s0_n60-8-20_v1``."""
+    return f"{kind}_r{resolution}_s{seed}_n{num_train}-{num_val}-{num_test}_{VERSION}"
+
+
+def write_scene(spec: SceneSpec, out_dir: Path, resolution: int) -> None:
+    """Renders every view of ``spec`` and writes the Blender-format files into ``out_dir``.
+
+    Args:
+        spec: the scene.
+        out_dir: existing directory to write into (not the marker; the caller adds it).
+        resolution: image width and height in pixels.
+    """
+    out_dir = Path(out_dir)
+    for split in SPLITS:
+        (out_dir / split).mkdir(exist_ok=True)
+        frames = []
+        for i, c2w in enumerate(spec.c2w[split]):
+            rgba = render_view(spec, c2w, resolution, resolution)
+            iio.imwrite(out_dir / split / f"r_{i}.png",
+                        np.round(np.clip(rgba, 0.0, 1.0) * 255.0).astype(np.uint8))
+            frames.append({"file_path": f"./{split}/r_{i}", "rotation": 0.0,
+                           "transform_matrix": c2w.tolist()})
+        meta = {"camera_angle_x": spec.camera_angle_x, "near": spec.near, "far": spec.far,
+                "aabb": spec.aabb.tolist(), "world_up": [0.0, 1.0, 0.0], "frames": frames}
+        (out_dir / f"transforms_{split}.json").write_text(json.dumps(meta, indent=1))
+    description = {"kind": spec.kind, "version": VERSION, "resolution": resolution,
+                   "light_dir": spec.light_dir.tolist(), "ambient": spec.ambient,
+                   "primitives": [p.to_json() for p in spec.primitives]}
+    (out_dir / "scene.json").write_text(json.dumps(description, indent=1))
+
+
+def _remove_stale_temps(cache_dir: Path) -> None:
+    """Best effort: deletes temp dirs of crashed generators older than an hour."""
+    now = time.time()
+    for path in cache_dir.glob(".tmp-*"):
+        try:
+            if path.is_dir() and now - path.stat().st_mtime > _STALE_TEMP_AGE:
+                shutil.rmtree(path, ignore_errors=True)
+        except OSError:
+            pass
+
+
+def ensure_scene(cache_dir: str | os.PathLike, kind: str = "objects", resolution: int = 100,
+                 num_train: int = 60, num_val: int = 8, num_test: int = 20,
+                 seed: int = 0) -> Path:
+    """Returns the root of a generated scene, generating it on first use.
+
+    The scene is rendered into a fresh temp dir inside ``cache_dir``, the completion
+    marker is written last, and the dir is renamed to its final name in one atomic
+    ``os.rename``; concurrent callers (several ranks) therefore never see a half-written
+    scene. A caller that loses the rename race uses the winner's copy. A root without the
+    marker (not made by this function) is replaced.
+
+    Args:
+        cache_dir: directory holding generated scenes (created if missing).
+        kind: ``"objects"`` (default, object-centred) or ``"wide"`` (large ground scene).
+        resolution: image width and height in pixels.
+        num_train, num_val, num_test: views per split.
+        seed: layout and camera seed.
+
+    Returns:
+        ``cache_dir / scene_name(...)``, holding ``transforms_{train,val,test}.json``,
+        ``{train,val,test}/r_<i>.png`` and ``scene.json``.
+
+    Raises:
+        ValueError: unknown ``kind``, ``resolution < 1`` or negative view counts.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"unknown synthetic scene kind {kind!r}; expected one of {KINDS}")
+    if int(resolution) < 1:
+        raise ValueError(f"resolution must be >= 1, got {resolution}")
+    cache_dir = Path(cache_dir)
+    root = cache_dir / scene_name(kind, int(resolution), int(seed), num_train, num_val, num_test)
+    if (root / MARKER).is_file():
+        return root
+    spec = build_scene(kind, num_train, num_val, num_test, seed)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    _remove_stale_temps(cache_dir)
+    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{root.name}-", dir=cache_dir))
+    try:
+        os.chmod(tmp, 0o755)
+        write_scene(spec, tmp, int(resolution))
+        (tmp / MARKER).write_text(json.dumps({"version": VERSION, "created": time.time()}))
+        for _ in range(3):
+            try:
+                os.rename(tmp, root)  # atomic; fails if root is a non-empty directory
+                return root
+            except OSError:
+                if (root / MARKER).is_file():  # another process finished first: use theirs
+                    shutil.rmtree(tmp, ignore_errors=True)
+                    return root
+                if root.exists():  # incomplete root not made by us: move it aside
+                    stale = cache_dir / f".tmp-stale-{root.name}-{uuid.uuid4().hex}"
+                    try:
+                        os.rename(root, stale)
+                    except OSError:
+                        pass
+                    shutil.rmtree(stale, ignore_errors=True)
+        raise OSError(f"could not move generated scene {tmp} to {root}")
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
