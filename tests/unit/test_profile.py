@@ -106,7 +106,7 @@ def test_setting_differences_declared_and_undeclared():
 
 
 def test_cpu_overlap_interval_subtraction_matches_a_dense_grid():
-    from distnerf.observe.report import _subtract
+    from distnerf.observe.traces import _subtract
 
     spans, holes = [(0.0, 4.0), (3.0, 6.0), (8.0, 9.0)], [(1.0, 2.0), (5.5, 8.5)]
     grid = torch.linspace(0, 10, 100001)[:-1] + 5e-5
