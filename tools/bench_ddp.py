@@ -3,6 +3,10 @@
     python tools/bench_ddp.py scaling --nprocs 1 2 --rays-per-process 2048 --steps 60 --repeats 3
     python tools/bench_ddp.py allreduce --models grid ngp nerf --steps 8
 
+Each writes JSON to ``--out`` (default ``bench/results/ddp_scaling.json`` /
+``bench/results/ddp_allreduce.json``) with a ``meta`` block (command, date, git commit, load
+before/after).
+
 ``scaling``: ``torchrun --nproc_per_node=N`` with one thread per process
 (OMP_NUM_THREADS=1), a fixed per-process batch (``train.global_rays = N x rays``) on
 lego, ``log_every=1``; per run the median over steps after ``--warmup`` of the
@@ -23,6 +27,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from bench_common import default_out, start_meta, write_result
 
 LEGO = "../shared/data/nerf_synthetic_half/lego"
 
@@ -51,11 +57,15 @@ def scaling(args):
                 results[n].append(statistics.median(rates))
                 print(f"nproc={n} repeat={rep}: {results[n][-1]:.0f} rays/s", flush=True)
     base = statistics.median(results[args.nprocs[0]])
+    summary = {}
     for n in args.nprocs:
         med = statistics.median(results[n])
+        summary[str(n)] = {"rays_per_s_runs": results[n], "rays_per_s_median": med,
+                           "global_rays_per_step": n * args.rays_per_process, "ratio": med / base}
         print(f"nproc={n}: median {med:.0f} rays/s over {args.repeats} runs; ratio vs {args.nprocs[0]}: "
               f"{med / base:.2f}")
-    return results
+    return {"settings": {k: getattr(args, k) for k in ("nprocs", "rays_per_process", "steps", "warmup", "repeats")},
+            "nprocs": summary}
 
 
 VARIANTS = {
@@ -83,7 +93,8 @@ def allreduce(args):
                 "share_of_step": statistics.median(r["allreduce_s"] / s for r, s in zip(rows, step_s)),
             }
             print(model, json.dumps(out[model]), flush=True)
-    return out
+    return {"settings": {"steps": args.steps, "threads": args.threads, "global_rays": 4096, "nprocs": 2},
+            "models": out}
 
 
 def main():
@@ -100,8 +111,13 @@ def main():
                                                    "ngp", "nerf"])
     a.add_argument("--steps", type=int, default=8)
     a.add_argument("--threads", type=int, default=1)
+    for sp in (s, a):
+        sp.add_argument("--out", type=Path, default=None,
+                        help="result JSON (default bench/results/ddp_scaling.json or ddp_allreduce.json)")
     args = p.parse_args()
-    scaling(args) if args.cmd == "scaling" else allreduce(args)
+    meta = start_meta()
+    report = scaling(args) if args.cmd == "scaling" else allreduce(args)
+    write_result(args.out or default_out(f"ddp_{args.cmd}.json"), report, meta)
 
 
 if __name__ == "__main__":

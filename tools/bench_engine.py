@@ -1,7 +1,7 @@
 """The packed-sample engine against the engine of an earlier commit, side by side (BENCHMARKS.md, "Engine").
 
     python tools/bench_engine.py RUN_DIR [--baseline bb24e52] [--views 25] [--old-views 25] [--threads 2]
-        [--parts eval,exact,old,memory,train] [--out RUN_DIR/bench_engine.json]
+        [--parts eval,exact,old,memory,train] [--out bench/results/RUN_NAME/bench_engine.json]
 
 RUN_DIR is a trained ``model=grid`` run (e.g. ``tools/bench_quality.sh``'s). In one invocation:
 
@@ -20,7 +20,9 @@ RUN_DIR is a trained ``model=grid`` run (e.g. ``tools/bench_quality.sh``'s). In 
   warm-up (forward, backward, regulariser, optimizer).
 
 Views are rendered in this order: new and exact interleaved per view, then old. Writes JSON
-(``--out``) and prints a summary. Run it on a quiet machine (``../shared/tools/quiet``).
+(``--out``, default ``bench/results/RUN_NAME/bench_engine.json``, RUN_NAME the run directory's
+name) with a ``meta`` block (command, date, git commit, load before/after) and prints a summary.
+Run it on a quiet machine (``../shared/tools/quiet``).
 """
 from __future__ import annotations
 
@@ -36,6 +38,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
+
+from bench_common import default_out, start_meta, write_result  # noqa: E402
 
 # The worker runs in a fresh process, from a checkout of either engine (its cwd): it renders
 # views or times training steps of one model state and prints one JSON line.
@@ -76,7 +81,10 @@ if args["mode"] == "render":
                      "ssim": ssim(r["rgb"], scene.images[v]), "num_samples": r["num_samples"]})
     out["rows"] = rows
 else:
-    from distnerf.engine.optim import build_optimizer
+    try:
+        from distnerf.components.optim import build_optimizer
+    except ImportError:  # the baseline's checkout (bb24e52) has it in engine/
+        from distnerf.engine.optim import build_optimizer
     model.train()
     opt = build_optimizer(model, {"lr": 1e-3, "fused": True, "eps": 1e-15})
     g = torch.Generator().manual_seed(0)
@@ -142,8 +150,10 @@ def main() -> None:
     ap.add_argument("--old-views", type=int, default=25)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--parts", default="eval,exact,old,memory,train")
-    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--out", type=Path, default=None,
+                    help="result JSON (default bench/results/RUN_NAME/bench_engine.json)")
     args = ap.parse_args()
+    meta = start_meta()
     parts = set(args.parts.split(","))
 
     import torch
@@ -236,12 +246,11 @@ def main() -> None:
             print(f"train {res_n}^3: new {new_r['rays_per_s']:.0f} rays/s, old {old_r['rays_per_s']:.0f} rays/s",
                   flush=True)
     report["load_after"] = os.getloadavg()
-    out = args.out or run_dir / "bench_engine.json"
-    out.write_text(json.dumps(report, indent=1))
+    out = args.out or default_out(f"{Path(run_dir).name}/bench_engine.json")
+    write_result(out, report, meta)
     print(json.dumps({k: v for k, v in report.items() if k in ("new", "exact", "old", "psnr_new_minus_exact",
                                                                 "old_over_new_seconds_same_views", "memory")},
                      indent=1, default=str))
-    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

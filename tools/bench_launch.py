@@ -9,7 +9,9 @@ default grid model at its final resolution 160^3 (ckpt). ``first-step`` starts i
 single-node Slurm with ``tools/slurm_local.sh`` (root, Debian's slurm packages) and
 interleaves Slurm and plain-torchrun launches. Times are wall-clock seconds; the machine
 load (``uptime``) is printed with the figures. Prints one JSON object per measurement
-and a summary.
+and a summary, and writes them to ``--out`` (default ``bench/results/launch_first-step.json``,
+``launch_kill_STRATEGY.json``, ``launch_ckpt_STRATEGY.json``) with a ``meta`` block (command,
+date, git commit, load before/after).
 """
 from __future__ import annotations
 
@@ -27,6 +29,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from bench_common import default_out, start_meta, write_result  # noqa: E402
 
 from tests.conftest import free_port  # noqa: E402
 from tests.launch.conftest import (SMOKE, SlurmCluster, finish, launch_local, last_step, rows,  # noqa: E402
@@ -149,11 +153,12 @@ def main() -> None:
     parser.add_argument("what", choices=["first-step", "kill", "ckpt", "_ckpt"])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--strategy", default="ddp")
-    parser.add_argument("--out", type=Path)
+    parser.add_argument("--out", type=Path, help="result JSON (default bench/results/launch_WHAT[_STRATEGY].json)")
     parser.add_argument("--root", type=Path)
     args = parser.parse_args()
     if args.what == "_ckpt":
         return _ckpt_worker(args.strategy, args.repeats, args.out, args.root)
+    meta = start_meta()
     print("load:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(), flush=True)
     root = Path(tempfile.mkdtemp(prefix="bench_launch_"))
     if args.what == "first-step":
@@ -174,6 +179,8 @@ def main() -> None:
     print("median:", json.dumps(summary))
     print("load:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(), flush=True)
     shutil.rmtree(root, ignore_errors=True)
+    name = args.what if args.what == "first-step" else f"{args.what}_{args.strategy}"
+    write_result(args.out or default_out(f"launch_{name}.json"), {"runs": res, "median": summary}, meta)
 
 
 if __name__ == "__main__":

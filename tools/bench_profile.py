@@ -16,6 +16,10 @@ medians (run-to-run noise).
 ``runs``: a 2-rank ``strategy=ddp`` and a 2-rank ``strategy=ss`` lego run with
 ``profiler=trace`` (default schedule); prints the trace size per rank and runs
 ``python -m distnerf.profile report`` on each (Markdown to stdout).
+
+Each part writes its figures as JSON to ``--out`` (default ``bench/results/profile_PART.json``;
+``runs`` embeds each run's ``profile/report.json``) with a ``meta`` block (command, date, git
+commit, load before/after).
 """
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from bench_common import default_out, start_meta, write_result
 
 LEGO = "../shared/data/nerf_synthetic_half/lego"
 COMMON = ["train.progress=false", "train.ckpt_every=-1", "logger.wandb.mode=disabled"]
@@ -72,7 +77,7 @@ def micro(iterations: int) -> dict:
     return {k: min(v) for k, v in out.items()}
 
 
-def overhead(args) -> None:
+def overhead(args) -> dict:
     m = micro(args.iterations)
     print(f"in-process instrumentation per step: {m['on']:.1f} us enabled, {m['off']:.1f} us disabled "
           f"(best of 2 x {args.iterations} steps; 10 phases + end_step)", flush=True)
@@ -94,9 +99,12 @@ def overhead(args) -> None:
               f"{1e3 * min(vals):.2f}..{1e3 * max(vals):.2f} ms (spread {100 * (max(vals) - min(vals)) / med:.1f}%)")
     print(f"ratio on/off: {on / off:.4f} (overhead {100 * (on / off - 1):+.2f}%); in-process cost "
           f"{m['on'] - m['off']:.1f} us = {100 * (m['on'] - m['off']) * 1e-6 / off:.3f}% of the off step")
+    return {"settings": {k: getattr(args, k) for k in ("repeats", "steps", "warmup", "rays", "iterations")},
+            "in_process_us_per_step": m, "in_process_cost_us": m["on"] - m["off"],
+            "run_median_step_s": medians, "median_step_s": {"off": off, "default": on}, "ratio_on_off": on / off}
 
 
-def paired(args) -> None:
+def paired(args) -> dict:
     """One single-process training run in this process whose steps are randomly assigned
     (seeded coin before every step) to the breakdown enabled or disabled: both arms share the
     machine's load. Step times come from the trainer's own ``train_seconds`` (logged
@@ -144,25 +152,37 @@ def paired(args) -> None:
     ratios = [np.median(rng.choice(a, a.size)) / np.median(rng.choice(b, b.size)) for _ in range(2000)]
     lo, hi = np.percentile(ratios, [2.5, 97.5])
     print(f"95% bootstrap interval of the ratio: {lo:.4f}..{hi:.4f}")
+    return {"settings": {k: getattr(args, k) for k in ("steps", "warmup", "rays")},
+            "steps": {"on": len(on), "off": len(off)}, "median_step_s": {"on": med_on, "off": med_off},
+            "ratio_on_off": med_on / med_off, "ratio_95_interval": [float(lo), float(hi)],
+            "off_iqr_s": q(off, n=4)[2] - q(off, n=4)[0]}
 
 
-def runs(args) -> None:
+def runs(args) -> dict:
     prefix = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     common = ["dataset=blender", f"dataset.root={LEGO}", f"train.max_steps={args.steps}", "train.log_every=10",
               "eval.enabled=false", "profiler=trace", f"train.global_rays={args.rays}"]
-    root = Path(args.out)
+    root = Path(args.run_root)
+    result = {"settings": {"steps": args.steps, "rays": args.rays}, "runs": {}}
     for name, extra in (("ddp", ["strategy=ddp"]), ("ss", ["strategy=ss"])):
         run_dir = root / f"lego_{name}"
         start = time.perf_counter()
         train(prefix, run_dir, common + extra)
-        print(f"\n## 2-rank {name} lego run ({args.steps} steps, {time.perf_counter() - start:.0f} s wall)\n", flush=True)
+        wall = time.perf_counter() - start
+        print(f"\n## 2-rank {name} lego run ({args.steps} steps, {wall:.0f} s wall)\n", flush=True)
+        traces = {}
         for p in sorted((run_dir / "profile" / "traces").iterdir()):
+            traces[p.name] = p.stat().st_size
             print(f"trace {p.name}: {p.stat().st_size / 2**20:.2f} MB")
         rep = subprocess.run([sys.executable, "-m", "distnerf.profile", "report", str(run_dir)], capture_output=True,
                              text=True)
         if rep.returncode:
             raise SystemExit(f"report of {run_dir} failed:\n{rep.stderr[-3000:]}")
         print(rep.stdout, flush=True)
+        report_json = run_dir / "profile" / "report.json"
+        result["runs"][name] = {"run_dir": str(run_dir), "wall_s": wall, "trace_bytes": traces,
+                                "report": json.loads(report_json.read_text()) if report_json.exists() else None}
+    return result
 
 
 def main() -> None:
@@ -181,11 +201,15 @@ def main() -> None:
     r = sub.add_parser("runs")
     r.add_argument("--steps", type=int, default=60)
     r.add_argument("--rays", type=int, default=4096)
-    r.add_argument("--out", default="runs/bench_profile")
+    r.add_argument("--run-root", default="runs/bench_profile", help="where the two runs are written")
+    for sp in (o, pr, r):
+        sp.add_argument("--out", type=Path, default=None, help="result JSON (default bench/results/profile_PART.json)")
     args = parser.parse_args()
+    meta = start_meta()
     print(f"uptime: {os.popen('uptime').read().strip()}", flush=True)
-    {"overhead": overhead, "paired": paired, "runs": runs}[args.command](args)
+    report = {"overhead": overhead, "paired": paired, "runs": runs}[args.command](args)
     print(f"uptime: {os.popen('uptime').read().strip()}", flush=True)
+    write_result(args.out or default_out(f"profile_{args.command}.json"), report, meta)
 
 
 if __name__ == "__main__":

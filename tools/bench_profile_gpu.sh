@@ -7,14 +7,24 @@
 # 2. the small GPU trace fixture for tests/dist/test_profile.py::test_hta_overlap_on_gpu_nccl_trace
 #    (one active step, no shapes/memory) copied to tests/fixtures/gpu_nccl_trace/;
 # 3. that test; 4. an nsys timeline when nsys is installed.
+# The report run's JSON (profile/report.json, metrics.jsonl) is copied to RESULTS_DIR (default
+# bench/results/gpu_profile, committed; read by tools/bench_tables.py) with a meta.json entry.
+#   bash tools/bench_profile_gpu.sh [OUT_DIR [RESULTS_DIR]]
 set -euo pipefail
-OUT="${1:-runs/gpu_profile}"
+OUT="${1:-runs/gpu_profile}"; RES="${2:-bench/results/gpu_profile}"
 LEGO=../shared/data/nerf_synthetic_half/lego
 TR="python -m torch.distributed.run --standalone --nproc_per_node=1 -m distnerf.train"
 COMMON="dataset=blender dataset.root=$LEGO device=cuda train.progress=false train.ckpt_every=-1 eval.enabled=false"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+read -r l1 l5 l15 _ < /proc/loadavg; started=$(date -u +%FT%TZ); t0=$(date +%s.%N)
 timeout 240 $TR $COMMON run_dir="$OUT/report" train.max_steps=300 profiler=trace profiler.nvtx=true
+wall=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.2f", b - a}')
 python -m distnerf.profile report "$OUT/report" | head -80
+mkdir -p "$RES"
+cp "$OUT/report/profile/report.json" "$OUT/report/metrics.jsonl" "$RES/"
+python tools/bench_common.py meta "$RES" --started "$started" --wall-s "$wall" --load-before "$l1" "$l5" "$l15" \
+  --command "$TR $COMMON run_dir=$OUT/report train.max_steps=300 profiler=trace profiler.nvtx=true" \
+  --files report.json metrics.jsonl
 timeout 120 $TR $COMMON run_dir="$OUT/fixture" train.max_steps=8 profiler=trace profiler.trace.wait=4 \
   profiler.trace.warmup=1 profiler.trace.active=1 profiler.trace.record_shapes=false \
   profiler.trace.profile_memory=false profiler.telemetry=false

@@ -38,7 +38,9 @@ and peak resident memory above the imports.
 shared memory (``/proc/PID/status`` VmRSS, RssShmem) of the trainer process and the
 workers, sampled ten times.
 
-Results print as JSON lines and, with ``--json``, to a file.
+Results print as JSON lines and go to ``--out`` (default
+``bench/results/sampler_PARTS_DATASETS.json``) as ``{"meta": ..., "rows": [...]}``, the meta block
+holding the command, date, git commit and load before/after.
 
 Cores limit every figure: the pipelined sampler only hides sampling time S when its
 workers run on cores the trainer's compute does not use. With one worker the step
@@ -67,6 +69,7 @@ import time
 from pathlib import Path
 
 import torch
+from bench_common import default_out, start_meta, write_result
 
 DATASETS = {
     "lego": ["dataset=blender", "dataset.root=../shared/data/nerf_synthetic_half/lego"],
@@ -327,8 +330,11 @@ def main():
     parser.add_argument("--memory-batches", type=int, default=10000)
     parser.add_argument("--device", default="cpu", help="cpu | cuda | auto (the trainer's device=)")
     parser.add_argument("--extra", nargs="*", default=[], help="more Hydra overrides for the trainer runs")
-    parser.add_argument("--json", default=None, help="write all results here")
+    parser.add_argument("--out", "--json", dest="out", default=None,
+                        help="result JSON (default bench/results/sampler_PARTS_DATASETS.json)")
     args = parser.parse_args()
+    meta = start_meta()
+    out = args.out or default_out(f"sampler_{'-'.join(args.parts)}_{'-'.join(args.dataset)}.json")
     parts = ["compare", "alone", "memory", "cache"] if "all" in args.parts else args.parts
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -345,8 +351,7 @@ def main():
             memory(args)
         if "cache" in parts:
             cache(args)
-    if args.json:
-        Path(args.json).write_text(json.dumps(RESULTS, indent=1))
+    write_result(out, RESULTS, meta)
 
 
 if __name__ == "__main__":

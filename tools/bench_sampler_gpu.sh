@@ -5,8 +5,10 @@
 # 2. the stall-bound regime: one rank, 4 compute threads, 4 workers, 65536-ray batches over all images;
 # 3. the default batch (8192 rays) with the same layout;
 # 4. per-batch image decoding (sampler.source=files, 8 images per step), sync vs pipelined with 4 workers.
+# The JSON of 2-4 (with their meta blocks: command, date, git commit, load) and the text logs go to
+# OUT_DIR, by default bench/results/sampler_gpu (committed; read by tools/bench_tables.py).
 set -euo pipefail
-out="${1:-bench/sampler_gpu}"; dataset="${2:-lego}"
+out="${1:-bench/results/sampler_gpu}"; dataset="${2:-lego}"
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$out/gpu.txt" || true
 timeout 90 python -m pytest -q tests/unit/test_sampler.py 2>&1 | tail -20 | tee "$out/tests.txt" || true

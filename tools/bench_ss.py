@@ -1,6 +1,6 @@
 """Measure an ``ss`` run against a ``ddp`` run of the same data (BENCHMARKS.md, "Spatial segmentation").
 
-    python tools/bench_ss.py bench/wide_ss bench/wide_ddp [--views 5] [--threads 1]
+    python tools/bench_ss.py bench/wide_ss bench/wide_ddp [--views 5] [--threads 1] [--out PATH]
 
 Reports, on one process with ``--threads`` compute threads:
 
@@ -14,7 +14,9 @@ Reports, on one process with ``--threads`` compute threads:
 * the share of each sub-model's samples (its own marching, on training rays routed
   to it) that lie outside its own region: the work independent training wastes;
 * parameter counts.
-Writes ``SS_RUN/bench_ss.json`` and prints a Markdown table.
+Writes JSON to ``--out`` (default ``bench/results/NAME/bench_ss.json``, NAME the ``ss`` run's
+directory name without its ``_ss`` suffix), with a ``meta`` block (command, date, git commit,
+load before/after), and prints a Markdown table.
 """
 from __future__ import annotations
 
@@ -29,6 +31,9 @@ import torch
 from omegaconf import OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_common import default_out, start_meta, write_result  # noqa: E402
 
 from distnerf import checkpoint as ckpt  # noqa: E402
 from distnerf import dist as D  # noqa: E402
@@ -74,7 +79,10 @@ def main() -> None:
     ap.add_argument("ddp_run", type=Path)
     ap.add_argument("--views", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", type=Path, default=None,
+                    help="result JSON (default bench/results/NAME/bench_ss.json, NAME = SS_RUN's name without _ss)")
     args = ap.parse_args()
+    meta = start_meta()
     torch.set_num_threads(args.threads)
     env = D.init_distributed("cpu")
     cfg_ss, run_ss = load_run_config([f"run_dir={args.ss_run}"])
@@ -128,7 +136,9 @@ def main() -> None:
     }
     report["render_ratio_segment_over_ddp"] = (report["render_s_median"]["ss_segment"]
                                                / report["render_s_median"]["ddp"])
-    (run_ss / "bench_ss.json").write_text(json.dumps(report, indent=1))
+    name = args.ss_run.resolve().name
+    out_path = args.out or default_out(f"{name[:-3] if name.endswith('_ss') else name}/bench_ss.json")
+    write_result(out_path, report, meta)
     m = report["metrics_json"]
     print(f"| | ss segment | ss blend | ddp |\n|---|---|---|---|")
     print(f"| test PSNR, all views (training eval) | {m['ss']['psnr']:.2f} | | {m['ddp']['psnr']:.2f} |")

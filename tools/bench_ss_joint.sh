@@ -3,24 +3,45 @@
 #   tools/bench_ss_joint.sh MINUTES NAME [hydra overrides...]   -> bench/NAME_joint
 # and the quality-vs-regions series at a fixed number of steps:
 #   tools/bench_ss_joint.sh scaling STEPS [hydra overrides...] -> bench/scaling_K{1,2,4}
+# Each run's metrics.json and metrics.jsonl are copied to bench/results/NAME_joint/ or
+# bench/results/scaling/K{1,2,4}/ (BENCHMARKS_RESULTS overrides bench/results) with a meta.json
+# entry (command, date, git commit, load before/after, wall seconds).
 set -euo pipefail
+res_root="${BENCHMARKS_RESULTS:-bench/results}"
 mkdir -p bench
 common=(train.progress=false train.log_every=25 logger.wandb.mode=disabled eval.lpips=false)
+# run_and_record RESULT_DIR SUBDIR RUN_DIR COMMAND...: run COMMAND, copy RUN_DIR's JSON to RESULT_DIR/SUBDIR
+run_and_record() {
+  local res="$1" sub="$2" out="$3"; shift 3
+  local l1 l5 l15 rest started t0 wall p=""
+  [ "$sub" = . ] || p="$sub/"
+  read -r l1 l5 l15 rest < /proc/loadavg
+  started=$(date -u +%FT%TZ); t0=$(date +%s.%N)
+  "$@"
+  wall=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.2f", b - a}')
+  mkdir -p "$res/$p"
+  cp "$out/metrics.json" "$out/metrics.jsonl" "$res/$p"
+  python tools/bench_common.py meta "$res" --started "$started" --wall-s "$wall" --load-before "$l1" "$l5" "$l15" \
+    --command "$(python -c 'import shlex, sys; print(shlex.join(sys.argv[1:]))' "$@")" \
+    --files "${p}metrics.json" "${p}metrics.jsonl"
+}
 if [ "$1" = scaling ]; then
   steps="$2"; shift 2
   # a deliberately small per-region grid: total capacity grows with the number of regions
   small=(model.resolutions=[32,48,64] model.upsample_steps=[100,200] train.max_steps="$steps")
   out=bench/scaling_K1; rm -rf "$out"
-  torchrun --standalone --nproc_per_node=2 -m distnerf.train strategy=ddp run_dir="$out" "${small[@]}" "${common[@]}" "$@"
+  run_and_record "$res_root/scaling" K1 "$out" \
+    torchrun --standalone --nproc_per_node=2 -m distnerf.train strategy=ddp run_dir="$out" "${small[@]}" "${common[@]}" "$@"
   for k in 2 4; do
     out="bench/scaling_K$k"; rm -rf "$out"
-    torchrun --standalone --nproc_per_node=2 -m distnerf.train strategy=ss strategy.training=joint \
+    run_and_record "$res_root/scaling" "K$k" "$out" \
+      torchrun --standalone --nproc_per_node=2 -m distnerf.train strategy=ss strategy.training=joint \
       strategy.num_regions="$k" run_dir="$out" "${small[@]}" "${common[@]}" "$@"
   done
   exit 0
 fi
 minutes="$1"; name="$2"; shift 2
 out="bench/${name}_joint"; rm -rf "$out"
-torchrun --standalone --nproc_per_node=2 -m distnerf.train strategy=ss strategy.training=joint run_dir="$out" \
+run_and_record "$res_root/${name}_joint" . "$out" \
+  torchrun --standalone --nproc_per_node=2 -m distnerf.train strategy=ss strategy.training=joint run_dir="$out" \
   train.max_minutes="$minutes" train.max_steps=1000000 "${common[@]}" "$@"
-uptime > "$out/uptime.txt"

@@ -1,17 +1,32 @@
 #!/usr/bin/env bash
 # ss vs ddp at the same training-time budget on 2 ranks (BENCHMARKS.md, "Spatial segmentation").
-#   tools/bench_ss_train.sh MINUTES NAME [hydra overrides...]
+#   [SS_EXTRA="..."] [DDP_EXTRA="..."] tools/bench_ss_train.sh MINUTES NAME [hydra overrides...]
 # trains bench/NAME_ss (strategy=ss) then bench/NAME_ddp (strategy=ddp), both evaluated on every
-# test view (ss through distributed segment fusion); then `tools/bench_ss.py bench/NAME_ss bench/NAME_ddp`
+# test view (ss through distributed segment fusion); SS_EXTRA / DDP_EXTRA add overrides to one run
+# only (whitespace-separated), e.g. DDP_EXTRA="model.resolutions=[64,128,202]" for a ddp model with
+# as many table entries as the two ss sub-models. Each run's metrics.json and metrics.jsonl are
+# copied to bench/results/NAME/{ss,ddp}/ (BENCHMARKS_RESULTS overrides bench/results) with a
+# meta.json entry (command, date, git commit, load before/after, wall seconds). Then
+# `python tools/bench_ss.py bench/NAME_ss bench/NAME_ddp` (-> bench/results/NAME/bench_ss.json)
 # measures fused render time, blend quality and the samples spent outside each region.
 set -euo pipefail
 minutes="$1"; name="$2"; shift 2
-mkdir -p bench
+res="${BENCHMARKS_RESULTS:-bench/results}/$name"
+mkdir -p bench "$res"
 for strategy in ss ddp; do
   out="bench/${name}_${strategy}"
-  rm -rf "$out"
-  torchrun --standalone --nproc_per_node=2 -m distnerf.train strategy="$strategy" run_dir="$out" \
+  extra_var="${strategy^^}_EXTRA"; read -r -a extra <<< "${!extra_var:-}"
+  cmd=(torchrun --standalone --nproc_per_node=2 -m distnerf.train strategy="$strategy" run_dir="$out" \
     train.max_minutes="$minutes" train.max_steps=1000000 train.progress=false train.log_every=25 \
-    logger.wandb.mode=disabled eval.lpips=false "$@"
-  uptime > "$out/uptime.txt"
+    logger.wandb.mode=disabled eval.lpips=false "${extra[@]}" "$@")
+  rm -rf "$out"
+  read -r l1 l5 l15 _ < /proc/loadavg
+  started=$(date -u +%FT%TZ); t0=$(date +%s.%N)
+  "${cmd[@]}"
+  wall=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.2f", b - a}')
+  mkdir -p "$res/$strategy"
+  cp "$out/metrics.json" "$out/metrics.jsonl" "$res/$strategy/"
+  python tools/bench_common.py meta "$res" --started "$started" --wall-s "$wall" --load-before "$l1" "$l5" "$l15" \
+    --command "$(python -c 'import shlex, sys; print(shlex.join(sys.argv[1:]))' "${cmd[@]}")" \
+    --files "$strategy/metrics.json" "$strategy/metrics.jsonl"
 done

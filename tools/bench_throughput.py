@@ -1,13 +1,15 @@
 """Fixed-batch training throughput per model, and NeRF FLOP efficiency.
 
     python tools/bench_throughput.py --models grid ngp nerf --rays 4096 --repeats 5 \
-        --root ../shared/data/nerf_synthetic_half/lego [--device cuda] [--flops]
+        --root ../shared/data/nerf_synthetic_half/lego [--device cuda] [--flops] [--out PATH]
 
 For each model: forward + backward + Adam step on the same lego ray batches (after
 warm-up steps so that occupancy grids have pruned empty space), reporting the median
 over ``--repeats`` timed steps of rays/s and samples/s. ``--flops`` measures, for
 ``model=nerf``, (a) the MLP alone against ``torch.mm`` at the same shapes and (b) the
-whole training step against a large square matmul, all in one process.
+whole training step against a large square matmul, all in one process. Writes JSON to
+``--out`` (default ``bench/results/throughput.json``) with a ``meta`` block (command, date,
+git commit, load before/after).
 """
 from __future__ import annotations
 
@@ -17,13 +19,19 @@ import statistics
 import time
 
 import torch
+from bench_common import default_out, start_meta, write_result
 from omegaconf import OmegaConf
 
 from distnerf.data import load_scene
-from distnerf.engine.loss import photometric_sse
-from distnerf.engine.optim import build_optimizer
 from distnerf.model import build_model
 from distnerf.sampler import SyncSampler
+
+try:
+    from distnerf.components.loss import photometric_sse
+    from distnerf.components.optim import build_optimizer
+except ImportError:  # before losses and optimizers moved to components/
+    from distnerf.engine.loss import photometric_sse
+    from distnerf.engine.optim import build_optimizer
 
 NERF_FLOPS_PER_SAMPLE = 3.56e6  # forward+backward, per trained sample (issue figure)
 
@@ -109,8 +117,10 @@ def main():
     parser.add_argument("--root", default="../shared/data/nerf_synthetic_half/lego")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--flops", action="store_true")
-    parser.add_argument("--json", default=None, help="write results here")
+    parser.add_argument("--out", "--json", dest="out", default=None,
+                        help="result JSON (default bench/results/throughput.json)")
     args = parser.parse_args()
+    meta = start_meta()
     device = torch.device(args.device)
     scene = load_scene({"name": "blender", "root": args.root}, "train")
     results = {"device": str(device), "threads": torch.get_num_threads(), "models": {}}
@@ -137,9 +147,7 @@ def main():
         results["models"][name] = row
         print(name, json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()
                                 if k != "step_s_all"}), flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(results, f, indent=1)
+    write_result(args.out or default_out("throughput.json"), results, meta)
 
 
 if __name__ == "__main__":
