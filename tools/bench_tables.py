@@ -1,0 +1,396 @@
+"""Regenerate the tables of BENCHMARKS.md from the JSON the benchmark tools wrote in bench/results/.
+
+    python tools/bench_tables.py            # rewrite every table of BENCHMARKS.md
+    python tools/bench_tables.py --check    # exit 1, with a diff, when BENCHMARKS.md is not what the JSON gives
+        [--file BENCHMARKS.md] [--results bench/results]
+
+A table lives between the lines ``<!-- table:NAME -->`` and ``<!-- /table:NAME -->`` (each
+marker a line of its own); everything between
+the two markers is replaced by what ``TABLES[NAME]`` makes of the JSON: the Markdown table, a few
+figures computed from the same JSON, and one *Source* line per command that wrote the JSON (its
+files, the command, date, commit and the machine load before/after). Text outside the markers is
+left alone. An unknown NAME, an unpaired marker or a missing JSON file is an error (exit 2).
+
+Meta data of a result file: its own ``meta`` key (the Python tools write one), else the entry of
+the nearest ``meta.json`` above it whose ``files`` list it (the shell tools, and results copied
+from earlier runs, whose load lines came from ``../shared/tools/quiet``).
+"""
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import re
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MARKER = re.compile(r"^<!-- (/?)table:([A-Za-z0-9_.-]+) -->[ \t]*$", re.M)  # a marker is a line of its own
+
+
+class ResultError(Exception):
+    """A table's JSON is missing or malformed."""
+
+
+@dataclass
+class Results:
+    """Reads JSON under ``root`` and remembers which files a table used."""
+
+    root: Path
+    used: list[str] = field(default_factory=list)
+
+    @property
+    def shown(self) -> str:
+        """``root`` as the Source lines name it: relative to the repository when inside it."""
+        try:
+            return self.root.relative_to(ROOT).as_posix()
+        except ValueError:
+            return self.root.as_posix()
+
+    def path(self, rel: str) -> Path:
+        p = self.root / rel
+        if not p.is_file():
+            raise ResultError(f"missing result file {p}")
+        if rel not in self.used:
+            self.used.append(rel)
+        return p
+
+    def json(self, rel: str):
+        try:
+            return json.loads(self.path(rel).read_text())
+        except json.JSONDecodeError as err:
+            raise ResultError(f"{self.root / rel}: {err}") from err
+
+    def jsonl(self, rel: str) -> list[dict]:
+        return [json.loads(line) for line in self.path(rel).read_text().splitlines() if line.strip()]
+
+    def meta(self, rel: str) -> dict:
+        """The meta block of a result file (see the module docstring)."""
+        p = self.root / rel
+        if p.suffix == ".json":
+            own = json.loads(p.read_text())
+            if isinstance(own, dict) and isinstance(own.get("meta"), dict):
+                return own["meta"]
+        d = p.parent
+        while True:
+            m = d / "meta.json"
+            if m.is_file():
+                inner = p.relative_to(d).as_posix()
+                for run in json.loads(m.read_text()).get("runs", []):
+                    if inner in run.get("files", []):
+                        return run
+            if d == self.root or self.root not in d.parents:
+                break
+            d = d.parent
+        raise ResultError(f"no meta for {p}: neither a 'meta' key nor a meta.json entry listing it")
+
+
+# ----------------------------------------------------------------------------- formatting
+def f2(x: float) -> str:
+    return f"{x:.2f}"
+
+
+def kilo(x: float) -> str:
+    return f"{x / 1e3:.1f}k"
+
+
+def mega(x: float) -> str:
+    return f"{x / 1e6:.2f} M"
+
+
+def pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def psnr_ssim(m: dict) -> str:
+    return f"{m['psnr']:.2f} / {m['ssim']:.3f}"
+
+
+def row(*cells) -> str:
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def header(*cells) -> list[str]:
+    return [row(*cells), "|" + "---|" * len(cells)]
+
+
+def load_text(meta: dict) -> str:
+    def first(x):
+        return x[0] if isinstance(x, list) else x
+
+    src = "../shared/tools/quiet" if "quiet" in meta else "the tool"
+    if meta.get("load_before") is None:
+        return "load not recorded"
+    return f"load {first(meta['load_before']):.2f} before, {first(meta['load_after']):.2f} after (1-minute average, from {src})"
+
+
+def commit_text(meta: dict) -> str:
+    commit = meta.get("git_commit")
+    if not commit:
+        return "commit not recorded"
+    if str(meta.get("git_commit_basis", "")).startswith("not recorded"):
+        return f"commit {commit} (inferred from commit times, see meta.json)"
+    return f"commit {commit}" + (" with local changes" if meta.get("git_dirty") else "")
+
+
+def source_lines(res: Results) -> list[str]:
+    """One line per command: the files it wrote that the table used, command, date, commit, load."""
+    groups: dict[str, tuple[dict, list[str]]] = {}
+    for rel in res.used:
+        meta = res.meta(rel)
+        key = json.dumps({k: meta.get(k) for k in ("command", "finished", "started")}, sort_keys=True)
+        groups.setdefault(key, (meta, []))[1].append(rel)
+    lines = []
+    for meta, files in groups.values():
+        names = ", ".join(f"`{res.shown}/{f}`" for f in files)
+        date = meta.get("date") or str(meta.get("finished", ""))[:10] or "date not recorded"
+        lines.append(f"- *Source:* {names} — `{meta.get('command', 'command not recorded')}`; {date}, "
+                     f"{commit_text(meta)}; {load_text(meta)}.")
+    return lines
+
+
+# ----------------------------------------------------------------------------- tables
+def quality(res: Results, run: str, label: str, minutes=(2, 5, 10)) -> list[str]:
+    """bench_quality.sh: PSNR / SSIM at the 2- and 5-minute checkpoints and at the end."""
+    ms = [res.json(f"{run}/at_{minutes[0]}min/metrics.json"), res.json(f"{run}/at_{minutes[1]}min/metrics.json"),
+          res.json(f"{run}/metrics.json")]
+    cols = [f"{m} min ({x['protocol']['num_views']} views)" for m, x in zip(minutes, ms)]
+    out = header("", *cols, f"steps at {' / '.join(str(m) for m in minutes)} min")
+    out.append(row(label, *(psnr_ssim(m) for m in ms), " / ".join(str(m["step"]) for m in ms)))
+    return out
+
+
+def lego_quality(res: Results) -> list[str]:
+    out = quality(res, "lego_1p", "packed engine (default model, `train.decay_steps=4000`)")
+    final = res.json("lego_1p/metrics.json")["psnr"]
+    out += ["", f"Bar at 10 minutes >= 28.5 dB: **{'met' if final >= 28.5 else 'missed'}**; target >= 29.5 dB: "
+                f"**{'met' if final >= 29.5 else 'missed'}** ({final:.2f} dB)."]
+    return out
+
+
+def fern_quality(res: Results) -> list[str]:
+    return quality(res, "fern_1p", "packed engine (default model, `train.decay_steps=4000`)")
+
+
+def stages(res: Results, run: str) -> list[str]:
+    """Per grid stage: medians of the training log's rows (metrics.jsonl), and the run's phase shares."""
+    rows = res.jsonl(f"{run}/metrics.jsonl")
+    steps = [r for r in rows if "loss" in r]
+    by: dict[int, list[dict]] = {}
+    for r in steps:
+        by.setdefault(int(r["grid_resolution"]), []).append(r)
+    out = header("grid", "logged steps", "rays/s", "samples marched / ray", "density evaluations / ray",
+                 "coloured samples / ray")
+    for n, rs in sorted(by.items()):
+        med = {k: statistics.median(r[k] for r in rs) for k in
+               ("rays_per_s", "samples_per_ray", "density_samples_per_ray", "colour_samples_per_ray")}
+        out.append(row(f"{n}^3", f"{rs[0]['step']}-{rs[-1]['step']} ({len(rs)} rows)", kilo(med["rays_per_s"]),
+                       f"{med['samples_per_ray']:.1f}", f"{med['density_samples_per_ray']:.1f}",
+                       f"{med['colour_samples_per_ray']:.1f}"))
+    summary = [r for r in rows if r.get("event") == "profile_summary"]
+    if summary:
+        s = summary[-1]
+        pre = next(k.rsplit("/", 1)[0] for k in s if k.endswith("/step_s_median"))
+        phases = [("forward", "forward"), ("backward", "backward"), ("optimizer", "optimizer"),
+                  ("regularizer", "regulariser (TV)"), ("model_update", "`model_update` (occupancy, upsampling)"),
+                  ("input_wait", "input wait")]
+        shares = ", ".join(f"{label} {pct(s[f'{pre}/{k}_share'])}" for k, label in phases if f"{pre}/{k}_share" in s)
+        out += ["", f"Whole run (`profile_summary` row): step median {1e3 * s[f'{pre}/step_s_median']:.1f} ms; "
+                    f"shares of the training time: {shares}."]
+    return out
+
+
+def engine_eval(res: Results) -> list[str]:
+    """bench_engine.py eval/exact/old: one checkpoint rendered by both engines."""
+    d = res.json("lego_1p/bench_engine.json")
+    out = header("renderer", "s / view (median)", "rays/s (median)", f"test PSNR / SSIM ({d['new']['views']} views)",
+                 "samples per ray: marched / density / coloured")
+    labels = {"new": "packed engine (default termination and colour threshold)",
+              "exact": "packed engine, termination and colour threshold 0",
+              "old": f"padded engine of `{d['baseline']}`, same checkpoint"}
+    for k in ("new", "exact", "old"):
+        x = d[k]
+        samples = (f"{x['num_samples']:.1f} / {x['num_density_samples']:.1f} / {x['num_colour_samples']:.1f}"
+                   if "num_density_samples" in x else f"{x['num_samples']:.1f} evaluated (padded layout)")
+        out.append(row(labels[k], f2(x["seconds_median"]), kilo(x["rays_per_s_median"]),
+                       f"{x['psnr']:.3f} / {x['ssim']:.4f}", samples))
+    new = d["new"]
+    out += ["",
+            f"- Target one view <= 2 s (>= 80k rays/s): **{'met' if new['seconds_median'] <= 2 else 'missed'}**, "
+            f"{f2(new['seconds_median'])} s ({kilo(new['rays_per_s_median'])} rays/s).",
+            f"- PSNR with the thresholds minus without: **{d['psnr_new_minus_exact']:+.4f} dB** "
+            f"(target: within 0.05 dB: **{'met' if abs(d['psnr_new_minus_exact']) <= 0.05 else 'missed'}**).",
+            f"- The padded engine takes **{d['old_over_new_seconds_same_views']:.2f}x** the packed engine's time "
+            f"per view on the same views."]
+    return out
+
+
+def engine_train(res: Results) -> list[str]:
+    """bench_engine.py train: rays/s of both engines at each grid stage."""
+    d = res.json("lego_1p/bench_engine.json")
+    out = header("grid", "packed engine rays/s", f"padded engine (`{d['baseline']}`) rays/s", "packed / padded")
+    for n, x in sorted(d["train"].items(), key=lambda kv: int(kv[0])):
+        out.append(row(f"{n}^3", kilo(x["new"]["rays_per_s"]), kilo(x["old"]["rays_per_s"]),
+                       f"{x['new_over_old']:.2f}x"))
+    return out
+
+
+def memory(res: Results) -> list[str]:
+    """bench_engine.py --parts memory."""
+    d = res.json("lego_1p/bench_engine_memory.json")
+    out = header("`eval.chunk`", "peak RSS (VmHWM)", "RSS before rendering (scene + model)", "added by rendering",
+                 "render time of the view")
+    for chunk, x in sorted(d["memory"].items(), key=lambda kv: int(kv[0])):
+        out.append(row(chunk, f"{x['peak_rss_mb']:.0f} MB", f"{x['rss_before_render_mb']:.0f} MB",
+                       f"{x['peak_rss_mb'] - x['rss_before_render_mb']:.0f} MB", f"{f2(x['seconds'])} s"))
+    return out
+
+
+SS_EQ = (("lego_eq", "lego"), ("wide_eq2", "wide, `model.upsample_steps=[100,200]`"),
+         ("wide_eq", "wide, default upsampling, *not* equal parameters"))
+
+
+def ss_eq(res: Results) -> list[str]:
+    """bench_ss.py on ss / ddp pairs of (nearly) equal parameter counts."""
+    out = header("scene (timed views, resolution; steps in 3 min)", "ss segment s / image", "ss blend s / image",
+                 "ddp s / image", "**segment / ddp**", "samples per image, segment / ddp", "parameters ss / ddp",
+                 "PSNR timed views: segment / blend / ddp", "PSNR all test views: ss / ddp (views)")
+    verdicts = []
+    for name, label in SS_EQ:
+        d = res.json(f"{name}/bench_ss.json")
+        ss_m, ddp_m = res.json(f"{name}/ss/metrics.json"), res.json(f"{name}/ddp/metrics.json")
+        t, s, p, q = d["render_s_median"], d["samples_per_image_median"], d["params"], d["psnr_timed_views"]
+        h, w = d["resolution"]
+        ratio = d["render_ratio_segment_over_ddp"]
+        out.append(row(f"{label} ({len(d['views'])}, {w}x{h}; ss {d['metrics_json']['ss']['step']}, "
+                       f"ddp {d['metrics_json']['ddp']['step']})",
+                       f2(t["ss_segment"]), f2(t["ss_blend"]), f2(t["ddp"]), f"**{ratio:.2f}x**",
+                       f"{mega(s['ss_segment'])} / {mega(s['ddp'])}",
+                       f"{p['ss_total'] / 1e6:.1f} M / {p['ddp'] / 1e6:.1f} M",
+                       f"{q['ss_segment']:.2f} / {q['ss_blend']:.2f} / {q['ddp']:.2f}",
+                       f"{ss_m['psnr']:.2f} / {ddp_m['psnr']:.2f} ({ss_m['protocol']['num_views']})"))
+        if abs(p["ss_total"] / p["ddp"] - 1) < 0.01:
+            verdicts.append(f"{name.split('_')[0]} {'met' if ratio <= 1.2 else 'missed'} ({ratio:.2f}x)")
+    out += ["", "Target (fused render <= 1.2x the single model at equal total parameters, rows with parameter "
+                f"counts within 1%): {'; '.join(verdicts)}."]
+    return out
+
+
+def ss_eq_detail(res: Results) -> list[str]:
+    """bench_ss.py: where the fused render's time goes, and the training side."""
+    out = header("scene", "render time per sample, segment / ddp", "samples, segment / ddp",
+                 "segment: exchange + compositing share", "segment: routing share", "blend: routing share",
+                 "blend / segment time", "samples outside the sub-model's own region, rank 0 / 1",
+                 "training rays/s per rank, ss / ddp")
+    for name, label in SS_EQ:
+        d = res.json(f"{name}/bench_ss.json")
+        t, s, fs = d["render_s_median"], d["samples_per_image_median"], d["fusion_share"]
+        rps = d["train_rays_per_s_per_rank"]
+        out.append(row(label, f"{1e6 * t['ss_segment'] / s['ss_segment']:.2f} / {1e6 * t['ddp'] / s['ddp']:.2f} us",
+                       f"{s['ss_segment'] / s['ddp']:.2f}x", pct(fs["ss_segment"]["exchange_composite"]),
+                       pct(fs["ss_segment"]["routing"]), pct(fs["ss_blend"]["routing"]),
+                       f"{t['ss_blend'] / t['ss_segment']:.2f}x",
+                       " / ".join(pct(x) for x in d["outside_own_region_share"]),
+                       f"ss {' / '.join(f'{x:.0f}' for x in rps['ss'])}; ddp {' / '.join(f'{x:.0f}' for x in rps['ddp'])}"))
+    return out
+
+
+def main_job(res: Results) -> list[str]:
+    """The README main job in a fresh clone (tools/bench_main_job.py)."""
+    m, rm = res.json("main_job/metrics.json"), res.json("main_job/render/metrics.json")
+    rows = res.jsonl("main_job/metrics.jsonl")
+    train_meta, render_meta = res.meta("main_job/metrics.json"), res.meta("main_job/render/metrics.json")
+    steps = [r for r in rows if "loss" in r]
+    summary = [r for r in rows if r.get("event") == "profile_summary"][-1]
+    step_med = next(v for k, v in summary.items() if k.endswith("/step_s_median"))
+    wall = train_meta["wall_s"]
+    out = header("training command, wall", "of which training", "steps", "step median",
+                 f"test PSNR / SSIM ({m['protocol']['num_views']} views)", "re-render command, wall",
+                 "re-render PSNR / SSIM")
+    out.append(row(f"**{int(wall // 60)} min {wall % 60:.0f} s** ({wall:.1f} s)", f"{steps[-1]['train_seconds']:.1f} s",
+                   m["step"], f"{1e3 * step_med:.0f} ms", f"**{m['psnr']:.2f} / {m['ssim']:.3f}**",
+                   f"{render_meta['wall_s']:.1f} s", psnr_ssim(rm)))
+    ok = wall <= 240 and m["psnr"] >= 31
+    out += ["", f"Target (<= 4 minutes at >= 31 dB): **{'met' if ok else 'missed'}**."]
+    return out
+
+
+TABLES = {
+    "lego_quality": lego_quality,
+    "lego_stages": lambda res: stages(res, "lego_1p"),
+    "engine_eval": engine_eval,
+    "engine_train": engine_train,
+    "fern_quality": fern_quality,
+    "fern_stages": lambda res: stages(res, "fern_1p"),
+    "ss_eq": ss_eq,
+    "ss_eq_detail": ss_eq_detail,
+    "memory": memory,
+    "main_job": main_job,
+}
+
+
+# ----------------------------------------------------------------------------- document
+def render_block(name: str, results_root: Path) -> str:
+    if name not in TABLES:
+        raise ResultError(f"unknown table {name!r} (known: {', '.join(sorted(TABLES))})")
+    res = Results(results_root)
+    lines = TABLES[name](res)
+    return "\n".join(["", *lines, "", *source_lines(res), ""])
+
+
+def regenerate(text: str, results_root: Path) -> str:
+    """``text`` with every marked table regenerated from the JSON under ``results_root``."""
+    out, pos, open_name = [], 0, None
+    for m in MARKER.finditer(text):
+        closing, name = m.group(1) == "/", m.group(2)
+        if not closing:
+            if open_name is not None:
+                raise ResultError(f"table:{name} opened inside table:{open_name}")
+            out.append(text[pos:m.end()])
+            open_name = name
+        else:
+            if open_name != name:
+                raise ResultError(f"/table:{name} closes {'nothing' if open_name is None else 'table:' + open_name}")
+            out.append(render_block(name, results_root))
+            out.append(m.group(0))
+            open_name = None
+        pos = m.end()
+    if open_name is not None:
+        raise ResultError(f"table:{open_name} is never closed")
+    out.append(text[pos:])
+    return "".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--check", action="store_true", help="do not write; exit 1 when the file differs")
+    ap.add_argument("--file", type=Path, default=ROOT / "BENCHMARKS.md")
+    ap.add_argument("--results", type=Path, default=ROOT / "bench" / "results")
+    args = ap.parse_args(argv)
+    text = args.file.read_text()
+    try:
+        new = regenerate(text, args.results.resolve())
+    except ResultError as err:
+        print(f"bench_tables: {err}", file=sys.stderr)
+        return 2
+    if args.check:
+        if new != text:
+            sys.stdout.writelines(difflib.unified_diff(text.splitlines(True), new.splitlines(True),
+                                                       str(args.file), "from the JSON"))
+            print(f"bench_tables: {args.file} differs from the tables the JSON gives; "
+                  f"run python tools/bench_tables.py", file=sys.stderr)
+            return 1
+        print(f"{args.file}: tables match the JSON in {args.results}")
+        return 0
+    if new != text:
+        args.file.write_text(new)
+        print(f"rewrote the tables of {args.file}")
+    else:
+        print(f"{args.file}: already up to date")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
