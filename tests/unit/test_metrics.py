@@ -1,7 +1,6 @@
 """Image metrics (distnerf.observe.metrics) and the optimizer helpers (distnerf.engine.optim)."""
 from __future__ import annotations
 
-import importlib.util
 import math
 
 import pytest
@@ -9,9 +8,7 @@ import torch
 
 from distnerf.engine.optim import build_optimizer, lr_factor, rebuild_optimizer, set_lr
 from distnerf.model.grid import GridModel
-from distnerf.observe.metrics import LPIPS, psnr, ssim
-
-HAS_TORCHVISION = importlib.util.find_spec("torchvision") is not None
+from distnerf.observe.metrics import LPIPS, alexnet_lpips, psnr, ssim
 
 
 def _image(seed: int, h: int = 32, w: int = 40) -> torch.Tensor:
@@ -56,31 +53,99 @@ def test_ssim_constant_offset_affects_only_luminance_term():
     assert ssim(shifted, img) > 0.95 > ssim(noisy, img)
 
 
-def test_lpips_available_or_explains_why():
-    metric = LPIPS()
-    img = _image(6)
-    if metric.available:
-        assert metric.reason is None
-        assert metric(img, img) == pytest.approx(0.0, abs=1e-4)
-        assert metric((img * 0.5), img) > 0.0
-    else:
-        assert isinstance(metric.reason, str) and "LPIPS" in metric.reason
-        assert len(metric.reason) <= 300
-        assert metric(img, img) is None
+class _StandInBackbone(torch.nn.Module):
+    """Two fixed random conv layers (seeded): features at full and half resolution."""
+
+    def __init__(self):
+        super().__init__()
+        gen = torch.Generator().manual_seed(11)
+        self.conv1 = torch.nn.Conv2d(3, 4, 3, padding=1)
+        self.conv2 = torch.nn.Conv2d(4, 5, 3, stride=2, padding=1)
+        for conv in (self.conv1, self.conv2):
+            conv.weight.data = torch.randn(conv.weight.shape, generator=gen)
+            conv.bias.data = 0.1 * torch.randn(conv.bias.shape, generator=gen)
+
+    def forward(self, x):
+        h1 = torch.relu(self.conv1(x))
+        return h1, self.conv2(h1)
 
 
-@pytest.mark.skipif(not HAS_TORCHVISION,
-                    reason="torchvision is not importable here; LPIPS(random_backbone=True) needs it "
-                           "for the AlexNet backbone")
-def test_lpips_code_path_with_random_backbone():
-    metric = LPIPS(random_backbone=True)
+def _lpips_by_hand(backbone, weights, pred, target) -> float:
+    """The LPIPS formula pixel by pixel in float64: each layer's feature vector divided by
+    sqrt(1e-8 + its squared norm), the weighted squared difference summed over channels,
+    averaged over the layer's pixels, summed over layers; images (H, W, 3) in [0, 1]."""
+    def feats(img):  # the backbone's input convention: (1, 3, H, W) in [-1, 1]
+        x = torch.stack([img[..., c] for c in range(3)])[None].float()
+        return [f[0].double() for f in backbone(2 * x - 1)]
+
+    total = 0.0
+    for f0, f1, w in zip(feats(pred.clamp(0, 1)), feats(target), weights):
+        _, h, wd = f0.shape
+        layer = 0.0
+        for i in range(h):
+            for j in range(wd):
+                a, b = f0[:, i, j], f1[:, i, j]
+                a, b = a / math.sqrt(1e-8 + float(a @ a)), b / math.sqrt(1e-8 + float(b @ b))
+                layer += sum(float(w[c]) * float(a[c] - b[c]) ** 2 for c in range(len(a)))
+        total += layer / (h * wd)
+    return total
+
+
+def test_lpips_with_a_stand_in_backbone():
+    backbone = _StandInBackbone()
+    weights = [torch.tensor([0.5, 1.0, 0.25, 2.0]), torch.tensor([1.0, 0.1, 0.7, 1.3, 0.4])]
+    metric = LPIPS(lambda: (backbone, weights))
+    assert metric.available and metric.reason is None
+    img, other = _image(7, h=12, w=10), _image(8, h=12, w=10).flip(0)
+    d = metric(other, img)
+    assert isinstance(d, float) and d == pytest.approx(_lpips_by_hand(backbone, weights, other, img), rel=1e-5)
+    assert metric(img, img) == pytest.approx(0.0, abs=1e-7)
+    assert metric(img, other) == pytest.approx(d, rel=1e-5)  # symmetric
+    # unit vectors differ by at most 2: each layer adds at most 4 * its largest weight
+    assert 0.0 < d <= 4 * sum(float(w.max()) for w in weights)
+    assert metric(other * 3 - 1, img) == pytest.approx(metric((other * 3 - 1).clamp(0, 1), img), rel=1e-6)
+    # a batch: one value per image pair, each as if alone
+    batch = metric(torch.stack([other, img, 1 - img]), torch.stack([img, img, img]))
+    assert isinstance(batch, list) and batch == pytest.approx([d, 0.0, metric(1 - img, img)], rel=1e-5, abs=1e-7)
+    with pytest.raises(ValueError, match="must both be"):
+        metric(img, img[:6])
+
+
+def test_lpips_unavailable_backbone_gives_null_with_its_reason():
+    def no_torchvision():
+        raise ModuleNotFoundError("No module named 'torchvision'")
+
+    metric = LPIPS(no_torchvision)
+    assert not metric.available and metric(_image(6), _image(6)) is None
+    assert metric.reason == "LPIPS (no_torchvision) unavailable: ModuleNotFoundError: No module named 'torchvision'"
+
+    def long_failure():
+        raise RuntimeError("x" * 1000)
+
+    assert len(LPIPS(long_failure).reason) == 300  # cut to fit a metrics.json row
+
+
+def test_lpips_matches_torchmetrics_for_the_same_alexnet(monkeypatch):
+    """distnerf's LPIPS (alexnet_lpips: scaling, AlexNet slices, the linear weights torchmetrics
+    ships) against torchmetrics' own _LPIPS, both on one random AlexNet-shaped network (what
+    torchvision would provide)."""
+    from torchmetrics.functional.image import lpips as tm_lpips
+
+    torch.manual_seed(3)
+    c = torch.nn
+    features = c.Sequential(c.Conv2d(3, 64, 11, 4, 2), c.ReLU(), c.MaxPool2d(3, 2), c.Conv2d(64, 192, 5, padding=2),
+                            c.ReLU(), c.MaxPool2d(3, 2), c.Conv2d(192, 384, 3, padding=1), c.ReLU(),
+                            c.Conv2d(384, 256, 3, padding=1), c.ReLU(), c.Conv2d(256, 256, 3, padding=1), c.ReLU())
+    monkeypatch.setattr(tm_lpips, "_get_tv_model_features", lambda net, pretrained=False: features)
+    reference = tm_lpips._LPIPS(pretrained=True, net="alex", pnet_rand=True).eval()
+    metric = LPIPS(lambda: alexnet_lpips(random_backbone=True))
     assert metric.available, metric.reason
-    img = _image(7)
-    other = _image(8).flip(0)
-    d_same, d_other = metric(img, img), metric(other, img)
-    assert isinstance(d_same, float) and d_same == pytest.approx(0.0, abs=1e-6)
-    assert d_other > d_same
-    assert d_other == pytest.approx(metric(img, other), rel=1e-5)  # symmetric
+    imgs = torch.stack([_image(9, 64, 64), _image(10, 64, 64)])
+    targets = torch.stack([_image(11, 64, 64).flip(1), _image(10, 64, 64)])
+    with torch.no_grad():
+        expected = reference(imgs.permute(0, 3, 1, 2), targets.permute(0, 3, 1, 2), normalize=True).flatten()
+    assert metric(imgs, targets) == pytest.approx(expected.tolist(), rel=1e-5, abs=1e-7)
+    assert expected[0] > 0.0
 
 
 # ----------------------------------------------------------------------------- optimizer
@@ -90,9 +155,6 @@ def test_lr_factor_formula():
     assert lr_factor(50, cfg) == pytest.approx(1 / math.sqrt(10))
     assert lr_factor(100, cfg) == pytest.approx(0.1)
     assert lr_factor(300, cfg) == pytest.approx(1e-3)
-    # defaults: decay 0.1 over 250k steps, no warm-up
-    assert lr_factor(250_000, {}) == pytest.approx(0.1)
-    assert lr_factor(125_000, {}) == pytest.approx(0.1 ** 0.5)
     # linear warm-up multiplies by (step + 1) / warmup for step < warmup
     warm = {"decay": 0.5, "decay_steps": 10, "warmup_steps": 4}
     assert lr_factor(0, warm) == pytest.approx(0.25)
@@ -104,7 +166,7 @@ def test_lr_factor_formula():
 def _grid_model() -> GridModel:
     torch.manual_seed(0)
     return GridModel(torch.tensor([[-1.0] * 3, [1.0] * 3]), torch.ones(3), resolutions=(6, 8),
-                     upsample_steps=(3,), num_features=2, hidden_width=8)
+                     upsample_steps=(3,), num_features=2, hidden_width=8, color="mlp")
 
 
 def _train_step(model, opt) -> None:
