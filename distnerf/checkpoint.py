@@ -1,11 +1,15 @@
 """Atomic, multi-rank checkpoints with a manifest as the commit marker.
 
-Layout::
+Layout of one checkpoint (every name is defined here, once)::
 
     RUN/checkpoints/step_00001000/
-        model.pt        (written by the rank(s) the strategy names: model, optimizer, step)
-        rank_0.pt ...   (every rank: RNG states and rank-local state)
-        manifest.json   (rank 0, after a barrier, through a temp file + rename)
+        model.pt               ddp: the model + optimizer + step (the main rank; replicas are identical)
+        region_000.pt ...      ss: one sub-model per region (written by its owner)
+        optimizer_rank_0.pt    ss: each rank's optimizer over its regions
+        rank_0.pt ...          every rank: RNG states and sampler state
+        manifest.json          rank 0, after a barrier, through a temp file + rename; holds
+                               ``format`` (:data:`FORMAT_VERSION`), the file list with checksums,
+                               the config hashes and the strategy's facts
 
 A checkpoint without a valid manifest (a rank died mid-save) is ignored; resume
 takes the newest committed one. Every file is written to ``name.tmp`` then renamed,
@@ -24,10 +28,31 @@ from pathlib import Path
 import torch
 
 MANIFEST = "manifest.json"
+MODEL_FILE = "model.pt"
+FORMAT_VERSION = 2  # 1: before the format was recorded (issue 13); bump on any change of layout or contents
+
+
+def region_file(region: int) -> str:
+    """The file of ``region``'s sub-model (``ss``)."""
+    return f"region_{region:03d}.pt"
+
+
+def optimizer_file(rank: int) -> str:
+    """The optimizer state of ``rank`` (``ss``: each rank optimises its own regions)."""
+    return f"optimizer_rank_{rank}.pt"
+
+
+def rank_file(rank: int) -> str:
+    """RNG and sampler state of ``rank`` (every strategy)."""
+    return f"rank_{rank}.pt"
 
 
 class CheckpointError(ValueError):
     """A checkpoint cannot be used (names the checkpoint and the reason)."""
+
+
+class CheckpointFormatError(CheckpointError):
+    """A committed checkpoint of another format version: refused, never skipped."""
 
 
 def step_dir(root: Path, step: int) -> Path:
@@ -65,7 +90,7 @@ def write_manifest(ckpt: Path, step: int, world_size: int, config_hashes: dict, 
     files = {}
     for p in sorted(Path(ckpt).glob("*.pt")):
         files[p.name] = {"bytes": p.stat().st_size, "sha256": file_digest(p)}
-    manifest = {"step": step, "world_size": world_size, "files": files, "config": config_hashes,
+    manifest = {"format": FORMAT_VERSION, "step": step, "world_size": world_size, "files": files, "config": config_hashes,
                 "created": time.time(), **(extra or {})}
     atomic_write_text(Path(ckpt) / MANIFEST, json.dumps(manifest, indent=1))
 
@@ -80,6 +105,10 @@ def read_manifest(ckpt: Path, verify: bool = False) -> dict:
         raise CheckpointError(f"{ckpt}: no {MANIFEST} (checkpoint not committed)") from err
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise CheckpointError(f"{path}: unreadable manifest: {err}") from err
+    if manifest.get("format", 1) != FORMAT_VERSION:
+        raise CheckpointFormatError(f"{path}: checkpoint format {manifest.get('format', 1)}, this distnerf reads format "
+                              f"{FORMAT_VERSION} (written by {'an older' if manifest.get('format', 1) < FORMAT_VERSION else 'a newer'} "
+                              f"distnerf): use the distnerf that wrote it, or start a new run")
     for name, meta in manifest.get("files", {}).items():
         f = Path(ckpt) / name
         if not f.exists() or f.stat().st_size != meta["bytes"]:
@@ -90,11 +119,17 @@ def read_manifest(ckpt: Path, verify: bool = False) -> dict:
 
 
 def committed(root: Path) -> list[Path]:
-    """Committed checkpoint directories under ``root``, oldest first."""
+    """Committed checkpoint directories under ``root``, oldest first.
+
+    Raises:
+        CheckpointFormatError: a committed checkpoint of another format version.
+    """
     out = []
     for d in sorted(Path(root).glob("step_*")):
         try:
             read_manifest(d)
+        except CheckpointFormatError:
+            raise  # committed, but by another distnerf: say so rather than start afresh
         except CheckpointError:
             continue
         out.append(d)
@@ -127,19 +162,15 @@ def config_hashes(cfg: dict, sections=("model", "dataset", "strategy")) -> dict:
     a run may resume with or without torch.compile); the world size is checked separately.
     """
     runtime = ("compile", "compile_mode")
-    cfg = {**cfg, "model": {k: v for k, v in cfg["model"].items() if k not in runtime}} \
-        if isinstance(cfg.get("model"), dict) else cfg
-    return {s: hashlib.sha256(json.dumps(cfg.get(s), sort_keys=True, default=str).encode()).hexdigest()[:16]
+    cfg = {**cfg, "model": {k: v for k, v in cfg["model"].items() if k not in runtime}} if "model" in cfg else cfg
+    return {s: hashlib.sha256(json.dumps(cfg[s], sort_keys=True, default=str).encode()).hexdigest()[:16]
             for s in sections}
-
-
-LATER_SECTIONS = ("sampler",)  # hashed since issue 4: checkpoints written before lack it and are not checked on it
 
 
 def check_compatible(manifest: dict, hashes: dict, ckpt: Path) -> None:
     """Raise CheckpointError naming each config section that differs from the checkpoint."""
-    saved = manifest.get("config", {})
-    diff = [s for s, h in hashes.items() if saved.get(s) != h and not (s in LATER_SECTIONS and s not in saved)]
+    saved = manifest["config"]
+    diff = [s for s, h in hashes.items() if saved.get(s) != h]
     if diff:
         raise CheckpointError(f"cannot resume from {ckpt}: the {', '.join(diff)} config differs from the "
                               f"checkpoint's (start a new run directory or restore the original settings)")

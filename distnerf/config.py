@@ -1,5 +1,5 @@
-"""Config validation, the run directory and logging set-up (every rank composes
-the config itself; the run directory is chosen once and shared)."""
+"""The run directory and logging set-up (every rank composes the config itself; the run
+directory is chosen once and shared). The config's keys, defaults and checks: :mod:`distnerf.schema`."""
 from __future__ import annotations
 
 import logging
@@ -7,29 +7,15 @@ import sys
 import time
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from . import dist as D
-
-REQUIRED_POSITIVE = ("train.global_rays", "train.max_steps", "eval.chunk")
-
-
-def validate(cfg: DictConfig) -> None:
-    """Raise ValueError naming the key for missing or nonsensical settings."""
-    for key in REQUIRED_POSITIVE:
-        value = OmegaConf.select(cfg, key)
-        if not isinstance(value, int) or value <= 0:
-            raise ValueError(f"config {key} must be a positive integer, got {value!r}")
-    if cfg.dataset.name in ("blender", "llff") and OmegaConf.is_missing(cfg.dataset, "root"):
-        raise ValueError(f"dataset={cfg.dataset.name} needs dataset.root=PATH")
-    if cfg.get("device") not in ("auto", "cpu", "cuda"):
-        raise ValueError(f"device must be auto, cpu or cuda, got {cfg.get('device')!r}")
 
 
 def resolve_run_dir(cfg: DictConfig, env: D.DistEnv) -> Path:
     """``cfg.run_dir`` if given, else ``runs/<timestamp>`` picked by rank 0 and broadcast
     (never a per-rank ``${now:}``). Pass ``run_dir=`` explicitly to resume or restart."""
-    chosen = cfg.get("run_dir")
+    chosen = cfg.run_dir
     if not chosen:
         chosen = D.broadcast_object(env, f"runs/{time.strftime('%Y%m%d-%H%M%S')}")
     path = Path(chosen).resolve()

@@ -25,9 +25,9 @@ from . import checkpoint as ckpt
 from . import dist as D
 from .config import setup_logging
 from .data import load_scene
-from .engine.evaluate import render_image, select_views
-from .engine.trainer import evaluate_run, make_eval_split
+from .engine.evaluate import evaluate_run, make_eval_split, render_image
 from .model import build_model
+from .schema import RenderConfig, validate
 from .strategy import build_strategy
 
 log = logging.getLogger("distnerf")
@@ -46,13 +46,16 @@ def load_run_config(argv: list[str]):
     path = Path(run_dir) / "config.yaml"
     if not path.exists():
         raise FileNotFoundError(f"{path}: not a distnerf run directory (no config.yaml)")
-    cfg = OmegaConf.merge(OmegaConf.load(path), cli)
+    try:
+        cfg = validate(OmegaConf.merge(OmegaConf.load(path), cli), root=RenderConfig)
+    except ValueError as err:
+        raise ValueError(f"{path} with {' '.join(argv)}: {err}") from None
     return cfg, Path(run_dir).resolve()
 
 
 def find_checkpoint(cfg, run_dir: Path) -> tuple[Path, dict]:
     """The checkpoint to render (``cfg.checkpoint`` or the newest committed) and its verified manifest."""
-    found = Path(cfg.checkpoint) if cfg.get("checkpoint") else ckpt.latest(run_dir / "checkpoints")
+    found = Path(cfg.checkpoint) if cfg.checkpoint else ckpt.latest(run_dir / "checkpoints")
     if found is None:
         raise FileNotFoundError(f"{run_dir / 'checkpoints'}: no committed checkpoint to render")
     return found, ckpt.read_manifest(found, verify=True)
@@ -60,26 +63,33 @@ def find_checkpoint(cfg, run_dir: Path) -> tuple[Path, dict]:
 
 def load_weights(cfg, run_dir: Path):
     """Model state and step: ``cfg.weights`` (an export) or the newest checkpoint."""
-    if cfg.get("weights"):
+    if cfg.weights:
         blob = torch.load(cfg.weights, map_location="cpu", weights_only=False)
-        return blob["model"], int(blob.get("step", 0))
-    found, _ = find_checkpoint(cfg, run_dir)
-    state = torch.load(found / "model.pt", map_location="cpu", weights_only=False)
+        return blob["model"], int(blob["step"])
+    found, manifest = find_checkpoint(cfg, run_dir)
+    if manifest["strategy"] != "ddp":
+        raise ValueError(f"{found}: a {manifest['strategy']} checkpoint has no single {ckpt.MODEL_FILE}; "
+                         f"render it through its fusion stage (python -m distnerf.render run_dir=...)")
+    state = torch.load(found / ckpt.MODEL_FILE, map_location="cpu", weights_only=False)
     return state["model"], int(state["step"])
 
 
 def load_renderer(cfg, run_dir: Path, scene, env):
     """(module that renders rays, step): the model, or the fusion stage of an ``ss`` run."""
-    if cfg.strategy.get("name") == "ss" and not cfg.get("weights"):
-        from .strategy.ss import load_fused
+    if cfg.strategy.name == "ss":
+        from .strategy.fused import load_fused, region_states
 
-        found, manifest = find_checkpoint(cfg, run_dir)
-        fused = load_fused(manifest, found, OmegaConf.to_container(cfg.model, resolve=True),
-                           OmegaConf.to_container(cfg.strategy, resolve=True), scene.aabb, scene.background,
-                           str(cfg.get("fusion") or cfg.strategy.get("fusion", "segment")), env)
-        return fused, int(manifest["step"])
+        if cfg.weights:  # a fused export: every region's sub-model in one file
+            blob = torch.load(cfg.weights, map_location="cpu", weights_only=False)
+            partition, state, step = blob["partition"], blob["regions"].__getitem__, int(blob["step"])
+        else:
+            found, manifest = find_checkpoint(cfg, run_dir)
+            partition, state, step = manifest["partition"], region_states(found), int(manifest["step"])
+        fused = load_fused(partition, state, OmegaConf.to_container(cfg.model, resolve=True), cfg.strategy,
+                           scene.aabb, scene.background, cfg.fusion or cfg.strategy.fusion, env)
+        return fused, step
     state, step = load_weights(cfg, run_dir)
-    model = build_model(OmegaConf.to_container(cfg.model, resolve=True), scene.aabb, scene.background)
+    model = build_model(cfg.model, scene.aabb, scene.background)
     model.load_state_dict(state)
     return model.to(env.device).eval(), step
 
@@ -104,23 +114,21 @@ def orbit_video(model, scene, out: Path, num_frames: int, chunk: int, device) ->
 
 def main(argv: list[str] | None = None) -> dict:
     cfg, run_dir = load_run_config(sys.argv[1:] if argv is None else argv)
-    env = D.init_distributed(cfg.get("device", "auto"))
+    env = D.init_distributed(cfg.device)
     try:
-        out_dir = Path(cfg.get("out_dir") or run_dir / "render")
+        out_dir = Path(cfg.out_dir or run_dir / "render")
         if env.is_main:
             out_dir.mkdir(parents=True, exist_ok=True)
         D.barrier(env)
         setup_logging(env, out_dir, "INFO", "render.log")
-        strategy = build_strategy(OmegaConf.to_container(cfg.strategy, resolve=True), env)
-        dataset_cfg = OmegaConf.to_container(cfg.dataset, resolve=True)
-        scene = load_scene(dataset_cfg, "test")
+        strategy = build_strategy(cfg.strategy, env)
+        scene = load_scene(cfg.dataset, "test")
         model, step = load_renderer(cfg, run_dir, scene, env)
         metrics = evaluate_run(cfg, model, strategy, out_dir, step, make_eval_split(cfg, model, strategy))
-        if cfg.get("video") and env.is_main:
-            factor = int(cfg.eval.get("downscale", 1))
+        if cfg.video and env.is_main:
+            factor = cfg.eval.downscale
             view_scene = scene.downscaled(factor) if factor > 1 else scene
-            orbit_video(model, view_scene, out_dir / "orbit.gif", int(cfg.get("video_frames", 24)),
-                        int(cfg.eval.chunk), env.device)
+            orbit_video(model, view_scene, out_dir / "orbit.gif", cfg.video_frames, cfg.eval.chunk, env.device)
         return metrics
     finally:
         D.shutdown(env)

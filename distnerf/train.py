@@ -21,7 +21,8 @@ from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from . import dist as D
-from .config import resolve_run_dir, setup_logging, validate
+from .config import resolve_run_dir, setup_logging
+from .schema import validate
 from .engine.trainer import NonFiniteLoss, Trainer
 from .strategy import build_strategy
 
@@ -30,17 +31,17 @@ log = logging.getLogger("distnerf")
 
 @record  # under torchrun a rank's exception (with traceback) goes to its error file and the agent's summary
 def run(cfg: DictConfig) -> dict:
-    validate(cfg)
+    cfg = validate(cfg)  # schemas: distnerf/schema.py (errors name the key, the value, what is allowed)
     stop = D.StopRequest().install()  # SIGUSR1/SIGTERM: all ranks stop at one step and checkpoint
-    env = D.init_distributed(cfg.device, float(cfg.get("dist_timeout_s", 600)))
+    env = D.init_distributed(cfg.device, cfg.dist_timeout_s)
     try:
         run_dir = resolve_run_dir(cfg, env)
-        setup_logging(env, run_dir, cfg.logger.get("level", "INFO"))
+        setup_logging(env, run_dir, cfg.logger.level)
         if env.is_main:
             (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
             log.info("run directory %s; world size %d; backend %s; device %s", run_dir, env.world_size,
                      env.backend or "none", env.device)
-        strategy = build_strategy(OmegaConf.to_container(cfg.strategy, resolve=True), env)
+        strategy = build_strategy(cfg.strategy, env)
         return Trainer(cfg, strategy, run_dir, stop=stop).fit()
     finally:
         D.shutdown(env)

@@ -15,6 +15,26 @@ LEGO = SHARED_DATA / "nerf_synthetic_half" / "lego"
 FERN = SHARED_DATA / "nerf_llff_data" / "fern"
 
 
+def _data_missing() -> list[str]:
+    return [str(p) for p in (LEGO, FERN) if not p.is_dir()]
+
+
+def pytest_configure(config):
+    """CI (``DISTNERF_REQUIRE_DATA=1``, set by ``.ci/run``) always has ../shared/data: fail at once
+    without it, rather than pass with the real-data tests skipped."""
+    missing = _data_missing()
+    if missing and os.environ.get("DISTNERF_REQUIRE_DATA") == "1":
+        raise pytest.UsageError(f"DISTNERF_REQUIRE_DATA=1 but the real datasets are missing: {', '.join(missing)}")
+
+
+def pytest_report_header(config):
+    missing = _data_missing()
+    if missing:
+        return [f"!!! REAL-DATA TESTS WILL SKIP: {', '.join(missing)} not found (expected beside the repo, "
+                f"in ../shared/data; see its README) !!!"]
+    return [f"real data: {SHARED_DATA}"]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -44,7 +44,7 @@ from distnerf.render import load_renderer, load_run_config  # noqa: E402
 from distnerf.sampler import SyncSampler  # noqa: E402
 from distnerf.strategy.fusion import FusedRenderer  # noqa: E402
 from distnerf.strategy.partition import Partition  # noqa: E402
-from distnerf.strategy.ss import RegionRayFilter, context_memory_share  # noqa: E402
+from distnerf.strategy.regions import RegionRayFilter, context_memory_share  # noqa: E402
 
 
 def rank_rays_per_s(run: Path, warmup: int = 5) -> list[float]:
@@ -60,7 +60,7 @@ def outside_share(fused: FusedRenderer, scene, num_rays: int = 8192) -> list[flo
     """Per region: share of its sub-model's occupied marching samples outside its own region."""
     shares = []
     for k, model in zip(fused.regions, fused.models):
-        if model.march_step() is None:
+        if model.step_size() is None:
             shares.append(float("nan"))
             continue
         keep = RegionRayFilter(fused.partition.enlarged()[[k]])

@@ -26,12 +26,8 @@ from distnerf.data import load_scene
 from distnerf.model import build_model
 from distnerf.sampler import SyncSampler
 
-try:
-    from distnerf.components.loss import photometric_sse
-    from distnerf.components.optim import build_optimizer
-except ImportError:  # before losses and optimizers moved to components/
-    from distnerf.engine.loss import photometric_sse
-    from distnerf.engine.optim import build_optimizer
+from distnerf.components.loss import photometric_sse
+from distnerf.components.optim import build_optimizer
 
 NERF_FLOPS_PER_SAMPLE = 3.56e6  # forward+backward, per trained sample (issue figure)
 

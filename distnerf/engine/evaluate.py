@@ -4,6 +4,8 @@ Legend: H, W image size; chunk = rays rendered at once (bounds memory).
 """
 from __future__ import annotations
 
+import json
+import logging
 from pathlib import Path
 
 import imageio.v3 as iio
@@ -12,7 +14,10 @@ import torch
 
 from ..data.base import SceneData
 from ..data.rays import image_rays
-from ..observe.metrics import LPIPS, psnr, ssim
+from ..data import load_scene
+from ..observe.metrics import LPIPS, LPIPS_BACKBONE, psnr, ssim
+
+log = logging.getLogger(__name__)
 
 
 COUNTS = ("num_samples", "num_density_samples", "num_colour_samples")
@@ -87,3 +92,52 @@ def select_views(num_available: int, num_views: int | None) -> list[int]:
         return list(range(num_available))
     stride = num_available / num_views
     return sorted({int(i * stride) for i in range(num_views)})
+
+
+def make_eval_split(cfg, model, strategy):
+    """A function ``(split, num_views, downscale, out_dir, lpips) -> {"scene", "rows"}`` that
+    renders this rank's share of the views with the unwrapped model and gathers all rows."""
+
+    def eval_split(split: str, num_views, downscale: int, out_dir: Path | None, lpips) -> dict:
+        scene = load_scene(cfg.dataset, split)
+        if downscale > 1:
+            scene = scene.downscaled(downscale)
+        views = select_views(len(scene), num_views)
+        mine = [views[i] for i in strategy.eval_views(len(views))]
+        device = next(model.buffers()).device
+        renderer = strategy.inference_model(model)  # ss: the fusion stage over every region
+        rows = evaluate_views(renderer, scene, mine, cfg.eval.chunk, device,
+                              out_dir if strategy.writes_renders else None, lpips)
+        rows = strategy.gather_rows(rows)
+        return {"scene": scene, "rows": rows}
+
+    return eval_split
+
+
+def evaluate_run(cfg, model, strategy, out_dir: Path, step: int, eval_split) -> dict:
+    """Shared by training and ``distnerf.render``: evaluate the test split, write
+    ``out_dir/metrics.json`` (main rank) and renders under ``out_dir/test/``."""
+    eval_cfg = cfg.eval
+    lpips = LPIPS() if eval_cfg.lpips else None
+    downscale = eval_cfg.downscale
+    res = eval_split("test", eval_cfg.num_views, downscale, Path(out_dir) / "test", lpips)
+    rows, scene = res["rows"], res["scene"]
+    mean = lambda k: sum(r[k] for r in rows) / len(rows)  # noqa: E731
+    metrics = {
+        "step": step, "psnr": mean("psnr"), "ssim": mean("ssim"),
+        "lpips": mean("lpips") if lpips is not None and lpips.available else None,
+        "lpips_backbone": LPIPS_BACKBONE,
+        "lpips_reason": None if lpips is not None and lpips.available else (
+            lpips.reason if lpips is not None else "disabled by eval.lpips=false"),
+        "protocol": {"split": "test", "num_views": len(rows), "views": [r["name"] for r in rows],
+                     "resolution": [scene.height, scene.width], "eval_downscale": downscale,
+                     "background": [float(x) for x in scene.background], "psnr": "mean of per-image PSNR",
+                     "ssim": "torchmetrics SSIM, gaussian 11x11, sigma 1.5, data range 1",
+                     "dataset": str(scene.source)},
+        "per_view": rows,
+    }
+    if strategy.is_main:
+        (Path(out_dir) / "metrics.json").write_text(json.dumps(metrics, indent=1))
+        log.info("test: PSNR %.2f dB, SSIM %.4f over %d views (%dx%d)", metrics["psnr"], metrics["ssim"],
+                 len(rows), scene.height, scene.width)
+    return {k: metrics[k] for k in ("psnr", "ssim", "lpips")}

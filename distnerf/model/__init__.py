@@ -5,30 +5,25 @@ from typing import Mapping
 
 import torch
 
+from ..schema import section
 from .base import RadianceModel
 from .grid import GridModel
 from .nerf import NeRFModel
 from .ngp import NGPModel
 
 MODELS = {"grid": GridModel, "nerf": NeRFModel, "ngp": NGPModel}
-# how the model runs, not what it is: handled by the trainer (torch.compile), never constructor arguments
-RUNTIME_KEYS = ("compile", "compile_mode")
 
 
-def build_model(cfg: Mapping, aabb: torch.Tensor, background: torch.Tensor) -> RadianceModel:
-    """Instantiate ``cfg['name']`` with the remaining keys as keyword arguments.
+def build_model(cfg: Mapping, aabb: torch.Tensor, background: torch.Tensor, **extra) -> RadianceModel:
+    """The model named ``cfg['name']``, built from its validated config.
 
     Args:
-        cfg: model config (``conf/model/*.yaml``).
+        cfg: model config (``conf/model/*.yaml``; keys and defaults: :mod:`distnerf.schema`).
+            ``compile`` / ``compile_mode`` say how the model runs (the trainer handles them).
         aabb: (2, 3) float32 scene box. background: (3,) float32 RGB.
+        extra: constructor arguments that are not config keys (a grid's ``focus_aabb``).
     Raises:
-        ValueError: unknown model name or unknown option.
+        ValueError: unknown model name, unknown key or a bad value (naming it).
     """
-    cfg = {k: v for k, v in cfg.items() if k not in RUNTIME_KEYS}
-    name = cfg.pop("name")
-    if name not in MODELS:
-        raise ValueError(f"model.name={name!r} is not one of {sorted(MODELS)}")
-    try:
-        return MODELS[name](aabb, background, **cfg)
-    except TypeError as err:
-        raise ValueError(f"bad option in model config {cfg}: {err}") from err
+    cfg = section("model", cfg)
+    return MODELS[cfg.name](aabb, background, cfg, **extra)

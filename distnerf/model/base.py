@@ -83,7 +83,7 @@ class RadianceModel(nn.Module):
         """(P, 3) points, (P, 3) unit viewdirs -> (P, 3) colour in [0, 1]."""
         return self.field(points, viewdirs)[1]
 
-    def march_step(self) -> float | None:
+    def step_size(self) -> float | None:
         """Interval length of the model's uniform ray marching (a distance in the scene's
         space: world units, or NDC units for LLFF), or
         None when it samples stratified + hierarchically (NeRF)."""

@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..renderer.occupancy import OccupancyGrid
+from ..schema import GridModelConfig, section
 from .encoding import PositionalEncoding
 from .marching import MarchingModel
 
@@ -70,7 +71,7 @@ class _Interpolate(torch.autograd.Function):
     table gradient by one flat ``scatter_add_`` (several times faster on CPU than the
     sort-based ``embedding`` backward), or with ``sparse``, when the corner references are
     fewer than a quarter of the table's rows, a sparse COO gradient holding only the
-    touched rows (no table-sized zero fill; for :class:`~distnerf.engine.optim.LazyAdam`)."""
+    touched rows (no table-sized zero fill; for :class:`~distnerf.components.optim.LazyAdam`)."""
 
     @staticmethod
     def forward(ctx, table, index, weights, sparse: bool = False):
@@ -137,6 +138,8 @@ class GridModel(MarchingModel):
 
     Args:
         aabb, background: see :class:`RadianceModel`.
+        cfg, options: the keys of :class:`~distnerf.schema.GridModelConfig` (a mapping and/or
+            keywords; defaults there):
         resolutions: vertex resolutions of the coarse-to-fine schedule, e.g. [64, 128, 160].
         upsample_steps: training steps at which to move to the next resolution.
         num_features: C. hidden_width, viewdir_frequencies: colour MLP.
@@ -147,7 +150,7 @@ class GridModel(MarchingModel):
         color_threshold: samples with a smaller compositing weight get no colour.
         termination: transmittance below which a ray stops (early ray termination).
         sparse_grad: the colour-feature tables get sparse row gradients (only the rows a
-            step touched; trained by :class:`~distnerf.engine.optim.LazyAdam`); strategies
+            step touched; trained by :class:`~distnerf.components.optim.LazyAdam`); strategies
             that all-reduce dense buckets turn it off (``RadianceModel.sparse_grad``).
         eval_round_steps: sample-grid intervals marched per round at evaluation.
         tv_weight: weight of the density total-variation regulariser.
@@ -157,13 +160,17 @@ class GridModel(MarchingModel):
             that cover the scene box outside the focus box.
     """
 
-    def __init__(self, aabb, background, resolutions=(64, 128, 160), upsample_steps=(500, 1500),
-                 num_features: int = 12, hidden_width: int = 64, viewdir_frequencies: int = 4,
-                 step_ratio: float = 0.5, alpha_init: float = 1e-3,
-                 occupancy_threshold: float = 1e-4, occupancy_every: int = 16,
-                 color_threshold: float = 1e-3, tv_weight: float = 1e-5, tighten_aabb: bool = True,
-                 color: str = "mlp", sh_degree: int = 1, focus_aabb=None, context_resolution: int = 32,
-                 termination: float = 1e-4, eval_round_steps: int = 64, sparse_grad: bool = True):
+    def __init__(self, aabb, background, cfg=None, *, focus_aabb=None, context_resolution: int | None = None,
+                 **options):
+        c = section(GridModelConfig, cfg, **options)  # the keys above; defaults: distnerf/schema.py
+        resolutions, upsample_steps, num_features = list(c.resolutions), list(c.upsample_steps), c.num_features
+        step_ratio, alpha_init, color, sh_degree = c.step_ratio, c.alpha_init, c.color, c.sh_degree
+        termination, eval_round_steps, sparse_grad = c.termination, c.eval_round_steps, c.sparse_grad
+        occupancy_threshold, occupancy_every = c.occupancy_threshold, c.occupancy_every
+        color_threshold, tv_weight, tighten_aabb = c.color_threshold, c.tv_weight, c.tighten_aabb
+        hidden_width, viewdir_frequencies = c.hidden_width, c.viewdir_frequencies
+        if focus_aabb is not None and context_resolution is None:
+            raise ValueError("GridModel: a focus_aabb needs context_resolution (strategy.context_resolution)")
         super().__init__(aabb, background)
         self.termination, self.eval_round_steps = float(termination), int(eval_round_steps)
         self.sparse_grad = bool(sparse_grad)
@@ -181,8 +188,6 @@ class GridModel(MarchingModel):
         self.base_voxel = extent / self.resolutions[-1]  # density unit: 1 / final voxel size
         # softplus(shift) * step / base_voxel = -log(1 - alpha_init) at step = step_ratio voxels
         self.density_shift = math.log(math.expm1(-math.log(1.0 - alpha_init) / step_ratio))
-        if color not in ("mlp", "sh"):
-            raise ValueError(f"model.color must be 'mlp' or 'sh', got {color!r}")
         self.color, self.sh_degree = color, sh_degree
         if color == "sh":
             num_features = 3 * (sh_degree + 1) ** 2
@@ -323,9 +328,6 @@ class GridModel(MarchingModel):
     def field_rgb(self, points: torch.Tensor, viewdirs: torch.Tensor) -> torch.Tensor:
         return self._colours(self.point_features(points), viewdirs, None)
 
-    def march_step(self) -> float:
-        return self.step_size()
-
     def marching_box(self) -> torch.Tensor:
         return self.grid_aabb
 
@@ -365,10 +367,10 @@ class GridModel(MarchingModel):
         interpolation). With a focus box, the density at N^3 cell centres over the scene
         box, dilated by one cell.
         """
-        n, step = self.resolution, self.step_size()
+        n, step_size = self.resolution, self.step_size()
         if self.focus is None:
             corner_max = F.max_pool3d(self.density.detach().view(1, 1, n, n, n), 2, stride=1)[0, 0]
-            alpha = 1.0 - torch.exp(-self.densities(corner_max) * step)
+            alpha = 1.0 - torch.exp(-self.densities(corner_max) * step_size)
             if not torch.equal(self.occupancy.aabb, self.grid_aabb):
                 self.occupancy.aabb = self.grid_aabb.clone()
             self.occupancy.set_from_alpha(alpha, self.occupancy_threshold, dilation=0)
@@ -376,7 +378,7 @@ class GridModel(MarchingModel):
         if self.occupancy.resolution != n:
             self.occupancy.resize(self.grid_aabb, n)
         sigma = self.densities(self.raw_density(self.occupancy.cell_centers()))
-        alpha = 1.0 - torch.exp(-sigma * step)
+        alpha = 1.0 - torch.exp(-sigma * step_size)
         self.occupancy.set_from_alpha(alpha.view(n, n, n), self.occupancy_threshold, dilation=1)
 
     @torch.no_grad()

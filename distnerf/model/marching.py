@@ -10,7 +10,7 @@ renders whole rays (:meth:`forward`) and ray segments (:meth:`render_segment`, u
 :func:`~distnerf.renderer.marching.render_segment`.
 
 Sample grid: every ray's samples lie on the grid anchored at its ``near`` bound, jittered
-during training by one uniform offset ``u dt`` per ray (``u`` in [0, 1), ``dt`` = step /
+during training by one uniform offset ``u dt`` per ray (``u`` in [0, 1), ``dt`` = step_size /
 |direction|), so the segments of one ray, sampled separately, tile it exactly and
 agree with sampling the whole ray (see :mod:`distnerf.renderer.occupancy`).
 """
@@ -31,7 +31,7 @@ class MarchingModel(RadianceModel):
     Subclasses set ``self.occupancy`` (OccupancyGrid), ``self.color_threshold``
     (weight below which a sample gets no colour), ``self.termination`` (transmittance
     below which a ray stops) and ``self.eval_round_steps`` (grid intervals per
-    evaluation round), and implement :meth:`marching_box`, :meth:`march_step`,
+    evaluation round), and implement :meth:`marching_box`, :meth:`step_size`,
     :meth:`field_density` and :meth:`colours`.
     """
 
@@ -55,47 +55,47 @@ class MarchingModel(RadianceModel):
     def occupied(self, points: torch.Tensor) -> torch.Tensor:
         return self.occupancy.query(points)
 
-    def marcher(self, step: float | None = None):
+    def marcher(self, step_size: float | None = None):
         """``(origins, directions, anchor, t_lo, t_hi) -> PackedSamples`` marching this model's
-        occupied cells inside its box with ``step`` (default :meth:`march_step`)."""
-        step = self.march_step() if step is None else step
+        occupied cells inside its box with ``step_size`` (default :meth:`step_size`)."""
+        step_size = self.step_size() if step_size is None else step_size
         box = self.marching_box()
 
         def fn(origins, directions, anchor, t_lo, t_hi):
             t0, t1 = clip_to_box(origins, directions, t_lo, t_hi, box.to(origins.dtype))
-            return march(origins, directions, anchor, t0, t1, step, self.occupancy)
+            return march(origins, directions, anchor, t0, t1, step_size, self.occupancy)
 
         return fn
 
-    def sample_anchor(self, rays: RayBundle, step: float, generator: torch.Generator | None) -> torch.Tensor:
+    def sample_anchor(self, rays: RayBundle, step_size: float, generator: torch.Generator | None) -> torch.Tensor:
         """(R,) float anchor of each ray's sample grid: ``near``, plus ``u dt`` in training."""
         if not self.training:
             return rays.near
         u = torch.rand(rays.near.shape, generator=generator, device=rays.near.device, dtype=rays.near.dtype)
-        return rays.near + u * step / rays.directions.norm(dim=-1)
+        return rays.near + u * step_size / rays.directions.norm(dim=-1)
 
     def render_segment(self, rays: RayBundle, t_lo: torch.Tensor, t_hi: torch.Tensor, anchor: torch.Tensor,
-                       background: torch.Tensor | None, step: float | None = None,
+                       background: torch.Tensor | None, step_size: float | None = None,
                        in_front: torch.Tensor | None = None) -> dict:
         """Render the segments ``[t_lo, t_hi]`` ((R,) float) of ``rays``.
 
         Args:
             anchor: (R,) float sample-grid anchor (:meth:`sample_anchor`).
             background: (3,) or (R, 3) float, or None for a segment without background.
-            step: marching step (distance; default :meth:`march_step`).
+            step_size: marching step (distance; default :meth:`step_size`).
             in_front: (R,) float transmittance in front of the segment, or None.
         Returns:
             see :func:`~distnerf.renderer.marching.render_segment`.
         """
-        step = self.march_step() if step is None else step
-        return render_segment(self.field_density, self.colours, self.marcher(step), rays.origins, rays.directions,
+        step_size = self.step_size() if step_size is None else step_size
+        return render_segment(self.field_density, self.colours, self.marcher(step_size), rays.origins, rays.directions,
                               rays.viewdirs, anchor, t_lo, t_hi, background=background,
                               colour_threshold=self.color_threshold, termination=self.termination,
-                              in_front=in_front, step=step, round_steps=self.eval_round_steps)
+                              in_front=in_front, step_size=step_size, round_steps=self.eval_round_steps)
 
     def forward(self, rays: RayBundle, generator: torch.Generator | None = None) -> dict:
         """Render rays over ``[near, far]`` with the background (see :class:`RadianceModel`)."""
-        step = self.march_step()
-        out = self.render_segment(rays, rays.near, rays.far, self.sample_anchor(rays, step, generator),
-                                  self.background, step)
+        step_size = self.step_size()
+        out = self.render_segment(rays, rays.near, rays.far, self.sample_anchor(rays, step_size, generator),
+                                  self.background, step_size)
         return out

@@ -18,6 +18,7 @@ from torch import nn
 from ..data.rays import RayBundle
 from ..renderer.samples import intervals_from_points, sample_pdf, stratified_samples
 from ..renderer.volume import volume_render
+from ..schema import NeRFModelConfig, section
 from .base import RadianceModel
 from .encoding import PositionalEncoding
 
@@ -58,12 +59,15 @@ class NeRFModel(RadianceModel):
 
     Args:
         aabb, background: see :class:`RadianceModel` (aabb unused by sampling).
+        cfg, options: the keys of :class:`~distnerf.schema.NeRFModelConfig` (defaults there):
         num_coarse, num_fine: samples per ray of the two passes (64 and 128).
         width, depth: MLP size (256, 8).
     """
 
-    def __init__(self, aabb, background, num_coarse: int = 64, num_fine: int = 128,
-                 width: int = 256, depth: int = 8, pos_frequencies: int = 10, dir_frequencies: int = 4):
+    def __init__(self, aabb, background, cfg=None, **options):
+        c = section(NeRFModelConfig, cfg, **options)  # the keys above; defaults: distnerf/schema.py
+        num_coarse, num_fine, width, depth = c.num_coarse, c.num_fine, c.width, c.depth
+        pos_frequencies, dir_frequencies = c.pos_frequencies, c.dir_frequencies
         super().__init__(aabb, background)
         self.num_coarse, self.num_fine = num_coarse, num_fine
         self.coarse = NeRFMLP(pos_frequencies, dir_frequencies, width, depth)

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..renderer.occupancy import OccupancyGrid, normalize_points
+from ..schema import NGPModelConfig, section
 from .encoding import HashEncoding, PositionalEncoding
 from .marching import MarchingModel
 
@@ -27,6 +28,7 @@ class NGPModel(MarchingModel):
 
     Args:
         aabb, background: see :class:`RadianceModel`.
+        cfg, options: the keys of :class:`~distnerf.schema.NGPModelConfig` (defaults there):
         num_levels, features_per_level, log2_table_size, base_resolution, max_resolution:
             hash encoding (Instant-NGP Table 1).
         hidden_width: MLP width. num_steps: marching steps across the box diagonal (the
@@ -35,11 +37,13 @@ class NGPModel(MarchingModel):
         color_threshold, termination, eval_round_steps: see :class:`MarchingModel`.
     """
 
-    def __init__(self, aabb, background, num_levels: int = 16, features_per_level: int = 2,
-                 log2_table_size: int = 17, base_resolution: int = 16, max_resolution: int = 1024,
-                 hidden_width: int = 64, num_steps: int = 512, occupancy_resolution: int = 64,
-                 occupancy_threshold: float = 1e-3, occupancy_every: int = 16, color_threshold: float = 1e-3,
-                 termination: float = 1e-4, eval_round_steps: int = 64):
+    def __init__(self, aabb, background, cfg=None, **options):
+        c = section(NGPModelConfig, cfg, **options)  # the keys above; defaults: distnerf/schema.py
+        color_threshold, termination, eval_round_steps = c.color_threshold, c.termination, c.eval_round_steps
+        num_steps, occupancy_resolution = c.num_steps, c.occupancy_resolution
+        occupancy_threshold, occupancy_every, hidden_width = c.occupancy_threshold, c.occupancy_every, c.hidden_width
+        num_levels, features_per_level, log2_table_size = c.num_levels, c.features_per_level, c.log2_table_size
+        base_resolution, max_resolution = c.base_resolution, c.max_resolution
         super().__init__(aabb, background)
         self.color_threshold, self.termination = float(color_threshold), float(termination)
         self.eval_round_steps = int(eval_round_steps)
@@ -52,7 +56,7 @@ class NGPModel(MarchingModel):
                                        nn.ReLU(), nn.Linear(hidden_width, hidden_width), nn.ReLU(),
                                        nn.Linear(hidden_width, 3))
         diag = (self.aabb[1] - self.aabb[0]).norm().item()
-        self.step = diag / num_steps
+        self._step_size = diag / num_steps
         self.occupancy_threshold, self.occupancy_every = occupancy_threshold, occupancy_every
         self.occupancy = OccupancyGrid(self.aabb, occupancy_resolution)
 
@@ -73,8 +77,9 @@ class NGPModel(MarchingModel):
     def field_density(self, points: torch.Tensor) -> torch.Tensor:
         return self._geometry(points)[0]
 
-    def march_step(self) -> float:
-        return self.step
+    def step_size(self) -> float:
+        """Marching step (a distance): the box diagonal / ``num_steps``."""
+        return self._step_size
 
     def marching_box(self) -> torch.Tensor:
         return self.aabb
@@ -88,7 +93,7 @@ class NGPModel(MarchingModel):
         if step > 0 and step % self.occupancy_every == 0:
             centers = self.occupancy.cell_centers()
             sigma = torch.cat([self._geometry(c)[0] for c in centers.split(65536)])
-            alpha = 1.0 - torch.exp(-sigma * self.step)
+            alpha = 1.0 - torch.exp(-sigma * self._step_size)
             m = self.occupancy.resolution
             self.occupancy.set_from_alpha(alpha.view(m, m, m), self.occupancy_threshold, dilation=1)
         return False

@@ -9,6 +9,8 @@ import logging
 import os
 from pathlib import Path
 
+from ..schema import WandbConfig, section
+
 log = logging.getLogger("distnerf")
 
 
@@ -47,15 +49,15 @@ class JsonlLogger:
 
 
 class WandbLogger:
-    """W&B run (``mode`` offline by default, ``disabled`` in tests)."""
+    """W&B run (``logger.wandb``: :class:`distnerf.schema.WandbConfig`; ``mode`` offline by default)."""
 
-    def __init__(self, cfg: dict, run_dir: Path, config: dict, resume: bool):
+    def __init__(self, cfg, run_dir: Path, config: dict, resume: bool):
         import wandb
 
+        cfg = section(WandbConfig, cfg)
         self.wandb = wandb
-        self.run = wandb.init(project=cfg.get("project", "distnerf"), mode=cfg.get("mode", "offline"),
-                              dir=str(run_dir), config=config, name=cfg.get("name") or run_dir.name,
-                              id=cfg.get("id") or _stable_id(run_dir), resume="allow")  # restarts continue one run
+        self.run = wandb.init(project=cfg.project, mode=cfg.mode, dir=str(run_dir), config=config,
+                              name=cfg.name or run_dir.name, id=cfg.id or _stable_id(run_dir), resume="allow")  # restarts continue one run
         # both axes usable in the UI: training step (default x) and training wall time
         self.run.define_metric("step")
         self.run.define_metric("train_seconds")

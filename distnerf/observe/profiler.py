@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from ..schema import ProfilerConfig, section
 from .breakdown import PHASES, StepProfiler
 from .telemetry import Telemetry
 
@@ -50,12 +51,10 @@ def environment_fingerprint(device: torch.device, world_size: int) -> dict:
     return fp
 
 
-def _trace_schedule(cfg: dict):
-    keys = {k: int(cfg.get(k, d)) for k, d in (("wait", 2), ("warmup", 1), ("active", 3), ("repeat", 1))}
-    for k, v in keys.items():
-        if v < 0 or (k == "active" and v == 0):
-            raise ValueError(f"profiler.trace.{k}={v}: wait/warmup/repeat must be >= 0 and active >= 1")
-    return torch.profiler.schedule(skip_first=0, **keys)
+def _trace_schedule(cfg):
+    """torch.profiler's schedule from the validated ``profiler.trace`` (bounds: :class:`TraceConfig`)."""
+    return torch.profiler.schedule(skip_first=0, wait=cfg.wait, warmup=cfg.warmup, active=cfg.active,
+                                   repeat=cfg.repeat)
 
 
 class RunProfiler:
@@ -71,23 +70,21 @@ class RunProfiler:
     """
 
     def __init__(self, cfg: dict, device: torch.device, rank: int, world_size: int, run_dir: Path, model=None):
-        cfg = dict(cfg or {})
+        cfg = section(ProfilerConfig, cfg)
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         self.dir = Path(run_dir) / "profile"
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.trace_cfg = cfg.get("trace") or None
+        self.trace_cfg = cfg.trace
         # torch.compile'd in place (model.compile=true): no sub-phase hooks inside the compiled region
         self.compiled = model is not None and getattr(model, "_compiled_call_impl", None) is not None
-        self.steps = StepProfiler(device, None if self.compiled else model, rank, world_size, int(cfg.get("skip_steps", 2)),
-                                  nvtx=bool(cfg.get("nvtx", False)), annotate=self.trace_cfg is not None,
-                                  enabled=bool(cfg.get("breakdown", True)))
+        self.steps = StepProfiler(device, None if self.compiled else model, rank, world_size, cfg.skip_steps,
+                                  nvtx=cfg.nvtx, annotate=self.trace_cfg is not None, enabled=cfg.breakdown)
         self.env = environment_fingerprint(device, world_size)
         if rank == 0:
             from ..checkpoint import atomic_write_text
 
             atomic_write_text(self.dir / "env.json", json.dumps(self.env, indent=1))
-        self.telemetry = Telemetry(device, float(cfg.get("telemetry_interval_s", 1.0))).start() \
-            if cfg.get("telemetry", True) else None
+        self.telemetry = Telemetry(device, cfg.telemetry_interval_s).start() if cfg.telemetry else None
         self.trace = None
         self.trace_files: list[dict] = []
         if self.trace_cfg is not None:
@@ -102,8 +99,7 @@ class RunProfiler:
         (self.dir / "traces").mkdir(exist_ok=True)
         self.trace = torch.profiler.profile(
             activities=activities, schedule=_trace_schedule(tc), on_trace_ready=self._trace_ready,
-            record_shapes=bool(tc.get("record_shapes", True)), profile_memory=bool(tc.get("profile_memory", True)),
-            with_stack=bool(tc.get("with_stack", False)))
+            record_shapes=tc.record_shapes, profile_memory=tc.profile_memory, with_stack=tc.with_stack)
         self.trace.start()
 
     def _trace_ready(self, prof) -> None:
@@ -129,7 +125,7 @@ class RunProfiler:
         from ..checkpoint import atomic_write_text
 
         atomic_write_text(self.dir / f"ops_rank_{self.rank}.json",
-                          json.dumps({"sort": key, "ops": ops[: int(self.trace_cfg.get("top_ops", 30))]}, indent=1))
+                          json.dumps({"sort": key, "ops": ops[: self.trace_cfg.top_ops]}, indent=1))
 
     def compile_stats(self) -> dict | None:
         """torch.compile figures of this process (None when the model is not compiled):

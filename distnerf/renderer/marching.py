@@ -80,7 +80,7 @@ def shade(density_fn, colour_fn, samples: PackedSamples, origins, directions, vi
 
 
 def march_alive(density_fn, marcher: Marcher, origins, directions, anchor, t_lo, t_hi, *, termination: float,
-                in_front: torch.Tensor | None = None, step: float = 0.0, round_steps: int | None = None):
+                in_front: torch.Tensor | None = None, step_size: float = 0.0, round_steps: int | None = None):
     """The marched samples in front of each ray's termination point.
 
     With ``round_steps`` (evaluation), the segments are marched ``round_steps`` grid
@@ -111,7 +111,7 @@ def march_alive(density_fn, marcher: Marcher, origins, directions, anchor, t_lo,
     local = torch.ones(num_rays, dtype=origins.dtype, device=origins.device)  # transmittance so far
     alive = (t_hi > t_lo).nonzero().view(-1)
     lo = t_lo.clone()
-    dt = step / directions.norm(dim=-1)
+    dt = step_size / directions.norm(dim=-1)
     # grid edge where each ray's next round starts, counted in integers: recomputing it from
     # ``lo`` by floor((lo - a) / dt) can land one edge short and, with round_steps = 1, never advance
     j_next = torch.floor((t_lo - anchor) / dt).long()
@@ -149,7 +149,7 @@ def render_segment(density_fn: Callable[[torch.Tensor], torch.Tensor],
                    marcher: Marcher, origins: torch.Tensor, directions: torch.Tensor, viewdirs: torch.Tensor,
                    anchor: torch.Tensor, t_lo: torch.Tensor, t_hi: torch.Tensor, *,
                    background: torch.Tensor | None, colour_threshold: float, termination: float,
-                   in_front: torch.Tensor | None = None, step: float = 0.0,
+                   in_front: torch.Tensor | None = None, step_size: float = 0.0,
                    round_steps: int | None = None) -> dict:
     """Render the segments ``[t_lo, t_hi]`` of R rays (module docstring).
 
@@ -165,7 +165,7 @@ def render_segment(density_fn: Callable[[torch.Tensor], torch.Tensor],
         termination: transmittance below which a ray stops (0: never).
         in_front: (R,) float transmittance in front of the segment (1 when None); the
             colour threshold and termination apply to ``in_front * T``.
-        step: the marcher's step (distance), to end evaluation rounds on grid edges.
+        step_size: the marcher's step (distance), to end evaluation rounds on grid edges.
         round_steps: grid intervals per evaluation round, or None (one pass). Ignored
             when autograd is on.
     Returns:
@@ -174,7 +174,7 @@ def render_segment(density_fn: Callable[[torch.Tensor], torch.Tensor],
         evaluations, both passes) and ``num_colour_samples``.
     """
     samples, sigmas, num_marched = march_alive(density_fn, marcher, origins, directions, anchor, t_lo, t_hi,
-                                               termination=termination, in_front=in_front, step=step,
+                                               termination=termination, in_front=in_front, step_size=step_size,
                                                round_steps=round_steps)
     out = shade(density_fn, colour_fn, samples, origins, directions, viewdirs, in_front, background,
                  colour_threshold, sigmas)

@@ -9,7 +9,7 @@ numbers), so every process that holds the same parameters holds the same grid
 
 Marching (:func:`march`) places samples on a per-ray **global sample grid** anchored at
 a ray parameter ``anchor`` (the ray's ``near`` plus a jitter offset): interval ``j`` is
-``[anchor + j dt, anchor + (j + 1) dt]`` with ``dt = step / |d|``, so ``step`` is a
+``[anchor + j dt, anchor + (j + 1) dt]`` with ``dt = step_size / |d|``, so ``step_size`` is a
 distance in the scene's space (world units, or NDC units for LLFF) whatever the length
 of the direction. A segment ``[t_lo, t_hi]`` (a ray clipped to a box or a region) gets
 the grid's intervals clipped to it, so consecutive segments of one ray tile it with no
@@ -193,7 +193,7 @@ def grid_edges(anchor: torch.Tensor, dt: torch.Tensor, j: torch.Tensor) -> torch
 
 
 def march(origins: torch.Tensor, directions: torch.Tensor, anchor: torch.Tensor, t_lo: torch.Tensor,
-          t_hi: torch.Tensor, step: float, occupancy: OccupancyGrid | None) -> PackedSamples:
+          t_hi: torch.Tensor, step_size: float, occupancy: OccupancyGrid | None) -> PackedSamples:
     """Packed samples of ray segments on the global sample grid, in occupied space only.
 
     Args:
@@ -201,7 +201,7 @@ def march(origins: torch.Tensor, directions: torch.Tensor, anchor: torch.Tensor,
         anchor: (R,) float ray parameter of grid edge 0 (``near + u dt``, u in [0, 1):
             a jitter; ``near`` at evaluation).
         t_lo, t_hi: (R,) float segment to sample; empty where ``t_lo >= t_hi``.
-        step: interval length as a distance in the scene's space (world or NDC units).
+        step_size: interval length as a distance in the scene's space (world or NDC units).
         occupancy: grid whose occupied cells are sampled, or None (sample the whole segment).
     Returns:
         PackedSamples: the grid intervals clipped to ``[t_lo, t_hi]`` (zero-length
@@ -209,7 +209,7 @@ def march(origins: torch.Tensor, directions: torch.Tensor, anchor: torch.Tensor,
         part, with partial intervals at its two ends.
     """
     num_rays = origins.shape[0]
-    dt = step / directions.norm(dim=-1)
+    dt = step_size / directions.norm(dim=-1)
     if occupancy is not None:  # nothing outside the occupied cells' box is sampled
         t_lo, t_hi = clip_to_box(origins, directions, t_lo, t_hi, occupancy.occupied_box().to(origins.dtype))
     valid = t_hi > t_lo
@@ -220,7 +220,7 @@ def march(origins: torch.Tensor, directions: torch.Tensor, anchor: torch.Tensor,
         ray, rank = _expand((hi_j - lo_j).clamp(min=0))
         j = lo_j[ray] + rank
     else:
-        group = max(1, int(math.floor(occupancy.coarse_edge() / step)))  # a group is shorter than a coarse cell
+        group = max(1, int(math.floor(occupancy.coarse_edge() / step_size)))  # a group is shorter than a coarse cell
         g_lo = torch.div(lo_j, group, rounding_mode="floor")
         g_hi = torch.div(hi_j - 1, group, rounding_mode="floor")  # inclusive
         ray_g, rank = _expand(torch.where(valid, g_hi - g_lo + 1, 0))

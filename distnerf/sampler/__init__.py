@@ -10,14 +10,16 @@ import logging
 from typing import Mapping
 
 import torch
+from omegaconf import OmegaConf
 
 from ..data.base import SceneData
+from ..schema import SamplerConfig, section
 from .base import BatchSpec, RayBatch, RayFilter, Sampler, batch_rng, draw_indices, make_batch
 from .cache import PixelCache
 from .device import DeviceSampler, fits_on_device
 from .files import FilePixels, FileSource
 from .pipelined import PipelinedSampler, SamplerWorkerError
-from .policy import POLICIES, BoxFilter, build_ray_filter
+from .policy import BoxFilter, build_ray_filter
 from .sync import SyncSampler
 
 log = logging.getLogger("distnerf")
@@ -27,9 +29,6 @@ KINDS = ("sync", "pipelined", "device")
 __all__ = ["BatchSpec", "BoxFilter", "DeviceSampler", "PipelinedSampler", "PixelCache", "RayBatch", "RayFilter",
            "FilePixels", "FileSource", "Sampler", "SamplerWorkerError", "SyncSampler", "batch_rng", "build_sampler", "draw_indices", "make_batch",
            "pixel_source", "batch_config"]
-
-
-SOURCES = ("memory", "files")
 
 
 def pixel_source(cfg_sampler: Mapping | None) -> PixelCache | FileSource | None:
@@ -44,10 +43,8 @@ def pixel_source(cfg_sampler: Mapping | None) -> PixelCache | FileSource | None:
     Raises:
         ValueError: unknown ``source``, or ``source=files`` with a ``cache_dir``.
     """
-    cfg = cfg_sampler or {}
-    source, cache_dir = cfg.get("source") or "memory", cfg.get("cache_dir")
-    if source not in SOURCES:
-        raise ValueError(f"sampler.source must be one of {SOURCES}, got {source!r}")
+    cfg = section(SamplerConfig, cfg_sampler)
+    source, cache_dir = cfg.source, cfg.cache_dir
     if source == "files":
         if cache_dir:
             raise ValueError(f"sampler.source=files decodes the image files for every batch; "
@@ -61,9 +58,8 @@ def build_sampler(cfg_sampler: Mapping, scene: SceneData, rays_per_batch: int, s
     """The sampler named by ``cfg_sampler.name`` (``conf/sampler/*.yaml``).
 
     Args:
-        cfg_sampler: ``name`` (sync | pipelined | device), ``policy``, ``images_per_step``,
-            ``filter``, and per kind ``num_workers``, ``prefetch``, ``start_method``,
-            ``timeout_s``, ``cache_dir``, ``max_device_fraction``, ``fallback``.
+        cfg_sampler: the ``sampler`` config (keys and defaults: :class:`distnerf.schema.SamplerConfig`;
+            a partial mapping gets the defaults).
         scene: the training split (CPU tensors).
         rays_per_batch: rays per batch of this rank.
         seed: base seed of the run. stream: this rank's stream (the rank under ``ddp``).
@@ -71,29 +67,21 @@ def build_sampler(cfg_sampler: Mapping, scene: SceneData, rays_per_batch: int, s
         ray_filter: a filter hook given by code (e.g. a strategy's region); overrides
             ``cfg_sampler.filter``.
     """
-    cfg = dict(cfg_sampler or {})
-    kind = cfg.get("name", "sync")
-    if kind not in KINDS:
-        raise ValueError(f"sampler={kind!r} is not one of {KINDS}")
-    policy = cfg.get("policy", "uniform")
-    if policy not in POLICIES:
-        raise ValueError(f"sampler.policy must be one of {POLICIES}, got {policy!r}")
-    spec = BatchSpec(int(rays_per_batch), int(seed), int(stream), policy, int(cfg.get("images_per_step", 4)),
-                     ray_filter if ray_filter is not None else build_ray_filter(cfg.get("filter")))
+    cfg = section(SamplerConfig, cfg_sampler)
+    kind = cfg.name
+    spec = BatchSpec(int(rays_per_batch), int(seed), int(stream), cfg.policy, cfg.images_per_step,
+                     ray_filter if ray_filter is not None else build_ray_filter(cfg.filter))
     device = torch.device(device)
     if kind == "device":
-        fits, reason = fits_on_device(scene, device, float(cfg.get("max_device_fraction", 0.5)))
+        fits, reason = fits_on_device(scene, device, cfg.max_device_fraction)
         if fits:
             return DeviceSampler(scene, spec, device)
-        fallback = cfg.get("fallback", "pipelined")
-        if fallback not in ("sync", "pipelined"):
-            raise ValueError(f"sampler.fallback must be sync or pipelined, got {fallback!r}")
+        fallback = cfg.fallback
         log.warning("sampler=device: %s; falling back to sampler=%s", reason, fallback)
         kind = fallback
     if kind == "pipelined":
-        return PipelinedSampler(scene, spec, device, int(cfg.get("num_workers", 2)), int(cfg.get("prefetch", 4)),
-                                cfg.get("start_method", "forkserver"), float(cfg.get("timeout_s", 300.0)),
-                                cfg.get("cache_dir"))
+        return PipelinedSampler(scene, spec, device, cfg.num_workers, cfg.prefetch, cfg.start_method,
+                                cfg.timeout_s, cfg.cache_dir)
     return SyncSampler(scene, spec, device=device)
 
 
@@ -106,8 +94,8 @@ def batch_config(cfg_sampler: Mapping | None) -> dict:
     prefetch, source and cache are performance settings (bitwise the same batches)
     and may change across a restart.
     """
-    cfg = dict(cfg_sampler or {})
-    out = {"policy": cfg.get("policy") or "uniform", "filter": cfg.get("filter")}
+    cfg = section(SamplerConfig, cfg_sampler)
+    out = {"policy": cfg.policy, "filter": OmegaConf.to_container(cfg.filter) if cfg.filter is not None else None}
     if out["policy"] == "per_image":
-        out["images_per_step"] = int(cfg.get("images_per_step") or 4)
+        out["images_per_step"] = cfg.images_per_step
     return out

@@ -4,7 +4,8 @@ from __future__ import annotations
 from typing import Mapping
 
 from ..dist import DistEnv
-from .base import Strategy
+from ..schema import section
+from .base import StepStats, Strategy
 from .ddp import DDPStrategy
 from .ss import SSStrategy
 
@@ -12,8 +13,10 @@ STRATEGIES = {"ddp": DDPStrategy, "ss": SSStrategy}
 
 
 def build_strategy(cfg: Mapping, env: DistEnv) -> Strategy:
-    """The strategy named ``cfg['name']``. Raises ValueError for an unknown name."""
-    name = cfg["name"]
-    if name not in STRATEGIES:
-        raise ValueError(f"strategy.name={name!r} is not one of {sorted(STRATEGIES)}")
-    return STRATEGIES[name](cfg, env)
+    """The strategy named ``cfg['name']`` (keys and defaults: :mod:`distnerf.schema`).
+
+    Raises:
+        ValueError: an unknown name, key or value (naming it).
+    """
+    cfg = section("strategy", cfg)
+    return STRATEGIES[cfg.name](cfg, env)

@@ -7,6 +7,7 @@ to stop, and which rank writes what. Models, fields and renderers never see it.
 """
 from __future__ import annotations
 
+from dataclasses import astuple, dataclass
 from pathlib import Path
 from typing import Mapping
 
@@ -16,6 +17,32 @@ from torch import nn
 from .. import checkpoint as ckpt
 from .. import dist as D
 from ..dist import DistEnv
+from ..schema import section
+
+
+@dataclass
+class StepStats:
+    """The per-step scalars all ranks agree on in one small all-reduce.
+
+    A rank contributes its own values (flags as 0 or 1); after the reduction each field
+    is the sum over ranks: the number of valid rays, and how many ranks saw a
+    non-finite loss, passed the time budget, passed a checkpoint time mark or got a stop
+    signal. Any non-zero flag acts on every rank at the same step.
+    """
+
+    valid_rays: float
+    nonfinite: float = 0.0
+    over_budget: float = 0.0
+    at_mark: float = 0.0
+    signal: float = 0.0
+
+    def to_tensor(self) -> torch.Tensor:
+        """(5,) float64, in field order."""
+        return torch.tensor(astuple(self), dtype=torch.float64)
+
+    @classmethod
+    def from_tensor(cls, values: torch.Tensor) -> "StepStats":
+        return cls(*(float(v) for v in values.tolist()))
 
 
 class Strategy:
@@ -28,7 +55,7 @@ class Strategy:
     name = "base"
 
     def __init__(self, cfg: Mapping, env: DistEnv):
-        self.cfg, self.env = cfg, env
+        self.cfg, self.env = section("strategy", {"name": self.name, **dict(cfg)}), env
         self.model: nn.Module | None = None
         self.wrapped: nn.Module | None = None
 
@@ -83,22 +110,20 @@ class Strategy:
         return self.wrap(self.model)
 
     # -- collectives -----------------------------------------------------------
-    def reduce_step_stats(self, stats: torch.Tensor) -> torch.Tensor:
-        """Combine per-step scalars over ranks: ``[valid_rays, stop_flags...]`` summed.
+    def reduce_step_stats(self, local: StepStats) -> tuple[StepStats, float]:
+        """This rank's step scalars summed over ranks, and the divisor of its summed squared error.
 
         One small all-reduce per step serves both the loss normaliser and the stop
-        decision, so every rank leaves the loop at the same step.
-        """
-        return D.all_reduce_sum(self.env, stats)
+        decision, so every rank leaves the loop at the same step. DDP averages gradients
+        over ranks, so the divisor ``global_valid / world_size`` makes the averaged gradient
+        the gradient of the global mean loss, even when ranks hold different numbers of
+        valid rays.
 
-    def loss_normalizer(self, global_valid: float) -> float:
-        """Divisor of this rank's summed squared error.
-
-        DDP averages gradients over ranks, so dividing by ``global_valid / world_size``
-        makes the averaged gradient equal the gradient of the global mean loss, even
-        when ranks hold different numbers of valid rays.
+        Returns:
+            (the reduced :class:`StepStats`, the loss normaliser).
         """
-        return max(global_valid, 1.0) / self.env.world_size
+        reduced = StepStats.from_tensor(D.all_reduce_sum(self.env, local.to_tensor()))
+        return reduced, max(reduced.valid_rays, 1.0) / self.env.world_size
 
     def comm_stats(self) -> dict:
         """Communication measured since the last call (seconds, bytes, calls)."""
@@ -119,11 +144,11 @@ class Strategy:
         """
         if self.env.is_main:
             ckpt.atomic_torch_save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), **meta},
-                                   Path(ckpt_dir) / "model.pt")
+                                   Path(ckpt_dir) / ckpt.MODEL_FILE)
 
     def load_model_state(self, ckpt_dir: Path, model: nn.Module) -> dict:
         """Load the model's weights from ``ckpt_dir`` in place; returns ``optimizer`` state and the meta."""
-        state = torch.load(Path(ckpt_dir) / "model.pt", map_location="cpu", weights_only=False)
+        state = torch.load(Path(ckpt_dir) / ckpt.MODEL_FILE, map_location="cpu", weights_only=False)
         model.load_state_dict(state["model"])
         return state
 

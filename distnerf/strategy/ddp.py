@@ -183,14 +183,12 @@ class DDPStrategy(Strategy):
             self.model,
             device_ids=[self.env.device.index] if self.env.device.type == "cuda" else None,
             forward_sync_buffers=False,  # occupancy grids are derived identically on every rank
-            bucket_cap_mb=float(self.cfg.get("bucket_cap_mb", 25)),
-            find_unused_parameters=bool(self.cfg.get("find_unused_parameters", False)),
-            gradient_as_bucket_view=bool(self.cfg.get("gradient_as_bucket_view", True)),
+            bucket_cap_mb=self.cfg.bucket_cap_mb,
+            find_unused_parameters=self.cfg.find_unused_parameters,
+            gradient_as_bucket_view=self.cfg.gradient_as_bucket_view,
         )
-        wire = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}[self.cfg.get("compression", "none")]
-        sparse = self.cfg.get("sparse_min_numel")
-        ddp.register_comm_hook(HookState(self.comm, wire, None if sparse is None else int(sparse),
-                                         float(self.cfg.get("sparse_max_density", 0.25))),
+        wire = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}[self.cfg.compression]
+        ddp.register_comm_hook(HookState(self.comm, wire, self.cfg.sparse_min_numel, self.cfg.sparse_max_density),
                                timed_allreduce_hook)
         self.wrapped = ddp
         return ddp

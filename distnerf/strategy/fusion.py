@@ -56,7 +56,7 @@ from ..renderer.packed import PackedSamples, render_packed, render_transmittance
 from ..renderer.samples import clip_to_box, intervals_from_points, sample_pdf, stratified_samples
 from ..renderer.segments import composite_segments, segment_entries, transmittance_in_front
 from ..renderer.volume import render_weights
-from .partition import Partition
+from .partition import Partition, region_owner
 
 FUSIONS = ("segment", "blend")
 
@@ -95,15 +95,15 @@ class FusedRenderer(nn.Module):
         first = self.models[0]
         self.register_buffer("background", (first.background if background is None else background).clone().float())
         self.color_threshold, self.blend_power = color_threshold, blend_power
-        step = first.march_step()
-        self.hierarchical = step is None
+        step_size = first.step_size()
+        self.hierarchical = step_size is None
         if not self.hierarchical:
-            step = min(m.march_step() for m in self.models)
+            step_size = min(m.step_size() for m in self.models)
             if distributed:
-                t = torch.tensor([step], dtype=torch.float64)
+                t = torch.tensor([step_size], dtype=torch.float64)
                 dist.all_reduce(t, op=dist.ReduceOp.MIN)
-                step = float(t)
-        self.step = step
+                step_size = float(t)
+        self.step_size = step_size
         # only blend shares samples between regions; segment marches each region with its own grid
         self.prefilter = self._occupancy_prefilter() if fusion == "blend" and not self.hierarchical else None
         # seconds spent in what fusion adds to rendering (routing samples to regions, the exchange,
@@ -162,9 +162,9 @@ class FusedRenderer(nn.Module):
         boxes = self.partition.boxes.to(rays.origins.device, rays.origins.dtype)
         for k, model in zip(self.regions, self.models):
             t_lo, t_hi = clip_to_box(rays.origins, rays.directions, rays.near, rays.far, boxes[k])
-            samples, sigmas, _ = march_alive(model.field_density, model.marcher(self.step), rays.origins,
+            samples, sigmas, _ = march_alive(model.field_density, model.marcher(self.step_size), rays.origins,
                                              rays.directions, rays.near, t_lo, t_hi, termination=model.termination,
-                                             step=self.step, round_steps=model.eval_round_steps)
+                                             step_size=self.step_size, round_steps=model.eval_round_steps)
             segs.append({"samples": samples, "sigmas": sigmas, "rgbs": None, "model": model})
         return segs
 
@@ -248,7 +248,7 @@ class FusedRenderer(nn.Module):
             return self._hierarchical_samples(rays)
         bounds = self.partition.bounds.to(rays.origins.device, rays.origins.dtype)
         t_lo, t_hi = clip_to_box(rays.origins, rays.directions, rays.near, rays.far, bounds)
-        return march(rays.origins, rays.directions, rays.near, t_lo, t_hi, self.step, self.prefilter)
+        return march(rays.origins, rays.directions, rays.near, t_lo, t_hi, self.step_size, self.prefilter)
 
     def _blend(self, rays: RayBundle) -> dict:
         samples = self._shared_samples(rays)
@@ -286,18 +286,6 @@ def batched_to_packed(t_starts: torch.Tensor, t_ends: torch.Tensor) -> PackedSam
     num_rays, num = t_starts.shape
     ray = torch.arange(num_rays, device=t_starts.device).repeat_interleave(num)
     return PackedSamples(ray, t_starts.reshape(-1), t_ends.reshape(-1), num_rays)
-
-
-def region_owner(num_regions: int, world_size: int) -> list[int]:
-    """Owning rank of each region: contiguous blocks of ``num_regions / world_size``.
-
-    Raises:
-        ValueError: when the number of regions is not a multiple of the world size.
-    """
-    if num_regions % world_size:
-        raise ValueError(f"strategy.num_regions={num_regions} must be a multiple of the world size {world_size}")
-    per_rank = num_regions // world_size
-    return [k // per_rank for k in range(num_regions)]
 
 
 def dist_regions(partition: Partition) -> list[list[int]]:

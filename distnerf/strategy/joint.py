@@ -100,9 +100,9 @@ def render_segments(models, regions: list[int], boxes: torch.Tensor, rays: RayBu
     for k, model in zip(regions, models):
         t_in, t_out, hit = clip_to_box(rays, boxes[k])
         if isinstance(model, MarchingModel):
-            step = model.march_step()
-            anchor = rays.near if u is None else rays.near + u * step / rays.directions.norm(dim=-1)
-            out = model.render_segment(rays, t_in, t_out, anchor, None, step)
+            step_size = model.step_size()
+            anchor = rays.near if u is None else rays.near + u * step_size / rays.directions.norm(dim=-1)
+            out = model.render_segment(rays, t_in, t_out, anchor, None, step_size)
             segs.append(torch.cat([out["rgb"], out["transmittance"][:, None], out["depth"][:, None]], dim=1))
             counts.append(int(out["num_samples"]))
             continue

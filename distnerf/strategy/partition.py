@@ -238,3 +238,15 @@ def balanced_partition(bounds, num_regions: int, points: torch.Tensor, weights: 
         return split(low, k_low) + split(high, k - k_low)
 
     return Partition(bounds, torch.stack(split(bounds.clone(), num_regions)), overlap, "balanced")
+
+
+def region_owner(num_regions: int, world_size: int) -> list[int]:
+    """Owning rank of each region: contiguous blocks of ``num_regions / world_size``.
+
+    Raises:
+        ValueError: when the number of regions is not a multiple of the world size.
+    """
+    if num_regions % world_size:
+        raise ValueError(f"strategy.num_regions={num_regions} must be a multiple of the world size {world_size}")
+    per_rank = num_regions // world_size
+    return [k // per_rank for k in range(num_regions)]

@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from distnerf.model.grid import GridModel
-from distnerf.strategy.fusion import region_owner
+from distnerf.strategy.partition import region_owner
 from distnerf.strategy.partition import grid_partition
 from tests.dist.workers import make_problem, set_env
 
@@ -37,7 +37,7 @@ def region_models(num_regions: int, regions: list[int]) -> dict:
 
 def joint_worker(rank: int, world_size: int, port: int, num_regions: int, out_dir: str) -> None:
     try:
-        from distnerf.strategy.ss import JointRegionModels
+        from distnerf.strategy.regions import JointRegionModels
 
         set_env(rank, world_size, port)
         dist.init_process_group("gloo")
@@ -46,7 +46,7 @@ def joint_worker(rank: int, world_size: int, port: int, num_regions: int, out_di
         joint = JointRegionModels(models, part, BG, distributed=True)
         rays, target = make_problem(48, seed=3)
         out = joint(rays, torch.Generator().manual_seed(JITTER_SEED))
-        # the photometric loss of engine/loss.py, kept in float64 here (it casts to float32)
+        # the photometric loss of components/loss.py, kept in float64 here (it casts to float32)
         loss = ((out["rgb"] - target) ** 2).mean(dim=-1).sum() / len(target)
         loss.backward()
         torch.save({"loss": loss.detach(), "rgb": out["rgb"].detach(),

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 import pytest
 
-from distnerf.engine.loss import photometric_sse
+from distnerf.components.loss import photometric_sse
 from tests.conftest import spawn
 from tests.dist import workers as W
 

@@ -53,7 +53,7 @@ def union_loss(num_regions: int):
     num_cut = num_dark = 0  # samples behind a termination cut; kept samples without colour
     for k, m in models.items():
         assert m.termination == 1e-4 and m.color_threshold == 1e-3  # the defaults are tested
-        step = m.march_step()
+        step = m.step_size()
         t_in, t_out, _ = clip_to_box(rays, part.boxes[k])
         t_in, t_out = clip_segment(o, d, t_in, t_out, m.marching_box().double())
         s = march(o, d, rays.near + u * step / d.norm(dim=-1), t_in, t_out, step, m.occupancy)

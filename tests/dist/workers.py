@@ -14,8 +14,9 @@ import torch
 
 from distnerf import dist as D
 from distnerf.data.rays import RayBundle
-from distnerf.engine.loss import photometric_sse
+from distnerf.components.loss import photometric_sse
 from distnerf.model.grid import GridModel
+from distnerf.strategy.base import StepStats
 from distnerf.strategy.ddp import DDPStrategy
 
 
@@ -76,8 +77,8 @@ def grad_worker(rank: int, world_size: int, port: int, out_dir: str, num_rays: i
         for step in range(sgd_steps + 1):
             out = wrapped(rays_r)
             sse = photometric_sse(out, rgb_r, valid_r)
-            stats = strategy.reduce_step_stats(torch.tensor([float(valid_r.sum()), 0.0, 0.0], dtype=torch.float64))
-            loss = sse / strategy.loss_normalizer(float(stats[0]))
+            _, normalizer = strategy.reduce_step_stats(StepStats(float(valid_r.sum())))
+            loss = sse / normalizer
             loss.backward()
             if step == 0:
                 grads = {k: p.grad.detach().clone() for k, p in model.named_parameters()}
@@ -105,6 +106,7 @@ def compose_config(overrides: list[str]):
 def trainer_worker(rank: int, world_size: int, port: int, run_dir: str, overrides: list, mode: str):
     """Runs the real Trainer on the built-in scene; ``mode`` injects a rank-local stop cause
     on rank 1: ``nan`` (non-finite loss at its 3rd step) or ``budget`` (tiny time budget)."""
+    from distnerf.components import step as step_mod
     from distnerf.engine import trainer as trainer_mod
     from distnerf.strategy import build_strategy
 
@@ -117,14 +119,14 @@ def trainer_worker(rank: int, world_size: int, port: int, run_dir: str, override
             cfg.train.max_minutes = 1e-9
         if rank == 1 and mode == "nan":
             calls = {"n": 0}
-            real = trainer_mod.photometric_sse
+            real = step_mod.photometric_sse
 
             def poisoned(*args, **kwargs):
                 calls["n"] += 1
                 sse = real(*args, **kwargs)
                 return sse * float("nan") if calls["n"] == 3 else sse
 
-            trainer_mod.photometric_sse = poisoned
+            step_mod.photometric_sse = poisoned
         trainer = trainer_mod.Trainer(cfg, build_strategy({"name": "ddp"}, env), Path(run_dir))
         try:
             out = trainer.fit()

@@ -66,3 +66,26 @@ def test_config_hash_mismatch_names_section(tmp_path):
     other = ckpt.config_hashes({**cfg, "dataset": {"name": "llff"}})
     with pytest.raises(ckpt.CheckpointError, match="the dataset config differs"):
         ckpt.check_compatible(manifest, other, d)
+
+
+@pytest.mark.parametrize("delta", [-1, 1])
+def test_checkpoint_of_another_format_is_refused_naming_both_versions(tmp_path, delta):
+    d = make(tmp_path, 3)
+    manifest = json.loads((d / ckpt.MANIFEST).read_text())
+    assert manifest["format"] == ckpt.FORMAT_VERSION
+    other = ckpt.FORMAT_VERSION + delta
+    (d / ckpt.MANIFEST).write_text(json.dumps({**manifest, "format": other}))
+    expected = rf"format {other}, this distnerf reads format {ckpt.FORMAT_VERSION} \(written by an? {'older' if delta < 0 else 'newer'}"
+    with pytest.raises(ckpt.CheckpointFormatError, match=expected):
+        ckpt.read_manifest(d)
+    with pytest.raises(ckpt.CheckpointFormatError):  # resume refuses it rather than starting afresh
+        ckpt.latest(tmp_path)
+
+
+def test_manifest_without_format_is_the_old_format(tmp_path):
+    d = make(tmp_path, 4)
+    manifest = json.loads((d / ckpt.MANIFEST).read_text())
+    del manifest["format"]
+    (d / ckpt.MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(ckpt.CheckpointFormatError, match="format 1,"):
+        ckpt.read_manifest(d)

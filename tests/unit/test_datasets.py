@@ -368,7 +368,7 @@ def test_load_scene_registry(tmp_path, monkeypatch):
 
     make_llff(tmp_path / "l")
     llff = load_scene({"name": "llff", "root": str(tmp_path / "l"), "factor": 2, "holdout": 2,
-                       "split": "test", "aabb": [[-2, -2, -1], [2, 2, 1]]})
+                       "aabb": [[-2, -2, -1], [2, 2, 1]]}, "test")
     assert llff.split == "test" and len(llff) == 2
     assert llff.aabb.tolist() == [[-2, -2, -1], [2, 2, 1]]
 
@@ -381,11 +381,11 @@ def test_load_scene_registry(tmp_path, monkeypatch):
     fake = types.ModuleType("distnerf.data.synthetic")
     fake.ensure_scene = ensure_scene
     monkeypatch.setitem(sys.modules, "distnerf.data.synthetic", fake)
-    synth = load_scene({"name": "synthetic", "cache_dir": str(tmp_path / "c"), "kind": "k",
+    synth = load_scene({"name": "synthetic", "cache_dir": str(tmp_path / "c"), "kind": "wide",
                         "resolution": 8}, "train")
-    assert calls == [(str(tmp_path / "c"), "k", 8)] and len(synth) == 2
+    assert calls == [(str(tmp_path / "c"), "wide", 8)] and len(synth) == 2
 
-    with pytest.raises(ValueError, match="unknown dataset name 'colmap'"):
+    with pytest.raises(ValueError, match=r"dataset.name='colmap' is not one of \['blender', 'llff', 'synthetic'\]"):
         load_scene({"name": "colmap", "root": "x"}, "train")
-    with pytest.raises(ValueError, match="needs 'root'"):
+    with pytest.raises(ValueError, match="dataset.root is required"):
         load_scene({"name": "llff"}, "train")

@@ -105,14 +105,14 @@ def test_segment_fusion_equals_single_render_of_union_field(counts, threshold):
     fused = FusedRenderer(part, models, "segment", background=BG, color_threshold=threshold)
     out = fused(rays)
     with torch.no_grad():
-        ref = union_reference(part, models, rays, fused.step, threshold)
+        ref = union_reference(part, models, rays, fused.step_size, threshold)
     assert float(ref["opacity"].mean()) > 0.3  # a non-trivial field: most rays hit something
     assert torch.allclose(out["rgb"], ref["rgb"], atol=1e-10, rtol=0)
     assert torch.allclose(out["opacity"], ref["opacity"], atol=1e-10, rtol=0)
     assert torch.allclose(out["depth"], ref["depth"], atol=1e-9, rtol=0)
     if threshold > 0:
         with torch.no_grad():
-            exact = union_reference(part, models, rays, fused.step, 0.0)
+            exact = union_reference(part, models, rays, fused.step_size, 0.0)
         assert float((exact["rgb"] - ref["rgb"]).abs().max()) > 1e-6  # the threshold did drop samples
 
 
@@ -128,7 +128,7 @@ def test_segment_fusion_with_default_termination(counts):
     fused = FusedRenderer(part, models, "segment", background=BG)
     out = fused(rays)
     with torch.no_grad():
-        ref = union_reference(part, models, rays, fused.step, 1e-3)
+        ref = union_reference(part, models, rays, fused.step_size, 1e-3)
     diff = (out["rgb"] - ref["rgb"]).abs()
     assert float(diff.max()) <= 1e-4 and float(diff.max()) > 0.0
 
@@ -140,7 +140,7 @@ def test_blend_equals_union_of_shared_samples_where_regions_do_not_overlap():
     blend = FusedRenderer(part, models, "blend", background=BG, color_threshold=0.0)
     out = blend(rays)
     with torch.no_grad():
-        ref = union_reference(part, models, rays, blend.step, 0.0, shared=True)
+        ref = union_reference(part, models, rays, blend.step_size, 0.0, shared=True)
     assert float(ref["opacity"].mean()) > 0.3
     assert torch.allclose(out["rgb"], ref["rgb"], atol=1e-10, rtol=0)
     assert torch.allclose(out["opacity"], ref["opacity"], atol=1e-10, rtol=0)
@@ -291,8 +291,8 @@ def test_fusion_rejects_missing_regions_and_distributed_blend():
 
 
 def test_region_models_train_only_on_rays_crossing_their_region():
-    from distnerf.engine.loss import photometric_sse
-    from distnerf.strategy.ss import RegionModels
+    from distnerf.components.loss import photometric_sse
+    from distnerf.strategy.regions import RegionModels
 
     part = grid_partition(AABB, 2, [2, 1, 1], overlap=0.0)
     subs = {k: GridModel(AABB.float(), BG.float(), resolutions=[8], upsample_steps=[], color="sh",
@@ -337,7 +337,7 @@ def test_joint_nerf_segments_sample_on_their_own():
     assert a.shape[-1] == 9  # fine colour, T, depth, coarse colour, coarse T
     assert torch.equal(a[:, 0], b[:, 0])  # region 0's segment: its own samples only
     assert not torch.allclose(a[:, 1], b[:, 1])
-    from distnerf.strategy.ss import JointRegionModels
+    from distnerf.strategy.regions import JointRegionModels
 
     joint = JointRegionModels(dict(enumerate(nerfs(21))), part, BG, distributed=False).eval()
     out = joint(rays)

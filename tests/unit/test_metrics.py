@@ -1,4 +1,4 @@
-"""Image metrics (distnerf.observe.metrics) and the optimizer helpers (distnerf.engine.optim)."""
+"""Image metrics (distnerf.observe.metrics) and the optimizer helpers (distnerf.components.optim)."""
 from __future__ import annotations
 
 import math
@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from distnerf.engine.optim import build_optimizer, lr_factor, rebuild_optimizer, set_lr
+from distnerf.components.optim import build_optimizer, lr_factor, rebuild_optimizer, set_lr
 from distnerf.model.grid import GridModel
 from distnerf.observe.metrics import LPIPS, alexnet_lpips, psnr, ssim
 

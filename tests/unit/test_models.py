@@ -247,7 +247,7 @@ def _blob_grid(resolutions=(16, 24), tighten=False, **kw) -> GridModel:
     features (so a wrong axis order or a shifted resample changes the image)."""
     torch.manual_seed(0)
     model = GridModel(AABB, WHITE, resolutions=resolutions, upsample_steps=list(range(5, 5 + len(resolutions) - 1)),
-                      num_features=4, hidden_width=16, tighten_aabb=tighten, **kw)
+                      num_features=4, hidden_width=16, tighten_aabb=tighten, color="mlp", **kw)
     n = model.resolution
     p = _vertex_positions(n, torch.float32) * 2 - 1
     centre = torch.tensor([0.3, -0.2, 0.1])
@@ -287,7 +287,7 @@ def test_grid_state_dict_round_trip_across_resolutions():
     assert model.resolution == 48
     state = model.state_dict()
     fresh = GridModel(AABB, WHITE, resolutions=(32, 48), upsample_steps=[5], num_features=4,
-                      hidden_width=16, tighten_aabb=True).eval()
+                      hidden_width=16, tighten_aabb=True, color="mlp").eval()
     rays = _rays(32)
     with torch.no_grad():
         untrained = fresh(rays)

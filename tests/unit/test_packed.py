@@ -240,7 +240,7 @@ def test_early_termination_bound_on_density_gradients():
     model = grid_model(seed=1)
     model.train()
     rays = sphere_rays(200, 2)
-    step = model.march_step()
+    step = model.step_size()
     u = torch.rand(200, generator=torch.Generator().manual_seed(3), dtype=F64)
     anchor = rays.near + u * step / rays.directions.norm(dim=-1)
     marcher = model.marcher()
@@ -256,7 +256,7 @@ def test_early_termination_bound_on_density_gradients():
     def grads(eps):
         out = render_segment(density_fn, model.colours, marcher, rays.origins, rays.directions, rays.viewdirs,
                              anchor, rays.near, rays.far, background=WHITE, colour_threshold=1e-3,
-                             termination=eps, step=step)
+                             termination=eps, step_size=step)
         return torch.stack([torch.autograd.grad(out["rgb"][:, c].sum(), leaf, retain_graph=True,
                                                 allow_unused=True)[0] for c in range(3)])
 
@@ -322,8 +322,8 @@ def test_ndc_samples_are_spaced_by_the_step_on_fern(dtype):
     # the step is step_ratio x the smallest voxel edge of the grid box (N vertices: N - 1 voxels per axis)
     box = scene.aabb.double()
     voxel = ((box[1] - box[0]) / 47).min().item()
-    assert model.march_step() == pytest.approx(0.5 * voxel, rel=1e-6)
-    step = model.march_step()
+    assert model.step_size() == pytest.approx(0.5 * voxel, rel=1e-6)
+    step = model.step_size()
     jitter = torch.rand(n, generator=g, dtype=dtype) * step / rays.directions.norm(dim=-1)
     for anchor in (rays.near, rays.near + jitter):  # evaluation and training anchors
         s = model.marcher()(rays.origins, rays.directions, anchor, rays.near, rays.far)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from distnerf.strategy.fusion import region_owner
+from distnerf.strategy.partition import region_owner
 from distnerf.strategy.partition import Partition, balanced_partition, grid_partition, weighted_median_split
 
 BOUNDS = torch.tensor([[-2.0, -0.5, -3.0], [2.0, 0.5, 3.0]], dtype=torch.float64)

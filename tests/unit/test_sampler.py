@@ -117,20 +117,61 @@ def test_memory_mapped_pixel_cache_is_shared_and_reused(tmp_path):
     assert not list(tmp_path.glob("*.tmp"))  # stale swept
 
 
-def test_sync_keeps_its_historical_batches(scene):
-    # the batch recipe of the original SyncSampler: one integers() draw, then the jitter seed
-    from distnerf.data.rays import generate_rays
-    from distnerf.sampler import batch_rng
+def two_by_two_scene() -> SceneData:
+    """Two 2x2 images with distinct pixels; camera 0 at (0, 0, 3) looking down -Z, camera 1
+    at (1, 2, 0) turned 90 degrees about +Y (looking down -X); fx = fy = 2, centre (1, 1)."""
+    images = torch.arange(2 * 2 * 2 * 3, dtype=torch.float32).reshape(2, 2, 2, 3) / 24.0
+    turn = torch.tensor([[0.0, 0.0, 1.0], [0.0, 1.0, 0.0], [-1.0, 0.0, 0.0]])  # camera -Z -> world -X
+    c2w = torch.stack([torch.cat([torch.eye(3), torch.tensor([[0.0], [0.0], [3.0]])], 1),
+                       torch.cat([turn, torch.tensor([[1.0], [2.0], [0.0]])], 1)])
+    cams = Cameras(c2w, torch.full((2,), 2.0), torch.full((2,), 2.0), torch.ones(2), torch.ones(2), 2, 2)
+    return SceneData("train", images, cams, 0.5, 4.0, torch.tensor([[-1.0] * 3, [1.0] * 3]), torch.ones(3),
+                     source="2x2")
 
-    rng = batch_rng(3, 0, 11)
-    n, h, w = len(scene), scene.height, scene.width
-    flat = torch.from_numpy(rng.integers(0, n * h * w, size=R))
-    rays = generate_rays(scene.cameras, flat // (h * w), flat % (h * w) % w, flat % (h * w) // w, scene.near,
-                         scene.far)
-    b = SyncSampler(scene, R, 3, 0).batch(11)
-    assert b.jitter_seed == int(rng.integers(0, 2**62))
-    assert torch.equal(b.rays.origins, rays.origins) and torch.equal(b.rays.directions, rays.directions)
-    assert torch.equal(b.rgb, scene.images.reshape(-1, 3)[flat])
+
+def hand_built_batch(seed: int, stream: int, step: int, num_rays: int):
+    """The documented recipe written out by hand: numpy's PCG64 of SeedSequence([seed, stream,
+    step]) draws R flat pixel indices (image-major, row-major) and then the jitter seed; a
+    pixel (u, v) of camera i has the camera-space direction ((u + 0.5 - 1) / 2, -(v + 0.5 - 1) / 2, -1)."""
+    import numpy as np
+
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, stream, step])))
+    flat = rng.integers(0, 8, size=num_rays)
+    jitter = int(rng.integers(0, 2**62))
+    norm = (0.25 ** 2 + 0.25 ** 2 + 1.0) ** 0.5  # every pixel centre is (+-0.25, +-0.25, -1) in camera space
+    half, one = 0.25 / norm, 1.0 / norm
+    origins, directions, rgb = [], [], []
+    for f in flat.tolist():
+        image, v, u = f // 4, (f % 4) // 2, f % 2
+        x, y = (-half if u == 0 else half), (half if v == 0 else -half)
+        if image == 0:
+            origins.append([0.0, 0.0, 3.0])
+            directions.append([x, y, -one])
+        else:  # camera x -> world -z, camera z -> world x
+            origins.append([1.0, 2.0, 0.0])
+            directions.append([-one, y, -x])
+        rgb.append([(image * 12 + v * 6 + u * 3 + c) / 24.0 for c in range(3)])
+    return (torch.tensor(origins), torch.tensor(directions), torch.tensor(rgb), jitter)
+
+
+@pytest.mark.parametrize("kind", ["sync", "pipelined", "device"])
+def test_batches_equal_a_hand_built_reference_on_a_2x2_scene(kind):
+    scene = two_by_two_scene()
+    spec = BatchSpec(64, seed=5, stream=1)
+    sampler = {"sync": lambda: SyncSampler(scene, spec), "device": lambda: DeviceSampler(scene, spec, "cpu"),
+               "pipelined": lambda: PipelinedSampler(scene, spec, "cpu", num_workers=1, prefetch=2)}[kind]()
+    with sampler:
+        sampler.start(3)
+        for step in (3, 4):
+            batch = sampler.batch(step)
+            origins, directions, rgb, jitter = hand_built_batch(5, 1, step, 64)
+            assert batch.jitter_seed == jitter
+            torch.testing.assert_close(batch.rays.origins, origins, rtol=0, atol=1e-6)
+            torch.testing.assert_close(batch.rays.directions, directions, rtol=0, atol=1e-6)
+            torch.testing.assert_close(batch.rays.viewdirs, directions, rtol=0, atol=1e-6)
+            assert torch.equal(batch.rgb, rgb)
+            assert batch.valid.all() and (batch.rays.near == 0.5).all() and (batch.rays.far == 4.0).all()
+    assert len({tuple(o) for o in origins.tolist()}) == 2  # both cameras were drawn: the check is not vacuous
 
 
 def test_device_sampler_equals_sync(scene):
@@ -272,7 +313,7 @@ def test_unpicklable_ray_filter_is_a_clear_error(scene):
 def test_build_sampler_kinds_and_errors(scene):
     assert isinstance(build_sampler({"name": "sync"}, scene, R, 0, 0, "cpu"), SyncSampler)
     assert isinstance(build_sampler({"name": "device"}, scene, R, 0, 0, "cpu"), DeviceSampler)
-    with pytest.raises(ValueError, match="sampler='bogus'"):
+    with pytest.raises(ValueError, match=r"sampler.name='bogus' is not one of \['sync', 'pipelined', 'device'\]"):
         build_sampler({"name": "bogus"}, scene, R, 0, 0, "cpu")
     with pytest.raises(ValueError, match="sampler.policy"):
         build_sampler({"name": "sync", "policy": "nope"}, scene, R, 0, 0, "cpu")
@@ -360,6 +401,7 @@ def test_resume_checks_only_the_sampler_settings_that_change_batches(tmp_path):
     ckpt.check_compatible(manifest, {"model": "m", **h({**base, "name": "sync"})}, tmp_path)
     with pytest.raises(ckpt.CheckpointError, match="the sampler config differs"):
         ckpt.check_compatible(manifest, {"model": "m", **h(per_image)}, tmp_path)
-    ckpt.check_compatible({"config": {"model": "m"}}, {"model": "m", **h(per_image)}, tmp_path)  # written before
+    with pytest.raises(ckpt.CheckpointError, match="the sampler config differs"):  # a manifest without it
+        ckpt.check_compatible({"config": {"model": "m"}}, {"model": "m", **h(per_image)}, tmp_path)
     with pytest.raises(ckpt.CheckpointError, match="the model config differs"):
         ckpt.check_compatible({"config": {"model": "other", **h(base)}}, {"model": "m", **h(base)}, tmp_path)

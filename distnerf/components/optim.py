@@ -12,12 +12,14 @@ from typing import Mapping
 import torch
 
 from ..model.base import RadianceModel
+from ..schema import TrainLoopConfig, section
 
 
 def lr_factor(step: int, cfg: Mapping) -> float:
-    """Multiplier of every group's base learning rate at ``step``."""
-    warmup = int(cfg.get("warmup_steps", 0))
-    factor = float(cfg.get("decay", 0.1)) ** (step / float(cfg.get("decay_steps", 250_000)))
+    """Multiplier of every group's base learning rate at ``step`` (``cfg``: the ``train`` config)."""
+    cfg = section(TrainLoopConfig, cfg)
+    warmup = cfg.warmup_steps
+    factor = cfg.decay ** (step / cfg.decay_steps)
     if warmup > 0 and step < warmup:
         factor *= (step + 1) / warmup
     return factor
@@ -72,12 +74,16 @@ class LazyAdam(torch.optim.Adam):
 
 
 def build_optimizer(model: RadianceModel, cfg: Mapping) -> torch.optim.Optimizer:
-    """:class:`LazyAdam` over ``model.param_groups(cfg.lr)``; each group remembers its base lr."""
+    """:class:`LazyAdam` over ``model.param_groups(cfg.lr)``; each group remembers its base lr.
+
+    ``cfg``: the ``train`` config (``lr``, ``betas``, ``eps``, ``fused``; defaults: :class:`TrainLoopConfig`).
+    """
+    cfg = section(TrainLoopConfig, cfg)
     groups = model.param_groups(float(cfg["lr"]))
     for g in groups:
         g["base_lr"] = g["lr"]
-    kwargs = {"betas": tuple(cfg.get("betas", (0.9, 0.999))), "eps": float(cfg.get("eps", 1e-15))}
-    if cfg.get("fused") and all(p.is_floating_point() for g in groups for p in g["params"]):
+    kwargs = {"betas": tuple(cfg.betas), "eps": float(cfg.eps)}
+    if cfg.fused and all(p.is_floating_point() for g in groups for p in g["params"]):
         kwargs["fused"] = True
     return LazyAdam(groups, **kwargs)
 

@@ -1,0 +1,83 @@
+"""One optimisation step of a radiance model, in the two halves a strategy synchronises
+between.
+
+``forward`` renders a batch and returns the *summed* photometric error; the caller
+(the trainer, after its per-step all-reduce) divides it by the loss normaliser and
+hands the loss to ``update``: backward, the model's closed-form regulariser gradients
+(identical on every rank, so added after any gradient all-reduce), the optimizer step.
+The trainer and the balanced partition's density fit (:mod:`distnerf.strategy.density`)
+both run exactly this step.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, ContextManager
+
+import torch
+
+from ..model.base import RadianceModel
+from ..schema import TrainLoopConfig, section
+from .loss import photometric_sse
+from .optim import build_optimizer, rebuild_optimizer, set_lr
+
+Phase = Callable[[str], ContextManager]
+
+
+def no_phase(name: str) -> ContextManager:
+    """The default timing hook: times nothing."""
+    return contextlib.nullcontext()
+
+
+class TrainStep:
+    """The optimizer of ``model`` and the step that updates it.
+
+    Args:
+        model: the (unwrapped) radiance model; its ``param_groups`` give the optimizer groups.
+        optim_cfg: ``train`` config: ``lr``, ``decay``, ``decay_steps``, ``warmup_steps``,
+            ``eps``, ``fused`` (:mod:`.optim`) and ``bf16``.
+        phase: ``phase(name)`` context manager timing ``backward``, ``regularizer`` and
+            ``optimizer`` (the trainer's step breakdown); default: no timing.
+    """
+
+    def __init__(self, model: RadianceModel, optim_cfg, phase: Phase = no_phase):
+        self.model, self.cfg, self.phase = model, section(TrainLoopConfig, optim_cfg), phase
+        self.optimizer = build_optimizer(model, optim_cfg)
+
+    def prepare(self, step: int) -> bool:
+        """Model schedule (grid upsampling, occupancy refresh) and learning rate of ``step``.
+
+        Returns:
+            True when the model replaced parameter tensors (the optimizer was rebuilt, keeping
+            the state of unchanged tensors; a data-parallel wrapper must be rebuilt too).
+        """
+        replaced = bool(self.model.update_state(step))
+        if replaced:
+            self.optimizer = rebuild_optimizer(self.optimizer, self.model, self.cfg)
+        set_lr(self.optimizer, step, self.cfg)
+        return replaced
+
+    def forward(self, module: torch.nn.Module, batch) -> tuple[dict, torch.Tensor]:
+        """Render ``batch`` through ``module`` (the model or its strategy wrapper).
+
+        Args:
+            batch: a sampler batch: ``rays`` (R rays), ``rgb`` (R, 3) float32, ``valid`` (R,) bool,
+                ``jitter_seed`` (int: the stratified-sampling stream of this batch).
+        Returns:
+            (outputs of the model, scalar float32 summed squared error over valid rays).
+        """
+        device = batch.rgb.device
+        generator = torch.Generator(device).manual_seed(batch.jitter_seed)
+        use_bf16 = self.cfg.bf16 and device.type == "cuda"
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16):
+            out = module(batch.rays, generator)
+        return out, photometric_sse(out, batch.rgb, batch.valid)
+
+    def update(self, loss: torch.Tensor) -> None:
+        """Backward (a data-parallel wrapper all-reduces inside), regulariser gradients, step."""
+        with self.phase("backward"):
+            loss.backward()
+        with self.phase("regularizer"):
+            self.model.add_regularizer_grads_()
+        with self.phase("optimizer"):
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)

@@ -1,0 +1,432 @@
+"""Config schemas: one dataclass per Hydra config group option, the only place a default is written.
+
+Hydra composes ``conf/train.yaml``; every group file there (``conf/model/grid.yaml``, ...)
+starts from the schema registered here (``defaults: [schema_grid]``) and holds only what
+that option changes. The code reads the validated config (``cfg.model.step_ratio``) and
+never restates a default; a new key is added here, with its comment, and nowhere else.
+
+:func:`validate` merges a composed (or saved) config into these schemas and checks
+every declared choice and bound, raising ``ValueError`` naming the key, the value and
+what is allowed. Types are checked by OmegaConf on merge (a string for an int key is an
+error naming the key), unknown keys are refused (struct mode).
+
+Units and conventions: distances in world units (or NDC units for LLFF), times in
+seconds unless the key says minutes, colours RGB in [0, 1].
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+# the box keys are lists of two [x, y, z] rows, typed List[Any] (OmegaConf cannot convert the
+# ints of `[[-2,-2,-1],[2,2,1]]` inside nested float lists); their loaders check the shape
+
+
+def choice(default, *allowed):
+    """A field whose value must be one of ``allowed`` (checked by :func:`validate`)."""
+    return field(default=default, metadata={"choices": tuple(allowed)})
+
+
+def bounded(default, low=None, high=None, *, low_open: bool = False):
+    """A numeric field in ``[low, high]`` (``(low, high]`` with ``low_open``; None: unbounded)."""
+    return field(default=default, metadata={"low": low, "high": high, "low_open": low_open})
+
+
+def positive(default):
+    return bounded(default, 0, low_open=True)
+
+
+def items(default):
+    """A list field (a fresh copy per instance)."""
+    return field(default_factory=lambda: list(default))
+
+
+# ----------------------------------------------------------------------------- dataset
+@dataclass
+class DatasetConfig:
+    name: str = MISSING
+    background: List[float] = items([1.0, 1.0, 1.0])  # RGB behind the scene, in [0, 1]
+
+
+@dataclass
+class SyntheticDataset(DatasetConfig):
+    """The built-in procedural scene (generated on first use into ``cache_dir``; no download)."""
+    name: str = "synthetic"
+    kind: str = choice("objects", "objects", "wide")  # wide: aerial-like, for spatial segmentation
+    resolution: int = positive(100)                     # image width = height, pixels
+    downscale: int = positive(1)
+    cache_dir: str = ".cache/synthetic"
+    near: Optional[float] = None                        # null: the scene's own bounds
+    far: Optional[float] = None
+    aabb: Optional[List[Any]] = None            # [[x,y,z],[x,y,z]]; null: the scene's
+
+
+@dataclass
+class BlenderDataset(DatasetConfig):
+    """nerf_synthetic layout: ``transforms_{train,val,test}.json`` + RGBA PNGs."""
+    name: str = "blender"
+    root: str = MISSING
+    downscale: int = positive(1)
+    near: Optional[float] = None   # null: JSON "near" or 2
+    far: Optional[float] = None    # null: JSON "far" or 6
+    aabb: Optional[List[Any]] = None  # null: JSON "aabb" or [-1.5]*3..[1.5]*3
+
+
+@dataclass
+class LLFFDataset(DatasetConfig):
+    """LLFF forward-facing: ``poses_bounds.npy`` + ``images_<factor>/``; every ``holdout``-th image is a test view."""
+    name: str = "llff"
+    root: str = MISSING
+    factor: int = positive(8)
+    holdout: int = positive(8)
+    ndc: bool = True
+    background: List[float] = items([0.0, 0.0, 0.0])
+    near: Optional[float] = None
+    far: Optional[float] = None
+    aabb: Optional[List[Any]] = None
+
+
+# ----------------------------------------------------------------------------- model
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+    compile: bool = False               # torch.compile the model in place (compile time reported apart)
+    compile_mode: Optional[str] = None  # passed to torch.compile, e.g. max-autotune, reduce-overhead
+
+
+@dataclass
+class GridModelConfig(ModelConfig):
+    """Voxel grid (DVGO / Plenoxels style): the CPU-practical default on every machine."""
+    name: str = "grid"
+    resolutions: List[int] = items([64, 128, 160])   # vertices per axis, coarse to fine
+    upsample_steps: List[int] = items([200, 600])    # training steps of each resolution change
+    num_features: int = positive(12)
+    hidden_width: int = positive(64)
+    viewdir_frequencies: int = bounded(4, 0)
+    step_ratio: float = positive(0.5)                # march step = this x the smallest voxel edge
+    alpha_init: float = bounded(1.0e-3, 0, 1, low_open=True)
+    occupancy_threshold: float = bounded(1.0e-3, 0)  # cells below this opacity are skipped
+    occupancy_every: int = positive(8)               # training steps between occupancy refreshes
+    tv_weight: float = bounded(1.0e-5, 0)
+    tighten_aabb: bool = True
+    color: str = choice("sh", "sh", "mlp")           # sh: spherical-harmonic colour grid | mlp: features + tiny MLP
+    sh_degree: int = bounded(1, 0, 3)
+    color_threshold: float = bounded(1.0e-3, 0)      # a sample with a smaller weight gets no colour (still attenuates)
+    termination: float = bounded(1.0e-4, 0, 1)       # early ray termination below this transmittance
+    eval_round_steps: int = positive(64)             # evaluation marches rays in rounds of this many steps
+    sparse_grad: bool = True                         # sparse colour-row gradients + lazy Adam (off under ddp, W > 1)
+
+
+@dataclass
+class NeRFModelConfig(ModelConfig):
+    """The original NeRF: positional encoding, 8x256 MLP with a skip, coarse + fine samples."""
+    name: str = "nerf"
+    num_coarse: int = positive(64)
+    num_fine: int = bounded(128, 0)
+    width: int = positive(256)
+    depth: int = positive(8)
+    pos_frequencies: int = bounded(10, 0)
+    dir_frequencies: int = bounded(4, 0)
+
+
+@dataclass
+class NGPModelConfig(ModelConfig):
+    """Instant-NGP style multiresolution hash grid, pure PyTorch."""
+    name: str = "ngp"
+    num_levels: int = positive(16)
+    features_per_level: int = positive(2)
+    log2_table_size: int = bounded(17, 4, 30)
+    base_resolution: int = positive(16)
+    max_resolution: int = positive(1024)
+    hidden_width: int = positive(64)
+    num_steps: int = positive(512)            # march steps across the scene box's diagonal
+    occupancy_resolution: int = positive(64)
+    occupancy_threshold: float = bounded(1.0e-3, 0)
+    occupancy_every: int = positive(16)
+    color_threshold: float = bounded(1.0e-3, 0)
+    termination: float = bounded(1.0e-4, 0, 1)
+    eval_round_steps: int = positive(64)
+
+
+# ----------------------------------------------------------------------------- strategy
+@dataclass
+class StrategyConfig:
+    name: str = MISSING
+
+
+@dataclass
+class DDPStrategyConfig(StrategyConfig):
+    """Data parallel: the whole model per rank, gradients all-reduced (world size 1: one process)."""
+    name: str = "ddp"
+    bucket_cap_mb: float = positive(25.0)
+    find_unused_parameters: bool = False
+    gradient_as_bucket_view: bool = True
+    compression: str = choice("none", "none", "fp16", "bf16")  # dtype gradients travel in
+    sparse_min_numel: Optional[int] = 1_000_000  # buckets this large travel as (index, value) pairs; null: dense
+    sparse_max_density: float = bounded(0.25, 0, 1)  # ... when at most this share of their entries is non-zero
+
+
+@dataclass
+class SSStrategyConfig(StrategyConfig):
+    """Spatial segmentation: one sub-scene model per region, no gradient all-reduce."""
+    name: str = "ss"
+    partition: str = choice("grid", "grid", "balanced")  # grid: ground-plane grid | balanced: k-d split of a density fit
+    num_regions: Optional[int] = None     # null: the world size; else a multiple of it
+    grid: Optional[List[int]] = None      # cells per axis [nx, ny, nz] (product = num_regions); null: longest axes
+    overlap: float = bounded(0.15, 0)     # enlarge each region by this fraction of its size per side
+    context_resolution: int = positive(32)  # grid sub-models: vertices per axis outside the region
+    balance_steps: int = positive(100)    # balanced: steps of the coarse density fit
+    balance_resolution: int = positive(32)
+    balance_rays: int = positive(2048)
+    training: str = choice("independent", "independent", "joint")  # joint: exact compositing (NeRF-XL style)
+    fusion: str = choice("segment", "segment", "blend")  # evaluation: exact segment compositing | blend
+    color_threshold: float = bounded(1.0e-3, 0)  # fusion: segment-local weight below which no colour
+    blend_power: float = positive(2.0)           # blend: inverse-distance weight exponent
+
+
+# ----------------------------------------------------------------------------- sampler
+@dataclass
+class SamplerConfig:
+    """Ray batches; every kind draws bitwise the same batches (a performance setting)."""
+    name: str = choice("pipelined", "sync", "pipelined", "device")
+    policy: str = choice("uniform", "uniform", "per_image")  # uniform over all pixels | a few images per step
+    images_per_step: int = positive(4)        # policy=per_image
+    filter: Optional[Any] = None              # e.g. {kind: box, aabb: [[-1,-1,-1],[1,1,1]]}: rays missing it are invalid
+    source: str = choice("memory", "memory", "files")  # files: each batch decodes the images it draws
+    cache_dir: Optional[str] = None           # decoded pixels memory-mapped there (built once, shared)
+    num_workers: int = positive(2)            # pipelined: worker processes per rank
+    prefetch: int = positive(4)               # pipelined: batches built ahead
+    start_method: str = choice("forkserver", "forkserver", "spawn")
+    timeout_s: float = positive(300.0)        # longest wait for one batch from a live worker
+    max_device_fraction: float = bounded(0.5, 0, 1, low_open=True)  # device: share of free device memory
+    fallback: str = choice("pipelined", "sync", "pipelined")  # device: used when the pixels do not fit
+
+
+# ----------------------------------------------------------------------------- logger, profiler
+@dataclass
+class WandbConfig:
+    mode: str = choice("offline", "offline", "online", "disabled")
+    project: str = "distnerf"
+    name: Optional[str] = None  # null: the run directory's name
+    id: Optional[str] = None    # null: stable per run directory (restarts continue one run)
+
+
+@dataclass
+class LoggerConfig:
+    level: str = choice("INFO", "DEBUG", "INFO", "WARNING", "ERROR")
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+
+
+@dataclass
+class TraceConfig:
+    """torch.profiler schedule (``profiler=trace``)."""
+    wait: int = bounded(2, 0)      # steps skipped after start
+    warmup: int = bounded(1, 0)    # steps profiled but discarded
+    active: int = positive(3)      # steps recorded
+    repeat: int = bounded(1, 0)    # cycles (0: until the end)
+    record_shapes: bool = True
+    profile_memory: bool = True
+    with_stack: bool = False
+    top_ops: int = positive(30)    # operators by self time kept in ops_rank_K.json
+
+
+@dataclass
+class ProfilerConfig:
+    name: str = "default"
+    breakdown: bool = True       # per-step phase timing (RUN/profile/rank_K.json)
+    skip_steps: int = bounded(2, 0)  # leading steps left out of the steady-state summary
+    nvtx: bool = False           # NVTX ranges per phase (CUDA only)
+    telemetry: bool = True       # NVML + process CPU/RSS samples
+    telemetry_interval_s: float = positive(1.0)
+    trace: Optional[TraceConfig] = None
+
+
+# ----------------------------------------------------------------------------- train, eval, root
+@dataclass
+class TrainLoopConfig:
+    global_rays: int = positive(4096)   # rays per step over all ranks
+    max_steps: int = positive(1000)
+    max_minutes: float = bounded(0.0, 0)  # training-time budget (evaluation excluded); 0: none
+    lr: float = positive(1.0e-3)        # base lr; models scale it per parameter group
+    decay: float = bounded(0.1, 0, 1, low_open=True)  # lr(step) = lr * decay ** (step / decay_steps)
+    decay_steps: float = positive(1500.0)
+    warmup_steps: int = bounded(0, 0)
+    betas: List[float] = items([0.9, 0.999])
+    eps: float = positive(1.0e-15)
+    fused: bool = True                  # fused Adam kernel
+    bf16: bool = False                  # bf16 autocast (CUDA only)
+    log_every: int = positive(50)
+    val_every: int = bounded(0, 0)      # steps between validations (0: off)
+    val_views: int = positive(2)
+    ckpt_every: int = bounded(500, -1)  # steps between checkpoints; 0: only a final one; -1: none
+    keep_checkpoints: int = positive(2)
+    ckpt_minutes: List[float] = items([])  # extra checkpoints at these training-time marks (minutes)
+    progress: bool = True
+
+
+@dataclass
+class EvalConfig:
+    enabled: bool = True
+    num_views: Optional[int] = None     # null: every test view; N: N evenly spaced views
+    downscale: int = positive(1)
+    chunk: int = positive(8192)         # rays rendered at once
+    lpips: bool = True
+
+
+@dataclass
+class TrainConfig:
+    """The root of ``conf/train.yaml``."""
+    dataset: Any = MISSING
+    model: Any = MISSING
+    strategy: Any = MISSING
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
+    train: TrainLoopConfig = field(default_factory=TrainLoopConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    run_dir: Optional[str] = None       # one directory for all ranks; null: runs/<timestamp> chosen by rank 0
+    resume: bool = False                # continue from the newest committed checkpoint in run_dir
+    seed: int = 0
+    device: str = choice("auto", "auto", "cpu", "cuda")  # the backend follows: nccl on CUDA, gloo on CPU
+    dist_timeout_s: float = positive(600.0)  # collective timeout
+
+
+@dataclass
+class RenderConfig(TrainConfig):
+    """A run's saved config plus the keys of ``python -m distnerf.render`` / ``distnerf.export``."""
+    checkpoint: Optional[str] = None   # RUN/checkpoints/step_N; null: the newest committed
+    weights: Optional[str] = None      # a file written by distnerf.export
+    fusion: Optional[str] = None       # ss runs: segment | blend; null: the run's strategy.fusion
+    out_dir: Optional[str] = None      # null: RUN/render
+    video: bool = False                # an orbit GIF too
+    video_frames: int = positive(24)
+    out: Optional[str] = None          # export: output file; null: RUN/export/...
+
+
+PREFIX = {SamplerConfig: "sampler.", TrainLoopConfig: "train.", EvalConfig: "eval.", ProfilerConfig: "profiler.",
+          LoggerConfig: "logger.", TraceConfig: "profiler.trace."}
+PREFIX.update({schema: f"{group}." for group, options in {
+    "dataset": (SyntheticDataset, BlenderDataset, LLFFDataset), "model": (GridModelConfig, NeRFModelConfig, NGPModelConfig),
+    "strategy": (DDPStrategyConfig, SSStrategyConfig)}.items() for schema in options})
+GROUPS = {
+    "dataset": {"synthetic": SyntheticDataset, "blender": BlenderDataset, "llff": LLFFDataset},
+    "model": {"grid": GridModelConfig, "nerf": NeRFModelConfig, "ngp": NGPModelConfig},
+    "strategy": {"ddp": DDPStrategyConfig, "ss": SSStrategyConfig},
+}
+
+
+def register() -> None:
+    """Register the schemas in Hydra's ConfigStore: ``schema_train`` (root) and
+    ``<group>/schema_<option>`` (the base of each ``conf/<group>/<option>.yaml``)."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(name="schema_train", node=TrainConfig)
+    for group, options in GROUPS.items():
+        for option, node in options.items():
+            cs.store(group=group, name=f"schema_{option}", node=node)
+    cs.store(group="sampler", name="schema", node=SamplerConfig)
+    cs.store(group="profiler", name="schema", node=ProfilerConfig)
+    cs.store(group="logger", name="schema", node=LoggerConfig)
+
+
+def _schema_of(group: str, node) -> type:
+    name = node.get("name") if isinstance(node, (dict, DictConfig)) else None
+    options = GROUPS[group]
+    if name not in options:
+        raise ValueError(f"config {group}.name={name!r} is not one of {sorted(options)}")
+    return options[name]
+
+
+def structured(cfg, root: type = TrainConfig) -> DictConfig:
+    """``cfg`` (a composed or saved config) merged into the schemas: defaults filled in,
+    types converted, unknown keys refused. ``root``: :class:`TrainConfig` or a subclass
+    with further top-level keys (:class:`RenderConfig`).
+
+    Raises:
+        ValueError: an unknown group option, key or a value of the wrong type, naming it.
+    """
+    cfg = OmegaConf.create(cfg) if not isinstance(cfg, DictConfig) else cfg
+    try:
+        base = OmegaConf.structured(root)
+        for group in GROUPS:
+            OmegaConf.update(base, group, OmegaConf.structured(_schema_of(group, cfg.get(group))), merge=False)
+        OmegaConf.set_struct(base, True)
+        merged = OmegaConf.merge(base, cfg)
+    except ValueError:
+        raise
+    except Exception as err:  # omegaconf's errors name the full key
+        raise ValueError(f"config: {err}") from None
+    return merged
+
+
+def check(cfg: DictConfig, prefix: str = "") -> None:
+    """Check every declared choice and bound of ``cfg`` (a config built by :func:`structured`).
+
+    Raises:
+        ValueError: ``config KEY=VALUE is not one of [...]`` / ``... must be >= LOW``.
+    """
+    schema = OmegaConf.get_type(cfg)
+    if not dataclasses.is_dataclass(schema):
+        return
+    for f in dataclasses.fields(schema):
+        key = f"{prefix}{f.name}"
+        value = cfg.get(f.name)
+        if isinstance(value, DictConfig):
+            check(value, key + ".")
+            continue
+        if value is None or OmegaConf.is_missing(cfg, f.name):
+            if f.default is MISSING and OmegaConf.is_missing(cfg, f.name):
+                raise ValueError(f"config {key} is required (e.g. {key}=PATH)")
+            continue
+        meta = f.metadata
+        if "choices" in meta and value not in meta["choices"]:
+            raise ValueError(f"config {key}={value!r} is not one of {list(meta['choices'])}")
+        low, high = meta.get("low"), meta.get("high")
+        if low is not None and (value <= low if meta.get("low_open") else value < low):
+            raise ValueError(f"config {key}={value!r} must be {'>' if meta.get('low_open') else '>='} {low}")
+        if high is not None and value > high:
+            raise ValueError(f"config {key}={value!r} must be <= {high}")
+
+
+def validate(cfg, root: type = TrainConfig) -> DictConfig:
+    """:func:`structured` then :func:`check`: the config every entry point runs on."""
+    merged = structured(cfg, root)
+    check(merged)
+    return merged
+
+
+def section(schema: type | str, cfg=None, **overrides) -> DictConfig:
+    """One group's config, validated: ``cfg`` (a mapping, possibly partial, or None) and
+    ``overrides`` merged into ``schema`` (a dataclass, or a group name of :data:`GROUPS`
+    whose option is ``cfg['name']``) and checked. Components build their settings with it,
+    so a partial mapping (a test, a tool) gets the schema's defaults, never a restated one.
+
+    Raises:
+        ValueError: as :func:`structured` and :func:`check`, keys named relative to the group.
+    """
+    if not overrides and isinstance(cfg, DictConfig) and not isinstance(schema, str) \
+            and OmegaConf.get_type(cfg) is schema:
+        return cfg  # already validated (the composed config's own node)
+    data = OmegaConf.merge(OmegaConf.create(cfg if cfg is not None else {}), overrides) if overrides else cfg
+    data = data if data is not None else {}
+    prefix = f"{schema}." if isinstance(schema, str) else PREFIX.get(schema, "")
+    if isinstance(schema, str):
+        schema = _schema_of(schema, data)
+    try:
+        node = OmegaConf.structured(schema)
+        OmegaConf.set_struct(node, True)
+        merged = OmegaConf.merge(node, data)
+    except Exception as err:
+        first, key = str(err).splitlines()[0], getattr(err, "full_key", None)
+        first = f"{key}: {first}" if key and key not in first else first
+        raise ValueError(f"config {prefix.rstrip('.') or schema.__name__}: {first} (keys and defaults: "
+                         f"distnerf/schema.py::{schema.__name__})") from None
+    check(merged, prefix)
+    return merged
+
+
+register()  # importing the schemas makes them composable (Hydra's compose API, tests, tools)

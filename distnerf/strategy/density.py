@@ -1,0 +1,43 @@
+"""The coarse density fit behind ``strategy.partition=balanced``: a short voxel-grid
+training run, the same optimisation step as the trainer's (:class:`~distnerf.components.step.TrainStep`),
+on one process before the partition is broadcast."""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from ..components.step import TrainStep
+from ..model import build_model
+from ..sampler import build_sampler
+from ..schema import GridModelConfig, TrainLoopConfig, section
+
+
+def estimate_density(scene, model_cfg: dict, steps: int, resolution: int, rays_per_step: int, seed: int,
+                     device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A coarse density estimate for the balanced partition: a short ``grid`` fit.
+
+    Trains a ``resolution``^3 voxel grid for ``steps`` steps (sync sampler, Adam at a constant
+    lr of 1e-3; the run's model settings that a grid also takes) and
+    returns its occupancy-cell centres and opacities (one marching step at each).
+
+    Returns:
+        points: (M^3, 3) float32 cell centres; weights: (M^3,) float32 opacity in [0, 1].
+    """
+    grid_keys = {f.name for f in dataclasses.fields(GridModelConfig)}  # the run's settings a grid also takes
+    cfg = {**{k: v for k, v in dict(model_cfg).items() if k in grid_keys}, "name": "grid",
+           "resolutions": [resolution], "upsample_steps": []}
+    model = build_model(cfg, scene.aabb, scene.background).to(device)
+    step_fn = TrainStep(model, section(TrainLoopConfig, lr=1e-3, decay=1.0, fused=False))  # constant lr
+    sampler = build_sampler({"name": "sync"}, scene, rays_per_step, seed, 1 << 20, device)
+    sampler.start(0)
+    for step in range(steps):
+        step_fn.prepare(step)
+        batch = sampler.to_device(sampler.host_batch(step))
+        _, sse = step_fn.forward(model, batch)
+        step_fn.update(sse / max(int(batch.valid.sum()), 1))
+    sampler.close()
+    with torch.no_grad():
+        points = model.occupancy.cell_centers()
+        alpha = 1.0 - torch.exp(-model.field_density(points) * model.step_size())
+    return points.cpu(), alpha.cpu()

@@ -1,0 +1,140 @@
+"""A rank's regions under ``strategy=ss``: the ray filter that routes rays to them and the
+containers of their sub-models (independent and joint training).
+
+Legend: R rays, K regions.
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import nn
+
+from ..data.rays import RayBundle
+from ..model.base import RadianceModel
+from ..sampler.policy import BoxFilter
+from .joint import GatherSegments, composite_all, render_segments
+from .partition import Partition
+
+
+class RegionRayFilter:
+    """Keeps the rays that cross any of some boxes (picklable: runs in sampler workers).
+
+    Args:
+        boxes: (B, 2, 3) region boxes in the rays' space.
+    """
+
+    def __init__(self, boxes):
+        self.filters = [BoxFilter(b) for b in torch.as_tensor(boxes, dtype=torch.float32).reshape(-1, 2, 3)]
+
+    def __call__(self, rays: RayBundle) -> torch.Tensor:
+        """(R,) bool."""
+        keep = self.filters[0](rays)
+        for f in self.filters[1:]:
+            keep = keep | f(rays)
+        return keep
+
+    def __repr__(self) -> str:
+        return f"RegionRayFilter({[f.aabb.tolist() for f in self.filters]})"
+
+
+class RegionModels(RadianceModel):
+    """A rank's sub-scene models, trained on the rays that cross their enlarged regions.
+
+    ``forward`` renders, for every sub-model, the rays crossing its enlarged region and
+    returns the concatenated outputs with ``ray_index`` (the batch row of each output
+    row), so one photometric loss covers every (ray, sub-model) pair.
+
+    Args:
+        models: region index -> sub-model. partition: the run's partition.
+        background: (3,) scene background (default: the first sub-model's).
+    """
+
+    def __init__(self, models: dict[int, RadianceModel], partition: Partition, background=None):
+        first = next(iter(models.values()))
+        super().__init__(first.aabb, first.background if background is None else background)
+        self.regions = sorted(models)
+        self.models = nn.ModuleList([models[k] for k in self.regions])
+        self.register_buffer("boxes", partition.enlarged()[self.regions].float())
+
+    @property
+    def resolution(self):
+        return getattr(self.models[0], "resolution", None)
+
+    def forward(self, rays: RayBundle, generator=None) -> dict:
+        keys = ("rgb", "depth", "opacity", "rgb_coarse")
+        parts: dict[str, list] = {k: [] for k in keys + ("ray_index",)}
+        num_samples = 0
+        for box, model in zip(self.boxes, self.models):
+            sel = BoxFilter(box)(rays).nonzero().view(-1)
+            if sel.numel() == 0:
+                continue
+            out = model(rays.map(lambda t: t[sel]), generator)
+            for k in keys:
+                if k in out:
+                    parts[k].append(out[k])
+            parts["ray_index"].append(sel)
+            num_samples += int(out.get("num_samples", 0))
+        if not parts["ray_index"]:  # no ray crosses this rank's regions: a zero loss that still has a graph
+            zero = sum(p.sum() for p in self.parameters()) * 0.0
+            return {"rgb": rays.origins.new_zeros(0, 3) + zero, "depth": rays.origins.new_zeros(0),
+                    "opacity": rays.origins.new_zeros(0), "ray_index": torch.zeros(0, dtype=torch.long,
+                                                                                   device=rays.origins.device),
+                    "num_samples": 0}
+        out = {k: torch.cat(v) for k, v in parts.items() if v}
+        out["num_samples"] = num_samples
+        return out
+
+    def update_state(self, step: int) -> bool:
+        return any([m.update_state(step) for m in self.models])  # a list: every sub-model updates
+
+    def add_regularizer_grads_(self) -> float:
+        return sum(m.add_regularizer_grads_() for m in self.models)
+
+    def param_groups(self, lr: float) -> list[dict]:
+        groups = []
+        for k, m in zip(self.regions, self.models):
+            for g in m.param_groups(lr):
+                groups.append({**g, "name": f"region{k}/{g.get('name', 'params')}"})
+        return groups
+
+
+class JointRegionModels(RegionModels):
+    """``training=joint``: this rank's sub-models render their segments of every ray; the
+    segments of all regions are exchanged and composited exactly (:mod:`.joint`).
+
+    Args:
+        models: region index -> sub-model (its box only, black background).
+        partition: the run's partition. background: (3,) scene background.
+        distributed: exchange segments with the other ranks (else all K regions are here).
+    """
+
+    def __init__(self, models: dict[int, RadianceModel], partition: Partition, background, distributed: bool):
+        super().__init__(models, partition, background)
+        self.register_buffer("all_boxes", partition.boxes.float())
+        self.distributed = distributed
+        self.exchange = {"seconds": 0.0, "bytes": 0, "calls": 0}
+        if not distributed and self.regions != list(range(len(partition))):
+            raise ValueError(f"one process needs all {len(partition)} regions, got {self.regions}")
+
+    def forward(self, rays: RayBundle, generator=None) -> dict:
+        seg = render_segments(self.models, self.regions, self.all_boxes, rays, generator)
+        values = seg["values"]
+        if self.distributed:  # the one exchange of a step: C floats per ray and region
+            start = time.perf_counter()
+            values = GatherSegments.apply(values)
+            self.exchange["seconds"] += time.perf_counter() - start
+            self.exchange["bytes"] += seg["values"].numel() * seg["values"].element_size()
+            self.exchange["calls"] += 1
+        out = composite_all(values, rays, self.all_boxes, self.background)
+        out["num_samples"] = seg["num_samples"]
+        out["samples_per_region"] = seg["samples_per_region"]
+        return out
+
+
+def context_memory_share(model: RadianceModel) -> float:
+    """Share of a grid sub-model's table entries held by its context tables (0 otherwise)."""
+    if getattr(model, "focus", None) is None:
+        return 0.0
+    ctx = model.context_density.numel() + model.context_features.numel()
+    return ctx / (ctx + model.density.numel() + model.features.numel())
