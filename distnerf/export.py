@@ -19,6 +19,7 @@ from omegaconf import OmegaConf
 
 from .checkpoint import atomic_torch_save
 from .render import find_checkpoint, load_run_config, load_weights
+from .schema import ConfigError
 from .strategy.fused import region_states
 
 
@@ -42,4 +43,7 @@ def main(argv: list[str] | None = None) -> Path:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except ConfigError as err:
+        raise SystemExit(f"distnerf.export: {err}") from None

@@ -27,7 +27,7 @@ from .config import setup_logging
 from .data import load_scene
 from .engine.evaluate import evaluate_run, make_eval_split, render_image
 from .model import build_model
-from .schema import RenderConfig, validate
+from .schema import ConfigError, RenderConfig, validate
 from .strategy import build_strategy
 
 log = logging.getLogger("distnerf")
@@ -48,8 +48,8 @@ def load_run_config(argv: list[str]):
         raise FileNotFoundError(f"{path}: not a distnerf run directory (no config.yaml)")
     try:
         cfg = validate(OmegaConf.merge(OmegaConf.load(path), cli), root=RenderConfig)
-    except ValueError as err:
-        raise ValueError(f"{path} with {' '.join(argv)}: {err}") from None
+    except ConfigError as err:
+        raise ConfigError(f"{path} with {' '.join(argv)}: {err}") from None
     return cfg, Path(run_dir).resolve()
 
 
@@ -135,4 +135,7 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except ConfigError as err:
+        raise SystemExit(f"distnerf.render: {err}") from None

@@ -25,6 +25,15 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 # ints of `[[-2,-2,-1],[2,2,1]]` inside nested float lists); their loaders check the shape
 
 
+class ConfigError(ValueError):
+    """A config key is unknown, missing, of the wrong type or out of range (the message names it)."""
+
+
+def choices_of(schema: type, key: str) -> tuple:
+    """The allowed values of a :func:`choice` field, e.g. ``choices_of(SamplerConfig, "policy")``."""
+    return next(f for f in dataclasses.fields(schema) if f.name == key).metadata["choices"]
+
+
 def choice(default, *allowed):
     """A field whose value must be one of ``allowed`` (checked by :func:`validate`)."""
     return field(default=default, metadata={"choices": tuple(allowed)})
@@ -337,7 +346,7 @@ def _schema_of(group: str, node) -> type:
     name = node.get("name") if isinstance(node, (dict, DictConfig)) else None
     options = GROUPS[group]
     if name not in options:
-        raise ValueError(f"config {group}.name={name!r} is not one of {sorted(options)}")
+        raise ConfigError(f"config {group}.name={name!r} is not one of {sorted(options)}")
     return options[name]
 
 
@@ -356,10 +365,11 @@ def structured(cfg, root: type = TrainConfig) -> DictConfig:
             OmegaConf.update(base, group, OmegaConf.structured(_schema_of(group, cfg.get(group))), merge=False)
         OmegaConf.set_struct(base, True)
         merged = OmegaConf.merge(base, cfg)
-    except ValueError:
+    except ConfigError:
         raise
     except Exception as err:  # omegaconf's errors name the full key
-        raise ValueError(f"config: {err}") from None
+        first, key = str(err).splitlines()[0], getattr(err, "full_key", None)
+        raise ConfigError(f"config {key}: {first}" if key and key not in first else f"config: {first}") from None
     return merged
 
 
@@ -380,16 +390,16 @@ def check(cfg: DictConfig, prefix: str = "") -> None:
             continue
         if value is None or OmegaConf.is_missing(cfg, f.name):
             if f.default is MISSING and OmegaConf.is_missing(cfg, f.name):
-                raise ValueError(f"config {key} is required (e.g. {key}=PATH)")
+                raise ConfigError(f"config {key} is required (e.g. {key}=PATH)")
             continue
         meta = f.metadata
         if "choices" in meta and value not in meta["choices"]:
-            raise ValueError(f"config {key}={value!r} is not one of {list(meta['choices'])}")
+            raise ConfigError(f"config {key}={value!r} is not one of {list(meta['choices'])}")
         low, high = meta.get("low"), meta.get("high")
         if low is not None and (value <= low if meta.get("low_open") else value < low):
-            raise ValueError(f"config {key}={value!r} must be {'>' if meta.get('low_open') else '>='} {low}")
+            raise ConfigError(f"config {key}={value!r} must be {'>' if meta.get('low_open') else '>='} {low}")
         if high is not None and value > high:
-            raise ValueError(f"config {key}={value!r} must be <= {high}")
+            raise ConfigError(f"config {key}={value!r} must be <= {high}")
 
 
 def validate(cfg, root: type = TrainConfig) -> DictConfig:
@@ -423,7 +433,7 @@ def section(schema: type | str, cfg=None, **overrides) -> DictConfig:
     except Exception as err:
         first, key = str(err).splitlines()[0], getattr(err, "full_key", None)
         first = f"{key}: {first}" if key and key not in first else first
-        raise ValueError(f"config {prefix.rstrip('.') or schema.__name__}: {first} (keys and defaults: "
+        raise ConfigError(f"config {prefix.rstrip('.') or schema.__name__}: {first} (keys and defaults: "
                          f"distnerf/schema.py::{schema.__name__})") from None
     check(merged, prefix)
     return merged

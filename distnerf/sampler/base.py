@@ -19,6 +19,7 @@ import torch
 
 from ..data.base import SceneData
 from ..data.rays import RayBundle, generate_rays
+from ..schema import SamplerConfig
 from .files import FilePixels
 from .policy import draw_pixels
 
@@ -61,8 +62,8 @@ class BatchSpec:
     rays_per_batch: int
     seed: int
     stream: int
-    policy: str = "uniform"
-    images_per_step: int = 4
+    policy: str = SamplerConfig.policy
+    images_per_step: int = SamplerConfig.images_per_step
     ray_filter: Optional[RayFilter] = None
 
 

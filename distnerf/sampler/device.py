@@ -22,6 +22,7 @@ import logging
 import torch
 
 from ..data.base import Cameras, SceneData
+from ..schema import SamplerConfig
 from .base import BatchSpec, RayBatch, Sampler, make_batch
 from .files import image_files
 
@@ -33,7 +34,8 @@ def scene_bytes(scene: SceneData) -> int:
     return scene.images.numel() * scene.images.element_size() + len(scene) * 16 * 4
 
 
-def fits_on_device(scene: SceneData, device: torch.device, max_fraction: float = 0.5) -> tuple[bool, str]:
+def fits_on_device(scene: SceneData, device: torch.device,
+                   max_fraction: float = SamplerConfig.max_device_fraction) -> tuple[bool, str]:
     """Whether the scene's pixels fit in ``max_fraction`` of the device's free memory.
 
     Returns:

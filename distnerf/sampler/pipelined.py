@@ -42,6 +42,7 @@ import torch
 import torch.multiprocessing as mp
 
 from ..data.base import SceneData
+from ..schema import SamplerConfig, choices_of
 from .base import BatchSpec, RayBatch, Sampler
 from .cache import cached_file, open_pixel_cache, write_pixel_cache
 from .files import image_files
@@ -49,7 +50,7 @@ from .worker import SLOT_FLOATS, unpack, worker_main
 
 log = logging.getLogger("distnerf")
 
-START_METHODS = ("forkserver", "spawn")
+START_METHODS = choices_of(SamplerConfig, "start_method")
 
 
 class SamplerWorkerError(RuntimeError):
@@ -122,8 +123,9 @@ class PipelinedSampler(Sampler):
 
     name = "pipelined"
 
-    def __init__(self, scene: SceneData, spec: BatchSpec, device: torch.device | str, num_workers: int = 2,
-                 prefetch: int = 4, start_method: str = "forkserver", timeout_s: float = 300.0,
+    def __init__(self, scene: SceneData, spec: BatchSpec, device: torch.device | str,
+                 num_workers: int = SamplerConfig.num_workers, prefetch: int = SamplerConfig.prefetch,
+                 start_method: str = SamplerConfig.start_method, timeout_s: float = SamplerConfig.timeout_s,
                  cache_dir: str | None = None):
         if len(scene) == 0:
             raise ValueError(f"training split of {scene.source} has no images")

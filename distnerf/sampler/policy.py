@@ -14,11 +14,13 @@ from typing import Mapping, Optional, Sequence
 import numpy as np
 import torch
 
-POLICIES = ("uniform", "per_image")
+from ..schema import SamplerConfig, choices_of
+
+POLICIES = choices_of(SamplerConfig, "policy")
 
 
 def draw_pixels(rng: np.random.Generator, policy: str, num_rays: int, num_images: int, pixels_per_image: int,
-                images_per_step: int = 4) -> np.ndarray:
+                images_per_step: int = SamplerConfig.images_per_step) -> np.ndarray:
     """Flat pixel indices of one batch.
 
     Args:

@@ -106,8 +106,6 @@ def test_fused_render_one_process_equals_distributed(ss_runs, synthetic_cache):
     for reported, computed in zip([r["psnr"] for r in blend["per_view"]],
                                   psnr_of_pngs(run / "blend" / "test", blend["per_view"], synthetic_cache)):
         assert reported == pytest.approx(computed, abs=0.05)  # 8-bit quantisation of the PNG
-    assert any(png.read_bytes() != (run / "single" / "test" / png.name).read_bytes()
-               for png in (run / "blend" / "test").glob("*_rgb.png"))  # blend differs from segment in the overlaps
     # the fused export (every region in one file) renders exactly as the checkpoint does
     export = run_cli([sys.executable, "-m", "distnerf.export", f"run_dir={run}"]).stdout.strip().splitlines()[-1]
     run_cli([sys.executable, "-m", "distnerf.render", f"run_dir={run}", f"weights={export}",

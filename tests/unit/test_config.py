@@ -111,3 +111,23 @@ def test_saved_config_round_trips_and_partial_sections_get_the_schema_defaults(t
     assert again.strategy.num_regions == 4 and again.fusion is None
     part = schema.section(schema.SamplerConfig, {"name": "sync"})
     assert part.num_workers == schema.SamplerConfig().num_workers and part.name == "sync"
+
+
+def test_the_code_restates_no_config_default():
+    """No ``cfg.get("key", default)`` on a config key anywhere in the package: the code reads
+    the validated config, whose defaults are the schema's."""
+    import ast
+
+    keys = {f.name for node in [schema.TrainConfig, schema.TrainLoopConfig, schema.EvalConfig, schema.SamplerConfig,
+                                schema.ProfilerConfig, schema.TraceConfig, schema.LoggerConfig, schema.WandbConfig,
+                                *(n for options in schema.GROUPS.values() for n in options.values())]
+            for f in dataclasses.fields(node)}
+    found = []
+    for path in sorted((CONF.parent / "distnerf").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for call in ast.walk(tree):
+            if (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) and call.func.attr == "get"
+                    and len(call.args) == 2 and isinstance(call.args[0], ast.Constant) and call.args[0].value in keys
+                    and "cfg" in ast.unparse(call.func.value)):
+                found.append(f"{path.relative_to(CONF.parent)}:{call.lineno}: {ast.unparse(call)}")
+    assert not found, "\n".join(found)
