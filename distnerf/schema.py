@@ -282,6 +282,10 @@ class EvalConfig:
     num_views: Optional[int] = None     # null: every test view; N: N evenly spaced views
     downscale: int = positive(1)
     chunk: int = positive(8192)         # rays rendered at once
+    # points per network call of no-grad evaluation (nerf: every MLP call; 0: no limit). The 8x256
+    # NeRF MLP holds ~2-3 (P, 256) fp32 activations at once, ~3 kB per point: 262144 points ~0.8 GB,
+    # whereas eval.chunk=65536 rays x 192 fine samples = 12.6 M points at once would be ~40 GB
+    point_chunk: int = bounded(262144, 0)
     lpips: bool = True
 
 
