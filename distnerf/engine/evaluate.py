@@ -1,9 +1,12 @@
 """Chunked full-image rendering and test-split evaluation.
 
-Legend: H, W image size; chunk = rays rendered at once (bounds memory).
+Legend: H, W image size; chunk = rays rendered at once, point_chunk = points per network
+call inside a chunk (both bound memory: models that sample a fixed count per ray, NeRF,
+turn ``chunk`` rays into ``chunk * S`` points).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from pathlib import Path
@@ -23,9 +26,30 @@ log = logging.getLogger(__name__)
 COUNTS = ("num_samples", "num_density_samples", "num_colour_samples")
 
 
+@contextlib.contextmanager
+def point_chunk_set(model, point_chunk: int | None):
+    """Within the block, every submodule of ``model`` that has a ``point_chunk`` attribute
+    (:class:`~distnerf.model.nerf.NeRFModel`, also inside a fusion stage) evaluates its
+    networks in calls of at most ``point_chunk`` points (0: no limit; None: leave as is)."""
+    if point_chunk is None:
+        yield
+        return
+    old = [(m, m.point_chunk) for m in model.modules() if hasattr(m, "point_chunk")]
+    for m, _ in old:
+        m.point_chunk = int(point_chunk)
+    try:
+        yield
+    finally:
+        for m, value in old:
+            m.point_chunk = value
+
+
 @torch.no_grad()
-def render_image(model, scene: SceneData, index: int, chunk: int, device) -> dict:
+def render_image(model, scene: SceneData, index: int, chunk: int, device, point_chunk: int | None = None) -> dict:
     """Render view ``index`` of ``scene`` in chunks of ``chunk`` rays.
+
+    ``point_chunk``: points per network call (``eval.point_chunk``; see :func:`point_chunk_set`);
+    None leaves the model's setting (by default, no limit).
 
     Returns:
         dict with ``rgb`` (H, W, 3) float32 in [0, 1], ``depth`` (H, W) float32 (ray
@@ -37,14 +61,15 @@ def render_image(model, scene: SceneData, index: int, chunk: int, device) -> dic
     rays = image_rays(scene.cameras, index, scene.near, scene.far, scene.ndc)
     outs = {"rgb": [], "depth": [], "opacity": []}
     counts: dict[str, int] = {}
-    for start in range(0, len(rays), chunk):
-        part = rays.map(lambda t: t[start:start + chunk].to(device))
-        out = model(part)
-        for k in outs:
-            outs[k].append(out[k].float().cpu())
-        for k in COUNTS:
-            if k in out:
-                counts[k] = counts.get(k, 0) + int(out[k])
+    with point_chunk_set(model, point_chunk):
+        for start in range(0, len(rays), chunk):
+            part = rays.map(lambda t: t[start:start + chunk].to(device))
+            out = model(part)
+            for k in outs:
+                outs[k].append(out[k].float().cpu())
+            for k in COUNTS:
+                if k in out:
+                    counts[k] = counts.get(k, 0) + int(out[k])
     model.train(was_training)
     h, w = scene.height, scene.width
     return {"rgb": torch.cat(outs["rgb"]).view(h, w, 3).clamp(0, 1),
@@ -62,8 +87,9 @@ def save_depth_png(depth: torch.Tensor, path: Path) -> None:
 
 
 def evaluate_views(model, scene: SceneData, views: list[int], chunk: int, device,
-                   out_dir: Path | None, lpips: LPIPS | None) -> list[dict]:
-    """Render ``views``, score them against ground truth, write RGB and depth PNGs.
+                   out_dir: Path | None, lpips: LPIPS | None, point_chunk: int | None = None) -> list[dict]:
+    """Render ``views`` (``chunk`` rays, ``point_chunk`` points per network call: see
+    :func:`render_image`), score them against ground truth, write RGB and depth PNGs.
 
     Returns:
         one dict per view: ``view``, ``name``, ``psnr``, ``ssim``, ``lpips`` (None when
@@ -73,7 +99,7 @@ def evaluate_views(model, scene: SceneData, views: list[int], chunk: int, device
     if out_dir is not None:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
     for i in views:
-        out = render_image(model, scene, i, chunk, device)
+        out = render_image(model, scene, i, chunk, device, point_chunk)
         gt = scene.images[i]
         name = Path(scene.image_paths[i]).stem if scene.image_paths else f"{i:03d}"
         rows.append({"view": i, "name": name, "psnr": psnr(out["rgb"], gt), "ssim": ssim(out["rgb"], gt),
@@ -107,7 +133,7 @@ def make_eval_split(cfg, model, strategy):
         device = next(model.buffers()).device
         renderer = strategy.inference_model(model)  # ss: the fusion stage over every region
         rows = evaluate_views(renderer, scene, mine, cfg.eval.chunk, device,
-                              out_dir if strategy.writes_renders else None, lpips)
+                              out_dir if strategy.writes_renders else None, lpips, cfg.eval.point_chunk)
         rows = strategy.gather_rows(rows)
         return {"scene": scene, "rows": rows}
 

@@ -8,6 +8,12 @@ from the trunk, colour from a 128-wide view-dependent head. Hierarchical samplin
 64 stratified coarse samples, then 128 importance samples from the coarse weights,
 the fine network evaluated on the sorted union (Sec. 5.2). The loss covers both
 passes (``rgb_coarse`` is returned for it).
+
+Memory: without a gradient (evaluation) the MLPs see at most :attr:`NeRFModel.point_chunk`
+points per call. An (R, S) batch is R * S points, each holding ~3 kB of fp32 activations
+in the 8 x 256 trunk at once, so ``eval.chunk=65536`` rays x 192 fine samples = 12.6 M
+points would need ~40 GB in one call; 262144 points per call need ~0.8 GB. The result
+is the same (every point is computed independently).
 """
 from __future__ import annotations
 
@@ -64,6 +70,11 @@ class NeRFModel(RadianceModel):
         width, depth: MLP size (256, 8).
     """
 
+    #: points per MLP call when no gradient is recorded (0: all at once). Evaluation sets it from
+    #: ``eval.point_chunk`` for the duration of a render (:func:`distnerf.engine.evaluate.render_image`);
+    #: training (gradients recorded) always evaluates the whole batch in one call.
+    point_chunk: int = 0
+
     def __init__(self, aabb, background, cfg=None, **options):
         c = section(NeRFModelConfig, cfg, **options)  # the keys above; defaults: distnerf/schema.py
         num_coarse, num_fine, width, depth = c.num_coarse, c.num_fine, c.width, c.depth
@@ -77,14 +88,28 @@ class NeRFModel(RadianceModel):
         """Point query of the ``fine`` (default; the coarse one without a fine network)
         or ``coarse`` network: (P, 3) points, (P, 3) unit viewdirs -> sigma (P,), rgb (P, 3)."""
         mlp = self.fine if level == "fine" and self.fine is not None else self.coarse
-        return mlp(points, viewdirs)
+        return self._query(mlp, points, viewdirs)
+
+    def _query(self, mlp: NeRFMLP, points: torch.Tensor, viewdirs: torch.Tensor):
+        """``mlp(points, viewdirs)``, in calls of at most :attr:`point_chunk` points when no
+        gradient is recorded: (P, 3), (P, 3) -> sigma (P,), rgb (P, 3)."""
+        n, num_points = self.point_chunk, points.shape[0]
+        if n <= 0 or num_points <= n or torch.is_grad_enabled():
+            return mlp(points, viewdirs)
+        sigma = rgb = None
+        for start in range(0, num_points, n):
+            s, c = mlp(points[start:start + n], viewdirs[start:start + n])
+            if sigma is None:  # dtype of the first part (bf16 under autocast)
+                sigma, rgb = s.new_empty(num_points), c.new_empty(num_points, 3)
+            sigma[start:start + n], rgb[start:start + n] = s, c
+        return sigma, rgb
 
     def _render(self, mlp, rays: RayBundle, t_starts, t_ends):
         r, s = t_starts.shape
         t_mid = 0.5 * (t_starts + t_ends)
         points = rays.origins[:, None] + rays.directions[:, None] * t_mid[..., None]
         dirs = rays.viewdirs[:, None].expand(r, s, 3)
-        sigma, rgb = mlp(points.reshape(-1, 3), dirs.reshape(-1, 3))
+        sigma, rgb = self._query(mlp, points.reshape(-1, 3), dirs.reshape(-1, 3))
         return volume_render(sigma.view(r, s), rgb.view(r, s, 3), t_starts, t_ends, self.background)
 
     def forward(self, rays: RayBundle, generator=None) -> dict:
