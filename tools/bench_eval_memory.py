@@ -103,6 +103,9 @@ def main() -> None:
         job = {"threads": args.threads, "seed": int(cfg.seed), "chunk": int(cfg.eval.chunk),
                "dataset": OmegaConf.to_container(cfg.dataset, resolve=True),
                "model": {k: v for k, v in model.items() if k not in ("compile", "compile_mode")}}
+        from distnerf.data import load_scene
+
+        load_scene(job["dataset"], "test")  # a scene generated on first use: here, not inside the measured worker
         rays_per_call = min(res * res, job["chunk"])
         fine_points = rays_per_call * (per_ray if model["num_fine"] > 0 else model["num_coarse"])
         for name, point_chunk in (("after", int(cfg.eval.point_chunk)), ("before", 0)):
