@@ -7,6 +7,7 @@ process side (CPU %, resident memory) uses psutil when it is installed.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 
@@ -16,8 +17,59 @@ import torch
 log = logging.getLogger("distnerf")
 
 
+def visible_device(index: int, visible: str | None) -> int | str:
+    """The NVML identity of CUDA device ``index`` (torch's numbering) under
+    ``CUDA_VISIBLE_DEVICES=visible``.
+
+    CUDA numbers only the visible devices, in the order listed: with ``visible="2,3"``
+    torch's ``cuda:0`` is physical (NVML) device 2. Entries are physical indices or UUIDs
+    (``GPU-...``, ``MIG-...``, or a unique prefix of one); the list ends at the first
+    entry that is neither (as CUDA reads it: ``"0,-1,2"`` is ``[0]``). Unset: every
+    device, numbered as NVML does; this assumes ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` or a
+    machine whose fastest-first order is the PCI order (else prefer the UUID lookup).
+
+    Args:
+        index: torch CUDA device index (>= 0). visible: the variable's value, or None when unset.
+    Returns:
+        the physical index (int) or the UUID (prefix) string to look up.
+    Raises:
+        ValueError: ``index`` is not among the visible devices.
+    """
+    if visible is None:
+        return index
+    entries: list[int | str] = []
+    for raw in visible.split(","):
+        entry = raw.strip()
+        if entry.isdigit():
+            entries.append(int(entry))
+        elif entry.startswith(("GPU-", "MIG-")) and len(entry) > 4:
+            entries.append(entry)
+        else:
+            break  # CUDA ignores an invalid entry and everything after it
+    if not 0 <= index < len(entries):
+        raise ValueError(f"CUDA device {index} is not visible: CUDA_VISIBLE_DEVICES={visible!r} "
+                         f"lists {len(entries)} usable device(s)")
+    return entries[index]
+
+
+def _handle_by_uuid(pynvml, uuid: str):
+    """NVML handle of the device whose UUID is ``uuid`` or starts with it (CUDA takes prefixes)."""
+    try:
+        return pynvml.nvmlDeviceGetHandleByUUID(uuid)
+    except Exception:
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            full = pynvml.nvmlDeviceGetUUID(handle)
+            if (full.decode() if isinstance(full, bytes) else full).startswith(uuid):
+                return handle
+        raise
+
+
 def _nvml_handle(device: torch.device):
-    """(pynvml module, handle) of ``device``, or (None, reason) when NVML is not usable."""
+    """(pynvml module, handle) of ``device``, or (None, reason) when NVML is not usable.
+
+    By the device's UUID (torch's properties) when torch reports one; else by
+    :func:`visible_device` (torch's index mapped through ``CUDA_VISIBLE_DEVICES``)."""
     if device.type != "cuda":
         return None, "device is not CUDA"
     try:
@@ -26,11 +78,20 @@ def _nvml_handle(device: torch.device):
         pynvml.nvmlInit()
     except Exception as err:  # not installed, no driver: telemetry simply has no accelerator part
         return None, f"NVML unavailable: {err}"
+    index = device.index if device.index is not None else torch.cuda.current_device()
     try:
-        uuid = str(torch.cuda.get_device_properties(device).uuid)
-        return pynvml, pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+        uuid = str(torch.cuda.get_device_properties(index).uuid)
+        return pynvml, pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}")
     except Exception:
-        return pynvml, pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
+        pass
+    try:  # the variable belongs to the CUDA runtime of this process, read where it applies
+        entry = visible_device(index, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        if isinstance(entry, str):
+            return pynvml, _handle_by_uuid(pynvml, entry)
+        return pynvml, pynvml.nvmlDeviceGetHandleByIndex(entry)
+    except Exception as err:
+        return None, f"NVML has no handle for {device} (CUDA_VISIBLE_DEVICES=" \
+                     f"{os.environ.get('CUDA_VISIBLE_DEVICES')!r}): {err}"
 
 
 class Telemetry:

@@ -1,0 +1,86 @@
+"""NVML telemetry finds the physical device of torch's ``cuda:N`` through ``CUDA_VISIBLE_DEVICES``
+(distnerf.observe.telemetry), with fake environment values and a fake NVML: no GPU needed."""
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+import torch
+
+from distnerf.observe import telemetry
+from distnerf.observe.telemetry import visible_device
+
+UUIDS = ["GPU-aaaa1111-0000", "GPU-bbbb2222-0000", "GPU-cccc3333-0000", "GPU-dddd4444-0000"]
+
+
+@pytest.mark.parametrize("index, visible, expected", [
+    (0, None, 0), (3, None, 3),                        # unset: NVML's own numbering
+    (0, "2,3", 2), (1, "2,3", 3), (0, " 1 , 0", 1),     # listed order, spaces ignored
+    (0, "3,1,-1,0", 3), (1, "3,1,-1,0", 1),            # the list ends at the first invalid entry
+    (0, "GPU-bbbb2222-0000", "GPU-bbbb2222-0000"), (1, "0,GPU-cccc", "GPU-cccc"),
+    (0, "MIG-1234-5678", "MIG-1234-5678"),
+])
+def test_visible_device_maps_torch_index_to_nvml(index, visible, expected):
+    assert visible_device(index, visible) == expected
+
+
+@pytest.mark.parametrize("index, visible", [(0, ""), (0, "-1"), (2, "0,1"), (1, "0,nope,1"), (0, "GPU-")])
+def test_visible_device_not_visible_is_a_clear_error(index, visible):
+    with pytest.raises(ValueError, match="is not visible: CUDA_VISIBLE_DEVICES="):
+        visible_device(index, visible)
+
+
+@pytest.fixture
+def fake_nvml(monkeypatch):
+    """A pynvml module with four devices (handles are their physical indices); torch reports no UUID."""
+    nvml = types.ModuleType("pynvml")
+    nvml.nvmlInit = lambda: None
+    nvml.nvmlDeviceGetCount = lambda: len(UUIDS)
+    nvml.nvmlDeviceGetHandleByIndex = lambda i: ("handle", i)
+    nvml.nvmlDeviceGetUUID = lambda h: UUIDS[h[1]].encode()  # older bindings return bytes
+
+    def by_uuid(uuid):
+        if uuid not in UUIDS:
+            raise RuntimeError("NVML_ERROR_NOT_FOUND")
+        return ("handle", UUIDS.index(uuid))
+
+    nvml.nvmlDeviceGetHandleByUUID = by_uuid
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+
+    def no_uuid(_index):
+        raise AttributeError("no uuid in this torch")
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", no_uuid)
+    return nvml
+
+
+@pytest.mark.parametrize("visible, index, physical", [
+    (None, 1, 1), ("2,3", 0, 2), ("3,0", 1, 0), ("GPU-cccc3333-0000", 0, 2), ("0,GPU-dddd", 1, 3),
+])
+def test_nvml_handle_follows_cuda_visible_devices(fake_nvml, monkeypatch, visible, index, physical):
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    nvml, handle = telemetry._nvml_handle(torch.device("cuda", index))
+    assert nvml is fake_nvml and handle == ("handle", physical)
+
+
+def test_nvml_handle_of_an_invisible_device_is_a_reason_not_an_exception(fake_nvml, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    nvml, reason = telemetry._nvml_handle(torch.device("cuda", 1))
+    assert nvml is None and "CUDA_VISIBLE_DEVICES='1'" in reason and "not visible" in reason
+
+
+def test_nvml_handle_prefers_torch_uuid(fake_nvml, monkeypatch):
+    class Props:
+        uuid = "dddd4444-0000"  # torch prints the UUID without the GPU- prefix
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda _i: Props())
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # would say physical 0: the UUID wins
+    assert telemetry._nvml_handle(torch.device("cuda", 0))[1] == ("handle", 3)
+
+
+def test_cpu_device_has_no_nvml():
+    assert telemetry._nvml_handle(torch.device("cpu")) == (None, "device is not CUDA")
