@@ -1,9 +1,18 @@
-"""Distributed environment: rank, world size, device, backend, seeds.
+"""Distributed environment: rank, world size, device, backend, seeds, and every collective.
 
-The only module (with ``strategy/``) that talks to ``torch.distributed``. A process
-started by ``torchrun`` (``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` set) joins a process
-group: nccl on CUDA, gloo on CPU. A plain ``python -m`` process runs alone with no
-process group and every collective helper is the identity.
+The only module that calls ``torch.distributed`` collectives (a test scans the package):
+strategies call the helpers below. A process started by ``torchrun``
+(``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` set) joins a process group; a plain
+``python -m`` process runs alone with no process group and every helper is the identity.
+
+Backends. On CPU the group is ``gloo``. On CUDA it is ``cpu:gloo,cuda:nccl``: CUDA tensors
+(gradient buckets, ray segments, coarse weights) travel through NCCL, CPU tensors (the
+per-step flags, pickled objects, barriers) through gloo. Why: the small host-side values
+never need a device copy and a stream synchronisation to be exchanged, object collectives
+do not allocate GPU memory, and ``monitored_barrier`` (gloo only) can name a late rank on
+GPUs too. Each helper checks its tensor: a CUDA tensor must be on this process's current
+device, and a CUDA tensor on a gloo-only (CPU) group is refused, with a message naming the
+calling line (NCCL would fail obscurely or hang on the first).
 """
 from __future__ import annotations
 
@@ -60,12 +69,10 @@ def init_distributed(device: str = "auto", timeout_s: float = 600.0) -> DistEnv:
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     restart_count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
-    backend = "nccl" if use_cuda else "gloo"
+    backend = "cpu:gloo,cuda:nccl" if use_cuda else "gloo"
+    dev = torch.device("cuda", cuda_index(local_rank)) if use_cuda else torch.device("cpu")
     if use_cuda:
-        torch.cuda.set_device(local_rank)
-        dev = torch.device("cuda", local_rank)
-    else:
-        dev = torch.device("cpu")
+        torch.cuda.set_device(dev)
     if not dist.is_initialized():
         timeout = datetime.timedelta(seconds=timeout_s)
         # torchrun keeps one rendezvous store for all restarts of a worker group: without a prefix per
@@ -76,6 +83,15 @@ def init_distributed(device: str = "auto", timeout_s: float = 600.0) -> DistEnv:
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout,
                                 device_id=dev if use_cuda else None)
     return DistEnv(rank, world_size, local_rank, dev, backend, restart_count)
+
+
+def cuda_index(local_rank: int, visible: int | None = None) -> int:
+    """The CUDA device of this process: ``LOCAL_RANK`` when that many devices are visible
+    (torchrun starting one rank per GPU of a node), else device 0 of the visible set (a
+    launcher that binds one GPU per task, e.g. ``srun --gpus-per-task=1``, leaves each
+    task a single visible device whatever its local rank)."""
+    visible = torch.cuda.device_count() if visible is None else visible
+    return local_rank if local_rank < visible else 0
 
 
 def shutdown(env: DistEnv) -> None:
@@ -146,6 +162,68 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def _caller() -> str:
+    """``file:line`` of the first frame outside this module (for error messages)."""
+    import inspect
+
+    for frame in inspect.stack()[2:]:
+        if frame.filename != __file__:
+            return f"{frame.filename}:{frame.lineno}"
+    return "?"
+
+
+def _checked(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` if the process group can exchange it where it lies (module docstring):
+    on the CPU, or on this rank's current CUDA device under an NCCL-backed group.
+
+    Raises:
+        RuntimeError: naming the calling line, the tensor's device and what the group takes.
+    """
+    if tensor.device.type == "cpu":
+        return tensor
+    backend = str(dist.get_backend())
+    if tensor.is_cuda and "nccl" in backend and tensor.device.index == torch.cuda.current_device():
+        return tensor
+    takes = f"cpu or cuda:{torch.cuda.current_device()}" if "nccl" in backend else "cpu tensors only"
+    raise RuntimeError(f"{_caller()}: a tensor on {tensor.device} passed to a collective of the {backend} group, "
+                       f"which takes {takes}")
+
+
+OPS = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
+
+
+def world_size() -> int:
+    """Ranks of the process group (1 without one)."""
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def rank() -> int:
+    """This process's rank (0 without a process group)."""
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def all_reduce_(tensor: torch.Tensor, op: str = "sum", async_op: bool = False):
+    """Reduce ``tensor`` over ranks in place (``op``: sum | min | max); identity without a group.
+
+    Returns:
+        None, or with ``async_op`` the work handle (``.get_future()``; on NCCL its future
+        completes when the collective is enqueued, not when it is done).
+    """
+    if not dist.is_initialized():
+        return None
+    return dist.all_reduce(_checked(tensor), op=OPS[op], async_op=async_op)
+
+
+def all_gather(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """Every rank's ``tensor`` (same shape and dtype on every rank), in rank order."""
+    if not dist.is_initialized():
+        return [tensor]
+    tensor = _checked(tensor.contiguous())
+    parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, tensor)
+    return parts
+
+
 def broadcast_object(env: DistEnv, obj, src: int = 0):
     """``obj`` of rank ``src`` on every rank (identity without a process group)."""
     if not env.distributed:
@@ -156,21 +234,20 @@ def broadcast_object(env: DistEnv, obj, src: int = 0):
 
 
 def all_reduce_max(env: DistEnv, value: float) -> float:
-    """Maximum of ``value`` over ranks."""
+    """Maximum of ``value`` over ranks (a host number: travels on the CPU, through gloo)."""
     if not env.distributed:
         return value
-    t = torch.tensor([float(value)], dtype=torch.float64, device=_comm_device(env))
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    t = torch.tensor([float(value)], dtype=torch.float64)
+    dist.all_reduce(_checked(t), op=dist.ReduceOp.MAX)
     return float(t.item())
 
 
 def all_reduce_sum(env: DistEnv, values: torch.Tensor) -> torch.Tensor:
-    """Sum of a small tensor over ranks (returns a new CPU tensor)."""
-    if not env.distributed:
-        return values.clone()
-    t = values.detach().to(_comm_device(env)).clone()
-    dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return t.cpu()
+    """Sum of a small tensor over ranks (a new tensor on the device ``values`` is on)."""
+    t = values.detach().clone()
+    if env.distributed:
+        dist.all_reduce(_checked(t), op=dist.ReduceOp.SUM)
+    return t
 
 
 def gather_objects(env: DistEnv, obj) -> list:
@@ -183,9 +260,6 @@ def gather_objects(env: DistEnv, obj) -> list:
 
 
 def barrier(env: DistEnv) -> None:
+    """Wait for every rank."""
     if env.distributed:
         dist.barrier()
-
-
-def _comm_device(env: DistEnv) -> torch.device:
-    return env.device if env.backend == "nccl" else torch.device("cpu")

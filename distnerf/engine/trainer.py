@@ -24,7 +24,7 @@ from ..observe.logger import JsonlLogger, MultiLogger, NullLogger, WandbLogger
 from ..observe.profiler import RunProfiler, log_profile_summaries
 from ..sampler import batch_config, build_sampler, pixel_source
 from ..schema import validate
-from ..strategy.base import StepStats, Strategy
+from ..strategy.base import StepAgreement, StepStats, Strategy
 from .checkpointer import Checkpointer
 from .evaluate import evaluate_run, make_eval_split
 
@@ -123,9 +123,9 @@ class Trainer:
             out, sse = self.step_fn.forward(self.wrapped, batch)
         return batch, out, sse
 
-    def agree(self, batch, sse: torch.Tensor) -> tuple[StepStats, float]:
+    def agree(self, batch, sse: torch.Tensor) -> StepAgreement:
         """The step's one small all-reduce: global valid rays, stop and checkpoint flags."""
-        local = StepStats(valid_rays=float(batch.valid.sum()), nonfinite=float(not torch.isfinite(sse)),
+        local = StepStats(valid_rays=batch.valid.sum(), nonfinite=~torch.isfinite(sse.detach()),
                           over_budget=float(0 < self.cfg.train.max_minutes * 60.0 <= self.train_seconds),
                           at_mark=float(self.checkpointer.mark_passed(self.train_seconds)),
                           signal=float(self.stop.requested))
@@ -140,7 +140,8 @@ class Trainer:
             start = time.perf_counter()
             self.timer.begin_step()
             batch, out, sse = self.train_step(self.step)
-            flags, normalizer = self.agree(batch, sse)
+            agreed = self.agree(batch, sse)
+            flags = agreed.total
             if flags.nonfinite:
                 self._stop_nonfinite(flags)
             if flags.over_budget or flags.signal:  # every rank leaves at this step
@@ -149,11 +150,11 @@ class Trainer:
             if flags.at_mark:  # some rank passed a time mark: everyone saves at this step
                 with self.timer.phase("checkpoint"):
                     self.save_checkpoint(at_mark=True)
-            self.step_fn.update(sse / normalizer)
+            self.step_fn.update(sse / agreed.loss_normalizer)
             self.step += 1
-            step_seconds = time.perf_counter() - start
-            self.profiler.end_step(self.step - 1, float(batch.valid.sum()), out.get("num_samples", 0),
-                                   self.strategy.step_comm())
+            self.profiler.end_step(self.step - 1, agreed.mine.valid_rays, out.get("num_samples", 0),
+                                   self.strategy.step_comm())  # on CUDA: the step's end-of-step synchronisation
+            step_seconds = time.perf_counter() - start  # so the step time holds all of its GPU work
             self.train_seconds += step_seconds
             if self.step % log_every == 0 or self.step == max_steps:
                 self._log_step(out, batch, flags.valid_rays, step_seconds, progress)

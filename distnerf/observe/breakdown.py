@@ -293,7 +293,8 @@ class StepProfiler:
         if comm is not None:
             rec["comm_bytes"] = comm["bytes"]
             busy = sum(b - a for a, b in comm["spans"])
-            if busy > 0 and self.world_size > 1:  # ring all-reduce bus bandwidth (nccl-tests convention)
+            # ring all-reduce bus bandwidth (nccl-tests convention), only from measured durations
+            if busy > 0 and self.world_size > 1 and comm.get("timing", "duration") == "duration":
                 rec["bus_bandwidth_gbps"] = comm["bytes"] / busy * 2 * (self.world_size - 1) / self.world_size / 1e9
         attributed = sum(rec[p] or 0.0 for p in PHASES)
         rec["unattributed"] = step_s - attributed

@@ -142,8 +142,15 @@ class RunProfiler:
 
     # ----------------------------------------------------------------- per step
     def end_step(self, step: int, num_rays: float, num_samples: int, comm: dict | None) -> dict | None:
-        """Record the step in the breakdown and advance the trace schedule."""
+        """Record the step in the breakdown and advance the trace schedule.
+
+        Returns with the step's GPU work done: the breakdown synchronises once per step on
+        CUDA (resolving its events); with the breakdown off (``profiler=off``) the device is
+        synchronised here, so a step time read afterwards is never a launch time.
+        """
         rec = self.steps.end_step(step, num_rays, num_samples, comm)
+        if self.steps.cuda and not self.steps.enabled:
+            torch.cuda.synchronize()
         if self.trace is not None:
             self.trace.step()
         return rec

@@ -5,7 +5,7 @@ from typing import Mapping
 
 from ..dist import DistEnv
 from ..schema import section
-from .base import StepStats, Strategy
+from .base import StepAgreement, StepStats, Strategy
 from .ddp import DDPStrategy
 from .ss import SSStrategy
 

@@ -24,10 +24,12 @@ from ..schema import section
 class StepStats:
     """The per-step scalars all ranks agree on in one small all-reduce.
 
-    A rank contributes its own values (flags as 0 or 1); after the reduction each field
-    is the sum over ranks: the number of valid rays, and how many ranks saw a
-    non-finite loss, passed the time budget, passed a checkpoint time mark or got a stop
-    signal. Any non-zero flag acts on every rank at the same step.
+    A rank contributes its own values (flags as 0 or 1; a field may be a 0-dim tensor on
+    the training device, e.g. ``valid.sum()``, so that building the stats reads nothing
+    back); after the reduction each field is a float, the sum over ranks: the number of
+    valid rays, and how many ranks saw a non-finite loss, passed the time budget, passed a
+    checkpoint time mark or got a stop signal. Any non-zero flag acts on every rank at the
+    same step.
     """
 
     valid_rays: float
@@ -37,12 +39,26 @@ class StepStats:
     signal: float = 0.0
 
     def to_tensor(self) -> torch.Tensor:
-        """(5,) float64, in field order."""
-        return torch.tensor(astuple(self), dtype=torch.float64)
+        """(5,) float64 in field order, on the device of the tensor fields (else the CPU)."""
+        values = astuple(self)
+        device = next((v.device for v in values if torch.is_tensor(v)), torch.device("cpu"))
+        return torch.stack([torch.as_tensor(v, dtype=torch.float64, device=device).reshape(()) for v in values])
 
-    @classmethod
-    def from_tensor(cls, values: torch.Tensor) -> "StepStats":
-        return cls(*(float(v) for v in values.tolist()))
+
+
+@dataclass
+class StepAgreement:
+    """What the per-step all-reduce tells every rank.
+
+    Attributes:
+        total: the :class:`StepStats` summed over ranks (host floats).
+        mine: this rank's own values (host floats).
+        loss_normalizer: divisor of this rank's summed squared error (:meth:`Strategy.reduce_step_stats`).
+    """
+
+    total: StepStats
+    mine: StepStats
+    loss_normalizer: float
 
 
 class Strategy:
@@ -110,7 +126,7 @@ class Strategy:
         return self.wrap(self.model)
 
     # -- collectives -----------------------------------------------------------
-    def reduce_step_stats(self, local: StepStats) -> tuple[StepStats, float]:
+    def reduce_step_stats(self, local: StepStats) -> StepAgreement:
         """This rank's step scalars summed over ranks, and the divisor of its summed squared error.
 
         One small all-reduce per step serves both the loss normaliser and the stop
@@ -119,11 +135,16 @@ class Strategy:
         the gradient of the global mean loss, even when ranks hold different numbers of
         valid rays.
 
-        Returns:
-            (the reduced :class:`StepStats`, the loss normaliser).
         """
-        reduced = StepStats.from_tensor(D.all_reduce_sum(self.env, local.to_tensor()))
-        return reduced, max(reduced.valid_rays, 1.0) / self.env.world_size
+        mine, total = self._reduce(local)
+        return StepAgreement(total, mine, max(total.valid_rays, 1.0) / self.env.world_size)
+
+    def _reduce(self, local: StepStats) -> tuple[StepStats, StepStats]:
+        """(this rank's stats, the sum over ranks), both as host floats, read back in one
+        transfer: the step's one host synchronisation for its flags."""
+        mine = local.to_tensor()
+        values = torch.cat([mine, D.all_reduce_sum(self.env, mine)]).tolist()  # host sync: the step's flags
+        return StepStats(*values[:5]), StepStats(*values[5:])
 
     def comm_stats(self) -> dict:
         """Communication measured since the last call (seconds, bytes, calls)."""

@@ -5,18 +5,35 @@ forward, which runs the whole render (calling the unwrapped module would silentl
 skip the all-reduce). A communication hook times every bucket's all-reduce and
 counts its bytes. Without a process group (``python -m distnerf.train``) the model
 is used as is: one code path for world size 1 and N.
+
+Timing. On gloo (CPU) a bucket's future completes when its all-reduce is done, so the
+hook's (launch, completion) span is a duration and bus bandwidth follows from it. On
+NCCL the future completes when the collective is queued on its stream: the host clock
+measures the launch only, so those seconds are reported as ``allreduce_launch_s``, no
+bus bandwidth is derived, and the communication time comes from the trace report
+(``profiler=trace``: HTA's kernel-level computation/communication overlap).
+
+Sparse buckets. A voxel-grid table's gradient touches few rows per step; a bucket of at
+least ``sparse_min_numel`` entries with at most ``sparse_max_density`` of them non-zero
+travels as (index, value) pairs (gloo/CPU). Deciding costs a ``nonzero`` over the bucket
+and an exchange of the counts; a bucket found dense is remembered as dense and looked at
+again only every :data:`SPARSE_REVISIT` steps. On CUDA buckets stay dense: sizing the
+index/value buffers needs the non-zero count on the host (a synchronisation in the hook
+on every step); a fixed-capacity sync-free exchange is future work and was not measured.
 """
 from __future__ import annotations
 
 import time
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from .. import dist as D
 from ..model.base import RadianceModel
 from .base import Strategy
+
+SPARSE_REVISIT = 50  # steps between two looks at a bucket found too dense for the sparse exchange
 
 
 class CommStats:
@@ -33,6 +50,7 @@ class CommStats:
     def __init__(self):
         self.reset()
         self._clear_step()
+        self.launch_only = False  # NCCL: the spans are launches, not durations (module docstring)
 
     def reset(self):
         self.seconds, self.bytes, self.calls = 0.0, 0, 0
@@ -58,7 +76,8 @@ class CommStats:
     def take_step(self) -> dict:
         """This step's hook timings (see the class docstring); cleared afterwards."""
         out = {"in_hook_s": self.step_in_hook, "last_return": self.step_last_return,
-               "spans": list(self.step_spans), "bytes": self.step_bytes}
+               "spans": list(self.step_spans), "bytes": self.step_bytes,
+               "timing": "launch" if self.launch_only else "duration"}
         self._clear_step()
         return out
 
@@ -72,10 +91,25 @@ class HookState:
             tables: a step touches few vertices). ``None`` disables it.
     """
 
-    def __init__(self, stats: CommStats, wire_dtype: torch.dtype | None, sparse_min_numel: int | None = None,
-                 sparse_max_density: float = 0.25):
+    def __init__(self, stats: CommStats, wire_dtype: torch.dtype | None, sparse_min_numel: int | None,
+                 sparse_max_density: float):
         self.stats, self.wire_dtype = stats, wire_dtype
         self.sparse_min_numel, self.sparse_max_density = sparse_min_numel, sparse_max_density
+        # per bucket (index, size: DDP rebuilds its buckets after the first step): the hook call
+        # from which a bucket found dense is looked at again, and the calls so far
+        self.dense_until: dict[tuple[int, int], int] = {}
+        self.calls: dict[tuple[int, int], int] = {}
+
+    def try_sparse(self, key: tuple[int, int], buffer: torch.Tensor) -> bool:
+        """Whether to attempt the sparse exchange of bucket ``key`` now (every rank decides
+        the same: the rule depends only on call counts and on the counts all ranks exchanged)."""
+        call = self.calls.get(key, 0)
+        self.calls[key] = call + 1
+        return (self.sparse_min_numel is not None and buffer.numel() >= self.sparse_min_numel
+                and not buffer.is_cuda and call >= self.dense_until.get(key, 0))
+
+    def found_dense(self, key: tuple[int, int]) -> None:
+        self.dense_until[key] = self.calls[key] - 1 + SPARSE_REVISIT
 
 
 def sparse_allreduce_(buffer: torch.Tensor, world_size: int, max_density: float) -> int | None:
@@ -93,22 +127,17 @@ def sparse_allreduce_(buffer: torch.Tensor, world_size: int, max_density: float)
         bytes this rank sent (indices + values, padded), or None when not done.
     """
     index = buffer.nonzero().view(-1)
-    counts = [torch.zeros(1, dtype=torch.long) for _ in range(world_size)]
-    dist.all_gather(counts, torch.tensor([index.numel()]))
-    width = int(max(c.item() for c in counts))
+    counts = torch.cat(D.all_gather(torch.tensor([index.numel()]))).tolist()
+    width = max(counts)
     if width > max_density * buffer.numel():
         return None
     values = buffer[index] / world_size
     pad = width - index.numel()
     index_p = torch.cat([index, index.new_zeros(pad)])
     values_p = torch.cat([values, values.new_zeros(pad)])
-    all_index = [torch.empty_like(index_p) for _ in range(world_size)]
-    all_values = [torch.empty_like(values_p) for _ in range(world_size)]
-    dist.all_gather(all_index, index_p)
-    dist.all_gather(all_values, values_p)
+    all_index, all_values = D.all_gather(index_p), D.all_gather(values_p)
     buffer.zero_()
-    for c, idx, val in zip(counts, all_index, all_values):
-        n = int(c.item())
+    for n, idx, val in zip(counts, all_index, all_values):
         buffer.index_add_(0, idx[:n], val[:n])
     return width * (index_p.element_size() + values_p.element_size())
 
@@ -129,10 +158,13 @@ def timed_allreduce_hook(state, bucket):  # no annotations: DDP checks them at r
 def _allreduce_bucket(state, bucket):
     buffer = bucket.buffer()
     start = time.perf_counter()
-    if (state.sparse_min_numel is not None and buffer.numel() >= state.sparse_min_numel
-            and buffer.device.type == "cpu"):
-        nbytes = sparse_allreduce_(buffer, dist.get_world_size(), state.sparse_max_density)
-        if nbytes is not None:
+    state.stats.launch_only = buffer.is_cuda
+    key = (bucket.index(), buffer.numel())
+    if state.try_sparse(key, buffer):
+        nbytes = sparse_allreduce_(buffer, D.world_size(), state.sparse_max_density)
+        if nbytes is None:
+            state.found_dense(key)
+        else:
             state.stats.record(time.perf_counter() - start, nbytes, start)
             fut = torch.futures.Future()
             fut.set_result(buffer)
@@ -140,8 +172,8 @@ def _allreduce_bucket(state, bucket):
             return fut
     wire = buffer if state.wire_dtype is None else buffer.to(state.wire_dtype)
     nbytes = wire.numel() * wire.element_size()
-    wire.div_(dist.get_world_size())
-    fut = dist.all_reduce(wire, async_op=True).get_future()
+    wire.div_(D.world_size())
+    fut = D.all_reduce_(wire, async_op=True).get_future()
 
     def done(f):
         state.stats.record(time.perf_counter() - start, nbytes, start)
@@ -162,7 +194,7 @@ class DDPStrategy(Strategy):
     (False by default), ``gradient_as_bucket_view``, ``compression`` (``none``,
     ``fp16`` or ``bf16``: the dtype gradients travel in), ``sparse_min_numel``
     (buckets this large or larger travel as (index, value) pairs when mostly zero;
-    null disables; CPU/gloo only).
+    null disables; CPU/gloo only), ``sparse_max_density``.
     """
 
     name = "ddp"
@@ -194,7 +226,10 @@ class DDPStrategy(Strategy):
         return ddp
 
     def comm_stats(self) -> dict:
-        out = {"allreduce_s": self.comm.seconds, "allreduce_bytes": self.comm.bytes,
+        """Since the last call: seconds (``allreduce_launch_s`` on NCCL, see the module docstring),
+        bytes and calls."""
+        seconds_key = "allreduce_launch_s" if self.comm.launch_only else "allreduce_s"
+        out = {seconds_key: self.comm.seconds, "allreduce_bytes": self.comm.bytes,
                "allreduce_calls": self.comm.calls}
         self.comm.reset()
         return out

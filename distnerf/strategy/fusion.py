@@ -45,9 +45,9 @@ import time
 from collections import defaultdict
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
+from .. import dist as D
 from ..data.rays import RayBundle
 from ..model.base import RadianceModel
 from ..renderer.marching import along_ray, march_alive, shade
@@ -99,16 +99,25 @@ class FusedRenderer(nn.Module):
         self.hierarchical = step_size is None
         if not self.hierarchical:
             step_size = min(m.step_size() for m in self.models)
-            if distributed:
+            if distributed:  # a host number: a CPU tensor (gloo on CPU and CUDA groups alike)
                 t = torch.tensor([step_size], dtype=torch.float64)
-                dist.all_reduce(t, op=dist.ReduceOp.MIN)
+                D.all_reduce_(t, "min")
                 step_size = float(t)
         self.step_size = step_size
         # only blend shares samples between regions; segment marches each region with its own grid
         self.prefilter = self._occupancy_prefilter() if fusion == "blend" and not self.hierarchical else None
         # seconds spent in what fusion adds to rendering (routing samples to regions, the exchange,
-        # compositing) and in total, accumulated over forwards (benchmarks read and reset it)
+        # compositing) and in total, accumulated over forwards (benchmarks read and reset it);
+        # durations on every device (see _clock), never the launch time of an NCCL exchange
         self.timing: dict[str, float] = defaultdict(float)
+
+    def _clock(self) -> float:
+        """Host seconds after this device's queued work (on CUDA a synchronisation: timing is
+        for evaluation, where a stall per phase costs little, and an NCCL exchange returns to
+        the host when it is queued, not done)."""
+        if self.background.is_cuda:
+            torch.cuda.synchronize(self.background.device)
+        return time.perf_counter()
 
     def _occupancy_prefilter(self) -> OccupancyGrid | None:
         """A conservative empty-space filter for ``blend``'s shared samples, or None.
@@ -140,17 +149,16 @@ class FusedRenderer(nn.Module):
     # ------------------------------------------------------------------ forward
     @torch.no_grad()
     def forward(self, rays: RayBundle, generator=None) -> dict:
-        start = time.perf_counter()
+        start = self._clock()
         out = self._blend(rays) if self.fusion == "blend" else self._segment(rays)
-        self.timing["total_s"] += time.perf_counter() - start
+        self.timing["total_s"] += self._clock() - start
         return out
 
     def _all_regions(self, local: torch.Tensor) -> torch.Tensor:
         """(R, m, C) values of this rank's regions -> (R, K, C) of every region (all-gather)."""
         if not self.distributed:
             return local
-        parts = [torch.empty_like(local) for _ in range(dist.get_world_size())]
-        dist.all_gather(parts, local.contiguous())
+        parts = D.all_gather(local)
         gathered_regions = [r for rank_regions in dist_regions(self.partition) for r in rank_regions]
         return torch.cat(parts, dim=1)[:, torch.argsort(torch.tensor(gathered_regions))]
 
@@ -174,12 +182,12 @@ class FusedRenderer(nn.Module):
             sigmas = seg["sigmas"] if seg["rgbs"] is not None else along_ray(seg["sigmas"], seg["samples"],
                                                                               rays.directions)
             seg["transmittance"] = render_transmittance(sigmas, seg["samples"])[2]
-        start = time.perf_counter()
+        start = self._clock()
         # exchange 1: every segment's transmittance, so each rank knows what lies in front of its segments
         transmittance = self._all_regions(torch.stack([s["transmittance"] for s in segs], dim=1)[..., None])[..., 0]
         entry = segment_entries(rays.origins, rays.directions, rays.near, rays.far, self.partition.boxes)
         before, _ = transmittance_in_front(transmittance, entry)
-        self.timing["exchange_composite_s"] += time.perf_counter() - start
+        self.timing["exchange_composite_s"] += self._clock() - start
         local = torch.zeros(len(rays), len(self.regions), 4, dtype=rays.origins.dtype, device=rays.origins.device)
         for j, (k, seg) in enumerate(zip(self.regions, segs)):
             model = seg["model"]
@@ -189,22 +197,22 @@ class FusedRenderer(nn.Module):
                 out = shade(model.field_density, model.colours, seg["samples"], rays.origins, rays.directions,
                             rays.viewdirs, before[:, k], None, self.color_threshold, seg["sigmas"])
             local[:, j, :3], local[:, j, 3] = out["rgb"], out["depth"]
-        start = time.perf_counter()
+        start = self._clock()
         values = self._all_regions(local)  # exchange 2: segment colour and depth (4 floats per ray and region)
         num_samples = torch.tensor([sum(len(s["samples"]) for s in segs)], dtype=torch.long)
-        if self.distributed:
-            dist.all_reduce(num_samples)
+        if self.distributed:  # host counts: a CPU tensor
+            D.all_reduce_(num_samples)
         rgb, depth, opacity = composite_segments(values[..., :3], transmittance, values[..., 3], entry,
                                                  self.background)
-        self.timing["exchange_composite_s"] += time.perf_counter() - start
+        self.timing["exchange_composite_s"] += self._clock() - start
         return {"rgb": rgb, "depth": depth, "opacity": opacity, "num_samples": int(num_samples)}
 
     # ------------------------------------------------------------------ nerf
     def _route(self, rays: RayBundle, samples: PackedSamples) -> torch.Tensor:
         """(P,) int64 region holding each sample's midpoint (one pass over the flat samples)."""
-        start = time.perf_counter()
+        start = self._clock()
         owner = self.partition.region_of(samples.points(rays.origins, rays.directions))
-        self.timing["routing_s"] += time.perf_counter() - start
+        self.timing["routing_s"] += self._clock() - start
         return owner
 
     def _hierarchical_samples(self, rays: RayBundle) -> PackedSamples:
@@ -221,7 +229,7 @@ class FusedRenderer(nn.Module):
                                    level="coarse")
             alphas[sel] = 1.0 - torch.exp(-sigma.to(alphas.dtype) * part.deltas)
         if self.distributed:  # second exchange: every rank needs the whole coarse distribution
-            dist.all_reduce(alphas)
+            D.all_reduce_(alphas)
         if first.fine is None:
             return coarse
         weights, _ = render_weights(alphas.view(t_starts.shape))
@@ -254,12 +262,12 @@ class FusedRenderer(nn.Module):
         samples = self._shared_samples(rays)
         points = samples.points(rays.origins, rays.directions)
         ray_idx = samples.ray_indices
-        start = time.perf_counter()  # routing: which enlarged regions hold each sample, and their weights
+        start = self._clock()  # routing: which enlarged regions hold each sample, and their weights
         member = self.partition.contains(points.clamp(self.partition.bounds[0].to(points),
                                                       self.partition.bounds[1].to(points)), enlarged=True)
         dist_k = torch.cdist(points.double(), self.partition.centers.to(points.device))
         inv = torch.where(member, 1.0 / dist_k.clamp(min=1e-9) ** self.blend_power, torch.zeros_like(dist_k))
-        self.timing["routing_s"] += time.perf_counter() - start
+        self.timing["routing_s"] += self._clock() - start
         occupied = torch.zeros_like(member)
         sigma = torch.zeros(points.shape[0], dtype=torch.float64, device=points.device)
         rgb = torch.zeros(points.shape[0], 3, dtype=torch.float64, device=points.device)
@@ -290,6 +298,6 @@ def batched_to_packed(t_starts: torch.Tensor, t_ends: torch.Tensor) -> PackedSam
 
 def dist_regions(partition: Partition) -> list[list[int]]:
     """Regions of every rank of the current process group, in rank order."""
-    world = dist.get_world_size()
+    world = D.world_size()
     owners = region_owner(len(partition), world)
     return [[k for k, r in enumerate(owners) if r == rank] for rank in range(world)]

@@ -37,8 +37,8 @@ sub-models renders (and trains) exactly what K ranks do.
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 
+from .. import dist as D
 from ..data.rays import RayBundle
 from ..model.marching import MarchingModel
 from ..renderer import samples
@@ -54,9 +54,8 @@ class GatherSegments(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, local: torch.Tensor) -> torch.Tensor:
-        world, rank = dist.get_world_size(), dist.get_rank()
-        parts = [torch.empty_like(local) for _ in range(world)]
-        dist.all_gather(parts, local.contiguous())
+        rank = D.rank()
+        parts = D.all_gather(local)
         ctx.lo, ctx.hi = rank * local.shape[1], (rank + 1) * local.shape[1]
         return torch.cat(parts, dim=1)
 

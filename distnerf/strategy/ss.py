@@ -31,7 +31,7 @@ from .. import checkpoint as ckpt
 from .. import dist as D
 from ..model import build_model
 from ..model.base import RadianceModel
-from .base import StepStats, Strategy
+from .base import StepAgreement, StepStats, Strategy
 from .density import estimate_density
 from .fusion import FusedRenderer
 from .partition import Partition, balanced_partition, grid_partition, region_owner
@@ -153,21 +153,23 @@ class SSStrategy(Strategy):
         self.model = self.wrapped = model.to(self.env.device)  # no DDP: nothing is all-reduced
         return self.wrapped
 
-    def reduce_step_stats(self, local: StepStats) -> tuple[StepStats, float]:
+    def reduce_step_stats(self, local: StepStats) -> StepAgreement:
         """The flags summed over ranks, and this rank's own valid rays as the loss normaliser:
         the sub-models are independent (no averaging). Joint: every rank holds the same
         rays, so they are counted once."""
-        reduced, _ = super().reduce_step_stats(local)
+        mine, total = self._reduce(local)
         if self.joint:
-            reduced.valid_rays = local.valid_rays
-        return reduced, max(local.valid_rays, 1.0)
+            total.valid_rays = mine.valid_rays
+        return StepAgreement(total, mine, max(mine.valid_rays, 1.0))
 
     def comm_stats(self) -> dict:
         """Joint training: the segment exchange since the last call (seconds include waiting)."""
         ex = getattr(self.model, "exchange", None)
         if not ex:
             return {}
-        out = {"exchange_s": ex["seconds"], "exchange_bytes": ex["bytes"], "exchange_calls": ex["calls"]}
+        # on CUDA the host clock around an NCCL all-gather measures its launch only: named so
+        seconds_key = "exchange_launch_s" if self.env.device.type == "cuda" else "exchange_s"
+        out = {seconds_key: ex["seconds"], "exchange_bytes": ex["bytes"], "exchange_calls": ex["calls"]}
         ex.update(seconds=0.0, bytes=0, calls=0)
         return out
 

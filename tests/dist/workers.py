@@ -77,8 +77,7 @@ def grad_worker(rank: int, world_size: int, port: int, out_dir: str, num_rays: i
         for step in range(sgd_steps + 1):
             out = wrapped(rays_r)
             sse = photometric_sse(out, rgb_r, valid_r)
-            _, normalizer = strategy.reduce_step_stats(StepStats(float(valid_r.sum())))
-            loss = sse / normalizer
+            loss = sse / strategy.reduce_step_stats(StepStats(valid_r.sum())).loss_normalizer
             loss.backward()
             if step == 0:
                 grads = {k: p.grad.detach().clone() for k, p in model.named_parameters()}

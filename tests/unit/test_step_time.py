@@ -1,0 +1,41 @@
+"""The trainer's training time against an independent clock: the wall time of its steps
+measured around them from outside the trainer (first step's start to last step's end)."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+
+from distnerf import dist as D
+from distnerf.engine.trainer import Trainer
+from distnerf.strategy import build_strategy
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+
+
+def test_train_seconds_equals_the_wall_time_of_the_steps_within_2_percent(tmp_path, synthetic_cache):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("train", overrides=[
+            "experiment=smoke", "sampler=sync", "train.max_steps=40", "train.log_every=1000", "train.ckpt_every=-1",
+            "train.progress=false", "eval.enabled=false", "profiler.telemetry=false", f"run_dir={tmp_path}",
+            f"dataset.cache_dir={synthetic_cache}"])
+    env = D.init_distributed("cpu")
+    trainer = Trainer(cfg, build_strategy(cfg.strategy, env), tmp_path)
+    edges: list[float] = []
+    real_step, real_end = trainer.train_step, trainer.profiler.end_step
+
+    def timed_step(step):
+        edges.append(time.perf_counter()) if not edges else None
+        return real_step(step)
+
+    def timed_end(*args, **kwargs):
+        out = real_end(*args, **kwargs)
+        edges[1:] = [time.perf_counter()]
+        return out
+
+    trainer.train_step, trainer.profiler.end_step = timed_step, timed_end
+    trainer.fit()
+    wall = edges[1] - edges[0]
+    assert trainer.step == 40 and wall > 0.2  # enough steps that 2% is a meaningful bound
+    assert abs(trainer.train_seconds - wall) <= 0.02 * wall, (trainer.train_seconds, wall)
