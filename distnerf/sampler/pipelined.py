@@ -20,7 +20,10 @@ Flow::
   and worker maps, see :mod:`.cache`); the K slots are one fixed shared tensor. Per batch only a few integers
   travel through the pipes. The memory is anonymous (``torch`` file-descriptor
   sharing: segments are unlinked at creation), so nothing is left in ``/dev/shm``
-  even after a SIGKILL and there are no stale named segments to sweep.
+  even after a SIGKILL and there are no stale named segments to sweep. On Linux these
+  segments are files of ``/dev/shm`` (a tmpfs; Docker gives 64 MB by default): its free
+  space is checked before anything is allocated (:func:`check_shared_memory`), and a
+  shortfall is an error naming the size needed, the size free and the fixes.
 * A worker that raises sends its traceback; one that dies closes its pipe; both
   make ``host_batch`` raise :class:`SamplerWorkerError` at once (liveness is checked
   while waiting). Workers exit when the trainer's end of their pipe closes, and on
@@ -55,6 +58,69 @@ START_METHODS = choices_of(SamplerConfig, "start_method")
 
 class SamplerWorkerError(RuntimeError):
     """A sampler worker raised, died or stopped answering; the message says which and why."""
+
+
+class SharedMemoryError(RuntimeError):
+    """Too little shared memory (``/dev/shm``) for the pipelined sampler; the message says how much and the fixes."""
+
+
+SHM_DIR = "/dev/shm"  # where torch's shared tensors live on Linux (shm_open, file_descriptor strategy)
+
+
+def shm_free_bytes(path: str = SHM_DIR) -> int | None:
+    """Bytes an unprivileged process can still allocate in ``path``, or None where it does not
+    exist (not Linux) and nothing can be checked."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+def _shm_fixes(need: int, cache_dir: str | None) -> str:
+    gib = max(1, -(-need // 2**30))
+    fixes = [f"give the container more shared memory (`docker run --shm-size={gib}g` holds one rank's "
+             f"{need / 2**20:.1f} MB, N ranks per machine need N times that; or `docker run --ipc=host`; "
+             f"Kubernetes: an emptyDir with `medium: Memory` mounted at {SHM_DIR})"]
+    if not cache_dir:
+        fixes.append("`sampler.cache_dir=DIR` (the decoded pixels memory-mapped from a file there, on disk; only "
+                     "the batch slots stay in shared memory)")
+    fixes.append("`sampler=sync` (the trainer builds each batch: no worker processes, no shared memory)")
+    return "; ".join(fixes)
+
+
+def check_shared_memory(tensors: list, slot_bytes: int, cache_dir: str | None = None) -> int:
+    """Raise :class:`SharedMemoryError` unless ``/dev/shm`` can hold ``tensors`` (those not
+    shared yet) and ``slot_bytes`` of batch slots; return the bytes needed.
+
+    Per rank: every rank on a machine needs as much, and ranks starting together each see
+    the space free before the others allocate (an allocation that fails anyway is caught
+    by :func:`_share`, with the same message).
+    """
+    page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+    sizes = [t.numel() * t.element_size() for t in tensors if not t.is_shared()] + [slot_bytes]
+    need = sum(-(-n // page) * page for n in sizes)
+    free = shm_free_bytes()
+    if free is not None and need > free:
+        mb = lambda n: f"{n / 2**20:.1f} MB"  # noqa: E731
+        raise SharedMemoryError(
+            f"the pipelined sampler needs {mb(need)} of shared memory ({SHM_DIR}) for this rank "
+            f"({mb(need - slot_bytes)} of images and cameras, {mb(slot_bytes)} of batch slots), but {SHM_DIR} has "
+            f"{mb(free)} free (every rank on this machine needs as much). Fixes: {_shm_fixes(need, cache_dir)}")
+    return need
+
+
+def _share(tensor: torch.Tensor, cache_dir: str | None) -> torch.Tensor:
+    """``tensor.share_memory_()``, a failure for want of space reported like :func:`check_shared_memory`."""
+    try:
+        return tensor.share_memory_()
+    except RuntimeError as err:
+        need = tensor.numel() * tensor.element_size()
+        free = shm_free_bytes()
+        raise SharedMemoryError(
+            f"the pipelined sampler could not put {need / 2**20:.1f} MB into shared memory ({SHM_DIR}: "
+            f"{'unknown' if free is None else f'{free / 2**20:.1f} MB'} free; other ranks or processes may have "
+            f"taken it since the check): {err}. Fixes: {_shm_fixes(need, cache_dir)}") from err
 
 
 @contextlib.contextmanager
@@ -140,13 +206,19 @@ class PipelinedSampler(Sampler):
         if pixel_cache is None and files is None and cache_dir:  # decoded into RAM: write them out, map the file
             pixel_cache = str(write_pixel_cache(scene, cache_dir))
             scene.images = open_pixel_cache(pixel_cache)
-        if pixel_cache is not None or files is not None:  # workers map the file / decode the images themselves
+        share_images = pixel_cache is None and files is None
+        cameras = [scene.cameras.c2w, scene.cameras.fx, scene.cameras.fy, scene.cameras.cx, scene.cameras.cy]
+        slot_shape = (prefetch, SLOT_FLOATS * self._num_rays)
+        # before any allocation or process: a shortfall is a clear error and leaves nothing behind
+        check_shared_memory(([scene.images] if share_images else []) + cameras, 4 * slot_shape[0] * slot_shape[1],
+                            cache_dir)
+        if share_images:
+            _share(scene.images, cache_dir)
+        else:  # workers map the file / decode the images themselves
             worker_scene = replace(scene, images=torch.empty((0,) + tuple(scene.images.shape[1:])))
-        else:
-            scene.images.share_memory_()
-        for t in (scene.cameras.c2w, scene.cameras.fx, scene.cameras.fy, scene.cameras.cx, scene.cameras.cy):
-            t.share_memory_()
-        self._slots = torch.zeros(prefetch, SLOT_FLOATS * self._num_rays).share_memory_()
+        for t in cameras:
+            _share(t, cache_dir)
+        self._slots = _share(torch.zeros(slot_shape), cache_dir)
         ctx = mp.get_context(start_method)
         if start_method == "forkserver":
             ctx.set_forkserver_preload(["torch", "distnerf.sampler.worker"])
