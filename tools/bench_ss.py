@@ -79,16 +79,18 @@ def main() -> None:
     ap.add_argument("ddp_run", type=Path)
     ap.add_argument("--views", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
+                    help="where the renderers run (auto: CUDA when available)")
     ap.add_argument("--out", type=Path, default=None,
                     help="result JSON (default bench/results/NAME/bench_ss.json, NAME = SS_RUN's name without _ss)")
     args = ap.parse_args()
     meta = start_meta()
     torch.set_num_threads(args.threads)
-    env = D.init_distributed("cpu")
+    env = D.init_distributed(args.device)
     cfg_ss, run_ss = load_run_config([f"run_dir={args.ss_run}"])
     cfg_ddp, run_ddp = load_run_config([f"run_dir={args.ddp_run}"])
     scene = load_scene(OmegaConf.to_container(cfg_ss.dataset, resolve=True), "test")
-    factor = int(cfg_ss.eval.get("downscale", 1))
+    factor = cfg_ss.eval.downscale
     scene_eval = scene.downscaled(factor) if factor > 1 else scene
     segment, _ = load_renderer(cfg_ss, run_ss, scene, env)
     blend, _ = load_renderer(OmegaConf.merge(cfg_ss, {"fusion": "blend"}), run_ss, scene, env)
@@ -100,14 +102,14 @@ def main() -> None:
     quality = {k: {"psnr": [], "ssim": []} for k in renderers}
     samples = {k: [] for k in renderers}
     for r in renderers.values():  # warm-up
-        render_image(r, scene_eval, views[0], chunk, "cpu")
+        render_image(r, scene_eval, views[0], chunk, env.device)
     for fused in (segment, blend):
         fused.timing.clear()
     for i, v in enumerate(views):
         order = list(renderers) if i % 2 == 0 else list(reversed(list(renderers)))
         for name in order:
             start = time.perf_counter()
-            out = render_image(renderers[name], scene_eval, v, chunk, "cpu")
+            out = render_image(renderers[name], scene_eval, v, chunk, env.device)
             times[name].append(time.perf_counter() - start)
             samples[name].append(out["num_samples"])
             quality[name]["psnr"].append(psnr(out["rgb"], scene_eval.images[v]))
