@@ -283,8 +283,9 @@ class EvalConfig:
     downscale: int = positive(1)
     chunk: int = positive(8192)         # rays rendered at once
     # points per network call of no-grad evaluation (nerf: every MLP call; 0: no limit). The 8x256
-    # NeRF MLP holds ~2-3 (P, 256) fp32 activations at once, ~3 kB per point: 262144 points ~0.8 GB,
-    # whereas eval.chunk=65536 rays x 192 fine samples = 12.6 M points at once would be ~40 GB
+    # NeRF MLP holds 2-3 (P, 256) fp32 activations at once, ~3.6 kB per point measured: 262144 points
+    # ~1 GB, whereas eval.chunk=65536 rays x 192 fine samples = 12.6 M points at once would be ~43 GiB
+    # (one 256x256 view: peak RSS 1.9 GiB with the default; tools/bench_eval_memory.py)
     point_chunk: int = bounded(262144, 0)
     lpips: bool = True
 
