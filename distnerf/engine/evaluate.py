@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import statistics
+import time
 from pathlib import Path
 
 import imageio.v3 as iio
@@ -93,18 +95,22 @@ def evaluate_views(model, scene: SceneData, views: list[int], chunk: int, device
 
     Returns:
         one dict per view: ``view``, ``name``, ``psnr``, ``ssim``, ``lpips`` (None when
-        unavailable), ``num_samples``.
+        unavailable), ``num_samples``, ``seconds`` (wall time of the render, its results
+        copied to the CPU: on CUDA every kernel has finished) and ``rays_per_s``.
     """
     rows = []
     if out_dir is not None:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
     for i in views:
+        start = time.perf_counter()
         out = render_image(model, scene, i, chunk, device, point_chunk)
+        seconds = time.perf_counter() - start  # render_image ends with device-to-host copies
         gt = scene.images[i]
         name = Path(scene.image_paths[i]).stem if scene.image_paths else f"{i:03d}"
         rows.append({"view": i, "name": name, "psnr": psnr(out["rgb"], gt), "ssim": ssim(out["rgb"], gt),
                      "lpips": lpips(out["rgb"], gt) if lpips is not None else None,
-                     "num_samples": out["num_samples"]})
+                     "num_samples": out["num_samples"], "seconds": seconds,
+                     "rays_per_s": scene.height * scene.width / max(seconds, 1e-9)})
         if out_dir is not None:
             iio.imwrite(Path(out_dir) / f"{i:03d}_{name}_rgb.png", (out["rgb"].numpy() * 255).round().astype(np.uint8))
             save_depth_png(out["depth"], Path(out_dir) / f"{i:03d}_{name}_depth.png")
@@ -153,6 +159,10 @@ def evaluate_run(cfg, model, strategy, out_dir: Path, step: int, eval_split) -> 
         "step": step, "psnr": mean("psnr"), "ssim": mean("ssim"),
         "lpips": mean("lpips") if lpips is not None and lpips.available else None,
         "lpips_backbone": LPIPS_BACKBONE,
+        # one rendering process's rate: all views' rays over their summed render seconds (the first
+        # view's warm-up included), and the median view's
+        "eval_rays_per_s": scene.height * scene.width * len(rows) / max(sum(r["seconds"] for r in rows), 1e-9),
+        "eval_rays_per_s_median": statistics.median(r["rays_per_s"] for r in rows),
         "lpips_reason": None if lpips is not None and lpips.available else (
             lpips.reason if lpips is not None else "disabled by eval.lpips=false"),
         "protocol": {"split": "test", "num_views": len(rows), "views": [r["name"] for r in rows],
