@@ -16,7 +16,7 @@ For each built-in-scene resolution (``dataset.resolution``; a 256 x 256 view is 
 * ``before``: ``eval.point_chunk=0`` (no limit, the behaviour before the key existed). It is
   skipped, with its estimate, when the estimate exceeds ``--max-before-gb`` (the machine it
   was written on has 24 GiB): estimate = RSS before rendering + fine points x the bytes per
-  point measured in the largest ``before`` run that did run (6 kB, measured here, when none did).
+  point measured in the largest ``before`` run that did run (3.7 kB, measured here, when none did).
 
 Writes JSON (``--out``) with a ``meta`` block (command, date, commit, load before/after; see
 ``bench_common.py``). Run it on a quiet machine: ``/work/shared/tools/quiet -- python tools/...``.
@@ -113,7 +113,7 @@ def main() -> None:
                    "rays_per_chunk": rays_per_call, "points_per_chunk_fine": fine_points}
             if name == "before":
                 base_mb = report["runs"][-1]["rss_before_mb"]
-                per_point = bytes_per_point or 6144.0
+                per_point = bytes_per_point or 3700.0
                 estimate_gb = (base_mb * 2**20 + fine_points * per_point) / 2**30
                 row["estimate_gb"] = round(estimate_gb, 2)
                 row["estimate_bytes_per_point"] = round(per_point, 1)
