@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Superseded by tools/gpu_check.sh (one prepared script for all single-GPU checks: these traces, their
+# reports and HTA overlap, nsys, CUDA tests, host syncs, lego quality); kept for its committed results.
 # Prepared GPU profiling check (issue 6), at most ~8 minutes on one GPU. NOT RUN YET: no GPU was
 # available when it was written. Run from the repository root with .venv active:
 #   bash tools/bench_profile_gpu.sh [OUT_DIR]

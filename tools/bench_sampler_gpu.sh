@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Superseded for the CUDA sampler tests by tools/gpu_check.sh (one prepared script for all single-GPU
+# checks); this script's sync/pipelined/device throughput comparison is not in it. Kept as it was.
 # Sampler checks and sync / pipelined / device comparison on a GPU machine (16 cores), at most ~8 minutes.
 #   tools/bench_sampler_gpu.sh [OUT_DIR] [DATASET]     DATASET: lego (default) | fern | synthetic
 # 1. tests/unit/test_sampler.py on CUDA (device sampler bitwise vs sync, pinned side-stream copy);
