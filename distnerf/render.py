@@ -94,7 +94,7 @@ def load_renderer(cfg, run_dir: Path, scene, env):
     return model.to(env.device).eval(), step
 
 
-def orbit_video(model, scene, out: Path, num_frames: int, chunk: int, device) -> None:
+def orbit_video(model, scene, out: Path, num_frames: int, chunk: int, device, point_chunk: int | None = None) -> None:
     """Render an orbit around the scene's vertical axis through the test cameras' centre
     of interest (rotating the first test camera about world +Y for object scenes)."""
     import imageio.v3 as iio
@@ -108,7 +108,7 @@ def orbit_video(model, scene, out: Path, num_frames: int, chunk: int, device) ->
         c2w = torch.cat([rot @ c2w0[:, :3], (rot @ c2w0[:, 3])[:, None]], dim=1)[None]
         first = scene.subset([0])
         view = dataclasses.replace(first, cameras=dataclasses.replace(first.cameras, c2w=c2w))
-        frames.append((render_image(model, view, 0, chunk, device)["rgb"].numpy() * 255).astype(np.uint8))
+        frames.append((render_image(model, view, 0, chunk, device, point_chunk)["rgb"].numpy() * 255).astype(np.uint8))
     iio.imwrite(out, np.stack(frames), duration=80, loop=0)
 
 
@@ -128,7 +128,8 @@ def main(argv: list[str] | None = None) -> dict:
         if cfg.video and env.is_main:
             factor = cfg.eval.downscale
             view_scene = scene.downscaled(factor) if factor > 1 else scene
-            orbit_video(model, view_scene, out_dir / "orbit.gif", cfg.video_frames, cfg.eval.chunk, env.device)
+            orbit_video(model, view_scene, out_dir / "orbit.gif", cfg.video_frames, cfg.eval.chunk, env.device,
+                        cfg.eval.point_chunk)
         return metrics
     finally:
         D.shutdown(env)
