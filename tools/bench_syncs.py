@@ -76,15 +76,13 @@ def run_step(trainer, counter=None) -> None:
     batch, out, sse = trainer.train_step(trainer.step)
     with section("agree"):
         agreed = trainer.agree(batch, sse)
-        if isinstance(agreed, tuple):  # the engine before issue 14: (flags, normaliser), valid rays read again
-            flags, normalizer, valid = *agreed, float(batch.valid.sum())
-        else:  # a StepAgreement: this rank's valid rays come back with the flags
-            flags, normalizer, valid = agreed.total, agreed.loss_normalizer, agreed.mine.valid_rays
+    flags = agreed.total
     assert not (flags.nonfinite or flags.over_budget or flags.signal), flags
-    trainer.step_fn.update(sse / normalizer)
+    trainer.step_fn.update(sse / agreed.loss_normalizer)
     trainer.step += 1
     with section("end_step"):
-        trainer.profiler.end_step(trainer.step - 1, valid, out.get("num_samples", 0), trainer.strategy.step_comm())
+        trainer.profiler.end_step(trainer.step - 1, agreed.mine.valid_rays, out.get("num_samples", 0),
+                                  trainer.strategy.step_comm())
 
 
 def counted_step(trainer) -> dict:

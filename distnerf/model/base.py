@@ -41,9 +41,10 @@ class RadianceModel(nn.Module):
         """
         raise NotImplementedError
 
-    def add_regularizer_grads_(self) -> float:
+    def add_regularizer_grads_(self) -> torch.Tensor | float:
         """Add the gradients of parameter-only regularisers (e.g. total variation) to
-        ``.grad``, outside any wrapper's forward, and return the regulariser's value.
+        ``.grad``, outside any wrapper's forward, and return the regulariser's value (a
+        0-dim tensor, or 0.0 without one: reading it is a host sync, left to the caller).
 
         Such a term depends on the parameters alone, which are identical on every
         replica, so its gradient needs no all-reduce; keeping it out of the wrapped

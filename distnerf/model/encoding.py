@@ -72,6 +72,8 @@ class HashEncoding(nn.Module):
         self.register_buffer("sizes", torch.tensor(sizes, dtype=torch.long), persistent=False)
         self.register_buffer("offsets", torch.tensor(offsets[:-1], dtype=torch.long), persistent=False)
         self.hashed = [(r + 1) ** 3 > table_size for r in resolutions]
+        # the same numbers for the forward pass: reading the buffers would be host syncs on CUDA
+        self._levels = [(r, s, int(o)) for r, s, o in zip(resolutions, sizes, offsets[:-1])]
         self.table = nn.Parameter(
             (torch.rand(int(offsets[-1]), features_per_level, dtype=dtype) * 2 - 1) * 1e-4)
 
@@ -84,8 +86,7 @@ class HashEncoding(nn.Module):
         corners = torch.tensor([[i, j, k] for i in (0, 1) for j in (0, 1) for k in (0, 1)],
                                device=x.device)  # (8, 3)
         outs = []
-        for level in range(self.num_levels):
-            res = int(self.resolutions[level])
+        for level, (res, size, offset) in enumerate(self._levels):
             pos = x.to(self.table.dtype) * res
             cell = pos.floor().long().clamp(0, res - 1)
             frac = pos - cell  # (P, 3)
@@ -94,10 +95,10 @@ class HashEncoding(nn.Module):
                 h = ids[..., 0] * _PRIMES[0]
                 h = h ^ (ids[..., 1] * _PRIMES[1])
                 h = h ^ (ids[..., 2] * _PRIMES[2])
-                index = h % int(self.sizes[level])
+                index = h % size
             else:
                 index = ids[..., 0] + (res + 1) * (ids[..., 1] + (res + 1) * ids[..., 2])
-            feats = self.table[index + int(self.offsets[level])]  # (P, 8, F)
+            feats = self.table[index + offset]  # (P, 8, F)
             w = torch.where(corners.bool(), frac[:, None, :], 1 - frac[:, None, :]).prod(-1)  # (P, 8)
             outs.append((feats * w[..., None]).sum(dim=1))
         return torch.cat(outs, dim=-1).reshape(num, self.output_dim)

@@ -282,7 +282,13 @@ class GridModel(MarchingModel):
         if self.focus is None:
             return fn(points, 0)
         inside = ((points >= self.focus[0]) & (points <= self.focus[1])).all(dim=-1)
-        idx_in, idx_out = inside.nonzero().view(-1), (~inside).nonzero().view(-1)
+        # a stable partition on the device (the points inside first, each part in order), as
+        # inside.nonzero() then (~inside).nonzero() would give, but with one size read
+        num_in = inside.sum()
+        rank = torch.where(inside, inside.cumsum(0) - 1, num_in + (~inside).cumsum(0) - 1)
+        order = torch.empty_like(rank).scatter_(0, rank, torch.arange(rank.shape[0], device=rank.device))
+        n = int(num_in)  # host sync: how many points go to the focus tables
+        idx_in, idx_out = order[:n], order[n:]
         out = points.new_zeros(points.shape[0], width)
         out = out.index_put((idx_in,), fn(points[idx_in], 0).view(-1, width))
         return out.index_put((idx_out,), fn(points[idx_out], 1).view(-1, width))
@@ -342,8 +348,11 @@ class GridModel(MarchingModel):
         """Marching step: ``step_ratio`` x the smallest voxel edge (distance, world or NDC units)."""
         return self._geometry()[1]
 
-    def add_regularizer_grads_(self) -> float:
-        """Total variation of the density (weighted by ``tv_weight``), gradient added locally."""
+    def add_regularizer_grads_(self) -> torch.Tensor | float:
+        """Total variation of the density (weighted by ``tv_weight``), gradient added locally.
+
+        Returns the value as a 0-dim tensor (0.0 with ``tv_weight`` 0), never read here.
+        """
         if self.tv_weight <= 0:
             return 0.0
         total = 0.0
@@ -371,8 +380,7 @@ class GridModel(MarchingModel):
         if self.focus is None:
             corner_max = F.max_pool3d(self.density.detach().view(1, 1, n, n, n), 2, stride=1)[0, 0]
             alpha = 1.0 - torch.exp(-self.densities(corner_max) * step_size)
-            if not torch.equal(self.occupancy.aabb, self.grid_aabb):
-                self.occupancy.aabb = self.grid_aabb.clone()
+            self.occupancy.aabb.copy_(self.grid_aabb)  # the voxels' box (set_from_alpha refreshes the caches)
             self.occupancy.set_from_alpha(alpha, self.occupancy_threshold, dilation=0)
             return
         if self.occupancy.resolution != n:
@@ -391,8 +399,8 @@ class GridModel(MarchingModel):
             pad = (self.grid_aabb[1] - self.grid_aabb[0]) / self.resolution
             new_aabb = torch.stack([torch.maximum(box[0] - pad, self.grid_aabb[0]),
                                     torch.minimum(box[1] + pad, self.grid_aabb[1])])
-        axes = [torch.linspace(float(new_aabb[0, i]), float(new_aabb[1, i]), resolution,
-                               device=self.density.device) for i in range(3)]
+        lo, hi = new_aabb.tolist()  # host sync (once per upsampling): the new box's bounds
+        axes = [torch.linspace(lo[i], hi[i], resolution, device=self.density.device) for i in range(3)]
         points = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(-1, 3)  # x-major
         index, weights = self._corners(points)
         density = interpolate(self.density, index, weights)
@@ -428,7 +436,7 @@ def total_variation(grid: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def total_variation_grad_(grid: torch.Tensor, weight: float, grad: torch.Tensor) -> float:
+def total_variation_grad_(grid: torch.Tensor, weight: float, grad: torch.Tensor) -> torch.Tensor:
     """Add ``weight`` x the gradient of :func:`total_variation` to ``grad``, in closed form.
 
     For each axis, ``tv_a = mean_i (x_{i+1} - x_i)^2`` over the ``m_a`` neighbour pairs,
@@ -438,15 +446,16 @@ def total_variation_grad_(grid: torch.Tensor, weight: float, grad: torch.Tensor)
     Args:
         grid: (D, H, W) float values. weight: float. grad: (D, H, W) float, updated in place.
     Returns:
-        float ``weight * total_variation(grid)``.
+        0-dim tensor (dtype of ``grid``) ``weight * total_variation(grid)``; a tensor, so that
+        a training step that ignores it never waits for the device.
     """
-    value = 0.0
+    value = grid.new_zeros(())
     for axis in range(3):
         n = grid.shape[axis]
         if n < 2:
             continue
         diff = grid.narrow(axis, 1, n - 1) - grid.narrow(axis, 0, n - 1)
-        value += float(diff.pow(2).mean())
+        value = value + diff.pow(2).mean()
         diff.mul_(2.0 * weight / diff.numel())
         grad.narrow(axis, 1, n - 1).add_(diff)
         grad.narrow(axis, 0, n - 1).sub_(diff)

@@ -56,14 +56,15 @@ class MarchingModel(RadianceModel):
         return self.occupancy.query(points)
 
     def marcher(self, step_size: float | None = None):
-        """``(origins, directions, anchor, t_lo, t_hi) -> PackedSamples`` marching this model's
-        occupied cells inside its box with ``step_size`` (default :meth:`step_size`)."""
+        """``(origins, directions, anchor, t_lo, t_hi, max_intervals=None) -> PackedSamples``
+        marching this model's occupied cells inside its box with ``step_size`` (default
+        :meth:`step_size`; ``max_intervals``: see :func:`~distnerf.renderer.occupancy.march`)."""
         step_size = self.step_size() if step_size is None else step_size
         box = self.marching_box()
 
-        def fn(origins, directions, anchor, t_lo, t_hi):
+        def fn(origins, directions, anchor, t_lo, t_hi, max_intervals=None):
             t0, t1 = clip_to_box(origins, directions, t_lo, t_hi, box.to(origins.dtype))
-            return march(origins, directions, anchor, t0, t1, step_size, self.occupancy)
+            return march(origins, directions, anchor, t0, t1, step_size, self.occupancy, max_intervals)
 
         return fn
 

@@ -27,6 +27,12 @@ than ``eps``. The gradient of a channel of C w.r.t. a kept sample's density is
 ``delta_i (T_{i+1} c_i - sum_{j>i} w_j c_j - T_R bg)`` (NeRF Eq. 3 differentiated); the
 terms of the samples after the cut sum to weight ``T_cut < eps``, so termination changes
 it by less than ``|d| delta_i eps`` (the interval measured in distance); colour gradients ``dC/dc_i = w_i`` are unchanged.
+
+Host syncs (:mod:`distnerf.observe.syncs`): a training render reads four sizes from the
+device, each the length of a packed tensor, and nothing else: the march's candidate
+intervals and samples (:func:`~distnerf.renderer.occupancy.march`), the samples in
+front of the termination cut and the coloured samples. The counts it returns are
+Python ints taken from those shapes (no further reads).
 """
 from __future__ import annotations
 
@@ -37,7 +43,10 @@ import torch
 from .occupancy import grid_edges
 from .packed import PackedSamples, accumulate, render_transmittance
 
-Marcher = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], PackedSamples]
+#: ``(origins, directions, anchor, t_lo, t_hi, max_intervals=None) -> PackedSamples``, e.g.
+#: :meth:`~distnerf.model.marching.MarchingModel.marcher` (``max_intervals``: see
+#: :func:`~distnerf.renderer.occupancy.march`)
+Marcher = Callable[..., PackedSamples]
 
 
 def along_ray(sigmas: torch.Tensor, samples: PackedSamples, directions: torch.Tensor) -> torch.Tensor:
@@ -72,6 +81,7 @@ def shade(density_fn, colour_fn, samples: PackedSamples, origins, directions, vi
         sigmas = density_fn(points)
     weights, _, remaining = render_transmittance(along_ray(sigmas, samples, directions), samples)
     global_w = weights.detach() if in_front is None else weights.detach() * in_front[samples.ray_indices]
+    # host sync: the number of coloured samples (only they run the colour field)
     colour_index = (global_w > colour_threshold).nonzero().view(-1)
     rgbs = colour_fn(points[colour_index], viewdirs, samples.ray_indices[colour_index])
     out = accumulate(weights, rgbs.to(weights.dtype), samples, remaining, background, colour_index)
@@ -104,7 +114,7 @@ def march_alive(density_fn, marcher: Marcher, origins, directions, anchor, t_lo,
             _, trans, _ = render_transmittance(along_ray(sigmas, samples, directions), samples)
             if in_front is not None:
                 trans = trans * in_front[samples.ray_indices]
-            keep = (trans > termination).nonzero().view(-1)
+            keep = (trans > termination).nonzero().view(-1)  # host sync: the samples in front of the cut
             samples = samples.select(keep)
             return samples, (None if grad else sigmas[keep]), num_marched
     num_rays = origins.shape[0]
@@ -116,13 +126,14 @@ def march_alive(density_fn, marcher: Marcher, origins, directions, anchor, t_lo,
     # ``lo`` by floor((lo - a) / dt) can land one edge short and, with round_steps = 1, never advance
     j_next = torch.floor((t_lo - anchor) / dt).long()
     parts, sigma_parts, num_marched = [], [], 0
-    while alive.numel():
+    while alive.numel():  # per round: the march's two sizes, the kept samples, the rays still alive
         o, d, a = origins[alive], directions[alive], anchor[alive]
         # each round ends on an edge of the sample grid, so rounds split no interval
         j_end = j_next[alive] + round_steps
         j_next[alive] = j_end
         hi = torch.minimum(grid_edges(a, dt[alive], j_end), t_hi[alive])
-        samples = marcher(o, d, a, lo[alive], hi)
+        # a round touches at most round_steps grid intervals, + 1 at either end from rounding
+        samples = marcher(o, d, a, lo[alive], hi, max_intervals=round_steps + 2)
         sigmas = density_fn(samples.points(o, d))
         _, trans, remaining = render_transmittance(along_ray(sigmas, samples, d), samples)
         before = local[alive] if in_front is None else local[alive] * in_front[alive]
@@ -156,8 +167,8 @@ def render_segment(density_fn: Callable[[torch.Tensor], torch.Tensor],
     Args:
         density_fn: (P, 3) points -> (P,) float sigma (1 / distance unit; see :func:`along_ray`).
         colour_fn: (Q, 3) points, (R, 3) viewdirs, (Q,) int64 ray indices -> (Q, 3) rgb.
-        marcher: ``(origins, directions, anchor, t_lo, t_hi) -> PackedSamples``, e.g.
-            :func:`~distnerf.renderer.occupancy.march` bound to a step and a grid.
+        marcher: ``(origins, directions, anchor, t_lo, t_hi, max_intervals=None) -> PackedSamples``,
+            e.g. :func:`~distnerf.renderer.occupancy.march` bound to a step and a grid.
         origins, directions: (R, 3) float. viewdirs: (R, 3) float unit, for colour.
         anchor: (R,) float sample-grid anchor. t_lo, t_hi: (R,) float segment bounds.
         background: (3,) or (R, 3) float RGB, or None (a segment: no background term).

@@ -18,8 +18,12 @@ midpoint lies in an occupied cell are emitted, found by a two-level walk: groups
 ``G`` consecutive intervals (a group no longer than a coarse cell) are first tested
 against a coarse copy of the grid (``COARSE_FACTOR``^3 cells per coarse cell; exact and
 conservative, :meth:`OccupancyGrid.coarse_blocks`), and only the intervals of groups
-that may touch occupied space are tested against the grid itself (no padding to the
-longest ray, no per-sample test of empty groups).
+that may touch occupied space are tested against the grid itself (no per-sample test
+of empty groups). The groups sit in a fixed ``(R, K)`` layout, ``K`` bounded by the
+occupied box's diagonal or by the caller (an evaluation round's length), both Python
+numbers, so a march reads two sizes from the device:
+the number of candidate intervals and the number of samples (the packed layout's own
+host syncs; nerfacc's ``traverse_grids`` reads its sizes too).
 """
 from __future__ import annotations
 
@@ -102,20 +106,30 @@ class OccupancyGrid(nn.Module):
             edge: (3,) float the coarse cell edge per axis.
         Cached until ``binary`` changes.
         """
-        key = (self.binary.data_ptr(), self.binary._version, self.binary.shape[0], self.aabb.data_ptr())
+        key = (self.binary.data_ptr(), self.binary._version, self.binary.shape[0], self.aabb.data_ptr(),
+               self.aabb._version)
         if self._coarse_key != key:
             f = min(COARSE_FACTOR, self.resolution)
             pooled = F.max_pool3d(self.binary[None, None].float(), f, stride=f, ceil_mode=True)
             blocks = F.max_pool3d(F.pad(pooled, (0, 1, 0, 1, 0, 1)), 2, stride=1)[0, 0] > 0
             self._coarse_key = key
             edge = (self.aabb[1] - self.aabb[0]) / self.resolution * f
-            self._coarse = (blocks, edge, self.occupied_aabb(), float(edge.min()))
+            box = self.occupied_aabb()
+            # host sync, once per change of the grid: the march's group length and padded group count
+            sizes = torch.cat([edge, box[1] - box[0]]).tolist()
+            self._coarse = (blocks, edge, box, min(sizes[:3]), math.sqrt(sum(e * e for e in sizes[3:])))
         return self._coarse[:2]
 
     def coarse_edge(self) -> float:
         """The smallest coarse cell edge, a Python float (cached with :meth:`coarse`)."""
         self.coarse()
         return self._coarse[3]
+
+    def occupied_diagonal(self) -> float:
+        """Diagonal of :meth:`occupied_box`, a Python float (cached with :meth:`coarse`): no
+        segment inside the box is longer."""
+        self.coarse()
+        return self._coarse[4]
 
     def occupied_box(self) -> torch.Tensor:
         """(2, 3) float32 box around the occupied cells (cached; see :meth:`occupied_aabb`)."""
@@ -137,15 +151,22 @@ class OccupancyGrid(nn.Module):
         Returns:
             (Q,) bool.
         """
-        blocks, _ = self.coarse()
-        mc = blocks.shape[0]
-        aabb = self.aabb.to(starts.dtype)
+        return self.coarse_lookup(torch.minimum(self.coarse_cells(starts), self.coarse_cells(ends)))
+
+    def coarse_cells(self, points: torch.Tensor) -> torch.Tensor:
+        """(..., 3) float points -> (..., 3) int64 coarse cell indices, clamped to the grid."""
+        mc = self.coarse()[0].shape[0]
+        aabb = self.aabb.to(points.dtype)
         f = min(COARSE_FACTOR, self.resolution)
         extent = (aabb[1] - aabb[0]) * (mc * f / self.resolution)  # the coarse cells may overhang the box (ceil)
-        ia = ((starts - aabb[0]) / extent * mc).floor().long().clamp(0, mc - 1)
-        ib = ((ends - aabb[0]) / extent * mc).floor().long().clamp(0, mc - 1)
-        lo = torch.minimum(ia, ib)
-        return blocks.reshape(-1)[(lo[:, 0] * mc + lo[:, 1]) * mc + lo[:, 2]]
+        return ((points - aabb[0]) / extent * mc).floor().long().clamp(0, mc - 1)
+
+    def coarse_lookup(self, lo: torch.Tensor) -> torch.Tensor:
+        """(..., 3) int64 coarse cell indices -> (...) bool: may the 2 x 2 x 2 coarse cells
+        from ``lo`` hold an occupied cell (:meth:`coarse`)."""
+        blocks, _ = self.coarse()
+        mc = blocks.shape[0]
+        return blocks.reshape(-1)[(lo[..., 0] * mc + lo[..., 1]) * mc + lo[..., 2]]
 
     @torch.no_grad()
     def set_from_alpha(self, alpha: torch.Tensor, threshold: float, dilation: int = 1) -> None:
@@ -169,18 +190,27 @@ class OccupancyGrid(nn.Module):
         self.binary = torch.ones((resolution,) * 3, dtype=torch.bool, device=self.binary.device)
 
     def occupied_aabb(self) -> torch.Tensor:
-        """(2, 3) float32 box around the occupied cells (the whole box if none)."""
-        idx = self.binary.nonzero()
-        if idx.numel() == 0:
-            return self.aabb.clone()
-        cell = (self.aabb[1] - self.aabb[0]) / self.resolution
-        lo = self.aabb[0] + idx.min(dim=0).values * cell
-        hi = self.aabb[0] + (idx.max(dim=0).values + 1) * cell
-        return torch.stack([lo, hi])
+        """(2, 3) float32 box around the occupied cells (the whole box if none).
+
+        From the first and last occupied slab along each axis (``argmax`` of the slabs'
+        occupancy, first and last index), so the box stays on the device (no ``nonzero``).
+        """
+        m = self.resolution
+        first, end = [], []
+        for axis in range(3):
+            slabs = self.binary.any(dim=[a for a in range(3) if a != axis]).to(torch.uint8)  # (M,)
+            first.append(slabs.argmax())  # the first maximum: the first occupied slab
+            end.append(m - slabs.flip(0).argmax())  # one past the last occupied slab
+        cell = (self.aabb[1] - self.aabb[0]) / m
+        box = self.aabb[0] + torch.stack([torch.stack(first), torch.stack(end)]) * cell
+        return torch.where(self.binary.any(), box, self.aabb)
 
 
 def _expand(counts: torch.Tensor, total: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Row of each of ``sum(counts)`` items and its rank within its row: (N,), (N,) int64."""
+    """Row of each of ``sum(counts)`` items and its rank within its row: (N,), (N,) int64.
+
+    Without ``total`` (N, when the caller knows it) the size is read from the device: a host sync.
+    """
     rows = torch.repeat_interleave(torch.arange(counts.shape[0], device=counts.device), counts,
                                    output_size=total)
     starts = torch.cumsum(counts, 0) - counts
@@ -193,7 +223,8 @@ def grid_edges(anchor: torch.Tensor, dt: torch.Tensor, j: torch.Tensor) -> torch
 
 
 def march(origins: torch.Tensor, directions: torch.Tensor, anchor: torch.Tensor, t_lo: torch.Tensor,
-          t_hi: torch.Tensor, step_size: float, occupancy: OccupancyGrid | None) -> PackedSamples:
+          t_hi: torch.Tensor, step_size: float, occupancy: OccupancyGrid | None,
+          max_intervals: int | None = None) -> PackedSamples:
     """Packed samples of ray segments on the global sample grid, in occupied space only.
 
     Args:
@@ -203,6 +234,10 @@ def march(origins: torch.Tensor, directions: torch.Tensor, anchor: torch.Tensor,
         t_lo, t_hi: (R,) float segment to sample; empty where ``t_lo >= t_hi``.
         step_size: interval length as a distance in the scene's space (world or NDC units).
         occupancy: grid whose occupied cells are sampled, or None (sample the whole segment).
+        max_intervals: a bound, known to the caller, of the grid intervals any segment
+            touches (partial ones at its ends included), e.g. an evaluation round's; it
+            sizes the padded group layout with the occupied box's diagonal (the bound
+            without it). Ignored without ``occupancy``.
     Returns:
         PackedSamples: the grid intervals clipped to ``[t_lo, t_hi]`` (zero-length
         pieces dropped) whose midpoints are occupied; they tile the segment's occupied
@@ -217,29 +252,40 @@ def march(origins: torch.Tensor, directions: torch.Tensor, anchor: torch.Tensor,
     hi_j = torch.ceil((t_hi - anchor) / dt).long()  # exclusive
     lo_j, hi_j = torch.where(valid, lo_j, 0), torch.where(valid, hi_j, 0)
     if occupancy is None:
-        ray, rank = _expand((hi_j - lo_j).clamp(min=0))
+        ray, rank = _expand((hi_j - lo_j).clamp(min=0))  # host sync: the number of samples
         j = lo_j[ray] + rank
     else:
         group = max(1, int(math.floor(occupancy.coarse_edge() / step_size)))  # a group is shorter than a coarse cell
         g_lo = torch.div(lo_j, group, rounding_mode="floor")
         g_hi = torch.div(hi_j - 1, group, rounding_mode="floor")  # inclusive
-        ray_g, rank = _expand(torch.where(valid, g_hi - g_lo + 1, 0))
-        g = g_lo[ray_g] + rank
-        a, d, lo_r, hi_r = anchor[ray_g], dt[ray_g], t_lo[ray_g], t_hi[ray_g]
-        lo_g = grid_edges(a, d, g * group).clamp(lo_r, hi_r)
-        hi_g = grid_edges(a, d, (g + 1) * group).clamp(lo_r, hi_r)
-        o, dr = origins[ray_g], directions[ray_g]
-        keep = occupancy.coarse_blocks(o + dr * lo_g[:, None], o + dr * hi_g[:, None])
-        ray_g, g = ray_g[keep], g[keep]
-        first = torch.maximum(g * group, lo_j[ray_g])
-        last = torch.minimum((g + 1) * group, hi_j[ray_g])
-        row, rank = _expand((last - first).clamp(min=0))
-        ray, j = ray_g[row], first[row] + rank
+        # groups in a fixed (R, K) layout sized by Python numbers, so no size is read: a segment
+        # inside the occupied box touches n <= diagonal / step_size + 2 intervals (or max_intervals),
+        # + 2 of margin for rounding in lo_j, hi_j; n intervals lie in at most (n + group - 2) //
+        # group + 1 groups
+        bound = occupancy.occupied_diagonal() / step_size + 2
+        if max_intervals is not None:
+            bound = min(bound, max_intervals)
+        num_slots = int((bound + 2 + group - 2) // group) + 1
+        num_groups = torch.where(valid, g_hi - g_lo + 1, 0)
+        torch._assert_async((num_groups <= num_slots).all(), "march: more groups than the padded layout holds")
+        slot = torch.arange(num_slots + 1, device=origins.device)
+        g = g_lo[:, None] + slot  # (R, K + 1) group index along each ray; group k spans edges k and k + 1
+        edges = grid_edges(anchor[:, None], dt[:, None], g * group).clamp(t_lo[:, None], t_hi[:, None])
+        cells = occupancy.coarse_cells(origins[:, None] + directions[:, None] * edges[..., None])  # (R, K + 1, 3)
+        # coarse_blocks of each group's two ends, each end's cell computed once
+        keep = occupancy.coarse_lookup(torch.minimum(cells[:, :-1], cells[:, 1:]))  # (R, K)
+        g = g[:, :-1]
+        keep &= slot[:-1] < num_groups[:, None]
+        first = torch.maximum(g * group, lo_j[:, None])
+        last = torch.minimum((g + 1) * group, hi_j[:, None])
+        # host sync: the number of candidate intervals (those of the groups that may touch occupied space)
+        row, rank = _expand(torch.where(keep, last - first, 0).clamp(min=0).view(-1))
+        ray, j = torch.div(row, num_slots, rounding_mode="floor"), first.view(-1)[row] + rank
     a, d, lo_r, hi_r = anchor[ray], dt[ray], t_lo[ray], t_hi[ray]
     t0 = grid_edges(a, d, j).clamp(lo_r, hi_r)
     t1 = grid_edges(a, d, j + 1).clamp(lo_r, hi_r)
     keep = t1 > t0
     if occupancy is not None:
         keep &= occupancy.query_rays(*occupancy.ray_cells(origins, directions), ray, 0.5 * (t0 + t1))
-    keep = keep.nonzero().view(-1)
+    keep = keep.nonzero().view(-1)  # host sync: the number of samples (packed layout)
     return PackedSamples(ray[keep], t0[keep], t1[keep], num_rays)

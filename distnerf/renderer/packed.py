@@ -80,14 +80,18 @@ class PackedSamples:
 def ray_offsets(ray_indices: torch.Tensor, num_rays: int) -> tuple[torch.Tensor, torch.Tensor]:
     """First sample of each ray and the sample count of each ray.
 
+    Two binary searches in the sorted list (``bincount`` would read ``max(ray_indices)``
+    back to the host on CUDA; these never wait for the device).
+
     Args:
         ray_indices: (P,) int64 non-decreasing. num_rays: R.
     Returns:
         starts: (R,) int64 index of each ray's first sample (= the next ray's when empty);
         counts: (R,) int64 samples per ray.
     """
-    counts = torch.bincount(ray_indices, minlength=num_rays)
-    return torch.cumsum(counts, 0) - counts, counts
+    rays = torch.arange(num_rays, device=ray_indices.device, dtype=ray_indices.dtype)
+    starts = torch.searchsorted(ray_indices, rays)
+    return starts, torch.searchsorted(ray_indices, rays, right=True) - starts
 
 
 def exclusive_sum(values: torch.Tensor, ray_indices: torch.Tensor, num_rays: int) -> torch.Tensor:
