@@ -83,8 +83,8 @@ class HashEncoding(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         num = x.shape[0]
-        corners = torch.tensor([[i, j, k] for i in (0, 1) for j in (0, 1) for k in (0, 1)],
-                               device=x.device)  # (8, 3)
+        c = torch.arange(8, device=x.device)  # on the device: torch.tensor(list, device=) is a blocking copy
+        corners = torch.stack([c >> 2, (c >> 1) & 1, c & 1], dim=1)  # (8, 3) corner (i, j, k), i slowest
         outs = []
         for level, (res, size, offset) in enumerate(self._levels):
             pos = x.to(self.table.dtype) * res

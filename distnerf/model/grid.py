@@ -59,7 +59,8 @@ def trilinear_corners(x: torch.Tensor, resolution: int):
     frac = pos - base
     base = base.long()
     lin = (base[:, 0] * n + base[:, 1]) * n + base[:, 2]  # (P,) row of corner (0, 0, 0)
-    offsets = torch.tensor([(i * n + j) * n + k for i in (0, 1) for j in (0, 1) for k in (0, 1)], device=x.device)
+    c = torch.arange(8, device=x.device)  # corner (i, j, k) = the binary digits of c; made on the device, as
+    offsets = ((c >> 2) * n + ((c >> 1) & 1)) * n + (c & 1)  # torch.tensor(list, device=) is a blocking copy
     index = lin[:, None] + offsets  # (P, 8), corners in (i, j, k) binary order
     wx, wy, wz = (torch.stack([1 - frac[:, a], frac[:, a]], dim=1) for a in range(3))  # (P, 2) each
     weights = (wx[:, :, None, None] * wy[:, None, :, None] * wz[:, None, None, :]).reshape(-1, 8)

@@ -4,7 +4,7 @@ On CUDA the host runs ahead of the GPU until it needs a value or a size that onl
 GPU has computed; it then waits for every queued kernel (a *host sync*). On the CPU
 nothing waits, so a training step's syncs are invisible there and creep in unnoticed.
 :class:`SyncCounter` is a :class:`~torch.utils._python_dispatch.TorchDispatchMode` (plus
-a :class:`~torch.overrides.TorchFunctionMode` for ``Tensor.tolist``) that records every
+a :class:`~torch.overrides.TorchFunctionMode` for ``Tensor.tolist`` and ``torch.tensor``) that records every
 operator that *would* make the host wait on CUDA, whatever the device it runs on:
 
 ========================================  ==============================================
@@ -28,11 +28,19 @@ without ``output_size``                   ``output_size=`` is given
 ``aten.masked_fill`` (tensor value)       the CUDA kernel reads the value with ``.item()``
 ``aten._to_copy`` / ``aten.copy_``        device-to-host copies (never on a CPU-only
 from a non-CPU device to the CPU          run, counted where they occur)
+``aten._to_copy`` / ``aten.copy_``        a blocking copy (``non_blocking=False``) is
+from the CPU to a device, blocking        ``cudaMemcpyAsync`` + ``cudaStreamSynchronize``
+``torch.tensor`` / ``as_tensor`` /        Python data (numbers, lists, arrays) copied to
+``asarray`` with ``device=``              ``device=``: a blocking host-to-device copy on
+                                          CUDA (counted on the CPU too, where ``device``
+                                          is the CPU: the call cannot tell);
+                                          ``torch.full``/``arange`` need no copy
 ========================================  ==============================================
 
-Not counted: host-to-device copies (``torch.tensor(list, device=...)``; they do not wait
-for queued kernels), ``torch.cuda.synchronize`` and events (deliberate, named by the
-profiler), collectives.
+Not counted: non-blocking host-to-device copies (from pinned memory they do not wait;
+from pageable memory they stall on a staging copy, undetected here), ``t.to(device)`` of
+a CPU tensor on a CPU-only run (no operator runs there), ``torch.cuda.synchronize`` and
+events (deliberate, named by the profiler), collectives.
 
 Conventions. Every occurrence is one :class:`SyncEvent`. Its ``location`` is the
 innermost Python frame inside the ``distnerf`` package (``distnerf/renderer/occupancy.py:230``;
@@ -78,6 +86,7 @@ ALWAYS = {aten._local_scalar_dense, aten.nonzero, aten.masked_select, aten._uniq
           aten.unique_consecutive, aten.unique_dim_consecutive, aten._coalesce, aten.bincount, aten.equal,
           aten.allclose, aten.is_nonzero}
 _BOOL_INDEX = {aten.index, aten.index_put, aten.index_put_, aten._index_put_impl_}
+_FROM_DATA = (torch.tensor, torch.as_tensor, torch.asarray)
 
 
 @dataclass
@@ -91,7 +100,8 @@ class SyncEvent:
         function: the function of that frame.
         via: ``path:line`` of the innermost frame when it lies outside ``distnerf`` (torch's
             own Python code, e.g. an optimizer), else None.
-        device: device type of the operator's first tensor argument (``cpu``, ``cuda``).
+        device: device type of the operator's first tensor argument (``cpu``, ``cuda``), or
+            the destination of ``torch.tensor(..., device=...)``.
         section: the label set by :meth:`SyncCounter.section` (``""`` outside any).
     """
 
@@ -142,13 +152,19 @@ def classify(func, args, kwargs) -> str | None:
         return f"aten.{packet.__name__} (tensor value)"
     if packet is aten._to_copy:
         src, device = args[0], kwargs.get("device")
-        if src.device.type != "cpu" and device is not None and torch.device(device).type == "cpu":
+        if device is None or (torch.device(device).type == "cpu") == (src.device.type == "cpu"):
+            return None
+        if src.device.type != "cpu":
             return "aten._to_copy (device to host)"
-        return None
+        return None if kwargs.get("non_blocking", False) else "aten._to_copy (host to device, blocking)"
     if packet is aten.copy_:
         dst, src = args[0], args[1]
-        if dst.device.type == "cpu" and src.device.type != "cpu":
+        if not isinstance(src, torch.Tensor) or (dst.device.type == "cpu") == (src.device.type == "cpu"):
+            return None
+        if dst.device.type == "cpu":
             return "aten.copy_ (device to host)"
+        non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
+        return None if non_blocking else "aten.copy_ (host to device, blocking)"
     return None
 
 
@@ -173,14 +189,22 @@ class _Function(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is torch.Tensor.tolist and not self.counter._quiet:
-            self.counter._record("Tensor.tolist", args[0])
-            self.counter._quiet = True  # its device-to-host copy is the same sync
-            try:
-                return func(*args, **kwargs)
-            finally:
-                self.counter._quiet = False
-        return func(*args, **kwargs)
+        name = None
+        if self.counter._quiet:
+            pass
+        elif func is torch.Tensor.tolist:
+            name = "Tensor.tolist"
+        elif func in _FROM_DATA and kwargs.get("device") is not None and args and not isinstance(args[0], torch.Tensor):
+            name = f"torch.{func.__name__} (host to device, blocking)"
+        if name is None:
+            return func(*args, **kwargs)
+        device = kwargs.get("device") if name.startswith("torch.") else None
+        self.counter._record(name, args[0] if args and isinstance(args[0], torch.Tensor) else None, device)
+        self.counter._quiet = True  # the copy inside is the same sync
+        try:
+            return func(*args, **kwargs)
+        finally:
+            self.counter._quiet = False
 
 
 class SyncCounter:
@@ -220,7 +244,7 @@ class SyncCounter:
         finally:
             self._section = previous
 
-    def _record(self, op: str, tensor: torch.Tensor | None) -> None:
+    def _record(self, op: str, tensor: torch.Tensor | None, device=None) -> None:
         location, function, via = "?", "?", None
         if self.stack:
             frame, innermost = sys._getframe(2), None
@@ -237,7 +261,10 @@ class SyncCounter:
                 via = f"{_short(innermost.f_code.co_filename)}:{innermost.f_lineno}"
                 if location == "?":
                     location, function = via, innermost.f_code.co_name
-        device = tensor.device.type if tensor is not None else "?"
+        if device is not None:  # the destination of a copy from Python data
+            device = torch.device(device).type
+        else:
+            device = tensor.device.type if tensor is not None else "?"
         self.events.append(SyncEvent(op, location, function, via, device, self._section))
 
     # ------------------------------------------------------------ results
