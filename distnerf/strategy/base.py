@@ -38,12 +38,17 @@ class StepStats:
     at_mark: float = 0.0
     signal: float = 0.0
 
-    def to_tensor(self) -> torch.Tensor:
-        """(5,) float64 in field order, on the device of the tensor fields (else the CPU)."""
-        values = astuple(self)
-        device = next((v.device for v in values if torch.is_tensor(v)), torch.device("cpu"))
-        return torch.stack([torch.as_tensor(v, dtype=torch.float64, device=device).reshape(()) for v in values])
-
+    def host_values(self) -> list[float]:
+        """The five fields as host floats, in field order. The tensor fields are read back in
+        one device-to-host transfer (the step's one host synchronisation for its flags); the
+        Python numbers never travel to the device and back."""
+        values = list(astuple(self))
+        where = [i for i, v in enumerate(values) if torch.is_tensor(v)]
+        if where:
+            read = torch.stack([values[i].detach().reshape(()).double() for i in where]).tolist()  # host sync
+            for i, v in zip(where, read):
+                values[i] = v
+        return [float(v) for v in values]
 
 
 @dataclass
@@ -140,11 +145,12 @@ class Strategy:
         return StepAgreement(total, mine, max(total.valid_rays, 1.0) / self.env.world_size)
 
     def _reduce(self, local: StepStats) -> tuple[StepStats, StepStats]:
-        """(this rank's stats, the sum over ranks), both as host floats, read back in one
-        transfer: the step's one host synchronisation for its flags."""
-        mine = local.to_tensor()
-        values = torch.cat([mine, D.all_reduce_sum(self.env, mine)]).tolist()  # host sync: the step's flags
-        return StepStats(*values[:5]), StepStats(*values[5:])
+        """(this rank's stats, the sum over ranks), both as host floats: one device-to-host
+        read of the tensor fields, then a CPU all-reduce (gloo, on CPU and CUDA groups alike)."""
+        mine = local.host_values()
+        # a CPU tensor on CPU and CUDA runs alike: reading it waits for no device
+        total = D.all_reduce_sum(self.env, torch.tensor(mine, dtype=torch.float64)).numpy().tolist()
+        return StepStats(*mine), StepStats(*total)
 
     def comm_stats(self) -> dict:
         """Communication measured since the last call (seconds, bytes, calls)."""
