@@ -317,6 +317,56 @@ def main_job(res: Results) -> list[str]:
     return out
 
 
+def syncs(res: Results) -> list[str]:
+    """tools/bench_syncs.py: host syncs of one training step, before and after issue 14."""
+    d = res.json("syncs/syncs.json")
+    out = header("configuration (smoke, 1 process)", "before: total (model + trainer)",
+                 "after: total (model + trainer)", "occupancy-refresh step, before -> after")
+    for name, after in d["after"]["configs"].items():
+        before = d["before"]["configs"][name]
+        b, a = before["count_step"], after["count_step"]
+        refresh = (f"{before['refresh_step']['total']} -> {after['refresh_step']['total']}"
+                   if after.get("refresh_step") and before.get("refresh_step") else "-")
+        out.append(row(name, f"{b['total']} ({b['model']} + {b['trainer']})", f"{a['total']} ({a['model']} + {a['trainer']})",
+                       refresh))
+    return out
+
+
+def eval_memory(res: Results) -> list[str]:
+    """tools/bench_eval_memory.py: peak RSS of one evaluated view, model=nerf experiment=gpu."""
+    d = res.json("eval_memory/eval_memory.json")
+    out = header("view", "rays per chunk", "points per chunk (fine)", "`eval.point_chunk`", "peak RSS (VmHWM)")
+    for r in d["runs"]:
+        rss = f"{r['peak_rss_gb']:.2f} GiB" if "peak_rss_gb" in r else f"not run: {r['skipped']}"
+        out.append(row(f"{r['resolution']}x{r['resolution']}", r["rays_per_chunk"], mega(r["points_per_chunk_fine"]),
+                       r["point_chunk"] or "0 (no limit: before)", rss))
+    return out
+
+
+def timing_overhead(res: Results) -> list[str]:
+    """tools/bench_profile.py overhead, before (3512202) and after issue 14's timing changes."""
+    out = header("tree", "in-process cost of one step's timing (us; on - off)", "end-to-end step, off / default (ms)",
+                 "ratio on/off (run-to-run spread is several %)")
+    for label, rel in (("before (3512202)", "timing_overhead/before_3512202.json"), ("after", "timing_overhead/after.json")):
+        d = res.json(rel)
+        out.append(row(label, f"{d['in_process_cost_us']:.1f}",
+                       f"{1e3 * d['median_step_s']['off']:.1f} / {1e3 * d['median_step_s']['default']:.1f}",
+                       f"{d['ratio_on_off']:.3f}"))
+    return out
+
+
+def ddp_sparse_decision(res: Results) -> list[str]:
+    """tools/bench_ddp.py allreduce: the grid at 160^3 on 2 ranks, sparse rule on (falls back) and off."""
+    out = header("tree", "variant", "all-reduce hook s / step (median)", "bytes / step", "step s (median)")
+    for label, rel in (("before (3512202)", "ddp_sparse_decision/before_3512202.json"),
+                       ("after", "ddp_sparse_decision/after.json")):
+        d = res.json(rel)
+        for variant, m in d["models"].items():
+            out.append(row(label, variant, f"{m['allreduce_s_per_step']:.4f}", mega(m["allreduce_bytes_per_step"]) + "B",
+                           f"{m['step_s']:.3f}"))
+    return out
+
+
 TABLES = {
     "lego_quality": lego_quality,
     "lego_stages": lambda res: stages(res, "lego_1p"),
@@ -328,6 +378,10 @@ TABLES = {
     "ss_eq_detail": ss_eq_detail,
     "memory": memory,
     "main_job": main_job,
+    "syncs": syncs,
+    "eval_memory": eval_memory,
+    "timing_overhead": timing_overhead,
+    "ddp_sparse_decision": ddp_sparse_decision,
 }
 
 
