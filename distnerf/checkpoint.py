@@ -112,9 +112,11 @@ def read_manifest(ckpt: Path, verify: bool = False) -> dict:
     for name, meta in manifest.get("files", {}).items():
         f = Path(ckpt) / name
         if not f.exists() or f.stat().st_size != meta["bytes"]:
-            raise CheckpointError(f"{f}: missing or size differs from the manifest")
+            state = "missing" if not f.exists() else f"{f.stat().st_size} bytes, the manifest says {meta['bytes']}"
+            raise CheckpointError(f"step {manifest.get('step')}: {f.name} {state} (listed in {path}): "
+                                  f"missing or size differs from the manifest")
         if verify and file_digest(f) != meta["sha256"]:
-            raise CheckpointError(f"{f}: checksum differs from the manifest")
+            raise CheckpointError(f"step {manifest.get('step')}: {f}: checksum differs from the manifest {path}")
     return manifest
 
 
@@ -133,6 +135,21 @@ def committed(root: Path) -> list[Path]:
         except CheckpointError:
             continue
         out.append(d)
+    return out
+
+
+def damaged(root: Path) -> list[str]:
+    """Why each checkpoint under ``root`` that has a manifest cannot be used (a listed file
+    missing or of another size), oldest first; uncommitted directories are not listed."""
+    out = []
+    for d in sorted(Path(root).glob("step_*")):
+        if (d / MANIFEST).exists():
+            try:
+                read_manifest(d)
+            except CheckpointFormatError:
+                raise
+            except CheckpointError as err:
+                out.append(str(err))
     return out
 
 

@@ -57,6 +57,9 @@ def find_checkpoint(cfg, run_dir: Path) -> tuple[Path, dict]:
     """The checkpoint to render (``cfg.checkpoint`` or the newest committed) and its verified manifest."""
     found = Path(cfg.checkpoint) if cfg.checkpoint else ckpt.latest(run_dir / "checkpoints")
     if found is None:
+        broken = ckpt.damaged(run_dir / "checkpoints")
+        if broken:  # committed, then damaged: say which file, not "no checkpoint"
+            raise ckpt.CheckpointError(f"{run_dir / 'checkpoints'}: no usable checkpoint; the newest: {broken[-1]}")
         raise FileNotFoundError(f"{run_dir / 'checkpoints'}: no committed checkpoint to render")
     return found, ckpt.read_manifest(found, verify=True)
 

@@ -173,7 +173,8 @@ def evaluate_run(cfg, model, strategy, out_dir: Path, step: int, eval_split) -> 
         "per_view": rows,
     }
     if strategy.is_main:
-        (Path(out_dir) / "metrics.json").write_text(json.dumps(metrics, indent=1))
+        # strict JSON (no NaN/Infinity, which most parsers refuse): PSNR is capped, see observe.metrics.psnr
+        (Path(out_dir) / "metrics.json").write_text(json.dumps(metrics, indent=1, allow_nan=False))
         log.info("test: PSNR %.2f dB, SSIM %.4f over %d views (%dx%d)", metrics["psnr"], metrics["ssim"],
                  len(rows), scene.height, scene.width)
     return {k: metrics[k] for k in ("psnr", "ssim", "lpips")}

@@ -152,9 +152,9 @@ class Trainer:
                     self.save_checkpoint(at_mark=True)
             self.step_fn.update(sse / agreed.loss_normalizer)
             self.step += 1
-            self.profiler.end_step(self.step - 1, agreed.mine.valid_rays, out.get("num_samples", 0),
-                                   self.strategy.step_comm())  # on CUDA: the step's end-of-step synchronisation
-            step_seconds = time.perf_counter() - start  # so the step time holds all of its GPU work
+            done = self.profiler.end_step(self.step - 1, agreed.mine.valid_rays, out.get("num_samples", 0),
+                                          self.strategy.step_comm())  # after the step's GPU work (CUDA: its sync)
+            step_seconds = done - start
             self.train_seconds += step_seconds
             if self.step % log_every == 0 or self.step == max_steps:
                 self._log_step(out, batch, flags.valid_rays, step_seconds, progress)

@@ -17,14 +17,20 @@ from torchmetrics.functional.image import structural_similarity_index_measure
 LPIPS_BACKBONE = "alex"
 
 
+PSNR_MAX_DB = 100.0  # the MSE is clamped at 1e-10: an exact image (a view of background only) scores 100 dB
+
+
 def psnr(pred: torch.Tensor, target: torch.Tensor) -> float:
-    """Peak signal-to-noise ratio in dB for data range 1: ``-10 log10(MSE)``.
+    """Peak signal-to-noise ratio in dB for data range 1: ``-10 log10(max(MSE, 1e-10))``.
+
+    Capped at :data:`PSNR_MAX_DB` (an exact render, e.g. a view whose rays all miss the
+    scene, would otherwise score ``inf`` and make a mean over views meaningless).
 
     Args:
         pred, target: (H, W, 3) float in [0, 1] (or any equal shapes).
     """
     mse = torch.mean((pred.double() - target.double()) ** 2).item()
-    return float("inf") if mse == 0 else -10.0 * math.log10(mse)
+    return -10.0 * math.log10(max(mse, 10 ** (-PSNR_MAX_DB / 10)))
 
 
 def ssim(pred: torch.Tensor, target: torch.Tensor) -> float:

@@ -141,19 +141,22 @@ class RunProfiler:
                 "unique_graphs": int(counters["stats"].get("unique_graphs", 0))}
 
     # ----------------------------------------------------------------- per step
-    def end_step(self, step: int, num_rays: float, num_samples: int, comm: dict | None) -> dict | None:
+    def end_step(self, step: int, num_rays: float, num_samples: int, comm: dict | None) -> float:
         """Record the step in the breakdown and advance the trace schedule.
 
-        Returns with the step's GPU work done: the breakdown synchronises once per step on
-        CUDA (resolving its events); with the breakdown off (``profiler=off``) the device is
-        synchronised here, so a step time read afterwards is never a launch time.
+        Returns:
+            the host time (``time.perf_counter``) at which the step's work was done, read after
+            the step's GPU work (the breakdown synchronises once per step on CUDA, resolving its
+            events; with the breakdown off, ``profiler=off``, the device is synchronised here) and
+            before the trace bookkeeping (exporting a trace is not training time).
         """
-        rec = self.steps.end_step(step, num_rays, num_samples, comm)
+        self.steps.end_step(step, num_rays, num_samples, comm)
         if self.steps.cuda and not self.steps.enabled:
             torch.cuda.synchronize()
+        done = time.perf_counter()
         if self.trace is not None:
             self.trace.step()
-        return rec
+        return done
 
     def finish(self) -> dict:
         """Stop traces and telemetry; write ``rank_K.json``; return this rank's summary

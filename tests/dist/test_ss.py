@@ -148,3 +148,15 @@ def test_joint_run_exchanges_segments_and_renders_the_same_on_one_process(joint_
     with pytest.raises(AssertionError, match="no overlapping regions to blend"):
         run_cli([sys.executable, "-m", "distnerf.render", f"run_dir={joint_run}", "fusion=blend",
                  f"out_dir={joint_run / 'blend'}"])
+
+
+def test_render_of_an_ss_checkpoint_missing_a_region_file_names_the_step_and_the_file(ss_runs, tmp_path):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(ss_runs["straight"], run, ignore=shutil.ignore_patterns("test", "single", "dist", "blend*",
+                                                                            "exported", "export"))
+    found = ckpt.latest(run / "checkpoints")
+    (found / "region_002.pt").unlink()
+    with pytest.raises(AssertionError, match=rf"step {2 * N}: region_002.pt missing \(listed in .*manifest.json\)"):
+        run_cli([sys.executable, "-m", "distnerf.render", f"run_dir={run}", f"out_dir={run / 'r'}"])

@@ -89,3 +89,14 @@ def test_manifest_without_format_is_the_old_format(tmp_path):
     (d / ckpt.MANIFEST).write_text(json.dumps(manifest))
     with pytest.raises(ckpt.CheckpointFormatError, match="format 1,"):
         ckpt.read_manifest(d)
+
+
+def test_a_committed_checkpoint_missing_a_file_names_the_step_the_file_and_the_manifest(tmp_path):
+    d = make(tmp_path, 12)
+    (d / "rank_1.pt").unlink()  # e.g. an ss region file lost after the commit
+    assert ckpt.latest(tmp_path) is None
+    broken = ckpt.damaged(tmp_path)
+    assert len(broken) == 1
+    assert "step 12: rank_1.pt missing (listed in" in broken[0] and str(d / ckpt.MANIFEST) in broken[0]
+    make(tmp_path, 20, commit=False)  # uncommitted: not damaged, just not there yet
+    assert len(ckpt.damaged(tmp_path)) == 1

@@ -27,7 +27,8 @@ def test_psnr_formula():
     assert psnr(target - 0.01, target) == pytest.approx(40.0, abs=1e-9)  # MSE 1e-4
     t32 = target.float()
     assert psnr(t32 + 0.1, t32) == pytest.approx(20.0, abs=1e-5)  # float32 inputs too
-    assert psnr(target, target) == float("inf")
+    assert psnr(target, target) == 100.0  # capped (MSE clamped at 1e-10): never inf in a mean or in JSON
+    assert psnr(target + 1e-6, target) == 100.0 and psnr(target + 1e-4, target) == pytest.approx(80.0, abs=1e-6)
     noisy = (target + 0.05 * torch.randn(target.shape, generator=torch.Generator().manual_seed(1))).clamp(0, 1)
     mse = sum((float(a) - float(b)) ** 2 for a, b in zip(noisy.flatten(), target.flatten())) / target.numel()
     assert psnr(noisy, target) == pytest.approx(-10 * math.log10(mse), rel=1e-9)
