@@ -126,30 +126,27 @@ def committed(root: Path) -> list[Path]:
     Raises:
         CheckpointFormatError: a committed checkpoint of another format version.
     """
+    return [d for d, err in _scan(root) if err is None]
+
+
+def damaged(root: Path) -> list[str]:
+    """Why each checkpoint under ``root`` that has a manifest cannot be used (a listed file
+    missing or of another size), oldest first; uncommitted directories are not listed."""
+    return [str(err) for d, err in _scan(root) if err is not None and (d / MANIFEST).exists()]
+
+
+def _scan(root: Path) -> list[tuple[Path, CheckpointError | None]]:
+    """Every ``step_*`` directory under ``root`` with why it is not usable (None: committed)."""
     out = []
     for d in sorted(Path(root).glob("step_*")):
         try:
             read_manifest(d)
         except CheckpointFormatError:
             raise  # committed, but by another distnerf: say so rather than start afresh
-        except CheckpointError:
+        except CheckpointError as err:
+            out.append((d, err))
             continue
-        out.append(d)
-    return out
-
-
-def damaged(root: Path) -> list[str]:
-    """Why each checkpoint under ``root`` that has a manifest cannot be used (a listed file
-    missing or of another size), oldest first; uncommitted directories are not listed."""
-    out = []
-    for d in sorted(Path(root).glob("step_*")):
-        if (d / MANIFEST).exists():
-            try:
-                read_manifest(d)
-            except CheckpointFormatError:
-                raise
-            except CheckpointError as err:
-                out.append(str(err))
+        out.append((d, None))
     return out
 
 

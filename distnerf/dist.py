@@ -238,7 +238,7 @@ def all_reduce_max(env: DistEnv, value: float) -> float:
     if not env.distributed:
         return value
     t = torch.tensor([float(value)], dtype=torch.float64)
-    dist.all_reduce(_checked(t), op=dist.ReduceOp.MAX)
+    all_reduce_(t, "max")
     return float(t.item())
 
 
@@ -246,7 +246,7 @@ def all_reduce_sum(env: DistEnv, values: torch.Tensor) -> torch.Tensor:
     """Sum of a small tensor over ranks (a new tensor on the device ``values`` is on)."""
     t = values.detach().clone()
     if env.distributed:
-        dist.all_reduce(_checked(t), op=dist.ReduceOp.SUM)
+        all_reduce_(t)
     return t
 
 

@@ -355,6 +355,12 @@ def _schema_of(group: str, node) -> type:
     return options[name]
 
 
+def _omegaconf_reason(err: Exception) -> tuple[str | None, str]:
+    """(the full key, when the first line does not name it; the first line) of an OmegaConf error."""
+    first, key = str(err).splitlines()[0], getattr(err, "full_key", None)
+    return (key if key and key not in first else None), first
+
+
 def structured(cfg, root: type = TrainConfig) -> DictConfig:
     """``cfg`` (a composed or saved config) merged into the schemas: defaults filled in,
     types converted, unknown keys refused. ``root``: :class:`TrainConfig` or a subclass
@@ -372,9 +378,9 @@ def structured(cfg, root: type = TrainConfig) -> DictConfig:
         merged = OmegaConf.merge(base, cfg)
     except ConfigError:
         raise
-    except Exception as err:  # omegaconf's errors name the full key
-        first, key = str(err).splitlines()[0], getattr(err, "full_key", None)
-        raise ConfigError(f"config {key}: {first}" if key and key not in first else f"config: {first}") from None
+    except Exception as err:
+        key, first = _omegaconf_reason(err)
+        raise ConfigError(f"config {key}: {first}" if key else f"config: {first}") from None
     return merged
 
 
@@ -436,8 +442,8 @@ def section(schema: type | str, cfg=None, **overrides) -> DictConfig:
         OmegaConf.set_struct(node, True)
         merged = OmegaConf.merge(node, data)
     except Exception as err:
-        first, key = str(err).splitlines()[0], getattr(err, "full_key", None)
-        first = f"{key}: {first}" if key and key not in first else first
+        key, first = _omegaconf_reason(err)
+        first = f"{key}: {first}" if key else first
         raise ConfigError(f"config {prefix.rstrip('.') or schema.__name__}: {first} (keys and defaults: "
                          f"distnerf/schema.py::{schema.__name__})") from None
     check(merged, prefix)

@@ -54,6 +54,4 @@ def load_fused(partition_dict: dict, state, model_cfg: dict, strategy_cfg, aabb,
     if strategy.joint:  # the same segments and compositing as training
         return JointRegionModels(models, partition, torch.as_tensor(background).float(),
                                  env.distributed).to(env.device).eval()
-    return FusedRenderer(partition, models, fusion, color_threshold=strategy.cfg.color_threshold,
-                         blend_power=strategy.cfg.blend_power,
-                         distributed=env.distributed).to(env.device)
+    return strategy.fuse(models, fusion).to(env.device)

@@ -206,9 +206,13 @@ class SSStrategy(Strategy):
             log.warning("strategy.fusion=blend needs one process: evaluating with segment fusion; render the "
                         "run with `python -m distnerf.render run_dir=... fusion=blend` for blend")
             fusion = "segment"
-        return FusedRenderer(self.partition, dict(zip(model.regions, model.models)), fusion,
-                             color_threshold=self.cfg.color_threshold, blend_power=self.cfg.blend_power,
-                             distributed=self.env.distributed)
+        return self.fuse(dict(zip(model.regions, model.models)), fusion)
+
+    def fuse(self, models: dict, fusion: str) -> FusedRenderer:
+        """The fusion stage over ``models`` (region -> sub-model: all of them on one process,
+        this rank's under torchrun) with this strategy's partition and fusion settings."""
+        return FusedRenderer(self.partition, models, fusion, color_threshold=self.cfg.color_threshold,
+                             blend_power=self.cfg.blend_power, distributed=self.env.distributed)
 
     def eval_views(self, num_views: int) -> list[int]:
         return list(range(num_views))  # collective rendering: all ranks take part in every view
