@@ -12,5 +12,5 @@ quiet() { grep -v "^WARNING: Location" || true; }  # this machine's pip mirrors 
 if [ -n "$TORCH_SPEC" ]; then
   python -m pip install -q "$TORCH_SPEC" 2>&1 | quiet
 fi
-python -m pip install -q -e ".[test,profile]" 2>&1 | quiet
+python -m pip install -q -e ".[test,profile,colmap]" 2>&1 | quiet
 python -c "import torch, distnerf; print('torch', torch.__version__, '| distnerf ready')"

@@ -21,13 +21,26 @@ import torch
 
 @dataclass
 class Cameras:
-    """Pinhole cameras of one split.
+    """Cameras of one split: pinhole, optionally with lens distortion, per-camera image
+    sizes and per-camera ray bounds.
 
     Attributes:
         c2w: (N, 3, 4) float32, camera-to-world, OpenGL convention, world units.
         fx, fy: (N,) float32 focal lengths in pixels.
         cx, cy: (N,) float32 principal point in pixels from the top-left corner.
-        width, height: image size in pixels (identical for all cameras).
+        width, height: image size in pixels; with ``sizes`` set, the largest width and
+            height (the size of the padded pixel store).
+        distortion: optional (N, 5) float32 OpenCV radial-tangential coefficients
+            ``(k1, k2, p1, p2, k3)`` acting on normalised image coordinates
+            ``x = (u + 0.5 - cx) / fx, y = (v + 0.5 - cy) / fy`` (image y down):
+            ``x_d = x (1 + k1 r^2 + k2 r^4 + k3 r^6) + 2 p1 x y + p2 (r^2 + 2 x^2)``,
+            ``y_d = y (1 + ...) + p1 (r^2 + 2 y^2) + 2 p2 x y``. COLMAP's ``SIMPLE_RADIAL``
+            (k), ``RADIAL`` (k1, k2) and ``OPENCV`` (k1, k2, p1, p2) are special cases.
+            ``None``: no distortion.
+        sizes: optional (N, 2) int64 ``(height, width)`` of every camera's image (images
+            of different sizes); ``None``: all are ``height x width``.
+        bounds: optional (N, 2) float32 ``(near, far)`` of every camera's rays (from the
+            sparse points it sees); ``None``: the split's global ``near``/``far``.
     """
 
     c2w: torch.Tensor
@@ -37,14 +50,40 @@ class Cameras:
     cy: torch.Tensor
     width: int
     height: int
+    distortion: Optional[torch.Tensor] = None
+    sizes: Optional[torch.Tensor] = None
+    bounds: Optional[torch.Tensor] = None
 
     def __len__(self) -> int:
         return self.c2w.shape[0]
 
+    def size(self, index: int) -> tuple[int, int]:
+        """``(height, width)`` in pixels of camera ``index``'s image."""
+        if self.sizes is None:
+            return self.height, self.width
+        h, w = self.sizes[index].tolist()
+        return int(h), int(w)
+
+    def tensors(self) -> list:
+        """Every tensor the cameras hold (for moving or sharing them)."""
+        return [t for t in (self.c2w, self.fx, self.fy, self.cx, self.cy, self.distortion, self.sizes, self.bounds)
+                if t is not None]
+
+    def map(self, fn) -> "Cameras":
+        """Cameras with ``fn`` applied to every tensor (e.g. ``.to(device)``)."""
+        opt = lambda t: None if t is None else fn(t)  # noqa: E731
+        return Cameras(fn(self.c2w), fn(self.fx), fn(self.fy), fn(self.cx), fn(self.cy), self.width, self.height,
+                       opt(self.distortion), opt(self.sizes), opt(self.bounds))
+
     def subset(self, index) -> "Cameras":
         """Cameras selected by ``index`` (slice, list or LongTensor)."""
-        return Cameras(self.c2w[index], self.fx[index], self.fy[index], self.cx[index],
-                       self.cy[index], self.width, self.height)
+        return self.map(lambda t: t[index])
+
+    def scaled(self, factor: int) -> "Cameras":
+        """The cameras of images downscaled by the integer ``factor`` (sizes floor-divided)."""
+        sizes = None if self.sizes is None else self.sizes // factor
+        return replace(self, fx=self.fx / factor, fy=self.fy / factor, cx=self.cx / factor, cy=self.cy / factor,
+                       width=self.width // factor, height=self.height // factor, sizes=sizes)
 
 
 @dataclass
@@ -83,6 +122,13 @@ class SceneData:
         ndc: NDC parameters for forward-facing scenes, else ``None``.
         image_paths: source file of every image (for error messages and outputs).
         source: path of the dataset root.
+        mask: optional (N, H, W) bool, the pixels that may be sampled for training
+            (False: masked out by the dataset's masks, or padding of an image smaller
+            than H x W). ``None``: every pixel. Evaluation ignores it (whole images).
+        transform: optional JSON-able dict, the similarity that took the dataset's own
+            world coordinates into this scene's normalised ones (COLMAP, nerfstudio):
+            ``{"matrix": 4x4 list, "scale": s, ...}`` with ``p_scene = matrix @ [p, 1]``;
+            saved beside every run, render and export. ``None``: the dataset's own frame.
     """
 
     split: str
@@ -95,6 +141,8 @@ class SceneData:
     ndc: Optional[NDCParams] = None
     image_paths: list = field(default_factory=list)
     source: str = ""
+    mask: Optional[torch.Tensor] = None
+    transform: Optional[dict] = None
 
     def __len__(self) -> int:
         return self.images.shape[0]
@@ -108,23 +156,29 @@ class SceneData:
         return self.cameras.width
 
     def downscaled(self, factor: int) -> "SceneData":
-        """The split with images area-averaged by ``factor`` and intrinsics scaled to match."""
+        """The split with images area-averaged by ``factor`` and intrinsics scaled to match
+        (a pooled pixel is sampleable only if all its source pixels were)."""
         import torch.nn.functional as F
 
         images = F.avg_pool2d(self.images.permute(0, 3, 1, 2), factor).permute(0, 2, 3, 1).contiguous()
         height, width = images.shape[1], images.shape[2]
-        c = self.cameras
-        cams = Cameras(c.c2w, c.fx / factor, c.fy / factor, c.cx / factor, c.cy / factor, width, height)
+        cams = self.cameras.scaled(factor)
         ndc = None if self.ndc is None else NDCParams(self.ndc.focal / factor, width, height, self.ndc.near_plane)
-        return replace(self, images=images, cameras=cams, ndc=ndc)
+        mask = None if self.mask is None else \
+            -F.max_pool2d(-self.mask[:, None].float(), factor)[:, 0] > 0.5
+        return replace(self, images=images, cameras=cams, ndc=ndc, mask=mask)
 
     def subset(self, index) -> "SceneData":
         """The views selected by ``index`` (list of ints)."""
         index = list(index)
-        return SceneData(self.split, self.images[index], self.cameras.subset(index), self.near,
-                         self.far, self.aabb, self.background, self.ndc,
-                         [self.image_paths[i] for i in index] if self.image_paths else [],
-                         self.source)
+        return replace(self, images=self.images[index], cameras=self.cameras.subset(index),
+                       image_paths=[self.image_paths[i] for i in index] if self.image_paths else [],
+                       mask=None if self.mask is None else self.mask[index])
+
+    def image(self, index: int) -> torch.Tensor:
+        """(h, w, 3) float32 pixels of view ``index`` at its own size (padding cropped)."""
+        h, w = self.cameras.size(index)
+        return self.images[index, :h, :w]
 
 
 class DatasetError(ValueError):

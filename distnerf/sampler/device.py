@@ -72,7 +72,7 @@ class DeviceSampler(Sampler):
         super().__init__(spec, device)
         c = scene.cameras
         move = lambda t: t.to(self.device)  # noqa: E731
-        cams = Cameras(move(c.c2w), move(c.fx), move(c.fy), move(c.cx), move(c.cy), c.width, c.height)
+        cams = c.map(move)
         self.scene = SceneData(scene.split, scene.images[:0], cams, scene.near, scene.far, scene.aabb,
                                scene.background, scene.ndc, scene.image_paths, scene.source)
         self._flat_rgb = scene.images.reshape(-1, 3).to(self.device)
