@@ -29,6 +29,10 @@ import torch
 
 MANIFEST = "manifest.json"
 MODEL_FILE = "model.pt"
+SCENE_TRANSFORM_FILE = "scene_transform.json"
+"""In a run directory: the similarity from the dataset's own frame into the normalised scene
+frame every model, render and export of the run uses (``SceneData.transform``), when the
+dataset was normalised (COLMAP, nerfstudio)."""
 FORMAT_VERSION = 2  # 1: before the format was recorded (issue 13); bump on any change of layout or contents
 
 

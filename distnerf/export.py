@@ -13,11 +13,12 @@ Render it with ``python -m distnerf.render run_dir=PATH weights=FILE``.
 from __future__ import annotations
 
 import sys
+import json
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from .checkpoint import atomic_torch_save
+from .checkpoint import SCENE_TRANSFORM_FILE, atomic_torch_save
 from .render import find_checkpoint, load_run_config, load_weights
 from .schema import ConfigError
 from .strategy.fused import region_states
@@ -35,6 +36,9 @@ def main(argv: list[str] | None = None) -> Path:
     else:
         model_state, step = load_weights(cfg, run_dir)
         blob = {"model": model_state, "step": step, "config": config}
+    transform = run_dir / SCENE_TRANSFORM_FILE  # weights are in the scene's normalised frame: say which
+    if transform.is_file():
+        blob["scene_transform"] = json.loads(transform.read_text())
     out = Path(cfg.out or run_dir / "export" / f"model_step_{step}.pt")
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_torch_save(blob, out)

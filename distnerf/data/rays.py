@@ -43,18 +43,76 @@ class RayBundle:
         return RayBundle(**{f.name: fn(getattr(self, f.name)) for f in fields(self)})
 
 
-def camera_directions(u: torch.Tensor, v: torch.Tensor, fx, fy, cx, cy) -> torch.Tensor:
-    """Camera-space directions (z = -1) through pixel centres.
+def camera_directions(u: torch.Tensor, v: torch.Tensor, fx, fy, cx, cy,
+                      distortion: torch.Tensor | None = None) -> torch.Tensor:
+    """Camera-space directions (z = -1) through pixel centres, lens distortion removed.
 
     Args:
         u, v: (R,) pixel column and row indices (integer-valued, any dtype).
         fx, fy, cx, cy: (R,) or scalar intrinsics in pixels.
+        distortion: optional (R, 5) float32 OpenCV coefficients ``(k1, k2, p1, p2, k3)``
+            (see :class:`~distnerf.data.base.Cameras`); the pixel's normalised coordinates
+            are then undistorted by :func:`undistort` before the direction is formed.
     Returns:
         (R, 3) float32 directions with z = -1 (OpenGL camera).
     """
     x = (u.float() + 0.5 - cx) / fx
-    y = -(v.float() + 0.5 - cy) / fy
-    return torch.stack([x, y, -torch.ones_like(x)], dim=-1)
+    y = (v.float() + 0.5 - cy) / fy  # image y (down)
+    if distortion is not None:
+        x, y = undistort(x, y, distortion)
+    return torch.stack([x, -y, -torch.ones_like(x)], dim=-1)
+
+
+def distort(x: torch.Tensor, y: torch.Tensor, coeffs: torch.Tensor):
+    """OpenCV radial-tangential distortion of normalised image coordinates (y down).
+
+    ``x_d = x (1 + k1 r^2 + k2 r^4 + k3 r^6) + 2 p1 x y + p2 (r^2 + 2 x^2)`` and
+    ``y_d = y (1 + k1 r^2 + k2 r^4 + k3 r^6) + p1 (r^2 + 2 y^2) + 2 p2 x y`` (Brown-Conrady;
+    OpenCV's ``projectPoints``, COLMAP's ``OpenCVCameraModel``).
+
+    Args:
+        x, y: (R,) normalised coordinates. coeffs: (R, 5) ``(k1, k2, p1, p2, k3)``.
+    Returns:
+        ``(x_d, y_d)``, each (R,), same dtype as ``x``.
+    """
+    k1, k2, p1, p2, k3 = coeffs.to(x.dtype).unbind(-1)
+    r2 = x * x + y * y
+    radial = 1.0 + r2 * (k1 + r2 * (k2 + r2 * k3))
+    return (x * radial + 2.0 * p1 * x * y + p2 * (r2 + 2.0 * x * x),
+            y * radial + p1 * (r2 + 2.0 * y * y) + 2.0 * p2 * x * y)
+
+
+def undistort(x_d: torch.Tensor, y_d: torch.Tensor, coeffs: torch.Tensor, iterations: int = 10):
+    """Inverts :func:`distort` per pixel by Newton's method on the 2x2 system.
+
+    Computed in float64 (the result is returned in the input's dtype), from ``x = x_d``;
+    10 iterations converge to machine precision for the distortion of real lenses
+    (|distortion displacement| well below the radius). No table: each ray is undistorted
+    where it is generated (sampler workers, the device sampler, evaluation).
+
+    Args:
+        x_d, y_d: (R,) distorted normalised coordinates (y down). coeffs: (R, 5).
+    Returns:
+        ``(x, y)``: (R,) undistorted normalised coordinates.
+    """
+    dtype = x_d.dtype
+    xd, yd, c = x_d.double(), y_d.double(), coeffs.double()
+    k1, k2, p1, p2, k3 = c.unbind(-1)
+    x, y = xd.clone(), yd.clone()
+    for _ in range(iterations):
+        r2 = x * x + y * y
+        radial = 1.0 + r2 * (k1 + r2 * (k2 + r2 * k3))
+        d_radial = 2.0 * (k1 + r2 * (2.0 * k2 + 3.0 * k3 * r2))  # d radial / d(x or y), over x or y
+        fx_ = x * radial + 2.0 * p1 * x * y + p2 * (r2 + 2.0 * x * x) - xd
+        fy_ = y * radial + p1 * (r2 + 2.0 * y * y) + 2.0 * p2 * x * y - yd
+        j00 = radial + x * x * d_radial + 2.0 * p1 * y + 6.0 * p2 * x
+        j01 = x * y * d_radial + 2.0 * p1 * x + 2.0 * p2 * y
+        j10 = x * y * d_radial + 2.0 * p1 * x + 2.0 * p2 * y
+        j11 = radial + y * y * d_radial + 6.0 * p1 * y + 2.0 * p2 * x
+        det = j00 * j11 - j01 * j10
+        x = x - (j11 * fx_ - j01 * fy_) / det
+        y = y - (j00 * fy_ - j10 * fx_) / det
+    return x.to(dtype), y.to(dtype)
 
 
 def generate_rays(cameras: Cameras, image_index: torch.Tensor, u: torch.Tensor, v: torch.Tensor,
@@ -62,17 +120,19 @@ def generate_rays(cameras: Cameras, image_index: torch.Tensor, u: torch.Tensor, 
     """Rays through pixel centres of the given cameras.
 
     Args:
-        cameras: cameras of a split.
+        cameras: cameras of a split (their distortion, when set, is removed).
         image_index: (R,) long camera index per ray.
         u, v: (R,) long pixel column / row per ray.
-        near, far: ray bounds (world units along unit directions, or NDC parameters).
+        near, far: ray bounds (world units along unit directions, or NDC parameters);
+            replaced per ray by ``cameras.bounds`` when the cameras have their own.
         ndc: when given, rays are warped into normalised device coordinates.
     Returns:
         The ray bundle (see :class:`RayBundle`).
     """
     c2w = cameras.c2w[image_index]  # (R, 3, 4)
     dirs_cam = camera_directions(u, v, cameras.fx[image_index], cameras.fy[image_index],
-                                 cameras.cx[image_index], cameras.cy[image_index])
+                                 cameras.cx[image_index], cameras.cy[image_index],
+                                 None if cameras.distortion is None else cameras.distortion[image_index])
     dirs = torch.einsum("rij,rj->ri", c2w[:, :, :3], dirs_cam)  # (R, 3), z-length 1 in camera
     origins = c2w[:, :, 3].contiguous()
     viewdirs = dirs / dirs.norm(dim=-1, keepdim=True)
@@ -81,6 +141,9 @@ def generate_rays(cameras: Cameras, image_index: torch.Tensor, u: torch.Tensor, 
         origins, directions = ndc_rays(origins, dirs, ndc)
     else:
         directions = viewdirs
+    if cameras.bounds is not None:
+        bounds = cameras.bounds[image_index].to(origins.dtype)
+        return RayBundle(origins, directions, viewdirs, bounds[:, 0].contiguous(), bounds[:, 1].contiguous())
     return RayBundle(origins, directions, viewdirs,
                      torch.full((num,), float(near), device=origins.device),
                      torch.full((num,), float(far), device=origins.device))
@@ -118,8 +181,9 @@ def ndc_rays(origins: torch.Tensor, directions: torch.Tensor, ndc: NDCParams):
 
 def image_rays(cameras: Cameras, index: int, near: float, far: float,
                ndc: NDCParams | None = None) -> RayBundle:
-    """All H*W rays of camera ``index`` in row-major pixel order (row v, then column u)."""
-    h, w = cameras.height, cameras.width
+    """All h*w rays of camera ``index`` (its own image size, :meth:`Cameras.size`) in
+    row-major pixel order (row v, then column u)."""
+    h, w = cameras.size(index)
     v, u = torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij")
     idx = torch.full((h * w,), index, dtype=torch.long)
     return generate_rays(cameras, idx, u.reshape(-1), v.reshape(-1), near, far, ndc)

@@ -57,6 +57,7 @@ def render_image(model, scene: SceneData, index: int, chunk: int, device, point_
         dict with ``rgb`` (H, W, 3) float32 in [0, 1], ``depth`` (H, W) float32 (ray
         parameter units), ``opacity`` (H, W) float32, ``num_samples`` int (marched), and
         ``num_density_samples`` / ``num_colour_samples`` when the model reports them; on the CPU.
+        H, W: the view's own size (``scene.cameras.size(index)``).
     """
     was_training = model.training
     model.eval()
@@ -73,7 +74,7 @@ def render_image(model, scene: SceneData, index: int, chunk: int, device, point_
                 if k in out:
                     counts[k] = counts.get(k, 0) + int(out[k])
     model.train(was_training)
-    h, w = scene.height, scene.width
+    h, w = scene.cameras.size(index)
     return {"rgb": torch.cat(outs["rgb"]).view(h, w, 3).clamp(0, 1),
             "depth": torch.cat(outs["depth"]).view(h, w),
             "opacity": torch.cat(outs["opacity"]).view(h, w), "num_samples": counts.get("num_samples", 0),
@@ -95,7 +96,7 @@ def evaluate_views(model, scene: SceneData, views: list[int], chunk: int, device
 
     Returns:
         one dict per view: ``view``, ``name``, ``psnr``, ``ssim``, ``lpips`` (None when
-        unavailable), ``num_samples``, ``seconds`` (wall time of the render, its results
+        unavailable), ``num_samples``, ``num_rays`` (the view's pixels), ``seconds`` (wall time of the render, its results
         copied to the CPU: on CUDA every kernel has finished) and ``rays_per_s``.
     """
     rows = []
@@ -105,12 +106,12 @@ def evaluate_views(model, scene: SceneData, views: list[int], chunk: int, device
         start = time.perf_counter()
         out = render_image(model, scene, i, chunk, device, point_chunk)
         seconds = time.perf_counter() - start  # render_image ends with device-to-host copies
-        gt = scene.images[i]
+        gt = scene.image(i)  # at the view's own size (padding of smaller images cropped)
         name = Path(scene.image_paths[i]).stem if scene.image_paths else f"{i:03d}"
         rows.append({"view": i, "name": name, "psnr": psnr(out["rgb"], gt), "ssim": ssim(out["rgb"], gt),
                      "lpips": lpips(out["rgb"], gt) if lpips is not None else None,
-                     "num_samples": out["num_samples"], "seconds": seconds,
-                     "rays_per_s": scene.height * scene.width / max(seconds, 1e-9)})
+                     "num_samples": out["num_samples"], "seconds": seconds, "num_rays": gt.shape[0] * gt.shape[1],
+                     "rays_per_s": gt.shape[0] * gt.shape[1] / max(seconds, 1e-9)})
         if out_dir is not None:
             iio.imwrite(Path(out_dir) / f"{i:03d}_{name}_rgb.png", (out["rgb"].numpy() * 255).round().astype(np.uint8))
             save_depth_png(out["depth"], Path(out_dir) / f"{i:03d}_{name}_depth.png")
@@ -161,15 +162,18 @@ def evaluate_run(cfg, model, strategy, out_dir: Path, step: int, eval_split) -> 
         "lpips_backbone": LPIPS_BACKBONE,
         # one rendering process's rate: all views' rays over their summed render seconds (the first
         # view's warm-up included), and the median view's
-        "eval_rays_per_s": scene.height * scene.width * len(rows) / max(sum(r["seconds"] for r in rows), 1e-9),
+        "eval_rays_per_s": sum(r["num_rays"] for r in rows) / max(sum(r["seconds"] for r in rows), 1e-9),
         "eval_rays_per_s_median": statistics.median(r["rays_per_s"] for r in rows),
         "lpips_reason": None if lpips is not None and lpips.available else (
             lpips.reason if lpips is not None else "disabled by eval.lpips=false"),
         "protocol": {"split": "test", "num_views": len(rows), "views": [r["name"] for r in rows],
                      "resolution": [scene.height, scene.width], "eval_downscale": downscale,
+                     "sizes": "per view (resolution is the largest)" if scene.cameras.sizes is not None else "all equal",
                      "background": [float(x) for x in scene.background], "psnr": "mean of per-image PSNR",
                      "ssim": "torchmetrics SSIM, gaussian 11x11, sigma 1.5, data range 1",
-                     "dataset": str(scene.source)},
+                     "dataset": str(scene.source),
+                     # renders and depths are in the scene's normalised frame; this maps the dataset's into it
+                     "scene_transform": scene.transform},
         "per_view": rows,
     }
     if strategy.is_main:

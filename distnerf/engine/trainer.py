@@ -8,6 +8,8 @@ inside DDP) -> optimizer -> metrics -> checkpoint.
 """
 from __future__ import annotations
 
+import json
+
 import logging
 import math
 import time
@@ -54,6 +56,8 @@ class Trainer:
         D.seed_everything(cfg.seed)  # identical model initialisation on every rank
         # sampler.cache_dir: pixels decoded image by image into a memory-mapped cache, never all in RAM
         self.train_scene = load_scene(cfg.dataset, "train", pixels=pixel_source(cfg.sampler))
+        if strategy.is_main and self.train_scene.transform is not None:
+            (self.run_dir / ckpt.SCENE_TRANSFORM_FILE).write_text(json.dumps(self.train_scene.transform, indent=1))
         self.rays_per_rank = strategy.rays_per_rank(cfg.train.global_rays)
         model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
         strategy.prepare(self.train_scene, self.run_dir, cfg.seed, model_cfg)  # ss: the partition

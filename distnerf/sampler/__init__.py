@@ -19,7 +19,7 @@ from .cache import PixelCache
 from .device import DeviceSampler, fits_on_device
 from .files import FilePixels, FileSource
 from .pipelined import PipelinedSampler, SamplerWorkerError
-from .policy import BoxFilter, build_ray_filter
+from .policy import BoxFilter, build_ray_filter, pixel_table
 from .sync import SyncSampler
 
 log = logging.getLogger("distnerf")
@@ -66,9 +66,13 @@ def build_sampler(cfg_sampler: Mapping, scene: SceneData, rays_per_batch: int, s
         device: the training device.
         ray_filter: a filter hook given by code (e.g. a strategy's region); overrides
             ``cfg_sampler.filter``.
+
+    Raises:
+        ValueError: the scene's mask leaves no pixel to sample (before any worker starts).
     """
     cfg = section(SamplerConfig, cfg_sampler)
     kind = cfg.name
+    pixel_table(scene.mask, scene.source)  # a fully masked scene fails here, not in a worker
     spec = BatchSpec(int(rays_per_batch), int(seed), int(stream), cfg.policy, cfg.images_per_step,
                      ray_filter if ray_filter is not None else build_ray_filter(cfg.filter))
     device = torch.device(device)

@@ -21,7 +21,7 @@ from ..data.base import SceneData
 from ..data.rays import RayBundle, generate_rays
 from ..schema import SamplerConfig
 from .files import FilePixels
-from .policy import draw_pixels
+from .policy import PixelTable, draw_pixels, pixel_table
 
 RayFilter = Callable[[RayBundle], torch.Tensor]
 """A ray filter hook: ``fn(rays) -> (R,) bool`` mask of the rays that count in the loss."""
@@ -72,15 +72,19 @@ def batch_rng(seed: int, stream: int, step: int) -> np.random.Generator:
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, stream, step])))
 
 
-def draw_indices(spec: BatchSpec, num_images: int, height: int, width: int, step: int) -> tuple[np.ndarray, int]:
+def draw_indices(spec: BatchSpec, num_images: int, height: int, width: int, step: int,
+                 table: Optional[PixelTable] = None) -> tuple[np.ndarray, int]:
     """The pixels and jitter seed of batch ``step`` (host numpy; cheap, R integers).
+
+    ``table``: the sampleable pixels of a masked scene (:func:`.policy.pixel_table`).
 
     Returns:
         ``(flat, jitter_seed)``: flat (R,) int64 indices into the (N * H * W) pixels in
         image-major, row-major order, and the model's jitter seed.
     """
     rng = batch_rng(spec.seed, spec.stream, step)
-    flat = draw_pixels(rng, spec.policy, spec.rays_per_batch, num_images, height * width, spec.images_per_step)
+    flat = draw_pixels(rng, spec.policy, spec.rays_per_batch, num_images, height * width, spec.images_per_step,
+                       table)
     return flat, int(rng.integers(0, 2**62))
 
 
@@ -91,8 +95,8 @@ def make_batch(spec: BatchSpec, scene: SceneData, flat_rgb: torch.Tensor | FileP
     Args:
         spec: what to draw.
         scene: the training split; its cameras live on ``device`` (or the CPU). Only
-            cameras, image size, near/far and NDC parameters are used: the pixels are
-            ``flat_rgb``.
+            cameras, image size, near/far, NDC parameters and the sampling mask (on the
+            CPU; masked pixels are never drawn) are used: the pixels are ``flat_rgb``.
         flat_rgb: (N * H * W, 3) float32 pixels on the same device as the cameras, or a
             :class:`.files.FilePixels` that decodes the drawn images (CPU only).
         step: global step index.
@@ -101,7 +105,8 @@ def make_batch(spec: BatchSpec, scene: SceneData, flat_rgb: torch.Tensor | FileP
         The batch, on ``device``.
     """
     h, w = scene.height, scene.width
-    flat_np, jitter_seed = draw_indices(spec, flat_rgb.shape[0] // (h * w), h, w, step)
+    flat_np, jitter_seed = draw_indices(spec, flat_rgb.shape[0] // (h * w), h, w, step,
+                                        pixel_table(scene.mask, scene.source))
     flat = torch.from_numpy(flat_np)
     if device is not None and device.type != "cpu":
         flat = flat.to(device)

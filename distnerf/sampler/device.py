@@ -18,10 +18,11 @@ historical batches by 1 ulp once; not done (``sync`` is kept bitwise).
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import torch
 
-from ..data.base import Cameras, SceneData
+from ..data.base import SceneData
 from ..schema import SamplerConfig
 from .base import BatchSpec, RayBatch, Sampler, make_batch
 from .files import image_files
@@ -73,8 +74,7 @@ class DeviceSampler(Sampler):
         c = scene.cameras
         move = lambda t: t.to(self.device)  # noqa: E731
         cams = c.map(move)
-        self.scene = SceneData(scene.split, scene.images[:0], cams, scene.near, scene.far, scene.aabb,
-                               scene.background, scene.ndc, scene.image_paths, scene.source)
+        self.scene = replace(scene, images=scene.images[:0], cameras=cams)  # the sampling mask stays on the CPU
         self._flat_rgb = scene.images.reshape(-1, 3).to(self.device)
 
     def host_batch(self, step: int) -> RayBatch:

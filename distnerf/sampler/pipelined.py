@@ -207,7 +207,7 @@ class PipelinedSampler(Sampler):
             pixel_cache = str(write_pixel_cache(scene, cache_dir))
             scene.images = open_pixel_cache(pixel_cache)
         share_images = pixel_cache is None and files is None
-        cameras = [scene.cameras.c2w, scene.cameras.fx, scene.cameras.fy, scene.cameras.cx, scene.cameras.cy]
+        cameras = scene.cameras.tensors() + ([scene.mask] if scene.mask is not None else [])
         slot_shape = (prefetch, SLOT_FLOATS * self._num_rays)
         # before any allocation or process: a shortfall is a clear error and leaves nothing behind
         check_shared_memory(([scene.images] if share_images else []) + cameras, 4 * slot_shape[0] * slot_shape[1],

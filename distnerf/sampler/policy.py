@@ -9,6 +9,8 @@ becomes the batch's ``valid`` so filtered rays do not count in the loss.
 """
 from __future__ import annotations
 
+import weakref
+from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
 import numpy as np
@@ -19,28 +21,86 @@ from ..schema import SamplerConfig, choices_of
 POLICIES = choices_of(SamplerConfig, "policy")
 
 
+@dataclass(frozen=True)
+class PixelTable:
+    """The sampleable pixels of a split whose ``SceneData.mask`` excludes some.
+
+    Attributes:
+        valid: (M,) int64 flat indices into the N * P pixels (image-major, ascending) of
+            every pixel that may be drawn.
+        offsets: (N + 1,) int64: image i's pixels are ``valid[offsets[i]:offsets[i + 1]]``.
+    """
+
+    valid: np.ndarray
+    offsets: np.ndarray
+
+    @property
+    def counts(self) -> np.ndarray:
+        """(N,) int64 sampleable pixels per image."""
+        return np.diff(self.offsets)
+
+
+_TABLES: dict = {}  # id(mask) -> (weakref to mask, PixelTable): built once per process
+
+
+def pixel_table(mask: Optional[torch.Tensor], source: str = "") -> Optional[PixelTable]:
+    """The :class:`PixelTable` of a (N, H, W) bool sampling mask (``None``: no mask, no table).
+
+    Cached per mask tensor (each sampler worker builds it once from the shared mask).
+
+    Raises:
+        ValueError: the mask leaves no pixel to sample (names ``source``).
+    """
+    if mask is None:
+        return None
+    entry = _TABLES.get(id(mask))
+    if entry is not None and entry[0]() is mask:
+        return entry[1]
+    flat = mask.reshape(-1).numpy() if mask.device.type == "cpu" else mask.reshape(-1).cpu().numpy()
+    valid = np.flatnonzero(flat).astype(np.int64)
+    if valid.size == 0:
+        raise ValueError(f"every training pixel of {source or 'the scene'} is masked out: nothing to sample "
+                         "(check the dataset's masks)")
+    per_image = mask.reshape(mask.shape[0], -1).sum(dim=1).cpu().numpy().astype(np.int64)
+    table = PixelTable(valid, np.concatenate([[0], np.cumsum(per_image)]).astype(np.int64))
+    for key in [k for k, (ref, _) in _TABLES.items() if ref() is None]:
+        del _TABLES[key]
+    _TABLES[id(mask)] = (weakref.ref(mask), table)
+    return table
+
+
 def draw_pixels(rng: np.random.Generator, policy: str, num_rays: int, num_images: int, pixels_per_image: int,
-                images_per_step: int = SamplerConfig.images_per_step) -> np.ndarray:
+                images_per_step: int = SamplerConfig.images_per_step,
+                table: Optional[PixelTable] = None) -> np.ndarray:
     """Flat pixel indices of one batch.
 
     Args:
         rng: the batch's generator (consumed in a fixed order).
-        policy: ``uniform``: every pixel of every image equally likely (with
-            replacement); ``per_image``: ``images_per_step`` distinct images are drawn,
-            then each ray picks one of them and a pixel uniformly.
+        policy: ``uniform``: every (sampleable) pixel of every image equally likely (with
+            replacement); ``per_image``: ``images_per_step`` distinct images are drawn
+            (among those with a sampleable pixel), then each ray picks one of them and
+            one of its pixels uniformly.
         num_rays: R. num_images: N. pixels_per_image: P.
         images_per_step: images per batch under ``per_image`` (capped at N).
+        table: the sampleable pixels when the scene has a mask (:func:`pixel_table`);
+            masked and padding pixels are then never drawn.
     Returns:
         (R,) int64 indices into the N * P pixels, image-major.
     """
     if policy == "uniform":
+        if table is not None:
+            return table.valid[rng.integers(0, table.valid.size, size=num_rays)]
         return rng.integers(0, num_images * pixels_per_image, size=num_rays)
     if policy == "per_image":
-        k = min(int(images_per_step), num_images)
+        eligible = np.arange(num_images) if table is None else np.flatnonzero(table.counts)
+        k = min(int(images_per_step), eligible.size)
         if k <= 0:
             raise ValueError(f"sampler.images_per_step must be positive, got {images_per_step}")
-        chosen = rng.choice(num_images, size=k, replace=False)
+        chosen = eligible[rng.choice(eligible.size, size=k, replace=False)]
         image = chosen[rng.integers(0, k, size=num_rays)]
+        if table is not None:
+            local = (rng.random(num_rays) * table.counts[image]).astype(np.int64)
+            return table.valid[table.offsets[image] + local]
         return image * pixels_per_image + rng.integers(0, pixels_per_image, size=num_rays)
     raise ValueError(f"sampler.policy must be one of {POLICIES}, got {policy!r}")
 
