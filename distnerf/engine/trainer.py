@@ -188,6 +188,7 @@ class Trainer:
             log.info("training stopped at step %d (%s) after %.1f s of training", self.step, stop_reason,
                      self.train_seconds)
             self._log_input_summary(self.train_seconds - segment_start)
+            self._log_model_size()
         if self.checkpointer.final_wanted(stop_reason):
             saved = self.save_checkpoint()
             if stop_reason == "signal" and self.env.is_main:
@@ -207,6 +208,22 @@ class Trainer:
         self.logger.log({"step": self.step, "event": "input_summary", "sampler": self.sampler.name,
                          "input_wait_s": wait, "copy_s": copy, "steps_s": wall,
                          "input_wait_share": wait / wall, "copy_share": copy / wall})
+
+    def _log_model_size(self) -> None:
+        """This rank's parameter count (the model at its final stage; ``ss``: the regions it holds)
+        and the process's peak resident memory (``VmHWM``) and, on CUDA, peak device memory."""
+        row = {"step": self.step, "event": "model_size",
+               "parameters_per_rank": sum(p.numel() for p in self.model.parameters())}
+        try:
+            with open("/proc/self/status") as f:
+                row["peak_rss_mb"] = next(int(ln.split()[1]) / 1024 for ln in f if ln.startswith("VmHWM:"))
+        except (OSError, StopIteration):
+            pass
+        if self.device.type == "cuda":
+            row["peak_device_memory_mb"] = torch.cuda.max_memory_allocated(self.device) / 2**20
+        log.info("model: %d parameters per rank; peak RSS %.0f MiB", row["parameters_per_rank"],
+                 row.get("peak_rss_mb", float("nan")))
+        self.logger.log(row)
 
     def _progress(self, max_steps: int):
         if not self.env.is_main or not self.cfg.train.progress:
