@@ -3,8 +3,19 @@
 Loads ``RUN/config.yaml``, applies ``key=value`` overrides (e.g. ``eval.num_views=25``,
 ``eval.downscale=2``), restores the newest committed checkpoint (or ``checkpoint=RUN/checkpoints/step_N``, or
 ``weights=FILE`` from ``distnerf.export``), renders the test split into
-``RUN/render/test/`` (or ``out_dir=``) and writes ``metrics.json`` there. ``video=true`` adds an orbit GIF. Works under torchrun
+``RUN/render/test/`` (or ``out_dir=``) and writes ``metrics.json`` there. Works under torchrun
 too (views split across ranks).
+
+Videos (``video_frames`` frames at ``video_fps``, rendered at ``eval.downscale``):
+
+* ``video=PATH``: a fly-through along the training cameras (``distnerf/data/camera_path.py``:
+  split order or a nearest-neighbour chain, whichever is shorter; a centripetal Catmull-Rom
+  spline through the camera centres, slerp of their orientations, constant speed; the first
+  training camera's intrinsics, pinhole). For scenes that are not object-centred. ``.gif``
+  is written by Pillow; ``.mp4`` (or ``.mkv``/``.mov``/``.avi``) needs imageio-ffmpeg
+  (``pip install imageio-ffmpeg``), without it the GIF is written beside ``PATH``.
+* ``orbit=true``: ``RENDER/orbit.gif``, the first test camera turned about world +Y
+  (object-centred scenes).
 
 A ``strategy=ss`` run is rendered through the fusion stage (``fusion=segment``, the
 default, or ``fusion=blend``): on one process every region's sub-model is loaded and
@@ -18,6 +29,7 @@ import logging
 import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 from omegaconf import OmegaConf
 
@@ -25,6 +37,8 @@ from . import checkpoint as ckpt
 from . import dist as D
 from .config import setup_logging
 from .data import load_scene
+from .data.camera_path import fly_through, orbit, path_cameras
+from .data.images import undecoded
 from .engine.evaluate import evaluate_run, make_eval_split, render_image
 from .model import build_model
 from .schema import ConfigError, RenderConfig, validate
@@ -97,22 +111,89 @@ def load_renderer(cfg, run_dir: Path, scene, env):
     return model.to(env.device).eval(), step
 
 
-def orbit_video(model, scene, out: Path, num_frames: int, chunk: int, device, point_chunk: int | None = None) -> None:
-    """Render an orbit around the scene's vertical axis through the test cameras' centre
-    of interest (rotating the first test camera about world +Y for object scenes)."""
-    import imageio.v3 as iio
-    import numpy as np
+VIDEO_SUFFIXES = (".gif", ".mp4", ".mkv", ".mov", ".avi")
 
-    c2w0 = scene.cameras.c2w[0]
-    frames = []
-    for k in range(num_frames):
-        a = 2 * np.pi * k / num_frames
-        rot = torch.tensor([[np.cos(a), 0, np.sin(a)], [0, 1, 0], [-np.sin(a), 0, np.cos(a)]], dtype=torch.float32)
-        c2w = torch.cat([rot @ c2w0[:, :3], (rot @ c2w0[:, 3])[:, None]], dim=1)[None]
-        first = scene.subset([0])
-        view = dataclasses.replace(first, cameras=dataclasses.replace(first.cameras, c2w=c2w))
-        frames.append((render_image(model, view, 0, chunk, device, point_chunk)["rgb"].numpy() * 255).astype(np.uint8))
-    iio.imwrite(out, np.stack(frames), duration=80, loop=0)
+
+def video_path(value: str) -> Path:
+    """The fly-through's file from ``video=PATH``.
+
+    Raises:
+        ConfigError: a boolean (the orbit GIF is ``orbit=true``) or an unknown suffix.
+    """
+    if value.lower() in ("true", "false"):
+        raise ConfigError(f"video={value}: video takes a file path (the fly-through, e.g. video=flythrough.gif); "
+                          f"the orbit GIF is orbit=true")
+    path = Path(value)
+    if path.suffix.lower() not in VIDEO_SUFFIXES:
+        raise ConfigError(f"video={value}: the suffix must be one of {list(VIDEO_SUFFIXES)}")
+    return path
+
+
+def write_video(path: Path, frames: list, fps: float) -> Path:
+    """Write (H, W, 3) uint8 ``frames`` at ``fps`` frames per second; returns the file written.
+
+    ``.gif`` through Pillow (durations in whole milliseconds; Pillow merges identical
+    consecutive frames into one longer frame); other suffixes through imageio-ffmpeg
+    (libx264, yuv420p), or, without it, a GIF at ``path`` with the suffix ``.gif`` (a warning).
+    """
+    import imageio.v3 as iio
+
+    if path.suffix.lower() != ".gif":
+        try:
+            import imageio_ffmpeg  # noqa: F401
+        except ImportError:
+            log.warning("video %s: imageio-ffmpeg is not installed (pip install imageio-ffmpeg); writing %s", path,
+                        path.with_suffix(".gif"))
+            path = path.with_suffix(".gif")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix.lower() == ".gif":
+        iio.imwrite(path, np.stack(frames), duration=round(1000 / fps), loop=0)
+    else:
+        # macro_block_size=2: yuv420p needs even sizes; an odd one is resized by one pixel, an even one kept
+        iio.imwrite(path, np.stack(frames), plugin="FFMPEG", fps=fps, macro_block_size=2)
+    return path
+
+
+def render_frames(model, strategy, scene, c2w, chunk: int, device, point_chunk: int | None = None) -> list:
+    """Views of ``scene``'s first camera moved to the poses ``c2w``, this rank's share
+    (``strategy.eval_views``: under ``ss`` every rank takes part in every view), gathered.
+
+    Args:
+        c2w: (F, 3, 4) camera-to-world, OpenGL, in the scene's frame.
+
+    Returns:
+        F (H, W, 3) uint8 frames in path order.
+    """
+    cameras = path_cameras(scene.cameras, c2w)
+    height, width = cameras.height, cameras.width
+    pixels = scene.images[:1, :height, :width].expand(len(c2w), -1, -1, -1)  # not read: render_image needs cameras
+    view = dataclasses.replace(scene, cameras=cameras, images=pixels, image_paths=[], mask=None)
+    renderer = strategy.inference_model(model)
+    rows = [{"view": k, "rgb": (render_image(renderer, view, k, chunk, device, point_chunk)["rgb"].numpy() * 255)
+             .round().astype(np.uint8)} for k in strategy.eval_views(len(c2w))]
+    return [row["rgb"] for row in strategy.gather_rows(rows)]
+
+
+def render_videos(cfg, model, strategy, scene, out_dir: Path, env) -> list[Path]:
+    """The fly-through (``video=PATH``) and the orbit (``orbit=true``); the files written (main rank).
+
+    Args:
+        scene: the test split (its first camera starts the orbit; its pixels are not read).
+    """
+    factor = cfg.eval.downscale
+    paths, jobs = [], []
+    if cfg.video:
+        train = load_scene(cfg.dataset, "train", pixels=undecoded)
+        jobs.append((video_path(cfg.video), train, fly_through(train.cameras.c2w, cfg.video_frames)))
+    if cfg.orbit:
+        jobs.append((out_dir / "orbit.gif", scene, orbit(scene.cameras.c2w[0], cfg.video_frames)))
+    for path, source, c2w in jobs:
+        source = dataclasses.replace(source, cameras=source.cameras.scaled(factor)) if factor > 1 else source
+        frames = render_frames(model, strategy, source, c2w, cfg.eval.chunk, env.device, cfg.eval.point_chunk)
+        if env.is_main:
+            paths.append(write_video(path, frames, cfg.video_fps))
+            log.info("video: %d frames (%dx%d) -> %s", len(frames), *frames[0].shape[1::-1], paths[-1])
+    return paths
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -125,14 +206,12 @@ def main(argv: list[str] | None = None) -> dict:
         D.barrier(env)
         setup_logging(env, out_dir, "INFO", "render.log")
         strategy = build_strategy(cfg.strategy, env)
-        scene = load_scene(cfg.dataset, "test")
+        if cfg.video:
+            video_path(cfg.video)  # a bad path fails before any rendering
+        scene = load_scene(cfg.dataset, "test", pixels=undecoded)  # box, background, cameras: evaluation decodes its own
         model, step = load_renderer(cfg, run_dir, scene, env)
         metrics = evaluate_run(cfg, model, strategy, out_dir, step, make_eval_split(cfg, model, strategy))
-        if cfg.video and env.is_main:
-            factor = cfg.eval.downscale
-            view_scene = scene.downscaled(factor) if factor > 1 else scene
-            orbit_video(model, view_scene, out_dir / "orbit.gif", cfg.video_frames, cfg.eval.chunk, env.device,
-                        cfg.eval.point_chunk)
+        render_videos(cfg, model, strategy, scene, out_dir, env)
         return metrics
     finally:
         D.shutdown(env)

@@ -315,8 +315,11 @@ class RenderConfig(TrainConfig):
     weights: Optional[str] = None      # a file written by distnerf.export
     fusion: Optional[str] = None       # ss runs: segment | blend; null: the run's strategy.fusion
     out_dir: Optional[str] = None      # null: RUN/render
-    video: bool = False                # an orbit GIF too
-    video_frames: int = positive(24)
+    video: Optional[str] = None        # a fly-through along the training cameras into this file (.gif; .mp4 etc.
+                                       # with imageio-ffmpeg installed, else the .gif beside it); null: none
+    orbit: bool = False                # an orbit GIF about world +Y too (RENDER/orbit.gif; object-centred scenes)
+    video_frames: int = positive(60)   # frames of the fly-through and of the orbit
+    video_fps: float = positive(24.0)  # frames per second of both
     out: Optional[str] = None          # export: output file; null: RUN/export/...
 
 

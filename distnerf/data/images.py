@@ -304,3 +304,17 @@ class ImageList:
                 raise FileNotFoundError(f"{self.label(index)}: image not found: {path}") from err
             h.update(f"\n{Path(path).resolve()}|{st.st_size}|{st.st_mtime_ns}".encode())
         return h.hexdigest()[:16]
+
+
+def undecoded(image_list: ImageList):
+    """A ``pixels`` hook (see ``load_scene``) for callers that need a split's cameras and
+    files but not its pixels (camera paths, dataset conversion): only image 0 is decoded,
+    for the split's shape.
+
+    Returns:
+        (N, H', W', 3) float32 zeros, a broadcast view of one value (no memory per pixel).
+    """
+    import torch
+
+    shape, _ = image_list.first()
+    return torch.zeros(()).expand(shape)
