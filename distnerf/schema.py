@@ -98,6 +98,37 @@ class LLFFDataset(DatasetConfig):
     aabb: Optional[List[Any]] = None
 
 
+@dataclass
+class CaptureDataset(DatasetConfig):
+    """Keys shared by the importers of real captures (COLMAP, nerfstudio); see distnerf/data/normalize.py."""
+    root: str = MISSING
+    downscale: int = positive(1)        # images_<downscale>/ when present, else images shrunk by it
+    holdout: int = positive(8)          # without split lists: test = sorted-by-name images 0, holdout, 2*holdout...
+    normalize: bool = True              # +Y up, content centred, robust extent 1 (SceneData.transform records it)
+    orient: str = choice("up", "up", "vertical", "none")  # up axis: mean camera up / normal of the right vectors
+    background: List[float] = items([0.0, 0.0, 0.0])
+    near: Optional[float] = None        # null: per camera, from the sparse points it sees (or the scene box)
+    far: Optional[float] = None
+    aabb: Optional[List[Any]] = None    # null: robust box of the sparse points + margin (no points: [-1, 1]^3)
+
+
+@dataclass
+class ColmapDataset(CaptureDataset):
+    """COLMAP sparse model (``sparse/0/`` or ``sparse/``, binary or text) + ``images/``; read with pycolmap."""
+    name: str = "colmap"
+    images: str = "images"              # image folder under root (the model's image names are relative to it)
+    test_list: Optional[str] = None     # text file of test image names, one a line; null: every holdout-th
+    val_list: Optional[str] = None      # null: val = test
+    strict: bool = False                # images on disk but not in the model: error instead of a log line
+    min_points: int = positive(16)      # fewer observed points: the image gets the scene's near/far
+
+
+@dataclass
+class NerfstudioDataset(CaptureDataset):
+    """nerfstudio ``transforms.json`` (``root``: its folder or the file); split from its *_filenames lists."""
+    name: str = "nerfstudio"
+
+
 # ----------------------------------------------------------------------------- model
 @dataclass
 class ModelConfig:
@@ -326,10 +357,12 @@ class RenderConfig(TrainConfig):
 PREFIX = {SamplerConfig: "sampler.", TrainLoopConfig: "train.", EvalConfig: "eval.", ProfilerConfig: "profiler.",
           LoggerConfig: "logger.", TraceConfig: "profiler.trace."}
 PREFIX.update({schema: f"{group}." for group, options in {
-    "dataset": (SyntheticDataset, BlenderDataset, LLFFDataset), "model": (GridModelConfig, NeRFModelConfig, NGPModelConfig),
+    "dataset": (SyntheticDataset, BlenderDataset, LLFFDataset, ColmapDataset, NerfstudioDataset),
+    "model": (GridModelConfig, NeRFModelConfig, NGPModelConfig),
     "strategy": (DDPStrategyConfig, SSStrategyConfig)}.items() for schema in options})
 GROUPS = {
-    "dataset": {"synthetic": SyntheticDataset, "blender": BlenderDataset, "llff": LLFFDataset},
+    "dataset": {"synthetic": SyntheticDataset, "blender": BlenderDataset, "llff": LLFFDataset,
+                "colmap": ColmapDataset, "nerfstudio": NerfstudioDataset},
     "model": {"grid": GridModelConfig, "nerf": NeRFModelConfig, "ngp": NGPModelConfig},
     "strategy": {"ddp": DDPStrategyConfig, "ss": SSStrategyConfig},
 }

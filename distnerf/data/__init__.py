@@ -2,8 +2,9 @@
 
 ``load_scene(cfg, split)`` turns a dataset config (``conf/dataset/*.yaml``; keys and
 defaults per ``name``: :class:`distnerf.schema.BlenderDataset`, ``LLFFDataset``,
-``SyntheticDataset``) into a ``SceneData``. For llff, ``near``/``far``/``aabb`` override
-what the parser computed.
+``SyntheticDataset``, ``ColmapDataset``, ``NerfstudioDataset``) into a ``SceneData``. For
+llff, ``near``/``far``/``aabb`` override what the parser computed; the capture importers
+(colmap, nerfstudio) take them in the normalised scene frame.
 """
 from __future__ import annotations
 
@@ -14,14 +15,16 @@ import torch
 
 from distnerf.data.base import Cameras, DatasetError, NDCParams, SceneData
 from distnerf.data.blender import as_aabb, load_blender
+from distnerf.data.colmap import load_colmap
 from distnerf.data.images import ImageList
 from distnerf.data.llff import load_llff
+from distnerf.data.nerfstudio import load_nerfstudio
 from distnerf.schema import section
 
-__all__ = ["Cameras", "DatasetError", "ImageList", "NDCParams", "SceneData", "load_blender", "load_llff",
-           "load_scene", "DATASET_NAMES"]
+__all__ = ["Cameras", "DatasetError", "ImageList", "NDCParams", "SceneData", "load_blender", "load_colmap",
+           "load_llff", "load_nerfstudio", "load_scene", "DATASET_NAMES"]
 
-DATASET_NAMES = ("blender", "llff", "synthetic")
+DATASET_NAMES = ("blender", "llff", "synthetic", "colmap", "nerfstudio")
 
 
 def load_scene(cfg_dataset: Mapping, split: str = "train",
@@ -40,7 +43,7 @@ def load_scene(cfg_dataset: Mapping, split: str = "train",
         The split's SceneData.
 
     Raises:
-        ValueError: unknown or missing ``name``, missing ``root`` for blender/llff.
+        ValueError: unknown or missing ``name``, missing ``root`` (every dataset but synthetic).
         FileNotFoundError, DatasetError: from the parsers.
     """
     cfg = section("dataset", cfg_dataset)
@@ -60,6 +63,13 @@ def load_scene(cfg_dataset: Mapping, split: str = "train",
     if name in ("blender", "synthetic"):
         return load_blender(root, split, downscale=cfg.downscale, background=background,
                             **bounds, pixels=pixels)
+    if name in ("colmap", "nerfstudio"):
+        capture = dict(downscale=cfg.downscale, holdout=cfg.holdout, normalize=cfg.normalize, orient=cfg.orient,
+                       background=background, **bounds, pixels=pixels)
+        if name == "nerfstudio":
+            return load_nerfstudio(root, split, **capture)
+        return load_colmap(root, split, test_list=cfg.test_list, val_list=cfg.val_list, strict=cfg.strict,
+                           images=cfg.images, min_points=cfg.min_points, **capture)
     scene = load_llff(root, split, factor=cfg.factor, holdout=cfg.holdout, ndc=cfg.ndc, pixels=pixels,
                       background=background)
     changes = {key: float(bounds[key]) for key in ("near", "far") if bounds[key] is not None}

@@ -42,7 +42,8 @@ def test_every_option_composes_with_every_experiment(experiment):
     runs = [[f"{g}={o}"] for g in GROUPS for o in options(g)]
     runs += [[f"model={m}", f"strategy={s}"] for m, s in itertools.product(options("model"), options("strategy"))]
     for overrides in runs:
-        extra = ["dataset.root=/data/x"] if any(o in ("dataset=blender", "dataset=llff") for o in overrides) else []
+        extra = ["dataset.root=/data/x"] if any(o.startswith("dataset=") and o != "dataset=synthetic"
+                                                for o in overrides) else []
         cfg = schema.validate(compose_train(overrides + extra + ([f"experiment={experiment}"] if experiment else [])))
         for o in overrides:
             group, option = o.split("=")

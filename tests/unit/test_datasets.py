@@ -385,7 +385,8 @@ def test_load_scene_registry(tmp_path, monkeypatch):
                         "resolution": 8}, "train")
     assert calls == [(str(tmp_path / "c"), "wide", 8)] and len(synth) == 2
 
-    with pytest.raises(ValueError, match=r"dataset.name='colmap' is not one of \['blender', 'llff', 'synthetic'\]"):
-        load_scene({"name": "colmap", "root": "x"}, "train")
+    with pytest.raises(ValueError, match=r"dataset.name='tanks' is not one of \['blender', 'colmap', 'llff', "
+                                         r"'nerfstudio', 'synthetic'\]"):
+        load_scene({"name": "tanks", "root": "x"}, "train")
     with pytest.raises(ValueError, match="dataset.root is required"):
         load_scene({"name": "llff"}, "train")

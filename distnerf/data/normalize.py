@@ -1,0 +1,393 @@
+"""Scene normalisation shared by the importers of real captures (COLMAP, nerfstudio).
+
+Legend: N cameras, P points, O observations (image, point) pairs.
+
+A capture comes in its own world frame (COLMAP's: arbitrary orientation and scale). The
+importers express it in a *scene* frame that the rest of distnerf expects: +Y up (the
+orbit video turns about +Y), the content around the origin, roughly within [-1, 1]^3.
+The change of frame is one similarity ``p_scene = s R p + t`` (:class:`Similarity`),
+fitted once over all images of the capture (so every split shares it) and stored in
+``SceneData.transform`` as a 4x4 ``matrix`` with ``p_scene = matrix @ [p_source, 1]``.
+
+Robust statistics: extents are per-axis percentiles (``PERCENTILES``, 2nd to 98th), not
+min/max, so a few stray triangulated points or a lost camera do not blow up the box.
+
+Ray bounds are distances along unit ray directions (distnerf's ``near``/``far``), so the
+per-camera bounds use the Euclidean distance of each observed point from the camera
+centre, not its z-depth (which underestimates the distance for off-axis pixels).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+
+from distnerf.data.blender import as_aabb
+
+log = logging.getLogger("distnerf")
+
+PERCENTILES = (2.0, 98.0)   # robust extent of points and cameras
+AABB_MARGIN = 0.1           # box padding, a fraction of the box's largest side, on every side
+NEAR_MARGIN, FAR_MARGIN = 0.9, 1.1   # per-camera near = 0.9 x 2nd-percentile distance, far = 1.1 x 98th
+MIN_POINTS = 16             # fewer observed points than this: the camera gets the global bounds
+NEAR_FRACTION = 0.01        # without points: near of a camera inside the box, a fraction of its diagonal
+UP = np.array([0.0, 1.0, 0.0])
+ORIENT_METHODS = ("up", "vertical", "none")
+
+
+def c2w_from_cam_from_world(cam_from_world: np.ndarray) -> np.ndarray:
+    """COLMAP world-to-camera poses as distnerf camera-to-world poses.
+
+    COLMAP's ``cam_from_world`` maps world points into an OpenCV camera frame (x right,
+    y down, z forward): ``p_cam = R p_world + t``. distnerf's ``c2w`` is OpenGL (x right,
+    y up, looking down -z): ``c2w = inverse([R | t])`` with the camera's y and z axes
+    (columns 1 and 2) negated. The camera centre is ``-R^T t``.
+
+    Args:
+        cam_from_world: (..., 3, 4) float, rigid world-to-camera ``[R | t]``.
+
+    Returns:
+        (..., 3, 4) float64 camera-to-world, OpenGL convention, same world units.
+    """
+    w2c = np.asarray(cam_from_world, dtype=np.float64)
+    rot_t = np.swapaxes(w2c[..., :3, :3], -1, -2)
+    centre = -(rot_t @ w2c[..., :3, 3:4])
+    c2w = np.concatenate([rot_t, centre], axis=-1)
+    c2w[..., :, 1:3] *= -1.0
+    return c2w
+
+
+def rotation_between(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The smallest rotation taking direction ``a`` to direction ``b`` (Rodrigues).
+
+    Rotates about ``a x b`` by the angle between them; opposite directions turn by 180
+    degrees about an axis perpendicular to ``a`` (the one nearest to x, else z).
+
+    Args:
+        a, b: (3,) non-zero vectors (any length).
+
+    Returns:
+        (3, 3) float64 rotation ``R`` with ``R a / |a| = b / |b|``.
+    """
+    a = np.asarray(a, dtype=np.float64) / np.linalg.norm(a)
+    b = np.asarray(b, dtype=np.float64) / np.linalg.norm(b)
+    axis = np.cross(a, b)
+    sin, cos = np.linalg.norm(axis), float(a @ b)
+    if sin < 1e-12:
+        if cos > 0:
+            return np.eye(3)
+        helper = np.array([1.0, 0.0, 0.0]) if abs(a[0]) < 0.9 else np.array([0.0, 0.0, 1.0])
+        axis = np.cross(a, helper)
+        axis /= np.linalg.norm(axis)
+        return 2.0 * np.outer(axis, axis) - np.eye(3)  # 180 degrees about ``axis``
+    k = axis / sin
+    skew = np.array([[0.0, -k[2], k[1]], [k[2], 0.0, -k[0]], [-k[1], k[0], 0.0]])
+    return np.eye(3) + sin * skew + (1.0 - cos) * skew @ skew
+
+
+def estimate_up(c2w: np.ndarray, method: str = "up") -> Optional[np.ndarray]:
+    """The world's up direction seen from the cameras.
+
+    * ``"up"``: the mean of the cameras' up vectors (c2w column 1), as nerfstudio's
+      ``auto_orient_and_center_poses(method="up")``: right for cameras held roughly
+      upright (hand-held, turntable, oblique aerial orbits).
+    * ``"vertical"``: the normal of the plane spanned by the cameras' right vectors
+      (c2w column 0; cameras with little roll keep them horizontal), on the side of the
+      mean of the up and back vectors (c2w columns 1 and 2; both skywards for cameras
+      looking less than 45 degrees up): right also for nadir aerial captures, whose up
+      vectors are horizontal. When the right vectors are nearly parallel (one flight line, a
+      forward-facing capture: the plane is not determined), the mean up vector with
+      its component along the common right vector removed.
+    * ``"none"``: no orientation (returns None).
+
+    Args:
+        c2w: (N, 3, 4) camera-to-world, OpenGL.
+        method: one of ``ORIENT_METHODS``.
+
+    Returns:
+        (3,) float64 unit vector, or None (``"none"``, or up vectors cancelling out).
+    """
+    if method not in ORIENT_METHODS:
+        raise ValueError(f"orientation method must be one of {ORIENT_METHODS}, got {method!r}")
+    if method == "none":
+        return None
+    up = c2w[:, :, 1].mean(0)
+    if method == "vertical":
+        right = c2w[:, :, 0]
+        _, sing, vh = np.linalg.svd(right, full_matrices=False)
+        # sing[1] / sqrt(N): RMS cosine between the right vectors and the plane's second axis;
+        # below ~0.17 (10 degrees) the right vectors are too close to parallel to span a plane.
+        if len(right) >= 2 and sing[1] > 0.17 * np.sqrt(len(right)):
+            normal = vh[2]
+            reference = up + c2w[:, :, 2].mean(0)  # up and back vectors: both point skywards unless a
+            up = normal if normal @ reference >= 0 else -normal  # camera looks up more than 45 degrees
+        else:
+            up = up - vh[0] * (up @ vh[0])
+    norm = np.linalg.norm(up)
+    if norm < 1e-6:
+        log.warning("normalisation: the cameras' up vectors cancel out, orientation left unchanged")
+        return None
+    return up / norm
+
+
+def robust_box(values: np.ndarray, percentiles: Sequence[float] = PERCENTILES) -> np.ndarray:
+    """Per-axis percentile box of a point set: (2, 3) float64 [low, high]."""
+    return np.percentile(np.asarray(values, dtype=np.float64), list(percentiles), axis=0)
+
+
+def focus_point(c2w: np.ndarray) -> Optional[np.ndarray]:
+    """The point nearest (least squares) to every camera's optical axis, if well defined.
+
+    Solves ``sum_i (I - d_i d_i^T)(p - o_i) = 0`` over camera centres ``o_i`` and viewing
+    directions ``d_i`` (c2w's -z). None when the axes are nearly parallel (the system is
+    ill-conditioned) or the point is behind most cameras.
+    """
+    origins, dirs = c2w[:, :, 3], -c2w[:, :, 2]
+    dirs = dirs / np.linalg.norm(dirs, axis=1, keepdims=True)
+    proj = np.eye(3)[None] - dirs[:, :, None] * dirs[:, None, :]
+    lhs, rhs = proj.sum(0), (proj @ origins[:, :, None]).sum(0)[:, 0]
+    if len(c2w) < 2 or np.linalg.cond(lhs) > 1e4:
+        return None
+    point = np.linalg.solve(lhs, rhs)
+    if np.mean(np.einsum("ij,ij->i", point - origins, dirs) > 0) < 0.5:
+        return None
+    return point
+
+
+@dataclass
+class Similarity:
+    """``p_scene = scale * rotation @ p + translation``.
+
+    Attributes:
+        rotation: (3, 3) float64 rotation.
+        scale: positive float.
+        translation: (3,) float64, scene units.
+    """
+
+    rotation: np.ndarray
+    scale: float
+    translation: np.ndarray
+
+    @classmethod
+    def identity(cls) -> "Similarity":
+        return cls(np.eye(3), 1.0, np.zeros(3))
+
+    @property
+    def matrix(self) -> np.ndarray:
+        """(4, 4) float64 ``[[s R, t], [0, 1]]``."""
+        out = np.eye(4)
+        out[:3, :3] = self.scale * self.rotation
+        out[:3, 3] = self.translation
+        return out
+
+    def points(self, points: np.ndarray) -> np.ndarray:
+        """(..., 3) source points -> (..., 3) scene points."""
+        return self.scale * np.asarray(points, dtype=np.float64) @ self.rotation.T + self.translation
+
+    def c2w(self, c2w: np.ndarray) -> np.ndarray:
+        """(..., 3, 4) source camera-to-world -> scene camera-to-world (rotation stays orthonormal)."""
+        c2w = np.asarray(c2w, dtype=np.float64)
+        return np.concatenate([self.rotation @ c2w[..., :3, :3], self.points(c2w[..., :3, 3])[..., None]], -1)
+
+    def as_transform(self, source: str, **extra) -> dict:
+        """The JSON-able ``SceneData.transform`` record."""
+        return {"matrix": self.matrix.tolist(), "scale": float(self.scale), "source": source,
+                "convention": "p_scene = matrix @ [p_source, 1]", **extra}
+
+
+def fit_similarity(c2w: np.ndarray, points: Optional[np.ndarray] = None, orient: str = "up") -> Similarity:
+    """The similarity into the scene frame: up to +Y, content centred, robust extent 1.
+
+    1. Rotation: the smallest rotation taking :func:`estimate_up`'s direction to +Y
+       (the rotation about +Y is left as it is).
+    2. Centre (after rotating): with at least ``MIN_POINTS`` points, the centre of the
+       points' percentile box (the content, not the cameras: an aerial capture's cameras
+       are far above it); without, :func:`focus_point` of the cameras, else the centre
+       of the cameras' percentile box.
+    3. Scale: the percentile boxes of the camera centres and of the points (when given)
+       fit in [-1, 1]^3 around the centre: ``s = 1 / max |corner - centre|``.
+
+    Args:
+        c2w: (N, 3, 4) camera-to-world in the source frame, OpenGL.
+        points: optional (P, 3) sparse points in the source frame.
+        orient: ``"up"``, ``"vertical"`` or ``"none"`` (see :func:`estimate_up`).
+
+    Returns:
+        The Similarity (identity scale when every extent is zero).
+    """
+    c2w = np.asarray(c2w, dtype=np.float64)
+    up = estimate_up(c2w, orient)
+    rotation = np.eye(3) if up is None else rotation_between(up, UP)
+    centres = c2w[:, :, 3] @ rotation.T
+    boxes = [robust_box(centres)]
+    if points is not None and len(points) >= MIN_POINTS:
+        box = robust_box(np.asarray(points, dtype=np.float64) @ rotation.T)
+        boxes.append(box)
+        centre = box.mean(0)
+    else:
+        focus = focus_point(c2w)
+        centre = boxes[0].mean(0) if focus is None else rotation @ focus
+    extent = max(float(np.abs(box - centre).max()) for box in boxes)
+    scale = 1.0 / extent if extent > 1e-12 else 1.0
+    return Similarity(rotation, scale, -scale * centre)
+
+
+def points_box(points: np.ndarray, margin: float = AABB_MARGIN) -> np.ndarray:
+    """Scene box of sparse points: their percentile box padded by ``margin`` times its
+    largest side on every side (a flat scene keeps room above and below).
+
+    Returns:
+        (2, 3) float64 [min, max].
+    """
+    box = robust_box(points)
+    pad = margin * max(float((box[1] - box[0]).max()), 1e-6)
+    return box + np.array([[-pad], [pad]])
+
+
+def cameras_box(c2w: np.ndarray) -> np.ndarray:
+    """Scene box without points, after :func:`fit_similarity`: [-1, 1]^3, the box that
+    holds the cameras' robust extent around the centre (the content is assumed within
+    the cameras' hull around their focus point, as nerfstudio's default scene box).
+
+    Extended to hold every camera centre, so no camera sits outside it by accident.
+    """
+    box = np.array([[-1.0] * 3, [1.0] * 3])
+    centres = c2w[:, :, 3]
+    return np.stack([np.minimum(box[0], centres.min(0)), np.maximum(box[1], centres.max(0))])
+
+
+def bounds_from_points(c2w: np.ndarray, observed: Sequence[np.ndarray],
+                       min_points: int = MIN_POINTS) -> tuple[np.ndarray, tuple[float, float]]:
+    """Per-camera ray bounds from the sparse points each camera observes.
+
+    For camera i with centre o_i and observed points p: distances ``|p - o_i|`` (the ray
+    parameter along the unit direction of the pixel that sees p), ``near_i = NEAR_MARGIN *
+    percentile(d, 2)``, ``far_i = FAR_MARGIN * percentile(d, 98)``. The global bounds are
+    the same statistics over every observation of every camera; a camera seeing fewer
+    than ``min_points`` points gets them.
+
+    Args:
+        c2w: (N, 3, 4) camera-to-world (scene frame).
+        observed: N arrays (P_i, 3) of the points each camera observes (scene frame).
+        min_points: the fewest points for bounds of a camera's own.
+
+    Returns:
+        (bounds (N, 2) float64 [near, far], (global near, global far)).
+
+    Raises:
+        ValueError: no observations at all.
+    """
+    distances = [np.linalg.norm(np.asarray(p, dtype=np.float64).reshape(-1, 3) - pose[:, 3], axis=1)
+                 for pose, p in zip(c2w, observed)]
+    pooled = np.concatenate(distances) if distances else np.zeros(0)
+    if len(pooled) == 0:
+        raise ValueError("no observed points to compute ray bounds from")
+
+    def near_far(d):
+        low, high = np.percentile(d, list(PERCENTILES))
+        return NEAR_MARGIN * low, max(FAR_MARGIN * high, NEAR_MARGIN * low * 1.01)
+
+    fallback = near_far(pooled)
+    bounds = np.array([near_far(d) if len(d) >= min_points else fallback for d in distances])
+    return bounds, (float(fallback[0]), float(fallback[1]))
+
+
+def bounds_from_box(c2w: np.ndarray, aabb: np.ndarray) -> np.ndarray:
+    """Per-camera ray bounds from the scene box alone (no points).
+
+    ``far_i``: the distance from the camera centre to the box's farthest corner (no ray
+    stays in the box longer); ``near_i``: the distance to the box (0 inside it), at least
+    ``NEAR_FRACTION`` of the box's diagonal.
+
+    Args:
+        c2w: (N, 3, 4) camera-to-world (scene frame).
+        aabb: (2, 3) [min, max].
+
+    Returns:
+        (N, 2) float64 [near, far].
+    """
+    aabb = np.asarray(aabb, dtype=np.float64)
+    centres = c2w[:, :, 3]
+    corners = np.stack(np.meshgrid(*aabb.T, indexing="ij"), -1).reshape(-1, 3)
+    far = np.linalg.norm(centres[:, None] - corners[None], axis=-1).max(1)
+    outside = np.maximum(np.maximum(aabb[0] - centres, centres - aabb[1]), 0.0)
+    near = np.maximum(np.linalg.norm(outside, axis=1), NEAR_FRACTION * np.linalg.norm(aabb[1] - aabb[0]))
+    return np.stack([near, far], 1)
+
+
+@dataclass
+class Placement:
+    """Every camera of a capture placed in the scene frame, with its ray bounds and the box.
+
+    Attributes:
+        c2w: (N, 3, 4) float64 camera-to-world, OpenGL, scene frame.
+        bounds: (N, 2) float64 per-camera [near, far], scene units along unit directions.
+        near, far: bounds holding every camera's (the scene's global ones).
+        aabb: (2, 3) float64 scene box.
+        transform: the ``SceneData.transform`` record, or None (not normalised).
+    """
+
+    c2w: np.ndarray
+    bounds: np.ndarray
+    near: float
+    far: float
+    aabb: np.ndarray
+    transform: Optional[dict]
+
+
+def place_capture(c2w: np.ndarray, points: Optional[np.ndarray] = None,
+                  observed: Optional[Sequence[np.ndarray]] = None, *, source: str, normalize: bool = True,
+                  orient: str = "up", near: Optional[float] = None, far: Optional[float] = None,
+                  aabb=None, min_points: int = MIN_POINTS, where: str = "", **transform_extra) -> Placement:
+    """Normalises a capture and derives its box and ray bounds (the importers' one path).
+
+    * Frame: :func:`fit_similarity` (``normalize=False``: the source frame; the box and
+      bounds are then found in an unrotated fitted frame and mapped back).
+    * Box: ``aabb`` if given (scene frame), else :func:`points_box` of the points (at
+      least ``min_points``), else :func:`cameras_box`.
+    * Bounds: :func:`bounds_from_points` with ``observed`` (per-camera points), else
+      :func:`bounds_from_box`; ``near``/``far`` replace every camera's value when given.
+
+    Args:
+        c2w: (N, 3, 4) camera-to-world in the source frame, OpenGL.
+        points: optional (P, 3) sparse points, source frame.
+        observed: optional N arrays (P_i, 3): the points camera i observes, source frame.
+        source: the importer's name, recorded in the transform.
+        normalize: express everything in the scene frame.
+        orient: :func:`estimate_up`'s method.
+        near, far, aabb: overrides, in the output frame.
+        min_points: see :func:`bounds_from_points`.
+        where: the dataset, for error messages.
+        **transform_extra: more entries of the transform record.
+
+    Raises:
+        ValueError: bad overrides (``near >= far``, a malformed box), naming ``where``.
+    """
+    c2w = np.asarray(c2w, dtype=np.float64)
+    fit = fit_similarity(c2w, points, orient if normalize else "none")
+    c2w_fit = fit.c2w(c2w)
+    has_points = points is not None and len(points) >= min_points
+    if aabb is not None:
+        box = as_aabb(aabb, where).double().numpy()
+        box_fit = box if normalize else fit.points(box)
+    else:
+        box_fit = points_box(fit.points(points)) if has_points else cameras_box(c2w_fit)
+    if observed is not None and sum(len(p) for p in observed) > 0:
+        bounds, _ = bounds_from_points(c2w_fit, [fit.points(np.asarray(p).reshape(-1, 3)) for p in observed],
+                                       min_points)
+    else:
+        bounds = bounds_from_box(c2w_fit, box_fit)
+    if not normalize:  # back to source units: the fit was a scale and a translation
+        bounds, box_fit = bounds / fit.scale, (box_fit - fit.translation) / fit.scale
+    for column, value in ((0, near), (1, far)):
+        if value is not None:
+            bounds[:, column] = float(value)
+    near_all, far_all = float(bounds[:, 0].min()), float(bounds[:, 1].max())
+    if not 0.0 <= near_all < far_all or (bounds[:, 0] >= bounds[:, 1]).any():
+        raise ValueError(f"{where}: need 0 <= near < far for every camera, got near={near_all}, far={far_all} "
+                         f"(check dataset.near and dataset.far)")
+    return Placement(c2w=c2w_fit if normalize else c2w, bounds=bounds, near=near_all, far=far_all,
+                     aabb=box if aabb is not None else box_fit,
+                     transform=fit.as_transform(source, **transform_extra) if normalize else None)
