@@ -64,8 +64,9 @@ class DatasetConfig:
 class SyntheticDataset(DatasetConfig):
     """The built-in procedural scene (generated on first use into ``cache_dir``; no download)."""
     name: str = "synthetic"
-    kind: str = choice("objects", "objects", "wide")  # wide: aerial-like, for spatial segmentation
-    resolution: int = positive(100)                     # image width = height, pixels
+    kind: str = choice("objects", "objects", "city_small", "city")  # city_small / city: aerial, for spatial segmentation
+    resolution: Optional[int] = positive(None)          # image width, pixels (objects: square; cities: height 3/4 of it); null: the kind's (100, 100, 160)
+    appearance_jitter: bool = True                      # cities: per-image exposure and white balance (ignored by objects)
     downscale: int = positive(1)
     cache_dir: str = ".cache/synthetic"
     near: Optional[float] = None                        # null: the scene's own bounds

@@ -56,7 +56,8 @@ def load_scene(cfg_dataset: Mapping, split: str = "train",
     if name == "synthetic":
         from distnerf.data.synthetic import ensure_scene  # optional generator module
 
-        root = ensure_scene(str(cfg.cache_dir), kind=cfg.kind, resolution=cfg.resolution)
+        root = ensure_scene(str(cfg.cache_dir), kind=cfg.kind, resolution=cfg.resolution,
+                            appearance_jitter=cfg.appearance_jitter)
     else:
         root = cfg.root
 

@@ -1,4 +1,4 @@
-"""``strategy=ss`` through the real CLI: a 2-rank gloo run on the built-in wide scene with
+"""``strategy=ss`` through the real CLI: a 2-rank gloo run on the built-in city_small scene with
 4 regions (2 per rank), fused rendering from its manifest (one process and across
 ranks), and exact resume of the sharded checkpoint."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ from distnerf import checkpoint as ckpt
 from tests.conftest import run_cli, torchrun
 
 N = 3
-COMMON = ["experiment=smoke", "strategy=ss", "strategy.num_regions=4", "dataset.kind=wide", "train.progress=false",
+COMMON = ["experiment=smoke", "strategy=ss", "strategy.num_regions=4", "dataset.kind=city_small", "train.progress=false",
           "train.ckpt_every=0", "train.log_every=1", "model.resolutions=[24,32]", "model.upsample_steps=[2]",
           "model.occupancy_every=2", "strategy.context_resolution=12", "sampler=pipelined", "sampler.num_workers=1"]
 
@@ -80,7 +80,7 @@ def psnr_of_pngs(render_dir: Path, rows: list, cache: Path) -> list[float]:
 
     from distnerf.data import load_scene
 
-    scene = load_scene({"name": "synthetic", "kind": "wide", "resolution": 40, "cache_dir": str(cache)}, "test")
+    scene = load_scene({"name": "synthetic", "kind": "city_small", "resolution": 40, "cache_dir": str(cache)}, "test")
     out = []
     for r in rows:
         img = iio.imread(render_dir / f"{r['view']:03d}_{r['name']}_rgb.png").astype(np.float64) / 255.0

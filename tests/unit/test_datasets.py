@@ -381,9 +381,9 @@ def test_load_scene_registry(tmp_path, monkeypatch):
     fake = types.ModuleType("distnerf.data.synthetic")
     fake.ensure_scene = ensure_scene
     monkeypatch.setitem(sys.modules, "distnerf.data.synthetic", fake)
-    synth = load_scene({"name": "synthetic", "cache_dir": str(tmp_path / "c"), "kind": "wide",
+    synth = load_scene({"name": "synthetic", "cache_dir": str(tmp_path / "c"), "kind": "city_small",
                         "resolution": 8}, "train")
-    assert calls == [(str(tmp_path / "c"), "wide", 8)] and len(synth) == 2
+    assert calls == [(str(tmp_path / "c"), "city_small", 8)] and len(synth) == 2
 
     with pytest.raises(ValueError, match=r"dataset.name='tanks' is not one of \['blender', 'colmap', 'llff', "
                                          r"'nerfstudio', 'synthetic'\]"):

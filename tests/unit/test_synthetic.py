@@ -23,7 +23,7 @@ from distnerf.data import synthetic
 from distnerf.data.synthetic import MARKER, ensure_scene
 
 OBJ = dict(kind="objects", resolution=40, num_train=8, num_val=2, num_test=4, seed=0)
-WIDE = dict(kind="wide", resolution=48, num_train=8, num_val=1, num_test=4, seed=0)
+CITY = dict(kind="city_small", resolution=48, num_views=10, seed=0)
 TINY = dict(kind="objects", resolution=16, num_train=2, num_val=1, num_test=1, seed=3)
 
 
@@ -33,8 +33,8 @@ def objects_root(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def wide_root(tmp_path_factory):
-    return ensure_scene(tmp_path_factory.mktemp("cache"), **WIDE)
+def city_root(tmp_path_factory):
+    return ensure_scene(tmp_path_factory.mktemp("cache"), **CITY)
 
 
 def _load(root, split):
@@ -251,57 +251,52 @@ def test_renderer_silhouettes_match_independent_geometry():
     assert ((alpha % 1) != 0).any()
 
 
-# ----------------------------------------------------------------------------- wide
-def test_wide_cameras_look_outward_and_down(wide_root):
-    for split in ("train", "val", "test"):
-        meta, _ = _load(wide_root, split)
-        assert meta["near"] == pytest.approx(0.1) and meta["far"] >= 20.0
-        for frame in meta["frames"]:
-            c2w = np.array(frame["transform_matrix"])
-            view = -c2w[:3, 2]  # the camera looks down its -Z axis
-            position = c2w[:3, 3]
-            pitch = math.degrees(math.asin(-view[1]))
-            assert 19.9 <= pitch <= 35.1, pitch
-            assert 1.5 <= position[1] <= 3.0
-            assert view[[0, 2]] @ position[[0, 2]] > 0.0  # outward
-            assert abs(c2w[1, 0]) < 1e-9  # no roll: the image x axis stays horizontal
-
-
-def test_wide_ground_is_opaque_and_objects_spread(wide_root):
-    scene = json.loads((wide_root / "scene.json").read_text())
-    meta, images = _load(wide_root, "train")
-    lo, hi = np.array(meta["aabb"])
-    ground = next(p for p in scene["primitives"] if p["type"] == "ground")
-    extent = ground["extent"]
-    assert lo[0] == lo[2] == -extent and hi[0] == hi[2] == extent and lo[1] < 0.0 < hi[1]
-    objects = [p for p in scene["primitives"] if p["type"] != "ground"]
-    assert 12 <= len(objects) <= 30
-    centres = np.array([p["center"] for p in objects])
-    assert (np.abs(centres[:, [0, 2]]) < extent).all()
-    assert {(bool(x > 0), bool(z > 0)) for x, _, z in centres} == {(a, b) for a in (0, 1)
-                                                                  for b in (0, 1)}
-    assert np.abs(centres[:, [0, 2]]).max() > 0.6 * extent
-    focal, cx, cy = _intrinsics(meta, 48, 48)
-    fractions = []
-    for frame, image in zip(meta["frames"], images):
+# ----------------------------------------------------------------------------- city
+def test_city_cameras_nadir_then_four_obliques(city_root):
+    """Each station: a nadir view (camera 1), then obliques 40 degrees off nadir towards
+    +X, +Z, -X, -Z (camera 2, longer focal), aiming at the nadir view's ground point."""
+    meta = json.loads((city_root / "transforms.json").read_text())
+    frames = meta["frames"]
+    assert len(frames) == CITY["num_views"]
+    headings = [(1, 0), (0, 1), (-1, 0), (0, -1)]
+    for i, frame in enumerate(frames):
         c2w = np.array(frame["transform_matrix"])
-        dirs, origin = _pixel_rays(c2w, 48, 48, focal, cx, cy)
-        alpha = image[..., 3]
-        below = dirs[..., 1] < 0.0
-        # Where the pixel-centre ray meets the plane y = 0 well inside the ground patch,
-        # every sub-ray hits the ground or an object in front of it: fully opaque.
-        t = -origin[1] / np.where(below, dirs[..., 1], -1.0)
-        hit_xz = origin[[0, 2]] + t[..., None] * dirs[..., [0, 2]]
-        on_ground = below & (np.abs(hit_xz) < extent - 0.5).all(axis=-1)
-        assert on_ground.any()
-        assert (alpha[on_ground] == 255).mean() > 0.99
-        fractions.append((alpha[below] == 255).mean())
-        # Upward rays that pass no object are sky: transparent.
-        margin = np.min([_ray_sphere_distance(origin, dirs, c) - r
-                         for c, r in _bounding_spheres(scene)], axis=0)
-        sky = (dirs[..., 1] > 0.02) & (margin > 0.1)
-        assert (alpha[sky] == 0).all()
-    assert np.mean(fractions) > 0.6, fractions  # most pixels below the horizon are opaque
+        view = -c2w[:3, 2]  # the camera looks down its -Z axis
+        off_nadir = math.degrees(math.acos(-view[1]))
+        assert 11.7 - 1e-9 <= c2w[1, 3] <= 12.3 + 1e-9  # altitude 12 +- 0.3
+        if i % 5 == 0:
+            assert off_nadir < 1.6, off_nadir
+            assert abs(c2w[2, 1] + 1.0) < 1e-3  # image up = world -Z
+            station = c2w[:3, 3]
+        else:
+            assert 38.4 <= off_nadir <= 41.6, off_nadir
+            heading = np.array(headings[i % 5 - 1])
+            assert view[[0, 2]] @ heading > 0.6
+            ground = c2w[:3, 3] + view * (c2w[1, 3] / -view[1])  # where the axis meets y = 0
+            # The 1.5-degree attitude jitter moves it by at most ~0.45 at this slant range.
+            assert np.linalg.norm(ground[[0, 2]] - station[[0, 2]]) < 0.5
+        assert frame["fl_x"] == frame["fl_y"] and (frame["w"], frame["h"]) == (48, 36)
+    focal = {i % 5 == 0: frames[i]["fl_x"] for i in range(len(frames))}
+    assert focal[True] == pytest.approx(0.5 * 48 / math.tan(math.radians(30)))
+    assert focal[False] > focal[True]
+
+
+def test_city_images_are_opaque_rgb_and_split_holdout_8(city_root):
+    names = sorted(p.name for p in (city_root / "images").iterdir())
+    assert names == [f"img_{i:04d}.png" for i in range(10)]
+    for name in names:
+        image = iio.imread(city_root / "images" / name)
+        assert image.shape == (36, 48, 3) and image.dtype == np.uint8
+    splits = {split: [f["file_path"] for f in _load_meta(city_root, split)["frames"]]
+              for split in ("train", "val", "test")}
+    assert splits["test"] == ["images/img_0000.png", "images/img_0008.png"]
+    assert splits["val"] == splits["test"]  # the first 3 test views: there are only 2
+    assert splits["train"] == [f"images/{n}" for n in names if n not in ("img_0000.png", "img_0008.png")]
+    assert city_root.name == synthetic.scene_name("city_small", 48, 0, 8, 2, 2, True)
+
+
+def _load_meta(root, split):
+    return json.loads((root / f"transforms_{split}.json").read_text())
 
 
 # ------------------------------------------------------------------------------ cache
@@ -378,8 +373,12 @@ def test_bad_arguments(tmp_path):
 
 
 def test_cli_prints_root(tmp_path, capsys):
-    assert synthetic.main(["--kind", "wide", "--resolution", "12", "--out", str(tmp_path),
+    assert synthetic.main(["--kind", "city_small", "--resolution", "12", "--out", str(tmp_path),
+                           "--num-views", "2", "--no-appearance-jitter"]) == 0
+    root = capsys.readouterr().out.strip()
+    assert root == str(tmp_path / synthetic.scene_name("city_small", 12, 0, 1, 1, 1, False))
+    assert (tmp_path / root / MARKER).is_file()
+    assert synthetic.main(["--kind", "objects", "--resolution", "12", "--out", str(tmp_path),
                            "--num-train", "1", "--num-val", "1", "--num-test", "1"]) == 0
     root = capsys.readouterr().out.strip()
-    assert root == str(tmp_path / synthetic.scene_name("wide", 12, 0, 1, 1, 1))
-    assert (tmp_path / root / MARKER).is_file()
+    assert root == str(tmp_path / synthetic.scene_name("objects", 12, 0, 1, 1, 1))

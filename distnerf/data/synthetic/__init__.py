@@ -1,14 +1,21 @@
-"""Procedural default scenes, rendered analytically and written in Blender format.
+"""Procedural default scenes, rendered analytically: an object scene and aerial cities.
 
-Legend: N rays (one per sub-pixel sample), H, W image size in pixels, V views of a split,
-K primitives of a scene.
+Legend: N rays (one per sub-pixel sample), H, W image size in pixels, V views of a split
+or of a city's flight, K primitives of a scene, P 3D points.
 
-With no dataset given, distnerf trains on a small scene that it generates itself:
-:func:`ensure_scene` renders it once into a cache directory, in the nerf_synthetic
-("Blender") layout (see :mod:`~distnerf.data.synthetic.writer`), and every later call
-(from any rank) reuses it. Two kinds of scene: ``"objects"`` (object-centred like lego,
-the default) and ``"wide"`` (large, for spatial segmentation); see
-:mod:`~distnerf.data.synthetic.scenes`.
+With no dataset given, distnerf trains on a scene that it generates itself:
+:func:`ensure_scene` renders it once into a cache directory and every later call (from
+any rank) reuses it. Three kinds of scene (see :mod:`~distnerf.data.synthetic.scenes`):
+
+* ``"objects"`` (the default, object-centred like lego), in the nerf_synthetic
+  ("Blender") layout with transparent background (see
+  :mod:`~distnerf.data.synthetic.writer`);
+* ``"city_small"`` (3 x 3 blocks, 60 views of 100 x 75 by default: trains on one CPU)
+  and ``"city"`` (8 x 8 blocks, 245 views of 160 x 120, the benchmark size): aerial
+  nadir and oblique views of box buildings on a textured ground under a sky (opaque
+  images), with per-image exposure and white balance; all images in ``images/``,
+  described in three formats (Blender, nerfstudio ``transforms.json``, COLMAP text
+  model in a known random similarity frame), see :mod:`~distnerf.data.synthetic.formats`.
 
 The package is a standalone generator: it imports nothing from distnerf outside itself.
 In particular its rays and ray-primitive intersections are written separately with
@@ -17,29 +24,36 @@ both sides.
 
 Modules
 -------
-* ``primitives``: the analytic shapes (sphere, box, cylinder, ground plane), their exact
-  ray intersection, textures and JSON description.
-* ``tracer``: ``look_at``, pixel rays, nearest hit over a scene, Lambertian shading and
-  the anti-aliased rendering of one view.
-* ``scenes``: :class:`SceneSpec` and the builders of the ``"objects"`` and ``"wide"``
-  layouts and cameras.
-* ``writer``: the Blender-format files, the scene name and the atomic cache.
+* ``primitives``: the analytic shapes (sphere, box, cylinder, ground plane, the city's
+  building and ground), their exact ray intersection, textures, surface sampling and
+  JSON description.
+* ``tracer``: ``look_at``, pixel rays, nearest hit over a scene, Lambertian shading, the
+  sky and the anti-aliased rendering of one view.
+* ``scenes``: :class:`SceneSpec`, the city's cameras and flight (``Survey``), image
+  sizes, view counts and the builders of the three kinds.
+* ``formats``: a city's images, Blender, nerfstudio and COLMAP files, and its 3D points
+  with their visibility.
+* ``writer``: the objects' Blender files, the scene name and the atomic cache.
 * ``cli`` / ``__main__``: the command line.
 
 Conventions
 -----------
-* World: right-handed, **+Y up** (unlike Blender's Z-up scenes); the ground of ``"wide"``
-  is the plane y = 0. Units are arbitrary world units.
+* World: right-handed, **+Y up** (unlike Blender's Z-up scenes); the cities' ground is
+  the plane y = 0. Units are arbitrary world units.
 * ``c2w`` is camera-to-world, OpenGL convention: the camera looks down its local -Z, +Y
-  is up, +X is right (the ``transform_matrix`` of the Blender format).
-* Pixel ``(u, v)`` (column, row) has its centre at ``(u + 0.5, v + 0.5)``; focal length
-  ``f = 0.5 * W / tan(0.5 * camera_angle_x)`` pixels; 2x2 supersampling, so alpha is
-  fractional on silhouettes; straight alpha, RGB 0 where alpha is 0. Details in
-  :mod:`~distnerf.data.synthetic.tracer`.
+  is up, +X is right (the ``transform_matrix`` of the Blender and nerfstudio formats;
+  COLMAP's poses are world-to-camera in the OpenCV frame, in their own world frame).
+* Pixel ``(u, v)`` (column, row) has its centre at ``(u + 0.5, v + 0.5)``; objects:
+  focal length ``f = 0.5 * W / tan(0.5 * camera_angle_x)`` pixels, principal point at
+  the centre; cities: per-image ``fl_x, fl_y, cx, cy`` of their two cameras. 2x2
+  supersampling, so the objects' alpha is fractional on silhouettes; straight alpha, RGB
+  0 where alpha is 0. Details in :mod:`~distnerf.data.synthetic.tracer`.
+* ``resolution`` is the image width (objects: square images; cities: 4:3); unset, the
+  kind's default (objects 100, city_small 100, city 160).
 
 Command line::
 
-    python -m distnerf.data.synthetic --kind wide --resolution 200 --out DIR
+    python -m distnerf.data.synthetic --kind city_small --out DIR
 """
 from distnerf.data.synthetic.cli import main
 from distnerf.data.synthetic.primitives import Box, Cylinder, Sphere

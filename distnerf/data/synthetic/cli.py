@@ -1,9 +1,11 @@
 """Command line of the scene generator (run as ``python -m distnerf.data.synthetic``)::
 
-    python -m distnerf.data.synthetic --kind wide --resolution 200 --out DIR
+    python -m distnerf.data.synthetic --kind city_small --out DIR
+    python -m distnerf.data.synthetic --kind objects --resolution 200 --out DIR
 
 Generates the scene into the cache directory ``DIR`` if it is not there yet and prints
-its root (stdout); the time taken goes to stderr.
+its root (stdout); the time taken goes to stderr. Unset options take the kind's
+defaults (see :func:`~distnerf.data.synthetic.writer.ensure_scene`).
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from typing import Sequence
 from distnerf.data.synthetic.scenes import KINDS
 from distnerf.data.synthetic.writer import ensure_scene
 
-_DESCRIPTION = "Procedural default scenes, rendered analytically and written in Blender format."
+_DESCRIPTION = "Procedural default scenes, rendered analytically (objects; aerial cities)."
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -23,17 +25,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m distnerf.data.synthetic",
                                      description=_DESCRIPTION)
     parser.add_argument("--kind", choices=KINDS, default="objects")
-    parser.add_argument("--resolution", type=int, default=100)
+    parser.add_argument("--resolution", type=int, default=None,
+                        help="image width in pixels (default: the kind's)")
     parser.add_argument("--out", required=True, help="cache directory")
-    parser.add_argument("--num-train", type=int, default=60)
-    parser.add_argument("--num-val", type=int, default=8)
-    parser.add_argument("--num-test", type=int, default=20)
+    parser.add_argument("--num-train", type=int, default=None, help="objects only")
+    parser.add_argument("--num-val", type=int, default=None)
+    parser.add_argument("--num-test", type=int, default=None, help="objects only")
+    parser.add_argument("--num-views", type=int, default=None,
+                        help="cities: first views of the flight to keep (default all)")
+    parser.add_argument("--no-appearance-jitter", action="store_true",
+                        help="cities: no per-image exposure / white-balance gains")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     start = time.perf_counter()
     root = ensure_scene(args.out, args.kind, args.resolution, args.num_train, args.num_val,
-                        args.num_test, args.seed)
+                        args.num_test, args.seed, not args.no_appearance_jitter, args.num_views)
     print(root)
     print(f"ready in {time.perf_counter() - start:.2f} s", file=sys.stderr)
     return 0
-

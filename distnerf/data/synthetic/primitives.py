@@ -6,7 +6,9 @@ Every primitive is a dataclass with a world ``center``, a local-to-world ``rotat
 two albedos (``colour``, ``alt_colour``) that its procedural texture alternates between.
 It answers :meth:`~Primitive.intersect` (nearest hit and outward normal, closed form in
 numpy), :meth:`~Primitive.albedo` (texture at surface points), bounds for culling and
-layout, and :meth:`~Primitive.to_json` (its entry in ``scene.json``).
+layout, and :meth:`~Primitive.to_json` (its entry in ``scene.json``). The city's
+primitives (:class:`Building`, :class:`CityGround`) also answer
+:meth:`~Primitive.sample_surface` (the candidate points of the COLMAP model).
 
 Conventions: world right-handed, +Y up, arbitrary world units; all arrays float64.
 """
@@ -88,8 +90,37 @@ class Primitive:
                 "rotation": self.rotation.tolist(), "color": self.colour.tolist(),
                 "alt_color": self.alt_colour.tolist()}
 
+    def sample_surface(self, rng: np.random.Generator, num: int) -> Tuple[np.ndarray, np.ndarray]:
+        """``num`` points uniform (by area) on the surface that can be seen from outside.
+
+        Returns:
+            points: (num, 3) float64 world points on the surface.
+            normals: (num, 3) float64 outward unit normals there.
+        """
+        raise NotImplementedError
+
     def _pick(self, odd: np.ndarray) -> np.ndarray:
         return np.where(odd[:, None], self.alt_colour, self.colour)
+
+
+def hash01(*keys: np.ndarray) -> np.ndarray:
+    """Deterministic pseudo-random numbers in [0, 1) from integer keys (texture noise).
+
+    Args:
+        keys: integer arrays of one broadcast shape (cell indices, face ids, salts).
+
+    Returns:
+        float64 array of that shape; the same keys always give the same value.
+    """
+    mixed = np.zeros(np.broadcast(*keys).shape, dtype=np.uint64)
+    for i, key in enumerate(keys):
+        # int64 -> uint64 wraps negative keys (two's complement): distinct keys stay distinct.
+        word = np.asarray(key, dtype=np.int64).astype(np.uint64) + np.uint64((i * 0x632BE59BD9B4E019) % (1 << 64))
+        mixed = (mixed ^ word) * np.uint64(0x9E3779B97F4A7C15)
+        mixed ^= mixed >> np.uint64(29)
+    mixed = (mixed ^ (mixed >> np.uint64(32))) * np.uint64(0xD6E8FEB86659FD93)
+    mixed ^= mixed >> np.uint64(32)
+    return (mixed >> np.uint64(11)).astype(np.float64) / float(1 << 53)
 
 
 @dataclass
@@ -301,3 +332,182 @@ class GroundPlane(Primitive):
 
     def to_json(self):
         return {**super().to_json(), "extent": self.extent, "tile": self.tile}
+
+
+@dataclass
+class Building(Box):
+    """Box building standing on its base: window grids on the facades, a textured roof.
+
+    The facades (the four vertical faces) are divided into floors of ``floor_height`` and
+    an equal number of bays per face (about ``bay_width`` wide); each bay of each floor
+    holds one window (``window_colour`` times a per-window brightness in [0.55, 1.45],
+    clipped: lit and dark windows), the ground floor a wider shop window. Wall colour
+    ``colour``, with an ``alt_colour`` band under each floor's windows and a plain band of
+    0.12 at the top (the parapet). The roof is ``roof_colour`` times a noise in [0.8, 1.2]
+    on 0.3-unit cells inside a parapet rim 0.1 wide (wall colour). The bottom face is plain
+    wall colour (it lies on the ground and is never seen).
+
+    Attributes:
+        floor_height: world units.
+        bay_width: approximate window spacing along a facade, world units.
+        window_colour: (3,) float64 glass albedo.
+        roof_colour: (3,) float64 roof albedo.
+        salt: integer making this building's window and roof noise its own.
+    """
+
+    floor_height: float = 0.5
+    bay_width: float = 0.4
+    window_colour: np.ndarray = field(default_factory=lambda: np.array([0.18, 0.24, 0.34]))
+    roof_colour: np.ndarray = field(default_factory=lambda: np.array([0.45, 0.45, 0.43]))
+    salt: int = 0
+    type_name = "building"
+
+    def albedo(self, points):
+        local = (points - self.center) @ self.rotation
+        axis = np.argmax(np.abs(local) / self.half_extents, axis=1)
+        out = np.empty((local.shape[0], 3))
+        roof = axis == 1
+        out[roof] = self._roof(local[roof])
+        facade = ~roof
+        out[facade] = self._facade(local[facade], axis[facade])
+        return out
+
+    def _facade(self, local: np.ndarray, axis: np.ndarray) -> np.ndarray:
+        height = local[:, 1] + self.half_extents[1]  # above the base
+        # Horizontal coordinate along the face: local z on the +-x faces, local x on +-z.
+        along = np.where(axis == 0, local[:, 2] + self.half_extents[2], local[:, 0] + self.half_extents[0])
+        length = np.where(axis == 0, 2.0 * self.half_extents[2], 2.0 * self.half_extents[0])
+        bays = np.maximum(np.round(length / self.bay_width), 1.0)
+        s = along / (length / bays)
+        column = np.floor(s).astype(np.int64)
+        fs = s - column
+        f = height / self.floor_height
+        floor = np.floor(f).astype(np.int64)
+        fy = f - floor
+        parapet = height > 2.0 * self.half_extents[1] - 0.12
+        upper = (floor >= 1) & (fs > 0.2) & (fs < 0.8) & (fy > 0.3) & (fy < 0.85)
+        shop = (floor == 0) & (fs > 0.08) & (fs < 0.92) & (fy > 0.1) & (fy < 0.8)
+        window = (upper | shop) & ~parapet
+        face = 2 * axis + (local[np.arange(local.shape[0]), axis] > 0)
+        lit = 0.55 + 0.9 * hash01(floor, column, face, np.int64(self.salt))
+        glass = np.clip(self.window_colour * lit[:, None], 0.0, 1.0)
+        wall = np.where(((fy < 0.12) & ~parapet)[:, None], self.alt_colour, self.colour)
+        return np.where(window[:, None], glass, wall)
+
+    def _roof(self, local: np.ndarray) -> np.ndarray:
+        top = local[:, 1] > 0.0
+        rim = np.minimum(self.half_extents[0] - np.abs(local[:, 0]),
+                         self.half_extents[2] - np.abs(local[:, 2])) < 0.1
+        ix = np.floor((local[:, 0] + self.half_extents[0]) / 0.3).astype(np.int64)
+        iz = np.floor((local[:, 2] + self.half_extents[2]) / 0.3).astype(np.int64)
+        noise = 0.8 + 0.4 * hash01(ix, iz, np.int64(self.salt))
+        roof = np.clip(self.roof_colour * noise[:, None], 0.0, 1.0)
+        return np.where((top & ~rim)[:, None], roof, self.colour)
+
+    def sample_surface(self, rng, num):
+        """Points on the roof and the four facades (not the bottom), uniform by area."""
+        hx, hy, hz = self.half_extents
+        # Faces: +x, -x, +z, -z (facades), +y (roof); (normal axis, sign, area).
+        faces = [(0, 1.0, 4 * hy * hz), (0, -1.0, 4 * hy * hz), (2, 1.0, 4 * hx * hy),
+                 (2, -1.0, 4 * hx * hy), (1, 1.0, 4 * hx * hz)]
+        area = np.array([f[2] for f in faces])
+        which = rng.choice(len(faces), size=num, p=area / area.sum())
+        local = rng.uniform(-1.0, 1.0, size=(num, 3)) * self.half_extents
+        normal_local = np.zeros((num, 3))
+        for k, (axis, sign, _) in enumerate(faces):
+            rows = which == k
+            local[rows, axis] = sign * self.half_extents[axis]
+            normal_local[rows, axis] = sign
+        return self.center + local @ self.rotation.T, normal_local @ self.rotation.T
+
+    def to_json(self):
+        return {**super().to_json(), "floor_height": self.floor_height, "bay_width": self.bay_width,
+                "window_color": self.window_colour.tolist(), "roof_color": self.roof_colour.tolist(),
+                "salt": self.salt}
+
+
+# Ground albedos of the city (see CityGround).
+_ASPHALT = np.array([0.24, 0.24, 0.26])
+_MARKING = np.array([0.88, 0.84, 0.55])
+_SIDEWALK = np.array([0.62, 0.60, 0.56])
+_PLAZA = np.array([0.56, 0.53, 0.47])
+_GRASS = np.array([0.30, 0.50, 0.22])
+_FIELDS = np.array([[0.42, 0.52, 0.25], [0.55, 0.50, 0.30], [0.35, 0.45, 0.22], [0.60, 0.56, 0.38]])
+
+
+@dataclass
+class CityGround(GroundPlane):
+    """The city's ground: the square patch ``center +- extent`` of the plane y = ``center[1]``.
+
+    A grid of ``num_blocks`` x ``num_blocks`` blocks of side ``pitch`` (road centre line to
+    road centre line) centred on ``center``: roads ``road_width`` wide (asphalt, dashed
+    centre lines 0.1 wide, dashes 0.45 of every 0.8), sidewalks ``sidewalk_width`` wide
+    (paving with joints every 0.25), block interiors either plaza (paving noise on 0.5
+    cells) or, for the blocks listed in ``parks``, grass (noise on 0.4 cells). Outside the
+    outer roads and sidewalks: fields (strips 1.5 wide, colours by strip). ``colour`` and
+    ``alt_colour`` are not used by the texture (kept for the JSON of every primitive).
+
+    Attributes:
+        pitch: block spacing, world units.
+        num_blocks: blocks per side.
+        road_width, sidewalk_width: world units.
+        parks: flat indices ``i * num_blocks + j`` (i along x, j along z) of the park blocks.
+    """
+
+    pitch: float = 5.0
+    num_blocks: int = 3
+    road_width: float = 1.0
+    sidewalk_width: float = 0.3
+    parks: Tuple[int, ...] = ()
+    type_name = "city_ground"
+
+    def albedo(self, points):
+        half = 0.5 * self.num_blocks * self.pitch
+        gx = points[:, 0] - self.center[0] + half  # 0 at the first road's centre line
+        gz = points[:, 2] - self.center[2] + half
+        r = 0.5 * self.road_width
+        # Distance to the nearest road centre line, in x and in z.
+        dx = np.abs(gx - self.pitch * np.clip(np.round(gx / self.pitch), 0, self.num_blocks))
+        dz = np.abs(gz - self.pitch * np.clip(np.round(gz / self.pitch), 0, self.num_blocks))
+        span = self.num_blocks * self.pitch
+        reach = r + self.sidewalk_width
+        in_city = (gx > -reach) & (gx < span + reach) & (gz > -reach) & (gz < span + reach)
+        road = in_city & ((dx < r) | (dz < r))
+        sidewalk = in_city & ~road & (np.minimum(dx, dz) < reach)
+        interior = in_city & ~road & ~sidewalk
+        n = points.shape[0]
+        out = np.empty((n, 3))
+        # Fields outside the city.
+        strip = np.floor((points[:, 0] + 0.6 * points[:, 2]) / 1.5).astype(np.int64)
+        out[:] = _FIELDS[np.floor(4 * hash01(strip, np.int64(7))).astype(np.int64)]
+        # Roads: asphalt noise on 0.5 cells, dashed centre lines away from crossings.
+        cell_x = np.floor(gx / 0.5).astype(np.int64)
+        cell_z = np.floor(gz / 0.5).astype(np.int64)
+        asphalt = _ASPHALT * (0.9 + 0.2 * hash01(cell_x, cell_z, np.int64(1)))[:, None]
+        along_x = (dz < 0.05) & (dx >= r) & (np.mod(gx, 0.8) < 0.45)
+        along_z = (dx < 0.05) & (dz >= r) & (np.mod(gz, 0.8) < 0.45)
+        out[road] = np.where((along_x | along_z)[road, None], _MARKING, asphalt[road])
+        joint = (np.mod(gx, 0.25) < 0.03) | (np.mod(gz, 0.25) < 0.03)
+        out[sidewalk] = np.where(joint[sidewalk, None], 0.8 * _SIDEWALK, _SIDEWALK)
+        block = (np.clip(np.floor(gx / self.pitch), 0, self.num_blocks - 1) * self.num_blocks
+                 + np.clip(np.floor(gz / self.pitch), 0, self.num_blocks - 1)).astype(np.int64)
+        park = interior & np.isin(block, np.asarray(self.parks, dtype=np.int64))
+        plaza = interior & ~park
+        grass = _GRASS * (0.8 + 0.4 * hash01(np.floor(gx / 0.4).astype(np.int64),
+                                              np.floor(gz / 0.4).astype(np.int64), np.int64(2)))[:, None]
+        out[park] = grass[park]
+        paving = _PLAZA * (0.85 + 0.3 * hash01(np.floor(gx / 0.5).astype(np.int64),
+                                                np.floor(gz / 0.5).astype(np.int64), np.int64(3)))[:, None]
+        out[plaza] = paving[plaza]
+        return np.clip(out, 0.0, 1.0)
+
+    def sample_surface(self, rng, num):
+        """Points uniform on the square patch; normals +Y."""
+        xz = rng.uniform(-self.extent, self.extent, size=(num, 2))
+        points = np.stack([xz[:, 0], np.zeros(num), xz[:, 1]], axis=1) + self.center
+        return points, np.tile([0.0, 1.0, 0.0], (num, 1))
+
+    def to_json(self):
+        return {**super().to_json(), "pitch": self.pitch, "num_blocks": self.num_blocks,
+                "road_width": self.road_width, "sidewalk_width": self.sidewalk_width,
+                "parks": list(self.parks)}

@@ -1,34 +1,67 @@
 """Scene specs of the procedural scenes: layout, light, bounds and cameras.
 
-Legend: V views of a split, K primitives of a scene.
+Legend: V views of a split (or of a city's flight), K primitives of a scene.
 
-Two kinds of scene (:data:`KINDS`), built by :func:`build_scene`:
+Three kinds of scene (:data:`KINDS`), built by :func:`build_scene`:
 
 * ``"objects"`` (the default, object-centred like lego): a checkered platform carrying
   four textured primitives (five primitives in all) inside [-1.2, 1.2]^3, transparent
-  background, cameras on the upper hemisphere of radius 4 looking at the origin.
-* ``"wide"`` (large, for spatial segmentation): 18-24 objects scattered over a tiled
-  ground plane spanning [-8, 8] in x and z, seen by low cameras (height 1.5-3) that look
-  outward and 20-35 degrees down; sky is transparent.
+  background, cameras on the upper hemisphere of radius 4 looking at the origin; three
+  independent camera sets for train, val and test.
+* ``"city_small"`` and ``"city"`` (aerial, for spatial segmentation): a grid of blocks
+  (3 x 3, resp. 8 x 8, pitch 5 world units, roads 1 wide, sidewalks 0.3) of box
+  buildings (:class:`~distnerf.data.synthetic.primitives.Building`: window grids on the
+  facades, textured roofs, heights 0.8-5, resp. 0.8-6 with some towers up to 10) on a
+  textured ground (:class:`~distnerf.data.synthetic.primitives.CityGround`: roads,
+  sidewalks, plazas, parks, fields beyond the outer roads) ending 3 units beyond the outer
+  road centre lines, under a sky at infinity (:class:`~distnerf.data.synthetic.tracer.Sky`:
+  opaque images). One flight (:class:`Survey`) of 12, resp. 49 stations at altitude 12,
+  resp. 14, five views per station (a nadir view with camera 1, four 40-degree obliques
+  with camera 2, see :func:`_city_flight`): 60, resp. 245 views, neighbours sharing most
+  of their footprint. Split of the flight (LLFF holdout protocol): test = views 0, 8, 16,
+  ..., train = the others, val = the first :data:`CITY_NUM_VAL` test views. Each image
+  gets an RGB gain: exposure uniform in [0.85, 1.15] times a white balance uniform in
+  [0.95, 1.05] per channel (``appearance_jitter``; ones without it).
+
+Image sizes (:func:`image_size`): ``resolution`` is the image width; objects' images are
+square, cities' are 4:3 (height ``round(3 W / 4)``). The default resolution is per kind
+(:data:`DEFAULT_RESOLUTION`: objects 100 x 100, city_small 100 x 75, city 160 x 120).
 
 Conventions: world right-handed, **+Y up** (unlike Blender's Z-up scenes); the ground of
-``"wide"`` is the plane y = 0; arbitrary world units. Cameras are (4, 4) float64 ``c2w``
-(camera-to-world), OpenGL convention (see :mod:`distnerf.data.synthetic.tracer`). The
-same arguments always give the same scene (seeded numpy generators).
+the cities is the plane y = 0; arbitrary world units. Cameras are (4, 4) float64 ``c2w``
+(camera-to-world), OpenGL convention (see :mod:`~distnerf.data.synthetic.tracer`). The
+same arguments always give the same scene (seeded numpy generators), and a city's first
+views do not depend on how many views are kept (``num_views``).
 """
 from __future__ import annotations
 
-import colorsys
 import math
 from dataclasses import dataclass
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from distnerf.data.synthetic.primitives import Box, Cylinder, GroundPlane, Primitive, Sphere
-from distnerf.data.synthetic.tracer import look_at
+from distnerf.data.synthetic.primitives import (Box, Building, CityGround, Cylinder, Primitive,
+                                                Sphere)
+from distnerf.data.synthetic.tracer import Sky, focal_from_angle, look_at
 
-KINDS = ("objects", "wide")
+KINDS = ("objects", "city_small", "city")
+CITY_KINDS = ("city_small", "city")
+#: Image width of each kind when ``resolution`` is not given, pixels.
+DEFAULT_RESOLUTION = {"objects": 100, "city_small": 100, "city": 160}
+# Views per split of the objects scene when not given.
+_OBJECTS_COUNTS = (60, 8, 20)
+
+
+def image_size(kind: str, resolution: Optional[int] = None) -> Tuple[int, int]:
+    """(width, height) in pixels of the images of ``kind``.
+
+    ``resolution`` (default :data:`DEFAULT_RESOLUTION` of the kind) is the width; the
+    height equals it for ``"objects"`` and is ``round(3 * width / 4)`` (at least 1) for
+    the cities.
+    """
+    width = DEFAULT_RESOLUTION[kind] if resolution is None else int(resolution)
+    return width, (width if kind == "objects" else max(1, (3 * width + 2) // 4))
 
 
 def _rotation_y(angle: float) -> np.ndarray:
@@ -61,7 +94,7 @@ class SceneSpec:
     """A procedural scene: geometry, light and cameras.
 
     Attributes:
-        kind: ``"objects"`` or ``"wide"``.
+        kind: one of :data:`KINDS`.
         primitives: the K primitives.
         light_dir: (3,) float64 unit vector towards the directional light.
         ambient: ambient fraction of the shading.
@@ -69,6 +102,9 @@ class SceneSpec:
         near, far: ray bounds in world units, written to the JSON.
         aabb: (2, 3) float64 [min, max] box holding all visible content.
         c2w: split name -> (V, 4, 4) float64 camera-to-world, OpenGL convention.
+        sky: background of the rays that hit nothing; None: transparent.
+        survey: a city's flight (all views in order, cameras, gains, split indices, the
+            COLMAP frame); None for ``"objects"``, whose splits are separate camera sets.
     """
 
     kind: str
@@ -80,6 +116,8 @@ class SceneSpec:
     far: float
     aabb: np.ndarray
     c2w: Dict[str, np.ndarray]
+    sky: Optional[Sky] = None
+    survey: Optional[Survey] = None
 
 
 def _light() -> np.ndarray:
@@ -140,126 +178,312 @@ def _objects_scene(seed: int, num_train: int, num_val: int, num_test: int) -> Sc
                      np.array([[-1.5] * 3, [1.5] * 3]), c2w)
 
 
-_WIDE_EXTENT = 8.0
-_WIDE_CELLS = 5  # objects are placed on a jittered 5x5 grid of cells, at most one per cell
+# ------------------------------------------------------------------------------ city
+# Block pitch (road centre line to road centre line), road and sidewalk widths, and the
+# ground beyond the outer road centre lines, world units (both city kinds).
+_PITCH, _ROAD, _SIDEWALK, _MARGIN = 5.0, 1.0, 0.3, 3.0
+_SIDEWALK_COLOUR = np.array([0.62, 0.60, 0.56])  # the ground's JSON colour (its texture has its own)
+# Per kind: blocks per side, flight stations (along x, along z) and their spacing (world
+# units), flight altitude, building heights (min, max), share of blocks' buildings with a
+# tower on top, park blocks, candidate surface points of the COLMAP model.
+_CITY_SIZES = {
+    "city_small": dict(num_blocks=3, stations=(4, 3), spacing=(4.0, 4.5), altitude=12.0,
+                       heights=(0.8, 5.0), towers=0.0, num_parks=1, num_points=5000),
+    "city": dict(num_blocks=8, stations=(7, 7), spacing=(5.5, 5.5), altitude=14.0,
+                 heights=(0.8, 6.0), towers=0.15, num_parks=6, num_points=20000),
+}
+_NADIR_FOV, _OBLIQUE_FOV = math.radians(60.0), math.radians(48.0)  # horizontal, radians
+_OBLIQUE_TILT = math.radians(40.0)  # off nadir
+_OBLIQUE_PRINCIPAL = (0.5 + 1.0 / 64.0, 0.5 - 1.0 / 48.0)  # (cx / W, cy / H)
+_HEADINGS = (0.0, 0.5 * math.pi, math.pi, 1.5 * math.pi)  # azimuth from +X towards +Z
+#: Val views of a city kind by default: the first test images.
+CITY_NUM_VAL = 3
+#: Every HOLDOUT-th image of a city's flight (0, 8, 16, ...) is a test image (LLFF protocol).
+HOLDOUT = 8
+_WALLS = np.array([[0.78, 0.72, 0.62], [0.70, 0.70, 0.70], [0.86, 0.84, 0.80], [0.62, 0.34, 0.28],
+                   [0.80, 0.68, 0.50], [0.48, 0.48, 0.50], [0.62, 0.70, 0.78], [0.74, 0.60, 0.52]])
+_ROOFS = np.array([[0.42, 0.42, 0.42], [0.28, 0.28, 0.30], [0.58, 0.55, 0.48], [0.36, 0.48, 0.30],
+                   [0.55, 0.30, 0.25]])
+_GLASS = np.array([[0.16, 0.22, 0.32], [0.22, 0.28, 0.30], [0.30, 0.36, 0.45]])
 
 
-def _footprint(prim: Primitive) -> float:
-    """Radius in the xz plane of a vertical cylinder holding ``prim``."""
-    lo, hi = prim.bounds()
-    return float(np.linalg.norm(0.5 * (hi - lo)[[0, 2]]))
+@dataclass
+class PinholeCamera:
+    """One of a city's two cameras (COLMAP ``PINHOLE``), independent of the image size.
+
+    Attributes:
+        camera_id: COLMAP camera id (1: nadir, 2: oblique).
+        angle_x: horizontal field of view in radians.
+        principal: (cx / W, cy / H), the principal point as fractions of the image size.
+    """
+
+    camera_id: int
+    angle_x: float
+    principal: Tuple[float, float] = (0.5, 0.5)
+
+    def intrinsics(self, width: int, height: int) -> np.ndarray:
+        """(4,) float64 ``(fx, fy, cx, cy)`` in pixels of a ``width`` x ``height`` image
+        (square pixels: ``fx = fy = 0.5 * W / tan(0.5 * angle_x)``)."""
+        focal = focal_from_angle(width, self.angle_x)
+        return np.array([focal, focal, self.principal[0] * width, self.principal[1] * height])
 
 
-def _wide_objects(rng: np.random.Generator) -> List[Primitive]:
-    cell = 2.0 * _WIDE_EXTENT / _WIDE_CELLS
-    cells = rng.permutation(_WIDE_CELLS * _WIDE_CELLS)[: int(rng.integers(18, 25))]
-    prims: List[Primitive] = []
-    for index in sorted(cells):
-        i, j = divmod(int(index), _WIDE_CELLS)
-        hue = rng.uniform(0.0, 1.0)
-        colour = np.array(colorsys.hsv_to_rgb(hue, rng.uniform(0.45, 0.8), rng.uniform(0.65, 0.92)))
-        alt = 0.45 * colour
-        shape = rng.choice(["box", "sphere", "cylinder"], p=[0.45, 0.25, 0.3])
-        if shape == "box":
-            half = np.array([rng.uniform(0.3, 0.9), rng.uniform(0.3, 1.25), rng.uniform(0.3, 0.9)])
-            prim: Primitive = Box(np.array([0.0, half[1], 0.0]),
-                                  _rotation_y(rng.uniform(0, 2 * math.pi)), colour,
-                                  0.35 * colour + 0.65, half_extents=half, checks_per_unit=2.5)
-        elif shape == "sphere":
-            radius = rng.uniform(0.4, 0.9)
-            prim = Sphere(np.array([0.0, radius, 0.0]), _tilt(rng, 0.8), colour, alt,
-                          radius=radius, num_stripes=int(rng.integers(5, 10)))
-        else:
-            radius, half_height = rng.uniform(0.25, 0.6), rng.uniform(0.4, 1.2)
-            prim = Cylinder(np.array([0.0, half_height, 0.0]), np.eye(3), colour, alt,
-                            radius=radius, half_height=half_height,
-                            num_stripes=int(rng.integers(8, 16)))
-        margin = max(0.5 * cell - _footprint(prim) - 0.05, 0.0)
-        x = -_WIDE_EXTENT + (j + 0.5) * cell + rng.uniform(-margin, margin)
-        z = -_WIDE_EXTENT + (i + 0.5) * cell + rng.uniform(-margin, margin)
-        prim.center = prim.center + np.array([x, 0.0, z])
-        prims.append(prim)
-    return prims
+@dataclass
+class Survey:
+    """The aerial capture of a city: one flight, every image in flight order.
+
+    Attributes:
+        c2w: (V, 4, 4) float64 camera-to-world of the V views, OpenGL convention.
+        camera_ids: (V,) int64 camera of each view (a key of ``cameras``).
+        cameras: camera id -> camera.
+        gains: (V, 3) float64 per-image RGB gain (exposure times white balance), applied
+            to the rendered colour before clipping and quantisation; ones without jitter.
+        splits: split name -> ascending (n,) int64 view indices; test every
+            :data:`HOLDOUT`-th view, train the others, val the first test views.
+        colmap_from_scene: (4, 4) float64 similarity ``[[s R, t], [0, 1]]`` taking scene
+            points to the COLMAP model's frame.
+        num_points: surface points sampled as candidates for the COLMAP model.
+        seed: seed of that sampling.
+    """
+
+    c2w: np.ndarray
+    camera_ids: np.ndarray
+    cameras: Dict[int, PinholeCamera]
+    gains: np.ndarray
+    splits: Dict[str, np.ndarray]
+    colmap_from_scene: np.ndarray
+    num_points: int
+    seed: int
+
+    @property
+    def names(self) -> List[str]:
+        """Image file names in flight order: ``img_0000.png``, ``img_0001.png``, ..."""
+        return [f"img_{i:04d}.png" for i in range(len(self.c2w))]
+
+    def intrinsics(self, width: int, height: int) -> np.ndarray:
+        """(V, 4) float64 ``(fx, fy, cx, cy)`` of every view, pixels."""
+        return np.stack([self.cameras[int(c)].intrinsics(width, height) for c in self.camera_ids])
 
 
-def _wide_camera(position_xz: np.ndarray, height: float, yaw: float, pitch: float) -> np.ndarray:
-    """(4, 4) c2w at ``(x, height, z)`` looking along azimuth ``yaw`` (radians, from +X
-    towards +Z) and ``pitch`` radians below the horizon, no roll."""
-    eye = np.array([position_xz[0], height, position_xz[1]])
-    forward = np.array([math.cos(pitch) * math.cos(yaw), -math.sin(pitch),
-                        math.cos(pitch) * math.sin(yaw)])
+def _small_rotation(rng: np.random.Generator, max_angle: float) -> np.ndarray:
+    """(3, 3) rotation by up to ``max_angle`` radians about a uniformly random axis."""
+    axis = rng.normal(size=3)
+    axis /= np.linalg.norm(axis)
+    angle = rng.uniform(0.0, max_angle)
+    k = np.array([[0.0, -axis[2], axis[1]], [axis[2], 0.0, -axis[0]], [-axis[1], axis[0], 0.0]])
+    return np.eye(3) + math.sin(angle) * k + (1.0 - math.cos(angle)) * (k @ k)
+
+
+def _block_buildings(rng: np.random.Generator, lo: np.ndarray, hi: np.ndarray, size: dict,
+                     first_salt: int) -> List[Primitive]:
+    """Buildings of one block interior ``[lo, hi]`` (xz): 1 to 6 lots, one building per lot
+    (setback 0.1-0.3), some with a narrower tower on top."""
+    patterns = [(1, 1), (2, 1), (1, 2), (2, 2), (3, 2), (2, 3)]
+    split_x, split_z = patterns[rng.choice(len(patterns), p=[0.1, 0.15, 0.15, 0.3, 0.15, 0.15])]
+    lot = (hi - lo) / np.array([split_x, split_z])
+    out: List[Primitive] = []
+    for i in range(split_x):
+        for j in range(split_z):
+            lot_lo = lo + lot * np.array([i, j]) + rng.uniform(0.1, 0.3, 2)
+            lot_hi = lo + lot * np.array([i + 1, j + 1]) - rng.uniform(0.1, 0.3, 2)
+            low, high = size["heights"]
+            height = low + (high - low) * rng.uniform() ** 1.5  # mostly low, a few tall
+            wall = _WALLS[rng.integers(len(_WALLS))] * rng.uniform(0.9, 1.05)
+            common = dict(floor_height=rng.uniform(0.4, 0.55), bay_width=rng.uniform(0.3, 0.5),
+                          window_colour=_GLASS[rng.integers(len(_GLASS))],
+                          roof_colour=_ROOFS[rng.integers(len(_ROOFS))])
+            tiers = [(lot_lo, lot_hi, 0.0, height)]
+            if rng.uniform() < size["towers"]:
+                centre, half = 0.5 * (lot_lo + lot_hi), 0.3 * (lot_hi - lot_lo)
+                tiers.append((centre - half, centre + half, height, height + rng.uniform(2.0, 4.0)))
+            for tier_lo, tier_hi, base, top in tiers:
+                half_extents = np.array([0.5 * (tier_hi[0] - tier_lo[0]), 0.5 * (top - base),
+                                         0.5 * (tier_hi[1] - tier_lo[1])])
+                centre = np.array([0.5 * (tier_lo[0] + tier_hi[0]), 0.5 * (base + top),
+                                   0.5 * (tier_lo[1] + tier_hi[1])])
+                out.append(Building(centre, np.eye(3), np.clip(wall, 0.0, 1.0),
+                                    np.clip(0.8 * wall, 0.0, 1.0), half_extents=half_extents,
+                                    salt=first_salt + len(out), **common))
+    return out
+
+
+def _city_layout(rng: np.random.Generator, size: dict) -> Tuple[CityGround, List[Primitive]]:
+    """The ground and the buildings of a city centred on the origin."""
+    n = size["num_blocks"]
+    parks = tuple(sorted(int(k) for k in rng.choice(n * n, size["num_parks"], replace=False)))
+    ground = CityGround(np.zeros(3), np.eye(3), _SIDEWALK_COLOUR, _SIDEWALK_COLOUR,
+                        extent=0.5 * n * _PITCH + _MARGIN, tile=_PITCH, pitch=_PITCH,
+                        num_blocks=n, road_width=_ROAD, sidewalk_width=_SIDEWALK, parks=parks)
+    inset = 0.5 * _ROAD + _SIDEWALK
+    buildings: List[Primitive] = []
+    for i in range(n):
+        for j in range(n):
+            if i * n + j in parks:
+                continue
+            corner = -0.5 * n * _PITCH + _PITCH * np.array([i, j])
+            buildings += _block_buildings(rng, corner + inset, corner + _PITCH - inset, size,
+                                          len(buildings))
+    return ground, buildings
+
+
+def _oblique(eye: np.ndarray, heading: float) -> np.ndarray:
+    forward = np.array([math.sin(_OBLIQUE_TILT) * math.cos(heading), -math.cos(_OBLIQUE_TILT),
+                        math.sin(_OBLIQUE_TILT) * math.sin(heading)])
     return look_at(eye, eye + forward)
 
 
-def _clear_of(objects: Sequence[Primitive], xz: np.ndarray, clearance: float = 0.4) -> bool:
-    return all(np.linalg.norm(xz - p.center[[0, 2]]) > _footprint(p) + clearance for p in objects)
+def _city_flight(rng: np.random.Generator, size: dict) -> Tuple[np.ndarray, np.ndarray]:
+    """Every view of the full flight in order: c2w (V, 4, 4) and camera ids (V,).
 
-
-def _wide_cameras(rng: np.random.Generator, objects: Sequence[Primitive], num: int,
-                  ring: bool) -> np.ndarray:
-    """(num, 4, 4) low cameras looking outward and down.
-
-    Random: distance from the centre uniform in 0.3-4 (denser near the centre, which only
-    nearby cameras see), height 1.5-3, yaw within +-45 degrees of the outward radial
-    direction, pitch 20-35 degrees down.
-    Ring: radius 3 (moved in or out where an object stands), height 2.2, radial yaw,
-    pitch 27.5 degrees. Positions closer than 0.4 to an object's footprint are avoided.
+    Stations on a serpentine grid (rows along x, alternating direction, rows stepping in
+    +z), positions jittered by up to 10% of the spacing and the altitude by 0.3. At each
+    station: one nadir view (camera 1, image up = world -Z) from straight above, then
+    four obliques (camera 2) tilted 40 degrees off nadir with headings +X, +Z, -X, -Z, each
+    placed ``altitude * tan(40 deg)`` back from the station so that all five views aim at
+    the station's ground point. Every attitude gets a random rotation of up to 1.5 degrees.
     """
-    out = []
-    for k in range(num):
-        if ring:
-            angle = 2.0 * math.pi * k / num
-            direction = np.array([math.cos(angle), math.sin(angle)])
-            radius = next((r for r in (3.0, 2.5, 3.5, 2.0, 4.0, 1.5, 4.5, 1.0)
-                           if _clear_of(objects, r * direction)), 0.5)
-            out.append(_wide_camera(radius * direction, 2.2, angle, math.radians(27.5)))
-            continue
-        while True:
-            radius = rng.uniform(0.3, 4.0)
-            angle = rng.uniform(0.0, 2.0 * math.pi)
-            xz = radius * np.array([math.cos(angle), math.sin(angle)])
-            if _clear_of(objects, xz):
-                break
-        yaw = angle + math.radians(rng.uniform(-45.0, 45.0))
-        out.append(_wide_camera(xz, rng.uniform(1.5, 3.0), yaw,
-                                math.radians(rng.uniform(20.0, 35.0))))
-    return np.stack(out) if out else np.zeros((0, 4, 4))
+    (nx, nz), (sx, sz), altitude = size["stations"], size["spacing"], size["altitude"]
+    nadir = np.eye(4)
+    nadir[:3, :3] = np.array([[1.0, 0.0, 0.0], [0.0, 0.0, 1.0], [0.0, -1.0, 0.0]])
+    c2w, ids = [], []
+    for row in range(nz):
+        columns = range(nx) if row % 2 == 0 else reversed(range(nx))
+        for col in columns:
+            ground = np.array([(col - 0.5 * (nx - 1)) * sx, 0.0, (row - 0.5 * (nz - 1)) * sz])
+            ground += np.array([rng.uniform(-0.1, 0.1) * sx, 0.0, rng.uniform(-0.1, 0.1) * sz])
+            height = altitude + rng.uniform(-0.3, 0.3)
+            view = nadir.copy()
+            view[:3, 3] = ground + np.array([0.0, height, 0.0])
+            views = [view]
+            for heading in _HEADINGS:
+                back = height * math.tan(_OBLIQUE_TILT) * np.array([math.cos(heading), 0.0,
+                                                                     math.sin(heading)])
+                views.append(_oblique(ground + np.array([0.0, height, 0.0]) - back, heading))
+            for k, view in enumerate(views):
+                view[:3, :3] = _small_rotation(rng, math.radians(1.5)) @ view[:3, :3]
+                c2w.append(view)
+                ids.append(1 if k == 0 else 2)
+    return np.stack(c2w), np.array(ids, dtype=np.int64)
 
 
-def _wide_scene(seed: int, num_train: int, num_val: int, num_test: int) -> SceneSpec:
-    """Large scene: objects scattered over a tiled ground, low outward-looking cameras."""
-    rng = np.random.default_rng([seed, 100])
-    objects = _wide_objects(rng)
-    ground = GroundPlane(np.zeros(3), np.eye(3), np.array([0.62, 0.60, 0.52]),
-                         np.array([0.40, 0.44, 0.36]), extent=_WIDE_EXTENT, tile=1.0)
-    top = max(p.bounds()[1, 1] for p in objects)
-    aabb = np.array([[-_WIDE_EXTENT, -0.5, -_WIDE_EXTENT],
-                     [_WIDE_EXTENT, max(top, 3.0) + 0.5, _WIDE_EXTENT]])
-    c2w = {"train": _wide_cameras(np.random.default_rng([seed, 101]), objects, num_train, False),
-           "val": _wide_cameras(np.random.default_rng([seed, 102]), objects, num_val, False),
-           "test": _wide_cameras(np.random.default_rng([seed, 103]), objects, num_test, True)}
-    return SceneSpec("wide", [ground, *objects], _light(), 0.35, 0.9, 0.1, 25.0, aabb, c2w)
+def city_num_views(kind: str) -> int:
+    """Views of the full flight of city kind ``kind`` (5 per station)."""
+    nx, nz = _CITY_SIZES[kind]["stations"]
+    return 5 * nx * nz
 
 
-def build_scene(kind: str = "objects", num_train: int = 60, num_val: int = 8,
-                num_test: int = 20, seed: int = 0) -> SceneSpec:
-    """Builds (without rendering) the procedural scene ``kind``.
+def _similarity(rng: np.random.Generator) -> np.ndarray:
+    """(4, 4) random similarity: uniform rotation, scale log-uniform in [0.3, 3],
+    translation uniform in [-5, 5]^3."""
+    scale = math.exp(rng.uniform(math.log(0.3), math.log(3.0)))
+    out = np.eye(4)
+    out[:3, :3] = scale * _random_rotation(rng)
+    out[:3, 3] = rng.uniform(-5.0, 5.0, 3)
+    return out
 
-    Args:
-        kind: ``"objects"`` or ``"wide"``.
-        num_train, num_val, num_test: views per split.
-        seed: layout and camera seed; the same arguments always give the same scene.
+
+def _bounds(c2w: np.ndarray, aabb: np.ndarray) -> Tuple[float, float]:
+    """(near, far): 0.9 x the smallest camera-to-box distance (at least 0.05) and 1.02 x
+    the largest camera-to-corner distance over the views ``c2w`` (V, 4, 4)."""
+    eyes = c2w[:, :3, 3]
+    gap = np.maximum(np.maximum(aabb[0] - eyes, eyes - aabb[1]), 0.0)
+    corners = np.array([[aabb[i, 0], aabb[j, 1], aabb[k, 2]] for i in (0, 1) for j in (0, 1)
+                        for k in (0, 1)])
+    reach = np.linalg.norm(eyes[:, None] - corners[None], axis=-1).max()
+    return max(0.9 * float(np.linalg.norm(gap, axis=1).min()), 0.05), 1.02 * float(reach)
+
+
+def _city_scene(kind: str, seed: int, num_val: int, num_views: int,
+                appearance_jitter: bool) -> SceneSpec:
+    """City scene: blocks of buildings on a textured ground under a sky, flown over."""
+    size = _CITY_SIZES[kind]
+    ground, buildings = _city_layout(np.random.default_rng([seed, 200]), size)
+    c2w, ids = _city_flight(np.random.default_rng([seed, 201]), size)
+    full = len(c2w)
+    app = np.random.default_rng([seed, 202])  # drawn for the full flight: views keep their gains
+    gains = app.uniform(0.85, 1.15, (full, 1)) * app.uniform(0.95, 1.05, (full, 3))
+    if not appearance_jitter:
+        gains = np.ones((full, 3))
+    c2w, ids, gains = c2w[:num_views], ids[:num_views], gains[:num_views]
+    index = np.arange(num_views)
+    test = index[index % HOLDOUT == 0]
+    splits = {"train": index[index % HOLDOUT != 0], "val": test[:num_val], "test": test}
+    top = max(float(b.bounds()[1, 1]) for b in buildings)
+    extent = ground.extent
+    aabb = np.array([[-extent, -0.5, -extent], [extent, top + 0.5, extent]])
+    near, far = _bounds(c2w, aabb)
+    cameras = {1: PinholeCamera(1, _NADIR_FOV), 2: PinholeCamera(2, _OBLIQUE_FOV, _OBLIQUE_PRINCIPAL)}
+    survey = Survey(c2w, ids, cameras, gains, splits, _similarity(np.random.default_rng([seed, 203])),
+                    size["num_points"], int(seed))
+    sky = Sky(np.array([0.32, 0.52, 0.85]), np.array([0.80, 0.86, 0.92]), np.array([0.55, 0.60, 0.62]))
+    return SceneSpec(kind, [ground, *buildings], _light(), 0.35, _NADIR_FOV, near, far, aabb,
+                     {name: c2w[idx] for name, idx in splits.items()}, sky=sky, survey=survey)
+
+
+def split_counts(kind: str, num_train: Optional[int] = None, num_val: Optional[int] = None,
+                 num_test: Optional[int] = None,
+                 num_views: Optional[int] = None) -> Tuple[int, int, int, int]:
+    """Checks the view counts of a scene and fills in the kind's defaults.
+
+    ``"objects"``: ``num_train``, ``num_val``, ``num_test`` (default 60, 8, 20); no
+    ``num_views``. Cities: ``num_views`` (default: the full flight, 60 or 245) first views
+    of the flight, of which ``ceil(num_views / 8)`` are test views and the rest train;
+    ``num_val`` (default :data:`CITY_NUM_VAL`, at most the number of test views) first
+    test views are the val split; ``num_train`` and ``num_test`` follow and must be None.
 
     Returns:
-        The scene's geometry, light, bounds and cameras.
+        (num_train, num_val, num_test, num_views); ``num_views`` is 0 for ``"objects"``.
 
     Raises:
-        ValueError: unknown ``kind`` or negative view counts.
+        ValueError: unknown ``kind``, negative or inconsistent counts (names the argument).
     """
     if kind not in KINDS:
         raise ValueError(f"unknown synthetic scene kind {kind!r}; expected one of {KINDS}")
-    for name, value in (("num_train", num_train), ("num_val", num_val), ("num_test", num_test)):
-        if value < 0:
+    for name, value in (("num_train", num_train), ("num_val", num_val), ("num_test", num_test),
+                        ("num_views", num_views)):
+        if value is not None and int(value) < 0:
             raise ValueError(f"{name} must be >= 0, got {value}")
-    builder = _objects_scene if kind == "objects" else _wide_scene
-    return builder(int(seed), int(num_train), int(num_val), int(num_test))
+    if kind == "objects":
+        if num_views is not None:
+            raise ValueError(f"num_views is for the city kinds, not {kind!r} (got {num_views})")
+        counts = [_OBJECTS_COUNTS[i] if v is None else int(v)
+                  for i, v in enumerate((num_train, num_val, num_test))]
+        return counts[0], counts[1], counts[2], 0
+    for name, value in (("num_train", num_train), ("num_test", num_test)):
+        if value is not None:
+            raise ValueError(f"{name} of kind {kind!r} follows from num_views (every "
+                             f"{HOLDOUT}th view is a test view); leave it unset, got {value}")
+    full = city_num_views(kind)
+    views = full if num_views is None else int(num_views)
+    if not 1 <= views <= full:
+        raise ValueError(f"num_views of kind {kind!r} must be in [1, {full}], got {num_views}")
+    num_test = (views + HOLDOUT - 1) // HOLDOUT
+    val = min(CITY_NUM_VAL, num_test) if num_val is None else int(num_val)
+    if val > num_test:
+        raise ValueError(f"num_val={num_val} exceeds the {num_test} test views of {views} views")
+    return views - num_test, val, num_test, views
+
+
+def build_scene(kind: str = "objects", num_train: Optional[int] = None,
+                num_val: Optional[int] = None, num_test: Optional[int] = None, seed: int = 0,
+                appearance_jitter: bool = True, num_views: Optional[int] = None) -> SceneSpec:
+    """Builds (without rendering) the procedural scene ``kind``.
+
+    Args:
+        kind: one of :data:`KINDS`.
+        num_train, num_val, num_test, num_views: view counts, see :func:`split_counts`.
+        seed: layout and camera seed; the same arguments always give the same scene.
+        appearance_jitter: cities: per-image exposure and white-balance gains (else ones);
+            ignored by ``"objects"``.
+
+    Returns:
+        The scene's geometry, light, bounds and cameras (and a city's :class:`Survey`).
+
+    Raises:
+        ValueError: unknown ``kind``, bad view counts.
+    """
+    num_train, num_val, num_test, num_views = split_counts(kind, num_train, num_val, num_test,
+                                                           num_views)
+    if kind == "objects":
+        return _objects_scene(int(seed), num_train, num_val, num_test)
+    return _city_scene(kind, int(seed), num_val, num_views, bool(appearance_jitter))

@@ -10,19 +10,24 @@ Conventions
 * ``c2w`` is camera-to-world, OpenGL convention: the camera looks down its local -Z, +Y
   is up, +X is right (the ``transform_matrix`` of the Blender format).
 * Pixel ``(u, v)`` (column, row) has its centre at ``(u + 0.5, v + 0.5)``; the camera
-  direction of image point ``(x, y)`` is ``((x - cx) / f, -(y - cy) / f, -1)`` with
-  ``cx = W / 2``, ``cy = H / 2``, ``f = 0.5 * W / tan(0.5 * camera_angle_x)``.
-* Each pixel averages 2x2 sub-pixel rays at offsets 0.25 and 0.75 (anti-aliasing), so
-  alpha is fractional on silhouettes. RGB is the mean colour of the sub-rays that hit,
-  alpha the fraction that hit; where alpha is 0, RGB is 0.
+  direction of image point ``(x, y)`` is ``((x - cx) / fx, -(y - cy) / fy, -1)``. By
+  default ``cx = W / 2``, ``cy = H / 2`` and ``fx = fy = 0.5 * W / tan(0.5 *
+  camera_angle_x)``; the city's views pass their own ``(fx, fy, cx, cy)``.
+* Each pixel averages 2x2 sub-pixel rays at offsets 0.25 and 0.75 (anti-aliasing).
+  Without a sky, alpha is the fraction of sub-rays that hit (fractional on silhouettes),
+  RGB the mean colour of those that hit, and RGB is 0 where alpha is 0. With a sky
+  (:class:`Sky`), the sub-rays that hit nothing take the sky's colour and every pixel is
+  opaque (alpha 1).
 * Shading is Lambertian and view-independent: ``albedo * (ambient + (1 - ambient) *
   max(0, n . l))`` with a fixed directional light ``l``; no shadows. Values are
-  stored display values (no gamma conversion).
+  stored display values (no gamma conversion), treated as linear by the city's
+  appearance gains.
 """
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Sequence, Tuple
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -33,6 +38,38 @@ if TYPE_CHECKING:
 
 # Sub-pixels per pixel side of the written images.
 _SUPERSAMPLE = 2
+
+
+@dataclass
+class Sky:
+    """Background at infinity: a colour that depends only on the ray direction's elevation.
+
+    With ``e = dir_y`` (sine of the elevation, unit directions) and ``w = 1 - (1 - |e|)^2``::
+
+        colour = horizon + w * (zenith - horizon)   for e >= 0
+        colour = horizon + w * (nadir - horizon)    for e < 0
+
+    continuous (``horizon`` at e = 0), ``zenith`` straight up and ``nadir`` straight down
+    (seen below the horizon where a ray passes beyond the ground's edge).
+
+    Attributes:
+        zenith, horizon, nadir: (3,) float64 RGB in [0, 1].
+    """
+
+    zenith: np.ndarray
+    horizon: np.ndarray
+    nadir: np.ndarray
+
+    def colour(self, dirs: np.ndarray) -> np.ndarray:
+        """Sky colour of unit directions ``dirs`` (N, 3): (N, 3) float64 in [0, 1]."""
+        e = np.clip(dirs[:, 1], -1.0, 1.0)
+        w = (1.0 - (1.0 - np.abs(e)) ** 2)[:, None]
+        end = np.where((e >= 0.0)[:, None], self.zenith, self.nadir)
+        return self.horizon + w * (end - self.horizon)
+
+    def to_json(self) -> dict:
+        return {"zenith": self.zenith.tolist(), "horizon": self.horizon.tolist(),
+                "nadir": self.nadir.tolist()}
 
 
 def look_at(eye: Sequence[float], target: Sequence[float],
@@ -68,18 +105,21 @@ def focal_from_angle(width: int, camera_angle_x: float) -> float:
 
 
 def pixel_rays(c2w: np.ndarray, width: int, height: int, focal: float,
-               supersample: int = 1) -> Tuple[np.ndarray, np.ndarray]:
+               supersample: int = 1, fy: Optional[float] = None, cx: Optional[float] = None,
+               cy: Optional[float] = None) -> Tuple[np.ndarray, np.ndarray]:
     """World rays through sub-pixel centres, row-major.
 
     Sub-pixel ``(i, j)`` of pixel ``(u, v)`` sits at ``(u + (j + 0.5) / s, v + (i + 0.5) / s)``
     with ``s = supersample`` (``s = 1``: the pixel centre). Its camera-space direction is
-    ``((x - W/2) / f, -(y - H/2) / f, -1)``, rotated into the world by ``c2w``.
+    ``((x - cx) / fx, -(y - cy) / fy, -1)``, rotated into the world by ``c2w``.
 
     Args:
         c2w: (4, 4) or (3, 4) camera-to-world, OpenGL convention.
         width, height: image size in pixels.
-        focal: focal length in pixels.
+        focal: horizontal focal length ``fx`` in pixels.
         supersample: sub-pixels per pixel side.
+        fy: vertical focal length in pixels; default ``focal``.
+        cx, cy: principal point in pixels; default ``W / 2``, ``H / 2``.
 
     Returns:
         origins: (H*s * W*s, 3) float64 world units.
@@ -90,17 +130,19 @@ def pixel_rays(c2w: np.ndarray, width: int, height: int, focal: float,
     xs = (np.arange(width * supersample) + 0.5) / supersample
     ys = (np.arange(height * supersample) + 0.5) / supersample
     x, y = np.meshgrid(xs, ys, indexing="xy")
-    cam = np.stack([(x - 0.5 * width) / focal, -(y - 0.5 * height) / focal,
-                    -np.ones_like(x)], axis=-1).reshape(-1, 3)
+    fy = focal if fy is None else fy
+    cx = 0.5 * width if cx is None else cx
+    cy = 0.5 * height if cy is None else cy
+    cam = np.stack([(x - cx) / focal, -(y - cy) / fy, -np.ones_like(x)], axis=-1).reshape(-1, 3)
     dirs = cam @ c2w[:3, :3].T
     dirs /= np.linalg.norm(dirs, axis=1, keepdims=True)
     origins = np.broadcast_to(c2w[:3, 3], dirs.shape).copy()
     return origins, dirs
 
 
-def trace(primitives: Sequence[Primitive], origins: np.ndarray, dirs: np.ndarray,
-          light_dir: np.ndarray, ambient: float) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Nearest hit over all primitives and its Lambertian colour.
+def nearest_hit(primitives: Sequence[Primitive], origins: np.ndarray,
+                dirs: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Nearest hit over all primitives.
 
     Each primitive is first culled with its bounding sphere, then intersected exactly on
     the remaining rays.
@@ -109,13 +151,11 @@ def trace(primitives: Sequence[Primitive], origins: np.ndarray, dirs: np.ndarray
         primitives: the scene.
         origins: (N, 3) float64 world units.
         dirs: (N, 3) float64 unit directions.
-        light_dir: (3,) float64 unit vector towards the light.
-        ambient: ambient fraction in [0, 1].
 
     Returns:
-        rgb: (N, 3) float64 in [0, 1]; 0 on misses.
-        hit: (N,) bool.
-        depth: (N,) float64 distance to the hit along the ray, ``inf`` on misses.
+        t: (N,) float64 distance to the hit along the ray, ``inf`` on misses.
+        index: (N,) int64 index of the primitive hit, -1 on misses.
+        normals: (N, 3) float64 outward unit normals at the hits (0 on misses).
     """
     n = origins.shape[0]
     best_t = np.full(n, np.inf)
@@ -140,35 +180,83 @@ def trace(primitives: Sequence[Primitive], origins: np.ndarray, dirs: np.ndarray
         closer = t < best_t[candidate]
         idx = candidate[closer]
         best_t[idx], best_id[idx], best_normal[idx] = t[closer], k, normal[closer]
-    hit = best_id >= 0
-    rgb = np.zeros((n, 3))
-    points = origins + np.where(hit, best_t, 0.0)[:, None] * dirs
-    lambert = np.clip(np.einsum("ij,j->i", best_normal, light_dir), 0.0, 1.0)
-    shade = ambient + (1.0 - ambient) * lambert
+    return best_t, best_id, best_normal
+
+
+def shade(primitives: Sequence[Primitive], index: np.ndarray, points: np.ndarray,
+          normals: np.ndarray, light_dir: np.ndarray, ambient: float) -> np.ndarray:
+    """Lambertian colour of surface points: ``albedo * (ambient + (1 - ambient) * max(0, n . l))``.
+
+    Args:
+        primitives: the scene.
+        index: (N,) int64 primitive of each point (-1: none, colour 0).
+        points: (N, 3) float64 world points on those primitives.
+        normals: (N, 3) float64 outward unit normals.
+        light_dir: (3,) float64 unit vector towards the light.
+        ambient: ambient fraction in [0, 1].
+
+    Returns:
+        (N, 3) float64 RGB in [0, 1].
+    """
+    lambert = np.clip(np.einsum("ij,j->i", normals, light_dir), 0.0, 1.0)
+    factor = ambient + (1.0 - ambient) * lambert
+    rgb = np.zeros((points.shape[0], 3))
     for k, prim in enumerate(primitives):
-        idx = np.flatnonzero(best_id == k)
+        idx = np.flatnonzero(index == k)
         if idx.size:
-            rgb[idx] = prim.albedo(points[idx]) * shade[idx, None]
-    return np.clip(rgb, 0.0, 1.0), hit, best_t
+            rgb[idx] = prim.albedo(points[idx]) * factor[idx, None]
+    return np.clip(rgb, 0.0, 1.0)
+
+
+def trace(primitives: Sequence[Primitive], origins: np.ndarray, dirs: np.ndarray,
+          light_dir: np.ndarray, ambient: float) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Nearest hit over all primitives (:func:`nearest_hit`) and its Lambertian colour.
+
+    Args:
+        primitives: the scene.
+        origins: (N, 3) float64 world units.
+        dirs: (N, 3) float64 unit directions.
+        light_dir: (3,) float64 unit vector towards the light.
+        ambient: ambient fraction in [0, 1].
+
+    Returns:
+        rgb: (N, 3) float64 in [0, 1]; 0 on misses.
+        hit: (N,) bool.
+        depth: (N,) float64 distance to the hit along the ray, ``inf`` on misses.
+    """
+    t, index, normals = nearest_hit(primitives, origins, dirs)
+    hit = index >= 0
+    points = origins + np.where(hit, t, 0.0)[:, None] * dirs
+    return shade(primitives, index, points, normals, light_dir, ambient), hit, t
 
 
 def render_view(spec: SceneSpec, c2w: np.ndarray, width: int, height: int,
-                supersample: int = _SUPERSAMPLE) -> np.ndarray:
+                supersample: int = _SUPERSAMPLE,
+                intrinsics: Optional[Sequence[float]] = None) -> np.ndarray:
     """Renders one view of a scene with ``supersample`` x ``supersample`` anti-aliasing.
 
     Args:
-        spec: the scene.
+        spec: the scene; with ``spec.sky`` set, rays that hit nothing take the sky colour.
         c2w: (4, 4) camera-to-world, OpenGL convention.
-        width, height: image size in pixels; the focal length follows from
-            ``spec.camera_angle_x`` and ``width``.
+        width, height: image size in pixels.
         supersample: sub-pixels per pixel side.
+        intrinsics: ``(fx, fy, cx, cy)`` in pixels; default: ``fx = fy`` from
+            ``spec.camera_angle_x`` and ``width``, principal point at the image centre.
 
     Returns:
-        (H, W, 4) float32 RGBA in [0, 1], straight alpha (RGB 0 where alpha is 0).
+        (H, W, 4) float32 RGBA in [0, 1], straight alpha (RGB 0 where alpha is 0); with a
+        sky, alpha is 1 everywhere.
     """
-    focal = focal_from_angle(width, spec.camera_angle_x)
-    origins, dirs = pixel_rays(c2w, width, height, focal, supersample)
+    if intrinsics is None:
+        fx = focal_from_angle(width, spec.camera_angle_x)
+        fy, cx, cy = fx, 0.5 * width, 0.5 * height
+    else:
+        fx, fy, cx, cy = (float(v) for v in intrinsics)
+    origins, dirs = pixel_rays(c2w, width, height, fx, supersample, fy=fy, cx=cx, cy=cy)
     rgb, hit, _ = trace(spec.primitives, origins, dirs, spec.light_dir, spec.ambient)
+    if spec.sky is not None:
+        rgb[~hit] = spec.sky.colour(dirs[~hit])
+        hit = np.ones_like(hit)
     s = supersample
     rgb = rgb.reshape(height, s, width, s, 3).sum(axis=(1, 3))
     count = hit.reshape(height, s, width, s).sum(axis=(1, 3)).astype(np.float64)
