@@ -14,8 +14,8 @@ import torch
 from distnerf.data import DatasetError, load_colmap, load_scene
 from distnerf.data.normalize import (UP, bounds_from_box, c2w_from_cam_from_world, estimate_up, fit_similarity,
                                      rotation_between)
-from tests.fixtures.captures import (look_at, object_capture, project, ring, to_colmap, write_colmap_text,
-                                     write_image)
+from tests.fixtures.captures import (distorted_pixels, look_at, object_capture, project, ring, to_colmap,
+                                     write_colmap_text, write_image)
 
 pycolmap = pytest.importorskip("pycolmap")
 
@@ -151,14 +151,8 @@ def test_distortion_coefficients_agree_with_pycolmap_projection(tmp_path):
     rng = np.random.default_rng(0)
     xy = rng.uniform(-0.4, 0.4, (50, 2))
     for i, camera_id in enumerate([1, 2, 3, 4]):
-        k1, k2, p1, p2, k3 = scene.cameras.distortion[i].double().tolist()
-        x, y = xy[:, 0], xy[:, 1]
-        r2 = x * x + y * y
-        radial = 1 + k1 * r2 + k2 * r2 ** 2 + k3 * r2 ** 3
-        xd = x * radial + 2 * p1 * x * y + p2 * (r2 + 2 * x * x)
-        yd = y * radial + p1 * (r2 + 2 * y * y) + 2 * p2 * x * y
-        ours = np.stack([scene.cameras.fx[i].item() * xd + scene.cameras.cx[i].item(),
-                         scene.cameras.fy[i].item() * yd + scene.cameras.cy[i].item()], 1)
+        cams_i = [getattr(scene.cameras, key)[i].item() for key in ("fx", "fy", "cx", "cy")]
+        ours = distorted_pixels(xy, *cams_i, scene.cameras.distortion[i].double().tolist())
         theirs = rec.cameras[camera_id].img_from_cam(np.concatenate([xy, np.ones((50, 1))], 1))
         np.testing.assert_allclose(ours, theirs, atol=1e-6, err_msg=rec.cameras[camera_id].model.name)
     # a split whose cameras are all undistorted has no distortion tensor
