@@ -106,7 +106,8 @@ class CaptureDataset(DatasetConfig):
     downscale: int = positive(1)        # images_<downscale>/ when present, else images shrunk by it
     holdout: int = positive(8)          # without split lists: test = sorted-by-name images 0, holdout, 2*holdout...
     normalize: bool = True              # +Y up, content centred, robust extent 1 (SceneData.transform records it)
-    orient: str = choice("up", "up", "vertical", "none")  # up axis: mean camera up / normal of the right vectors
+    orient: str = choice("vertical", "vertical", "up", "none")  # up axis: normal of the cameras' right vectors
+                                        # (aerial too) / their mean up vector (nerfstudio's "up")
     background: List[float] = items([0.0, 0.0, 0.0])
     near: Optional[float] = None        # null: per camera, from the sparse points it sees (or the scene box)
     far: Optional[float] = None

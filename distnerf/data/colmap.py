@@ -269,7 +269,7 @@ def split_images(model: ColmapModel, index: Sequence[int], image_dir: Path, down
 
 
 def load_colmap(root, split: str, downscale: int = 1, holdout: int = 8, test_list: Optional[str] = None,
-                val_list: Optional[str] = None, normalize: bool = True, orient: str = "up",
+                val_list: Optional[str] = None, normalize: bool = True, orient: str = "vertical",
                 strict: bool = False, images: str = "images", background: Sequence[float] = (0.0, 0.0, 0.0),
                 near: Optional[float] = None, far: Optional[float] = None, aabb=None,
                 min_points: int = MIN_POINTS,
@@ -284,7 +284,7 @@ def load_colmap(root, split: str, downscale: int = 1, holdout: int = 8, test_lis
         test_list, val_list: optional text files of image names (one per line).
         normalize: move the scene into distnerf's frame (+Y up, centred, extent 1);
             False keeps COLMAP's frame.
-        orient: up-axis estimate, ``"up"``, ``"vertical"`` or ``"none"``
+        orient: up-axis estimate, ``"vertical"``, ``"up"`` or ``"none"``
             (:func:`distnerf.data.normalize.estimate_up`).
         strict: images on disk that the model lacks are an error (else a log line).
         images: name of the image folder under ``root``.

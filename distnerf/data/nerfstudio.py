@@ -150,7 +150,7 @@ def split_of(json_path: Path, meta: dict, names: Sequence[str], split: str, hold
 
 
 def load_nerfstudio(root, split: str, downscale: int = 1, holdout: int = 8, normalize: bool = True,
-                    orient: str = "up", background: Sequence[float] = (0.0, 0.0, 0.0),
+                    orient: str = "vertical", background: Sequence[float] = (0.0, 0.0, 0.0),
                     near: Optional[float] = None, far: Optional[float] = None, aabb=None,
                     pixels: Optional[Callable[[ImageList], torch.Tensor]] = None) -> SceneData:
     """Loads one split of a nerfstudio capture (conventions: the module docstring).

@@ -3,6 +3,7 @@ models, several cameras, per-image near/far, splits and every bad-input error (t
 written from code)."""
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 from pathlib import Path
@@ -14,8 +15,8 @@ import torch
 from distnerf.data import DatasetError, load_colmap, load_scene
 from distnerf.data.normalize import (UP, bounds_from_box, c2w_from_cam_from_world, estimate_up, fit_similarity,
                                      rotation_between)
-from tests.fixtures.captures import (distorted_pixels, look_at, object_capture, project, ring, to_colmap,
-                                     write_colmap_text, write_image)
+from tests.fixtures.captures import (assert_city_cameras, city_frames, distorted_pixels, look_at, object_capture,
+                                     project, ring, tiny_city, to_colmap, write_colmap_text, write_image)
 
 pycolmap = pytest.importorskip("pycolmap")
 
@@ -80,6 +81,17 @@ def test_up_axis_recovered_from_tilted_cameras(method):
     np.testing.assert_allclose(sim.rotation @ tilt @ UP, UP, atol=1e-9)
     np.testing.assert_allclose(sim.c2w(cams)[:, :, 1].mean(0) / np.linalg.norm(sim.c2w(cams)[:, :, 1].mean(0)),
                                UP, atol=1e-9)
+
+
+def test_rolled_cameras_fall_back_to_the_mean_up_vector(caplog):
+    """Portrait and landscape shots mixed: the right vectors fill space, no plane to take the normal of."""
+    cams = ring(8)
+    roll = axis_angle([0.0, 0.0, 1.0], 90.0)
+    cams[::2, :, :3] = cams[::2, :, :3] @ roll
+    with caplog.at_level(logging.WARNING, logger="distnerf"):
+        up = estimate_up(cams, "vertical")
+    assert "not near one plane" in caplog.text
+    np.testing.assert_allclose(up, estimate_up(cams, "up"), atol=1e-12)
 
 
 def test_vertical_handles_nadir_cameras_that_up_cannot():
@@ -386,3 +398,27 @@ def test_to_colmap_fixture_round_trip():
                         [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
                         [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)]])
         np.testing.assert_allclose(c2w_from_cam_from_world(np.concatenate([rot, t[:, None]], 1)), c2w, atol=1e-12)
+
+
+# ----------------------------------------------------------------------------- the built-in city's COLMAP copy
+@pytest.fixture(scope="module")
+def city(tmp_path_factory):
+    return tiny_city(tmp_path_factory.mktemp("city"))
+
+
+def test_city_colmap_copy_reads_back_the_generators_cameras(city):
+    """The city's COLMAP model (a known similarity away from the scene frame) read back gives
+    the generator's cameras once the normalisation and that similarity are undone; its up axis
+    becomes +Y again."""
+    colmap_from_scene = np.asarray(json.loads((city / "colmap_from_scene.json").read_text())["matrix"])
+    frames = city_frames(city)
+    seen = []
+    for split in ("train", "test"):
+        scene = load_colmap(city, split)
+        matrix = np.asarray(scene.transform["matrix"]) @ colmap_from_scene   # generator frame -> scene
+        assert_city_cameras(scene, frames, matrix)
+        up = matrix[:3, :3] @ UP
+        assert np.degrees(np.arccos(up[1] / np.linalg.norm(up))) < 1.0
+        assert (scene.cameras.bounds[:, 0] > 0).all() and (scene.cameras.bounds[:, 1] > scene.cameras.bounds[:, 0]).all()
+        seen += [Path(p).name for p in scene.image_paths]
+    assert sorted(seen) == sorted(frames)

@@ -11,7 +11,8 @@ from PIL import Image
 
 import distnerf.data.capture as capture
 from distnerf.data import DatasetError, load_nerfstudio, load_scene
-from tests.fixtures.captures import distorted_pixels, ring, write_image, write_transforms
+from tests.fixtures.captures import (assert_city_cameras, city_frames, distorted_pixels, ring, tiny_city,
+                                     write_image, write_transforms)
 
 
 def frames_of(c2w, names) -> list:
@@ -216,3 +217,15 @@ def test_missing_files(tmp_path):
     (tmp_path / "images" / "f_00.png").unlink()
     with pytest.raises(FileNotFoundError, match=r"frame 0: image not found: .*f_00\.png"):
         load_nerfstudio(tmp_path, "test")
+
+
+def test_city_nerfstudio_copy_reads_back_the_generators_cameras(tmp_path):
+    """The city's transforms.json (scene frame, split lists) read back gives the generator's
+    cameras once the normalisation is undone, split by split."""
+    city = tiny_city(tmp_path)
+    frames = city_frames(city)
+    for split in ("train", "val", "test"):
+        scene = load_nerfstudio(city, split)
+        listed = json.loads((city / "transforms.json").read_text())[f"{split}_filenames"]
+        assert [p.split("/")[-1] for p in scene.image_paths] == sorted(p.split("/")[-1] for p in listed)
+        assert_city_cameras(scene, frames, np.asarray(scene.transform["matrix"]))
