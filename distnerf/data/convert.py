@@ -31,8 +31,8 @@ Conventions
 * Poses are the loaded scene's: distnerf's scene frame, i.e. after a COLMAP/nerfstudio
   importer's normalisation (``dataset.normalize=false`` keeps the source's frame; the
   transform is in ``conversion.json``), LLFF's recentred poses. COLMAP gets
-  ``cam_from_world`` (:func:`cam_from_world_from_c2w`, the inverse of
-  :func:`distnerf.data.normalize.c2w_from_cam_from_world`); nerfstudio the OpenGL c2w.
+  ``cam_from_world`` (:func:`distnerf.data.normalize.cam_from_world_from_c2w`, the inverse
+  of the COLMAP importer's ``c2w_from_cam_from_world``); nerfstudio the OpenGL c2w.
 * Intrinsics in pixels with pixel centres at +0.5 in all three (distnerf, COLMAP,
   nerfstudio): ``fx fy cx cy`` are written unchanged. COLMAP camera model: ``PINHOLE``
   without distortion, ``OPENCV`` (k1 k2 p1 p2) when k3 = 0, else ``FULL_OPENCV`` (k3, with
@@ -57,31 +57,13 @@ import numpy as np
 
 from distnerf.data import load_scene
 from distnerf.data.images import read_image_size, undecoded
+from distnerf.data.normalize import cam_from_world_from_c2w
 
 FORMATS = ("colmap", "nerfstudio")
 LINKS = ("copy", "symlink")
 SPLITS = ("train", "val", "test")
 DISTORTION_KEYS = ("k1", "k2", "p1", "p2", "k3")   # Cameras.distortion's order
 CONF = Path(__file__).resolve().parents[2] / "conf"
-
-
-def cam_from_world_from_c2w(c2w) -> np.ndarray:
-    """distnerf camera-to-world poses as COLMAP world-to-camera poses.
-
-    ``c2w`` is OpenGL (x right, y up, looking down -z); COLMAP's camera is OpenCV (x
-    right, y down, z forward): negate the camera's y and z axes (columns 1 and 2), then
-    invert the rigid transform: ``R = (R_c2w F)^T``, ``t = -R c`` with ``F = diag(1, -1, -1)``
-    and ``c`` the camera centre.
-
-    Args:
-        c2w: (..., 3, 4) rigid camera-to-world, OpenGL, world units.
-
-    Returns:
-        (..., 3, 4) float64 ``cam_from_world = [R | t]`` (``p_cam = R p_world + t``).
-    """
-    c2w = np.asarray(c2w, dtype=np.float64)
-    rot = np.swapaxes(c2w[..., :3, :3] * np.array([1.0, -1.0, -1.0]), -1, -2)
-    return np.concatenate([rot, -(rot @ c2w[..., :3, 3:4])], axis=-1)
 
 
 @dataclass

@@ -59,6 +59,26 @@ def c2w_from_cam_from_world(cam_from_world: np.ndarray) -> np.ndarray:
     return c2w
 
 
+def cam_from_world_from_c2w(c2w) -> np.ndarray:
+    """distnerf camera-to-world poses as COLMAP world-to-camera poses (the inverse of
+    :func:`c2w_from_cam_from_world`; written by ``distnerf.data.convert``).
+
+    ``c2w`` is OpenGL (x right, y up, looking down -z); COLMAP's camera is OpenCV (x
+    right, y down, z forward): negate the camera's y and z axes (columns 1 and 2), then
+    invert the rigid transform: ``R = (R_c2w F)^T``, ``t = -R c`` with ``F = diag(1, -1, -1)``
+    and ``c`` the camera centre.
+
+    Args:
+        c2w: (..., 3, 4) rigid camera-to-world, OpenGL, world units.
+
+    Returns:
+        (..., 3, 4) float64 ``cam_from_world = [R | t]`` (``p_cam = R p_world + t``).
+    """
+    c2w = np.asarray(c2w, dtype=np.float64)
+    rot = np.swapaxes(c2w[..., :3, :3] * np.array([1.0, -1.0, -1.0]), -1, -2)
+    return np.concatenate([rot, -(rot @ c2w[..., :3, 3:4])], axis=-1)
+
+
 def rotation_between(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """The smallest rotation taking direction ``a`` to direction ``b`` (Rodrigues).
 

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from distnerf.data import DATASET_NAMES, load_scene
-from distnerf.data.convert import cam_from_world_from_c2w, colmap_camera, convert, main
+from distnerf.data.convert import colmap_camera, convert, main
 from distnerf.data.images import undecoded
+from distnerf.data.normalize import c2w_from_cam_from_world, cam_from_world_from_c2w
 from tests.conftest import LEGO, run_cli
 
 needs_lego = pytest.mark.skipif(not LEGO.is_dir(), reason=f"lego scene not found at {LEGO}")
@@ -41,8 +42,7 @@ def test_cam_from_world_by_hand_and_against_the_importers_inverse():
     np.testing.assert_allclose(cam_from_world_from_c2w(c2w), expected, atol=1e-12)
     poses = random_c2w(20)
     np.testing.assert_allclose(c2w_from_colmap(cam_from_world_from_c2w(poses)[0]), poses[0], atol=1e-12)
-    normalize = pytest.importorskip("distnerf.data.normalize")
-    np.testing.assert_allclose(normalize.c2w_from_cam_from_world(cam_from_world_from_c2w(poses)), poses, atol=1e-12)
+    np.testing.assert_allclose(c2w_from_cam_from_world(cam_from_world_from_c2w(poses)), poses, atol=1e-12)
 
 
 def test_colmap_camera_models():
