@@ -65,7 +65,7 @@ class SyntheticDataset(DatasetConfig):
     """The built-in procedural scene (generated on first use into ``cache_dir``; no download)."""
     name: str = "synthetic"
     kind: str = choice("objects", "objects", "city_small", "city")  # city_small / city: aerial, for spatial segmentation
-    resolution: Optional[int] = positive(None)          # image width, pixels (objects: square; cities: height 3/4 of it); null: the kind's (100, 100, 160)
+    resolution: Optional[int] = positive(None)          # image width, pixels (objects: square; cities: height 3/4 of it); null: the kind's (synthetic/scenes.py DEFAULT_RESOLUTION)
     appearance_jitter: bool = True                      # cities: per-image exposure and white balance (ignored by objects)
     downscale: int = positive(1)
     cache_dir: str = ".cache/synthetic"

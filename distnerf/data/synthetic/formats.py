@@ -46,7 +46,7 @@ from typing import Dict, List, Tuple
 import imageio.v3 as iio
 import numpy as np
 
-from distnerf.data.synthetic.primitives import CityGround
+from distnerf.data.synthetic.primitives import Building, CityGround
 from distnerf.data.synthetic.scenes import SceneSpec
 from distnerf.data.synthetic.tracer import nearest_hit, render_view, shade
 
@@ -118,7 +118,8 @@ def surface_points(spec: SceneSpec) -> Tuple[np.ndarray, np.ndarray]:
     """Candidate 3D points of the COLMAP model: ``survey.num_points`` surface samples.
 
     Half on the buildings (roofs and facades, uniform by area over all buildings), half
-    uniform on the ground; seeded by ``survey.seed``.
+    uniform on the ground; seeded by ``survey.seed``. Most ground samples under a
+    building and many facade samples are never seen and are dropped later.
 
     Returns:
         points: (P, 3) float64 scene-frame points on the surfaces.
@@ -127,14 +128,14 @@ def surface_points(spec: SceneSpec) -> Tuple[np.ndarray, np.ndarray]:
     survey = spec.survey
     rng = np.random.default_rng([survey.seed, 300])
     ground = [k for k, p in enumerate(spec.primitives) if isinstance(p, CityGround)]
-    others = [k for k in range(len(spec.primitives)) if k not in ground]
-    area = np.array([_outer_area(spec.primitives[k]) for k in others])
-    num_buildings = survey.num_points // 2 if others else 0
-    counts = np.bincount(rng.choice(len(others), size=num_buildings, p=area / area.sum()),
-                         minlength=len(others)) if others else np.zeros(0, dtype=np.int64)
-    pieces = [(k, n) for k, n in zip(others, counts) if n]
-    pieces += [(k, (survey.num_points - num_buildings) // len(ground) + (j == 0) *
-                ((survey.num_points - num_buildings) % len(ground))) for j, k in enumerate(ground)]
+    buildings = [k for k, p in enumerate(spec.primitives) if isinstance(p, Building)]
+    area = np.array([_outer_area(spec.primitives[k]) for k in buildings])
+    num_buildings = survey.num_points // 2 if buildings else 0
+    per_building = np.bincount(rng.choice(len(buildings), size=num_buildings, p=area / area.sum()),
+                               minlength=len(buildings)) if buildings else []
+    per_ground = [len(part) for part in np.array_split(np.arange(survey.num_points - num_buildings),
+                                                       max(len(ground), 1))]
+    pieces = [(k, n) for k, n in zip(buildings + ground, [*per_building, *per_ground]) if n]
     points, normals, index = [], [], []
     for k, n in pieces:
         p, nrm = spec.primitives[k].sample_surface(rng, int(n))
@@ -146,8 +147,8 @@ def surface_points(spec: SceneSpec) -> Tuple[np.ndarray, np.ndarray]:
     return points, np.round(rgb * 255.0).astype(np.uint8)
 
 
-def _outer_area(prim) -> float:
-    """Roof plus facade area of a box building."""
+def _outer_area(prim: Building) -> float:
+    """Roof plus facade area of a building."""
     hx, hy, hz = prim.half_extents
     return 4.0 * (hx * hz + 2.0 * hy * (hx + hz))
 

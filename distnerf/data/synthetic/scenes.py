@@ -327,6 +327,7 @@ def _city_layout(rng: np.random.Generator, size: dict) -> Tuple[CityGround, List
 
 
 def _oblique(eye: np.ndarray, heading: float) -> np.ndarray:
+    """(4, 4) c2w at ``eye`` looking 40 degrees off nadir towards azimuth ``heading``, no roll."""
     forward = np.array([math.sin(_OBLIQUE_TILT) * math.cos(heading), -math.cos(_OBLIQUE_TILT),
                         math.sin(_OBLIQUE_TILT) * math.sin(heading)])
     return look_at(eye, eye + forward)
