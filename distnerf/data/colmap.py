@@ -156,7 +156,7 @@ def read_model(root) -> ColmapModel:
     model_dir = find_model(Path(root))
     rec = read_reconstruction(model_dir)
     cameras_file, images_file = _model_file(model_dir, "cameras"), _model_file(model_dir, "images")
-    images = sorted((im for im in rec.images.values() if im.has_pose), key=lambda im: im.name)
+    images = sorted((im for im in rec.images.values() if _registered(im)), key=lambda im: im.name)
     if not images:
         raise DatasetError(f"COLMAP model {model_dir} has no registered images ({rec.num_images()} images in "
                            f"{images_file}, none with a pose): run the mapper again, or point dataset.root at "
@@ -177,7 +177,7 @@ def read_model(root) -> ColmapModel:
             raise DatasetError(f"{cameras_file}: camera {camera_id} has bad parameters {list(cam.params)}")
         cams[camera_id] = ((fx, fy, cx, cy), dist, (int(cam.height), int(cam.width)))
 
-    w2c = np.stack([im.cam_from_world().matrix() for im in images])
+    w2c = np.stack([_cam_from_world(im).matrix() for im in images])
     for im, pose in zip(images, w2c):
         if not np.isfinite(pose).all():
             raise DatasetError(f"{images_file}: image {im.name} (id {im.image_id}) has a non-finite pose "
@@ -187,7 +187,7 @@ def read_model(root) -> ColmapModel:
     points = np.array([rec.points3D[int(i)].xyz for i in point_ids], dtype=np.float64).reshape(-1, 3)
     observed = []
     for im in images:
-        ids = np.array([p.point3D_id for p in im.get_observation_points2D()], dtype=np.int64)
+        ids = np.array([p.point3D_id for p in _observations(im)], dtype=np.int64)
         rows = np.searchsorted(point_ids, ids)
         rows = rows[(rows < len(point_ids)) & (point_ids[np.minimum(rows, len(point_ids) - 1)] == ids)]
         observed.append(points[rows])
@@ -197,6 +197,22 @@ def read_model(root) -> ColmapModel:
                        distortion=np.array([cams[im.camera_id][1] for im in images], dtype=np.float64),
                        sizes=np.array([cams[im.camera_id][2] for im in images], dtype=np.int64),
                        camera_ids=[int(im.camera_id) for im in images], points=points, observed=observed)
+
+
+# pycolmap 3.11 (the oldest the colmap extra allows) and 3.12+ spell a few things differently.
+def _registered(image) -> bool:
+    return image.has_pose if hasattr(image, "has_pose") else bool(image.registered)
+
+
+def _cam_from_world(image):
+    pose = image.cam_from_world
+    return pose() if callable(pose) else pose  # a method from pycolmap 3.12
+
+
+def _observations(image):
+    if hasattr(image, "get_observation_points2D"):
+        return image.get_observation_points2D()
+    return [p for p in image.points2D if p.has_point3D()]
 
 
 def check_image_folder(model: ColmapModel, image_dir: Path, strict: bool) -> None:
