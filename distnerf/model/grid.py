@@ -185,8 +185,11 @@ class GridModel(MarchingModel):
         self.register_buffer("focus", None if focus_aabb is None else
                              torch.as_tensor(focus_aabb, dtype=torch.float32).reshape(2, 3).clone())
         box = self.aabb if self.focus is None else self.focus
-        extent = (box[1] - box[0]).max().item()
-        self.base_voxel = extent / self.resolutions[-1]  # density unit: 1 / final voxel size
+        # density unit: the smallest voxel edge of the final resolution, the edge the march step is
+        # measured in (step_size), so one step of the final grid starts at opacity alpha_init on any
+        # box shape. (It was the largest edge / resolution: on a flat box, such as an aerial capture's,
+        # the first steps started below color_threshold, no sample got a colour and nothing learned.)
+        self.base_voxel = (box[1] - box[0]).min().item() / (self.resolutions[-1] - 1)
         # softplus(shift) * step / base_voxel = -log(1 - alpha_init) at step = step_ratio voxels
         self.density_shift = math.log(math.expm1(-math.log(1.0 - alpha_init) / step_ratio))
         self.color, self.sh_degree = color, sh_degree

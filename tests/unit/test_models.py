@@ -368,7 +368,7 @@ def test_model_forward_backward(name):
         loss = loss + ((out["rgb_coarse"] - 0.5) ** 2).mean()
     loss.backward()
     model.add_regularizer_grads_()
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    grads = [p.grad.to_dense() if p.grad.is_sparse else p.grad for p in model.parameters() if p.grad is not None]
     assert grads and all(torch.isfinite(g).all() for g in grads)
     assert any(g.abs().sum() > 0 for g in grads)
     if isinstance(model, NeRFModel) and model.fine is not None:
