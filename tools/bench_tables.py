@@ -367,6 +367,49 @@ def ddp_sparse_decision(res: Results) -> list[str]:
     return out
 
 
+def capture_import(res: Results) -> list[str]:
+    """tools/bench_import.py: import time and peak memory of each format of the same scene."""
+    d = res.json("import/bench_import.json")
+    out = header("scene (train split)", "format", "images", "load s (median of %d)" % d["repeats"],
+                 "peak memory of the load (MiB)", "vs Blender load")
+    for case in d["cases"]:
+        ref = case["blender"]
+        for fmt in ("blender", "colmap", "nerfstudio"):
+            m = case[fmt]
+            out.append(row(case["scene"], fmt, m["images"], f"{m['seconds_median']:.3f}", f"{m['peak_mb_median']:.0f}",
+                           "-" if fmt == "blender" else f"{m['seconds_median'] / max(ref['seconds_median'], 1e-9):.1f}x"))
+    gens = [f"{c['scene']} generated in {c['generation_s']:.1f} s" for c in d["cases"] if "generation_s" in c]
+    convs = [f"lego converted to {k[8:-2]} in {v:.1f} s" for c in d["cases"] for k, v in c.items()
+             if k.startswith("convert_")]
+    return out + ["", "; ".join(gens + convs) + " (each once, in the same invocation)."]
+
+
+def city_small_quality(res: Results) -> list[str]:
+    out = quality(res, "city_small_colmap_1p", "`dataset=colmap` (the city's COLMAP copy), default model")
+    return out
+
+
+def city_capacity(res: Results) -> list[str]:
+    """tools/bench_capacity.sh: ddp test PSNR at a fixed step count for 0.5x, 1x and 2x the parameters."""
+    out = header("parameters (vs default)", "`model.resolutions`", "parameters per rank", "steps",
+                 "test PSNR / SSIM (views)", "peak RSS per rank (MiB)", "training s")
+    rows = {}
+    for scale in ("x0.5", "x1", "x2"):
+        m = res.json(f"city_capacity/{scale}/metrics.json")
+        log = res.jsonl(f"city_capacity/{scale}/metrics.jsonl")
+        size = next(r for r in log if r.get("event") == "model_size")
+        last = [r for r in log if "train_seconds" in r][-1]
+        cfg = res.meta(f"city_capacity/{scale}/metrics.json")["command"]
+        resolutions = cfg.split("model.resolutions=")[1].split()[0]
+        rows[scale] = m
+        out.append(row(scale[1:] + "x", f"`{resolutions}`", mega(size["parameters_per_rank"]), m["step"],
+                       f"{psnr_ssim(m)} ({m['protocol']['num_views']})", f"{size['peak_rss_mb']:.0f}",
+                       f"{last['train_seconds']:.0f}"))
+    gain = rows["x2"]["psnr"] - rows["x0.5"]["psnr"]
+    return out + ["", f"Target (test PSNR rises >= 1.5 dB from 0.5x to 2x the default parameters): "
+                      f"**{'met' if gain >= 1.5 else 'missed'}** ({gain:+.2f} dB)."]
+
+
 TABLES = {
     "lego_quality": lego_quality,
     "lego_stages": lambda res: stages(res, "lego_1p"),
@@ -382,6 +425,9 @@ TABLES = {
     "eval_memory": eval_memory,
     "timing_overhead": timing_overhead,
     "ddp_sparse_decision": ddp_sparse_decision,
+    "capture_import": capture_import,
+    "city_small_quality": city_small_quality,
+    "city_capacity": city_capacity,
 }
 
 
