@@ -22,6 +22,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from . import dist as D
 from .config import resolve_run_dir, setup_logging
+from .data import DatasetError
 from .schema import ConfigError, validate
 from .engine.trainer import NonFiniteLoss, Trainer
 from .strategy import build_strategy
@@ -52,7 +53,7 @@ def run(cfg: DictConfig) -> dict:
 def main(cfg: DictConfig) -> None:
     try:
         run(cfg)
-    except (NonFiniteLoss, ConfigError) as err:  # the message is the whole story: no traceback
+    except (NonFiniteLoss, ConfigError, DatasetError) as err:  # the message is the whole story: no traceback
         raise SystemExit(f"distnerf: {err}") from None
 
 

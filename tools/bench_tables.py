@@ -392,7 +392,7 @@ def city_small_quality(res: Results) -> list[str]:
 def city_capacity(res: Results) -> list[str]:
     """tools/bench_capacity.sh: ddp test PSNR at a fixed step count for 0.5x, 1x and 2x the parameters."""
     out = header("parameters (vs default)", "`model.resolutions`", "parameters per rank", "steps",
-                 "test PSNR / SSIM (views)", "peak RSS per rank (MiB)", "training s")
+                 "test PSNR / SSIM (views)", "peak RSS of rank 0 (MiB)", "samples per ray at the end")
     rows = {}
     for scale in ("x0.5", "x1", "x2"):
         m = res.json(f"city_capacity/{scale}/metrics.json")
@@ -400,7 +400,7 @@ def city_capacity(res: Results) -> list[str]:
         size = next(r for r in log if r.get("event") == "model_size")
         last = [r for r in log if "train_seconds" in r][-1]
         cfg = res.meta(f"city_capacity/{scale}/metrics.json")["command"]
-        resolutions = cfg.split("model.resolutions=")[1].split()[0]
+        resolutions = cfg.split("model.resolutions=")[1].split()[0].strip("'\"")
         rows[scale] = m
         out.append(row(scale[1:] + "x", f"`{resolutions}`", mega(size["parameters_per_rank"]), m["step"],
                        f"{psnr_ssim(m)} ({m['protocol']['num_views']})", f"{size['peak_rss_mb']:.0f}",

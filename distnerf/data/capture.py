@@ -50,12 +50,12 @@ def read_name_list(path, names: Sequence[str], what: str) -> list:
     comments skipped) among ``names``.
 
     Raises:
-        FileNotFoundError: no such file.
-        DatasetError: a listed name is not in ``names`` (names the file and them).
+        DatasetError: no such file, or a listed name is not in ``names`` (names the file and them).
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"image list not found: {path}")
+        raise DatasetError(f"image list not found: {path} (a relative dataset.test_list / val_list is looked up "
+                           f"in dataset.root, then in the current directory)")
     lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
     return indices_of([line for line in lines if line and not line.startswith("#")], names, str(path), what)
 

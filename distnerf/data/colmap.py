@@ -242,12 +242,22 @@ def check_image_folder(model: ColmapModel, image_dir: Path, strict: bool) -> Non
         log.warning("colmap: %s (not used)", message)
 
 
+def _in_root(path, root) -> Path:
+    """A list file: relative names are looked up in the dataset root first (where
+    ``distnerf.data.convert`` writes ``test_list.txt``), then in the current directory."""
+    path = Path(path)
+    if not path.is_absolute() and root is not None and (Path(root) / path).is_file():
+        return Path(root) / path
+    return path
+
+
 def split_of(names: Sequence[str], split: str, holdout: int, test_list=None, val_list=None,
-             where: str = "") -> list:
-    """Indices of ``split`` among the sorted ``names`` (see the module docstring)."""
+             where: str = "", root=None) -> list:
+    """Indices of ``split`` among the sorted ``names`` (see the module docstring); relative
+    list files are looked up in ``root`` first."""
     what = f"registered images of {where}"
-    test = read_name_list(test_list, names, what) if test_list else every_nth(len(names), holdout)
-    val = read_name_list(val_list, names, what) if val_list else None
+    test = read_name_list(_in_root(test_list, root), names, what) if test_list else every_nth(len(names), holdout)
+    val = read_name_list(_in_root(val_list, root), names, what) if val_list else None
     return split_indices(split, len(names), test, val, where=where)
 
 
@@ -331,7 +341,7 @@ def load_colmap(root, split: str, downscale: int = 1, holdout: int = 8, test_lis
     placed = place_capture(model.c2w, model.points, model.observed, source="colmap", normalize=normalize,
                            orient=orient, near=near, far=far, aabb=aabb, min_points=min_points, where=where,
                            model=str(model.model_dir))
-    index = split_of(model.names, split, holdout, test_list, val_list, where)
+    index = split_of(model.names, split, holdout, test_list, val_list, where, root=root)
     files = split_images(model, index, image_dir, downscale, prescaled=shrunk is not None)
     return capture_scene(split, files, index, placed, model.intrinsics[index], model.sizes[index],
                          model.distortion[index], label=NameLabel(f"{where} image ", [model.names[i] for i in index]),

@@ -22,6 +22,7 @@ from .. import checkpoint as ckpt
 from .. import dist as D
 from ..components.step import TrainStep
 from ..data import load_scene
+from ..data.images import undecoded
 from ..observe.logger import JsonlLogger, MultiLogger, NullLogger, WandbLogger
 from ..observe.profiler import RunProfiler, log_profile_summaries
 from ..sampler import batch_config, build_sampler, pixel_source
@@ -56,6 +57,10 @@ class Trainer:
         D.seed_everything(cfg.seed)  # identical model initialisation on every rank
         # sampler.cache_dir: pixels decoded image by image into a memory-mapped cache, never all in RAM
         self.train_scene = load_scene(cfg.dataset, "train", pixels=pixel_source(cfg.sampler))
+        for split in (["test"] if cfg.eval.enabled else []) + (["val"] if cfg.train.val_every else []):
+            # a missing or wrong-size evaluation image fails now, not after training (files and headers
+            # only: the pixels are decoded when the split is evaluated)
+            load_scene(cfg.dataset, split, pixels=undecoded)
         if strategy.is_main and self.train_scene.transform is not None:
             (self.run_dir / ckpt.SCENE_TRANSFORM_FILE).write_text(json.dumps(self.train_scene.transform, indent=1))
         self.rays_per_rank = strategy.rays_per_rank(cfg.train.global_rays)
