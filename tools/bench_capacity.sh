@@ -3,12 +3,13 @@
 # default per-rank parameter count of model=grid (the final grid resolution scaled by the cube
 # root: 127, 160, 202 vertices per axis; earlier stages as in the default). BENCHMARKS.md, city.
 #   tools/bench_capacity.sh STEPS NAME [hydra overrides...]
-# e.g. tools/bench_capacity.sh 1500 city_capacity dataset.kind=city
+# e.g. tools/bench_capacity.sh 600 city_capacity dataset.kind=city "model.upsample_steps=[100,300]"
 # trains bench/NAME_x0.5, bench/NAME_x1, bench/NAME_x2 (2 ranks, torchrun, strategy=ddp), each
 # evaluated on every test view; copies metrics.json / metrics.jsonl (its model_size event holds
 # the parameters per rank and the peak RSS) to bench/results/NAME/x{0.5,1,2}/ with a meta.json
 # entry (command, date, git commit, load before/after, wall seconds).
 set -euo pipefail
+. "$(dirname "$0")/bench_record.sh"  # run_and_record
 steps="$1"; name="$2"; shift 2
 res="${BENCHMARKS_RESULTS:-bench/results}/$name"
 mkdir -p bench "$res"
@@ -19,13 +20,5 @@ for scale in x0.5 x1 x2; do
     "model.resolutions=${RESOLUTIONS[$scale]}" train.max_steps="$steps" train.max_minutes=0 train.progress=false \
     train.log_every=50 logger.wandb.mode=disabled eval.lpips=false "$@")
   rm -rf "$out"
-  read -r l1 l5 l15 _ < /proc/loadavg
-  started=$(date -u +%FT%TZ); t0=$(date +%s.%N)
-  "${cmd[@]}"
-  wall=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.2f", b - a}')
-  mkdir -p "$res/$scale"
-  cp "$out/metrics.json" "$out/metrics.jsonl" "$res/$scale/"
-  python tools/bench_common.py meta "$res" --started "$started" --wall-s "$wall" --load-before "$l1" "$l5" "$l15" \
-    --command "$(python -c 'import shlex, sys; print(shlex.join(sys.argv[1:]))' "${cmd[@]}")" \
-    --files "$scale/metrics.json" "$scale/metrics.jsonl"
+  run_and_record "$res" "$scale" "$out" "${cmd[@]}"
 done

@@ -10,6 +10,7 @@
 # `python tools/bench_ss.py bench/NAME_ss bench/NAME_ddp` (-> bench/results/NAME/bench_ss.json)
 # measures fused render time, blend quality and the samples spent outside each region.
 set -euo pipefail
+. "$(dirname "$0")/bench_record.sh"  # run_and_record
 minutes="$1"; name="$2"; shift 2
 res="${BENCHMARKS_RESULTS:-bench/results}/$name"
 mkdir -p bench "$res"
@@ -20,13 +21,5 @@ for strategy in ss ddp; do
     train.max_minutes="$minutes" train.max_steps=1000000 train.progress=false train.log_every=25 \
     logger.wandb.mode=disabled eval.lpips=false "${extra[@]}" "$@")
   rm -rf "$out"
-  read -r l1 l5 l15 _ < /proc/loadavg
-  started=$(date -u +%FT%TZ); t0=$(date +%s.%N)
-  "${cmd[@]}"
-  wall=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.2f", b - a}')
-  mkdir -p "$res/$strategy"
-  cp "$out/metrics.json" "$out/metrics.jsonl" "$res/$strategy/"
-  python tools/bench_common.py meta "$res" --started "$started" --wall-s "$wall" --load-before "$l1" "$l5" "$l15" \
-    --command "$(python -c 'import shlex, sys; print(shlex.join(sys.argv[1:]))' "${cmd[@]}")" \
-    --files "$strategy/metrics.json" "$strategy/metrics.jsonl"
+  run_and_record "$res" "$strategy" "$out" "${cmd[@]}"
 done
