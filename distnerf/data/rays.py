@@ -106,12 +106,11 @@ def undistort(x_d: torch.Tensor, y_d: torch.Tensor, coeffs: torch.Tensor, iterat
         fx_ = x * radial + 2.0 * p1 * x * y + p2 * (r2 + 2.0 * x * x) - xd
         fy_ = y * radial + p1 * (r2 + 2.0 * y * y) + 2.0 * p2 * x * y - yd
         j00 = radial + x * x * d_radial + 2.0 * p1 * y + 6.0 * p2 * x
-        j01 = x * y * d_radial + 2.0 * p1 * x + 2.0 * p2 * y
-        j10 = x * y * d_radial + 2.0 * p1 * x + 2.0 * p2 * y
+        j01 = x * y * d_radial + 2.0 * p1 * x + 2.0 * p2 * y  # = d x_d / d y = d y_d / d x (symmetric Jacobian)
         j11 = radial + y * y * d_radial + 6.0 * p1 * y + 2.0 * p2 * x
-        det = j00 * j11 - j01 * j10
+        det = j00 * j11 - j01 * j01
         x = x - (j11 * fx_ - j01 * fy_) / det
-        y = y - (j00 * fy_ - j10 * fx_) / det
+        y = y - (j00 * fy_ - j01 * fx_) / det
     return x.to(dtype), y.to(dtype)
 
 
