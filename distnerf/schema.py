@@ -137,6 +137,9 @@ class ModelConfig:
     name: str = MISSING
     compile: bool = False               # torch.compile the model in place (compile time reported apart)
     compile_mode: Optional[str] = None  # passed to torch.compile, e.g. max-autotune, reduce-overhead
+    # parameters per rank at the final stage (grid: the last of `resolutions`, the earlier ones scaled
+    # with it; ngp: the hash table size; ss: split over the rank's regions); null: the configured sizes
+    max_params: Optional[int] = positive(None)
 
 
 @dataclass

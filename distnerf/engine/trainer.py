@@ -69,6 +69,8 @@ class Trainer:
         self.sampler = build_sampler(cfg.sampler, self.train_scene, self.rays_per_rank, cfg.seed,
                                      strategy.sampler_stream(), self.device, strategy.ray_filter(self.train_scene))
         self.model = strategy.build_model(model_cfg, self.train_scene)
+        if self.env.is_main and cfg.model.max_params is not None:  # what the budget derived (rank 0's model)
+            log.info("model.max_params=%d per rank: %s", cfg.model.max_params, strategy.parameter_report(self.model))
         if cfg.model.compile:  # in place, so DDP re-wraps keep it; compile time reported by the profiler
             self.model.compile(mode=cfg.model.compile_mode)
         hashes = ckpt.config_hashes(OmegaConf.to_container(cfg, resolve=True))
@@ -188,12 +190,13 @@ class Trainer:
             progress.close()
         self.sampler.close()  # workers are not needed for evaluation; its state (next step) stays
         summaries = self.strategy.gather(self.profiler.finish())  # collective: every rank's breakdown to all
+        sizes = self.strategy.gather(self._model_size())  # collective: every rank's parameters and peak memory
         if self.env.is_main:
             log_profile_summaries(summaries, self.logger, self.step)
             log.info("training stopped at step %d (%s) after %.1f s of training", self.step, stop_reason,
                      self.train_seconds)
             self._log_input_summary(self.train_seconds - segment_start)
-            self._log_model_size()
+            self._log_model_size(sizes)
         if self.checkpointer.final_wanted(stop_reason):
             saved = self.save_checkpoint()
             if stop_reason == "signal" and self.env.is_main:
@@ -214,11 +217,11 @@ class Trainer:
                          "input_wait_s": wait, "copy_s": copy, "steps_s": wall,
                          "input_wait_share": wait / wall, "copy_share": copy / wall})
 
-    def _log_model_size(self) -> None:
-        """This rank's parameter count (the model at its final stage; ``ss``: the regions it holds)
-        and the process's peak resident memory (``VmHWM``) and, on CUDA, peak device memory."""
-        row = {"step": self.step, "event": "model_size",
-               "parameters_per_rank": sum(p.numel() for p in self.model.parameters())}
+    def _model_size(self) -> dict:
+        """This rank's parameters (the model it holds and trains: ``ss``, its own regions with their
+        context tables) and the process's peak resident memory (``VmHWM``), on CUDA peak device memory."""
+        row = {"parameters": sum(p.numel() for p in self.model.parameters()),
+               **self.strategy.parameter_report(self.model)}
         try:
             with open("/proc/self/status") as f:
                 row["peak_rss_mb"] = next(int(ln.split()[1]) / 1024 for ln in f if ln.startswith("VmHWM:"))
@@ -226,8 +229,24 @@ class Trainer:
             pass
         if self.device.type == "cuda":
             row["peak_device_memory_mb"] = torch.cuda.max_memory_allocated(self.device) / 2**20
-        log.info("model: %d parameters per rank; peak RSS %.0f MiB", row["parameters_per_rank"],
-                 row.get("peak_rss_mb", float("nan")))
+        return row
+
+    def _log_model_size(self, sizes: list[dict]) -> None:
+        """The ``model_size`` event: the largest rank's figures (``parameters_per_rank``,
+        ``peak_rss_mb``, ``peak_device_memory_mb``), each rank's (``ranks``) and, under ``ss``, the
+        parameters of every region (``parameters_per_region``)."""
+        row = {"step": self.step, "event": "model_size", "parameters_per_rank": max(s["parameters"] for s in sizes),
+               "parameters_total": sum(s["parameters"] for s in sizes),
+               "ranks": [{k: v for k, v in s.items() if k != "regions"} for s in sizes]}
+        for key in ("peak_rss_mb", "peak_device_memory_mb"):
+            if all(key in s for s in sizes):
+                row[key] = max(s[key] for s in sizes)
+        regions = {k: v for s in sizes for k, v in s.get("regions", {}).items()}
+        if regions:
+            row["parameters_per_region"] = {k: regions[k] for k in sorted(regions, key=int)}
+        log.info("model: %s parameters per rank (%d in all); peak RSS per rank %s MiB",
+                 [s["parameters"] for s in sizes], row["parameters_total"],
+                 [round(s.get("peak_rss_mb", float("nan"))) for s in sizes])
         self.logger.log(row)
 
     def _progress(self, max_steps: int):

@@ -7,6 +7,7 @@ import torch
 
 from ..schema import section
 from .base import RadianceModel
+from .budget import fit_budget
 from .grid import GridModel
 from .nerf import NeRFModel
 from .ngp import NGPModel
@@ -22,8 +23,17 @@ def build_model(cfg: Mapping, aabb: torch.Tensor, background: torch.Tensor, **ex
             ``compile`` / ``compile_mode`` say how the model runs (the trainer handles them).
         aabb: (2, 3) float32 scene box. background: (3,) float32 RGB.
         extra: constructor arguments that are not config keys (a grid's ``focus_aabb``).
+
+    With ``model.max_params`` the tables are sized to that budget (:mod:`.budget`) and
+    the model's ``budget`` attribute holds what was derived.
+
     Raises:
         ValueError: unknown model name, unknown key or a bad value (naming it).
     """
     cfg = section("model", cfg)
-    return MODELS[cfg.name](aabb, background, cfg, **extra)
+    if cfg.max_params is None:
+        return MODELS[cfg.name](aabb, background, cfg, **extra)
+    cfg, sized, report = fit_budget(MODELS[cfg.name], cfg, aabb, background, extra)  # model.max_params
+    model = MODELS[cfg.name](aabb, background, cfg, **sized, **extra)
+    model.budget = report  # what max_params derived (the trainer logs it)
+    return model

@@ -53,19 +53,20 @@ class HashEncoding(nn.Module):
 
     Args:
         num_levels: L. features_per_level: F. log2_table_size: log2 T.
+        table_size: T itself, any positive integer (``model.max_params``), instead of 2^log2_table_size.
         base_resolution: N_min. max_resolution: N_max.
     Shapes: points (P, 3) in [0, 1] -> (P, L * F), dtype of the table.
     """
 
     def __init__(self, num_levels: int = 16, features_per_level: int = 2,
                  log2_table_size: int = 19, base_resolution: int = 16,
-                 max_resolution: int = 2048, dtype=torch.float32):
+                 max_resolution: int = 2048, dtype=torch.float32, table_size: int | None = None):
         super().__init__()
         self.num_levels, self.features_per_level = num_levels, features_per_level
         growth = math.exp((math.log(max_resolution) - math.log(base_resolution)) / max(num_levels - 1, 1))
         # the epsilon absorbs rounding in growth ** l (e.g. 16 * b^15 = 1023.999... for N_max = 1024)
         resolutions = [int(math.floor(base_resolution * growth ** l + 1e-6)) for l in range(num_levels)]
-        table_size = 2 ** log2_table_size
+        table_size = 2 ** log2_table_size if table_size is None else int(table_size)  # any T: the hash is mod T
         sizes = [min(table_size, (r + 1) ** 3) for r in resolutions]
         offsets = np.concatenate([[0], np.cumsum(sizes)])
         self.register_buffer("resolutions", torch.tensor(resolutions, dtype=torch.long), persistent=False)

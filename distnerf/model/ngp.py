@@ -35,9 +35,11 @@ class NGPModel(MarchingModel):
             step is a distance: diagonal / num_steps).
         occupancy_resolution, occupancy_threshold, occupancy_every: empty-space skipping.
         color_threshold, termination, eval_round_steps: see :class:`MarchingModel`.
+        table_size: hash table rows per level, any integer (derived from ``model.max_params``:
+            :mod:`.budget`), instead of ``2 ** log2_table_size``.
     """
 
-    def __init__(self, aabb, background, cfg=None, **options):
+    def __init__(self, aabb, background, cfg=None, *, table_size: int | None = None, **options):
         c = section(NGPModelConfig, cfg, **options)  # the keys above; defaults: distnerf/schema.py
         color_threshold, termination, eval_round_steps = c.color_threshold, c.termination, c.eval_round_steps
         num_steps, occupancy_resolution = c.num_steps, c.occupancy_resolution
@@ -48,7 +50,7 @@ class NGPModel(MarchingModel):
         self.color_threshold, self.termination = float(color_threshold), float(termination)
         self.eval_round_steps = int(eval_round_steps)
         self.encoding = HashEncoding(num_levels, features_per_level, log2_table_size,
-                                     base_resolution, max_resolution)
+                                     base_resolution, max_resolution, table_size=table_size)
         self.density_net = nn.Sequential(nn.Linear(self.encoding.output_dim, hidden_width), nn.ReLU(),
                                          nn.Linear(hidden_width, 16))
         self.dir_encoding = PositionalEncoding(4)

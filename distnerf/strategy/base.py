@@ -120,6 +120,11 @@ class Strategy:
 
         return build_model(model_cfg, scene.aabb, scene.background)
 
+    def parameter_report(self, model: nn.Module) -> dict:
+        """What ``model.max_params`` derived for this rank's model (``budget``), when set."""
+        budget = getattr(model, "budget", None)
+        return {} if budget is None else {"budget": budget}
+
     def wrap(self, model: nn.Module) -> nn.Module:
         """Place ``model`` on the device and return the module whose forward trains it."""
         self.model = model.to(self.env.device)

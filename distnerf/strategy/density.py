@@ -14,19 +14,21 @@ from ..schema import GridModelConfig, TrainLoopConfig, section
 
 
 def estimate_density(scene, model_cfg: dict, steps: int, resolution: int, rays_per_step: int, seed: int,
-                     device) -> tuple[torch.Tensor, torch.Tensor]:
+                     device, at: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """A coarse density estimate for the balanced partition: a short ``grid`` fit.
 
     Trains a ``resolution``^3 voxel grid for ``steps`` steps (sync sampler, Adam at a constant
     lr of 1e-3; the run's model settings that a grid also takes) and
-    returns its occupancy-cell centres and opacities (one marching step at each).
+    returns its opacities (one marching step) at its occupancy-cell centres or at ``at``.
 
+    Args:
+        at: (P, 3) float points to evaluate the fit at, or None: the M^3 cell centres.
     Returns:
-        points: (M^3, 3) float32 cell centres; weights: (M^3,) float32 opacity in [0, 1].
+        points: (P, 3) or (M^3, 3) float32; weights: the same count, float32 opacity in [0, 1].
     """
     grid_keys = {f.name for f in dataclasses.fields(GridModelConfig)}  # the run's settings a grid also takes
     cfg = {**{k: v for k, v in dict(model_cfg).items() if k in grid_keys}, "name": "grid",
-           "resolutions": [resolution], "upsample_steps": []}
+           "resolutions": [resolution], "upsample_steps": [], "max_params": None}
     model = build_model(cfg, scene.aabb, scene.background).to(device)
     step_fn = TrainStep(model, section(TrainLoopConfig, lr=1e-3, decay=1.0, fused=False))  # constant lr
     sampler = build_sampler({"name": "sync"}, scene, rays_per_step, seed, 1 << 20, device)
@@ -38,6 +40,6 @@ def estimate_density(scene, model_cfg: dict, steps: int, resolution: int, rays_p
         step_fn.update(sse / max(int(batch.valid.sum()), 1))
     sampler.close()
     with torch.no_grad():
-        points = model.occupancy.cell_centers()
-        alpha = 1.0 - torch.exp(-model.field_density(points) * model.step_size())
+        points = model.occupancy.cell_centers() if at is None else at.to(device, torch.float32)
+        alpha = torch.cat([1.0 - torch.exp(-model.field_density(p) * model.step_size()) for p in points.split(65536)])
     return points.cpu(), alpha.cpu()

@@ -17,8 +17,13 @@ Two builders:
 * :func:`grid_partition`: a regular grid; with no explicit counts, factors of K go to
   the axis whose cells are currently longest, which gives a ground-plane grid on
   aerial scenes (their vertical extent is the shortest) as Mega-NeRF uses.
-* :func:`balanced_partition`: a k-d split at weighted medians of a coarse density
-  estimate, so regions hold similar amounts of content.
+* :func:`balanced_partition`: a k-d split at weighted medians of weighted points (``ss``:
+  points along a sample of training rays, weighted by a coarse density fit), so regions
+  hold similar amounts of the training work.
+
+Owners: :func:`assign_regions` gives each rank the same number of regions with the
+most even measured cost (:func:`region_load`); :func:`region_owner` is the contiguous
+layout (no costs; joint training's segment exchange orders regions by rank blocks).
 """
 from __future__ import annotations
 
@@ -238,6 +243,118 @@ def balanced_partition(bounds, num_regions: int, points: torch.Tensor, weights: 
         return split(low, k_low) + split(high, k - k_low)
 
     return Partition(bounds, torch.stack(split(bounds.clone(), num_regions)), overlap, "balanced")
+
+
+def region_load(partition: Partition, origins, directions, near, far, images: torch.Tensor,
+                marched: torch.Tensor | None = None) -> dict:
+    """Training load of each region, estimated from a sample of training rays.
+
+    A ray is routed to a region when its segment ``[near, far]`` crosses the enlarged
+    box. Its cost there is the length it is marched: inside ``marched`` (an
+    independent ``ss`` sub-model renders the whole ray inside the scene box) or, with
+    ``marched=None``, inside the region's enlarged box; samples are evenly spaced, so
+    the length is proportional to the sample count.
+
+    Args:
+        partition: K regions. origins, directions: (R, 3) float. near, far: (R,) float.
+        images: (R,) int64 training image (camera) of each ray.
+        marched: (2, 3) box the routed rays are marched through, or None.
+    Returns:
+        ``{"rays": [K] int, "cameras": [K] int, "cost": [K] float}``: sampled rays
+        crossing each enlarged region, cameras with at least one such ray, and the
+        summed marched length of those rays (scene units).
+    """
+    crossing = partition.ray_crossings(origins, directions, near, far)  # (R, K)
+    boxes = partition.enlarged() if marched is None else torch.as_tensor(marched).reshape(1, 2, 3).expand(
+        len(partition), 2, 3)
+    out = {"rays": [], "cameras": [], "cost": []}
+    for k in range(len(partition)):
+        sel = crossing[:, k]
+        t_in, t_out = clip_to_box(origins[sel], directions[sel], near[sel], far[sel],
+                                  boxes[k].to(origins.device, origins.dtype))
+        length = ((t_out - t_in).clamp(min=0) * directions[sel].norm(dim=-1)).double().sum()
+        out["rays"].append(int(sel.sum()))
+        out["cameras"].append(int(torch.unique(images[sel]).numel()))
+        out["cost"].append(float(length))
+    return out
+
+
+def ray_points(rays, aabb, num_per_ray: int) -> torch.Tensor:
+    """Evenly spaced points (interval midpoints) along each ray's segment inside ``aabb``.
+
+    Args:
+        rays: R rays (origins, directions, near, far). aabb: (2, 3) box. num_per_ray: S.
+    Returns:
+        (R' S, 3) float64 points of the R' rays that cross the box.
+    """
+    t_in, t_out = clip_to_box(rays.origins, rays.directions, rays.near, rays.far,
+                              torch.as_tensor(aabb).to(rays.origins))
+    hit = t_in < t_out
+    frac = (torch.arange(num_per_ray, dtype=torch.float64) + 0.5) / num_per_ray
+    t = t_in[hit, None].double() + frac * (t_out[hit] - t_in[hit])[:, None].double()  # (R', S)
+    return (rays.origins[hit, None].double() + t[..., None] * rays.directions[hit, None].double()).reshape(-1, 3)
+
+
+def empty_region_error(region: int, box, num_rays: int) -> ValueError:
+    """The refusal of a region that no sampled training ray crosses (it would never train)."""
+    return ValueError(f"ss: region {region} (box {[[round(v, 4) for v in row] for row in box]}) is crossed by none "
+                      f"of {num_rays} sampled training rays: its sub-model would never train. Use fewer regions "
+                      f"(strategy.num_regions), a box around the content the cameras see (dataset.aabb), or "
+                      f"strategy.partition=balanced")
+
+
+def assign_regions(costs: list[float], world_size: int, exact_max_regions: int = 12) -> list[int]:
+    """Owning rank of each region: ``K / W`` regions per rank, measured costs balanced.
+
+    Every rank gets the same number of regions (so the same memory: the per-rank
+    ``model.max_params`` is split evenly) and the largest per-rank total cost is made
+    as small as possible: exactly, by enumerating the ways to split the regions into
+    equal groups, for ``K <= exact_max_regions``; beyond that greedily (longest
+    processing time first, each region to the least-loaded rank with room left).
+    Deterministic: ties keep the lexicographically first owner list, so equal costs give
+    the contiguous blocks of :func:`region_owner`. Elastic resume reuses this function
+    to reassign regions to a new world size.
+
+    Args:
+        costs: (K,) cost of each region (e.g. :func:`region_load`'s ``cost``), >= 0.
+        world_size: W, a divisor of K.
+    Returns:
+        (K,) owner rank of each region.
+    Raises:
+        ValueError: when K is not a multiple of W.
+    """
+    num = len(costs)
+    region_owner(num, world_size)  # refuses K % W != 0
+    per_rank = num // world_size
+    if num <= exact_max_regions:
+        best: tuple[float, list[int]] | None = None
+        owner, load, count = [0] * num, [0.0] * world_size, [0] * world_size
+
+        def search(k: int, used: int) -> None:  # ranks are labelled in order of first use
+            nonlocal best
+            if k == num:
+                top = max(load)
+                if best is None or top < best[0] * (1 - 1e-12):
+                    best = (top, list(owner))
+                return
+            for r in range(min(used + 1, world_size)):
+                if count[r] < per_rank:
+                    owner[k] = r
+                    load[r] += costs[k]
+                    count[r] += 1
+                    search(k + 1, max(used, r + 1))
+                    load[r] -= costs[k]
+                    count[r] -= 1
+
+        search(0, 0)
+        return best[1]
+    owner, load, count = [0] * num, [0.0] * world_size, [0] * world_size
+    for k in sorted(range(num), key=lambda k: (-costs[k], k)):
+        r = min((r for r in range(world_size) if count[r] < per_rank), key=lambda r: (load[r], r))
+        owner[k] = r
+        load[r] += costs[k]
+        count[r] += 1
+    return owner
 
 
 def region_owner(num_regions: int, world_size: int) -> list[int]:

@@ -3,7 +3,8 @@
 Legend: R rays, K regions, W world size.
 
 The scene box is split into K regions (:mod:`.partition`; K = W by default, or a
-multiple of it); rank r owns a contiguous block of K / W regions. Each region has its
+multiple of it); each rank owns K / W regions, assigned by their measured training cost
+(:func:`.partition.assign_regions`; joint training: contiguous blocks). Each region has its
 own sub-model and each rank its own optimizer: training needs no gradient all-reduce
 (Mega-NeRF, Turki et al. 2022). A rank draws its rays from its own stream through the
 sampler's ray-filter hook, keeping the rays whose segment crosses one of its enlarged
@@ -11,7 +12,13 @@ regions, and each of its sub-models trains on the rays crossing its enlarged reg
 A sub-model renders the whole ray inside the scene box, because it must explain the
 whole pixel colour; it therefore also learns content outside its region, which the
 fusion stage (:mod:`.fusion`) discards. A ``grid`` sub-model holds its enlarged region
-at full resolution and the rest of the scene at ``context_resolution``.
+at full resolution and the rest of the scene at ``context_resolution``. With
+``model.max_params`` (a per-rank budget) each sub-model gets ``max_params / (K / W)``,
+context tables included: K regions hold K / W times the parameters of one ``ddp`` replica.
+
+At start, a sample of training rays (deterministic by seed, drawn on rank 0 and
+broadcast) gives each region's rays, cameras and cost (rays x their marched length,
+:func:`.partition.region_load`); a region no sampled ray crosses is refused.
 
 Ranks still agree on the step count, stop flags and checkpoint cadence (the trainer's
 one small all-reduce per step). Checkpoints are sharded: ``region_KKK.pt`` (the
@@ -34,12 +41,30 @@ from ..model.base import RadianceModel
 from .base import StepAgreement, StepStats, Strategy
 from .density import estimate_density
 from .fusion import FusedRenderer
-from .partition import Partition, balanced_partition, grid_partition, region_owner
+from .partition import (Partition, assign_regions, balanced_partition, empty_region_error, grid_partition,
+                        ray_points, region_load, region_owner)
 from .regions import JointRegionModels, RegionModels, RegionRayFilter
 
 log = logging.getLogger("distnerf")
 
 SHARED_STREAM = 1 << 30  # the ray stream every rank draws under joint training
+PARTITIONS = ("grid", "balanced")
+LOAD_STREAM = 1 << 21  # the ray stream of the start-up load estimate (never a rank's training stream)
+
+
+def training_ray_sample(scene, num_rays: int, seed: int):
+    """A uniform sample of the training split's rays (deterministic by ``seed``): ((R,) rays, (R,) image ids)."""
+    from ..data.rays import generate_rays
+    from ..sampler.base import BatchSpec, draw_indices
+    from ..sampler.policy import pixel_table
+
+    h, w = scene.height, scene.width
+    flat, _ = draw_indices(BatchSpec(num_rays, seed, LOAD_STREAM), len(scene), h, w, 0,
+                           pixel_table(scene.mask, scene.source))
+    flat = torch.from_numpy(flat)
+    image, pixel = flat // (h * w), flat % (h * w)
+    rays = generate_rays(scene.cameras, image, pixel % w, pixel // w, scene.near, scene.far, scene.ndc)
+    return rays, image
 
 
 class SSStrategy(Strategy):
@@ -74,8 +99,16 @@ class SSStrategy(Strategy):
             self.partition = Partition.from_dict(D.broadcast_object(self.env, built))
             if self.env.is_main:
                 self.partition.save(path)
-        self.owner = region_owner(len(self.partition), self.env.world_size)
-        self._report_routing(scene, seed)
+        stats = self._region_stats(scene, seed) if self.env.is_main else None
+        self.region_stats = D.broadcast_object(self.env, stats)  # every rank: the same owners (and errors)
+        for k, n in enumerate(self.region_stats["rays"]):
+            if n == 0:
+                raise empty_region_error(k, self.partition.boxes[k].tolist(), self.region_stats["num_rays"])
+        # joint: the segment exchange orders regions by contiguous rank blocks
+        self.owner = (region_owner(len(self.partition), self.env.world_size) if self.joint else
+                      assign_regions(self.region_stats["cost"], self.env.world_size))
+        if self.env.is_main:
+            self._log_regions()
 
     def _build_partition(self, scene, num: int, seed: int, model_cfg: dict) -> Partition:
         kind, overlap = self.cfg.partition, self.cfg.overlap
@@ -83,33 +116,44 @@ class SSStrategy(Strategy):
             return grid_partition(scene.aabb, num, self.cfg.grid, overlap)
         if kind == "balanced":
             steps, res = self.cfg.balance_steps, self.cfg.balance_resolution
-            points, weights = estimate_density(scene, model_cfg, steps, res, self.cfg.balance_rays, seed,
-                                               self.env.device)
+            rays, _ = training_ray_sample(scene, 8192, seed)
+            points = ray_points(rays, scene.aabb, 32)
+            _, alpha = estimate_density(scene, model_cfg, steps, res, self.cfg.balance_rays, seed, self.env.device,
+                                        at=points)
+            # the samples of training rays, by the fitted content there; the floor keeps empty space worth a
+            # little (rays are marched through it until the occupancy grid learns to skip it)
+            weights = alpha.double() + 0.01
             part = balanced_partition(scene.aabb, num, points, weights, overlap)
-            log.info("balanced partition from a %d^3 density estimate (%d steps); content per region: %s",
-                     res, steps, [round(float(weights[part.region_of(points) == k].sum() / weights.sum()), 3)
-                                  for k in range(num)])
+            log.info("balanced partition: training-ray samples (%d) weighted by a %d^3 density fit (%d steps); "
+                     "share per region: %s", len(points), res, steps,
+                     [round(float(weights[part.region_of(points) == k].sum() / weights.sum()), 3)
+                      for k in range(num)])
             return part
         raise ValueError(f"strategy.partition={kind!r} is not one of {PARTITIONS}")
 
-    def _report_routing(self, scene, seed: int, num_rays: int = 65536) -> None:
-        """Share of (a uniform sample of) training rays crossing each enlarged region."""
-        from ..sampler import SyncSampler
-
-        batch = SyncSampler(scene, num_rays, seed, 1 << 21).host_batch(0)
-        rays = batch.rays
+    def _region_stats(self, scene, seed: int, num_rays: int = 65536) -> dict:
+        """Rays, cameras and cost of each region from a sample of training rays (:func:`region_load`)."""
+        rays, images = training_ray_sample(scene, num_rays, seed)
+        stats = region_load(self.partition, rays.origins, rays.directions, rays.near, rays.far, images,
+                            None if self.joint else scene.aabb)  # independent: the whole ray in the box
         crossing = self.partition.ray_crossings(rays.origins, rays.directions, rays.near, rays.far)
-        share = crossing.float().mean(dim=0).tolist()
-        self.routing = {"share_per_region": share, "miss_every_region": float((~crossing.any(1)).float().mean())}
-        if self.env.is_main:
-            log.info("ss: %d regions (%s), overlap %.2f, owners %s; training rays crossing each enlarged region: %s; "
-                     "crossing none: %.3f", len(self.partition), self.partition.kind, self.partition.overlap,
-                     self.owner, [round(s, 3) for s in share], self.routing["miss_every_region"])
-        for k, s in enumerate(share):
-            if s == 0 and self.env.is_main:
-                log.warning("ss: region %d (%s) is crossed by none of %d sampled training rays: its sub-model "
-                            "(rank %d) receives no rays and stays at its initialisation", k,
-                            self.partition.boxes[k].tolist(), num_rays, self.owner[k])
+        return {**stats, "num_rays": num_rays, "num_cameras": len(scene),
+                "miss_every_region": float((~crossing.any(1)).float().mean())}
+
+    def _log_regions(self) -> None:
+        """The start-up table: per region, sampled rays crossing it, cameras seeing it, cost, owner."""
+        st, total = self.region_stats, max(sum(self.region_stats["cost"]), 1e-30)
+        lines = [f"{'region':>6} {'rays':>8} {'share':>6} {'cameras':>8} {'cost':>6} {'owner':>5}"]
+        for k in range(len(self.partition)):
+            lines.append(f"{k:>6} {st['rays'][k]:>8} {st['rays'][k] / st['num_rays']:>6.3f} "
+                         f"{st['cameras'][k]:>4}/{st['num_cameras']:<3} {st['cost'][k] / total:>6.3f} "
+                         f"{self.owner[k]:>5}")
+        load = [sum(c for c, r in zip(st["cost"], self.owner) if r == rank) / total
+                for rank in range(self.env.world_size)]
+        log.info("ss: %d regions (%s), overlap %.2f; training rays crossing each enlarged region (of %d sampled; "
+                 "crossing none: %.3f), cost = rays x marched length (share):\n%s\ncost per rank: %s",
+                 len(self.partition), self.partition.kind, self.partition.overlap, st["num_rays"],
+                 st["miss_every_region"], "\n".join(lines), [round(x, 3) for x in load])
 
     @property
     def my_regions(self) -> list[int]:
@@ -142,12 +186,24 @@ class SSStrategy(Strategy):
         """Sub-model of ``region``. Independent: the whole scene box, a grid holding the
         enlarged region at full resolution; joint: the region's box only, black background."""
         cfg = dict(model_cfg)
+        if cfg["max_params"] is not None:  # a per-rank budget: each of the rank's K / W regions a share
+            cfg["max_params"] = cfg["max_params"] * self.env.world_size // len(self.partition)
         if self.joint:
             return build_model(cfg, self.partition.boxes[region].float(), torch.zeros(3))
         if cfg["name"] == "grid":
             return build_model(cfg, aabb, background, focus_aabb=self.partition.enlarged()[region].float().tolist(),
                                context_resolution=self.cfg.context_resolution)
         return build_model(cfg, aabb, background)
+
+    def parameter_report(self, model: RegionModels) -> dict:
+        """Per region of this rank: its owner, parameters (context tables included; ``context_parameters``
+        of them) and what ``model.max_params`` derived for it."""
+        regions = {}
+        for k, sub in zip(model.regions, model.models):
+            context = sum(p.numel() for n, p in sub.named_parameters() if n.startswith("context_"))
+            regions[str(k)] = {"owner": self.env.rank, "parameters": sum(p.numel() for p in sub.parameters()),
+                               "context_parameters": context, **super().parameter_report(sub)}
+        return {"regions": regions}
 
     def wrap(self, model: nn.Module) -> nn.Module:
         self.model = self.wrapped = model.to(self.env.device)  # no DDP: nothing is all-reduced

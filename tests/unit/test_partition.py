@@ -107,3 +107,38 @@ def test_region_owner_blocks():
     assert region_owner(2, 2) == [0, 1]
     with pytest.raises(ValueError, match="multiple of the world size"):
         region_owner(3, 2)
+
+
+def test_assign_regions_balances_hand_computed_costs():
+    from distnerf.strategy.partition import assign_regions
+
+    assert assign_regions([1.0, 1.0, 1.0, 1.0], 2) == [0, 0, 1, 1]  # equal costs: the contiguous blocks
+    assert assign_regions([5.0, 4.0, 3.0, 3.0, 3.0, 2.0], 2) == [0, 1, 0, 1, 1, 0]  # 10 | 10
+    assert assign_regions([5.0, 4.0, 3.0, 3.0, 3.0, 2.0], 3) == [0, 1, 1, 2, 2, 0]  # 7 | 7 | 6
+    assert assign_regions([9.0, 9.0, 1.0, 1.0], 2) == [0, 1, 0, 1]  # not the blocks [0, 0, 1, 1] (18 | 2)
+    costs = [float((7 * k) % 11) for k in range(16)]  # beyond the exact search: greedy, K / W each
+    owner = assign_regions(costs, 4, exact_max_regions=8)
+    loads = [sum(c for c, r in zip(costs, owner) if r == rank) for rank in range(4)]
+    assert [owner.count(r) for r in range(4)] == [4, 4, 4, 4] and max(loads) - min(loads) <= max(costs)
+    with pytest.raises(ValueError, match="multiple"):
+        assign_regions([1.0, 1.0, 1.0], 2)
+
+
+def test_region_load_and_empty_region_refused():
+    from distnerf.strategy.partition import empty_region_error, region_load
+
+    part = grid_partition(torch.tensor([[0.0, 0.0, 0.0], [4.0, 1.0, 1.0]]), 2, counts=[2, 1, 1])  # x < 2 | x >= 2
+    # three rays along +x through the lower half only (x from 0 to 1), one through both halves
+    origins = torch.tensor([[-1.0, 0.5, 0.5], [-1.0, 0.5, 0.5], [-1.0, 0.2, 0.2], [-1.0, 0.5, 0.5]])
+    directions = torch.tensor([[1.0, 0.0, 0.0]] * 4)
+    near, far = torch.zeros(4), torch.tensor([2.0, 2.0, 2.0, 6.0])
+    images = torch.tensor([0, 0, 1, 2])
+    st = region_load(part, origins, directions, near, far, images)
+    assert st["rays"] == [4, 1] and st["cameras"] == [3, 1]
+    assert st["cost"] == pytest.approx([1.0 + 1.0 + 1.0 + 2.0, 2.0])  # marched length inside each box
+    whole = region_load(part, origins, directions, near, far, images, marched=part.bounds)
+    assert whole["cost"] == pytest.approx([1.0 + 1.0 + 1.0 + 4.0, 4.0])  # the whole ray inside the scene box
+    st = region_load(part, origins[:3], directions[:3], near[:3], far[:3], images[:3])
+    assert st["rays"] == [3, 0]
+    err = empty_region_error(1, part.boxes[1].tolist(), 3)
+    assert "region 1" in str(err) and "strategy.num_regions" in str(err) and "dataset.aabb" in str(err)
