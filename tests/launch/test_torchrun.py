@@ -121,7 +121,11 @@ def test_resumed_segment_logs_to_the_same_wandb_run(killed):
 
 def test_rank_death_without_restart_is_reported_naming_the_rank(tmp_path):
     run = tmp_path / "fail"
-    proc = launch_local(2, run, ["train.max_steps=100000", "dist_timeout_s=30"], env={"MAX_RESTARTS": "0"})
+    # the agent looks at its workers every 5 s (default 0.1 s): the survivor's own collective fails
+    # (gloo: the dead peer's socket closes) and its error file is complete before the agent stops
+    # the group, so the summary does not depend on whether the agent's SIGTERM came first
+    proc = launch_local(2, run, ["train.max_steps=100000", "dist_timeout_s=30"],
+                        env={"MAX_RESTARTS": "0", "TORCHRUN_ARGS": "--monitor-interval=5"})
     try:
         wait_for(lambda: last_step(run) >= 5, 240, "step 5")
         ranks = trainer_ranks(proc.pid, run)
