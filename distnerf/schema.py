@@ -137,6 +137,10 @@ class ModelConfig:
     name: str = MISSING
     compile: bool = False               # torch.compile the model in place (compile time reported apart)
     compile_mode: Optional[str] = None  # passed to torch.compile, e.g. max-autotune, reduce-overhead
+    # per-training-image appearance (model/appearance.py): embedding = NeRF-W's GLO code fed to the colour
+    # network | affine = a per-image 3x3 + bias colour transform (any colour model, SH included)
+    appearance: str = choice("none", "none", "embedding", "affine")
+    appearance_dim: int = positive(32)  # embedding: code width D
     # parameters per rank at the final stage (grid: the last of `resolutions`, the earlier ones scaled
     # with it; ngp: the hash table size; ss: split over the rank's regions); null: the configured sizes
     max_params: Optional[int] = positive(None)
@@ -324,6 +328,13 @@ class EvalConfig:
     # (one 256x256 view: peak RSS 1.9 GiB with the default; tools/bench_eval_memory.py)
     point_chunk: int = bounded(262144, 0)
     lpips: bool = True
+    # test views of a model with model.appearance (never indexed by a test id): mean = the mean training
+    # code | fit_left_half = NeRF-W's protocol: a code fitted on each view's left half (weights frozen),
+    # PSNR/SSIM/LPIPS on its right half
+    appearance: str = choice("mean", "mean", "fit_left_half")
+    appearance_steps: int = positive(64)      # fit_left_half: Adam steps per view
+    appearance_rays: int = positive(4096)     # fit_left_half: left-half rays per step (seeded per view)
+    appearance_lr: float = positive(1.0e-2)   # fit_left_half: Adam learning rate of the code
 
 
 @dataclass

@@ -10,6 +10,7 @@ from the top-left image corner, so the camera-space direction of pixel (u, v) is
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import Optional
 
 import torch
 
@@ -27,6 +28,9 @@ class RayBundle:
             ``t`` in ``[near, far]`` covers the ray.
         viewdirs: (R, 3) float32 unit world-space viewing directions (for colour).
         near, far: (R,) float32 ray parameter bounds.
+        image_ids: (R,) int64 index of each ray's image in the *training* split (the row of a
+            per-image appearance table, :mod:`distnerf.model.appearance`), or None: set by the
+            samplers only, never for evaluation rays, so a test view never indexes the table.
     """
 
     origins: torch.Tensor
@@ -34,13 +38,15 @@ class RayBundle:
     viewdirs: torch.Tensor
     near: torch.Tensor
     far: torch.Tensor
+    image_ids: Optional[torch.Tensor] = None
 
     def __len__(self) -> int:
         return self.origins.shape[0]
 
     def map(self, fn) -> "RayBundle":
-        """A bundle with ``fn`` applied to every tensor (e.g. slicing or ``.to``)."""
-        return RayBundle(**{f.name: fn(getattr(self, f.name)) for f in fields(self)})
+        """A bundle with ``fn`` applied to every tensor (e.g. slicing or ``.to``; None stays None)."""
+        return RayBundle(**{f.name: None if getattr(self, f.name) is None else fn(getattr(self, f.name))
+                            for f in fields(self)})
 
 
 def camera_directions(u: torch.Tensor, v: torch.Tensor, fx, fy, cx, cy,

@@ -3,6 +3,14 @@
 Legend: H, W image size; chunk = rays rendered at once, point_chunk = points per network
 call inside a chunk (both bound memory: models that sample a fixed count per ray, NeRF,
 turn ``chunk`` rays into ``chunk * S`` points).
+
+Per-image appearance (``model.appearance``, :mod:`distnerf.model.appearance`): a test view
+has no row in the training table and its rays carry no image ids, so the table is never
+indexed by a test id. ``eval.appearance`` chooses the code it is rendered with: ``mean``
+(the mean of the training codes, the default) or ``fit_left_half`` (NeRF-W, Martin-Brualla
+et al. 2021, Sec. 6: a code initialised to the mean is optimised on the view's left half,
+model weights frozen, and the view is scored on its right half only). The protocol is
+stated in ``metrics.json`` (``protocol.appearance``).
 """
 from __future__ import annotations
 
@@ -20,7 +28,9 @@ import torch
 from ..data.base import SceneData
 from ..data.rays import image_rays
 from ..data import load_scene
+from ..model.appearance import Appearance
 from ..observe.metrics import LPIPS, LPIPS_BACKBONE, psnr, ssim
+from ..schema import ConfigError, EvalConfig, section
 
 log = logging.getLogger(__name__)
 
@@ -89,29 +99,107 @@ def save_depth_png(depth: torch.Tensor, path: Path) -> None:
     iio.imwrite(path, (img * 255).round().astype(np.uint8))
 
 
+def appearance_tables(model) -> list[Appearance]:
+    """The per-image appearance tables inside ``model`` (one per sub-model of a fusion stage)."""
+    return [m for m in model.modules() if isinstance(m, Appearance)]
+
+
+def fit_appearance(model, scene: SceneData, index: int, device, eval_cfg=None) -> dict:
+    """NeRF-W's held-out appearance (``eval.appearance=fit_left_half``): set every appearance
+    table's :attr:`~distnerf.model.appearance.Appearance.held_out` code to one fitted on the
+    left half (columns ``u < W // 2``) of view ``index``.
+
+    Each code starts at its table's mean row and takes ``eval.appearance_steps`` Adam steps
+    (lr ``eval.appearance_lr``) on the MSE of ``eval.appearance_rays`` left-half pixels per step,
+    drawn with a generator seeded by the view index; the model's weights get no gradient
+    (``torch.autograd.grad`` w.r.t. the codes only) and render in evaluation mode, as scored.
+    The codes stay set until :func:`clear_appearance`.
+
+    Returns:
+        ``{"fit_loss": final MSE, "fit_seconds": s}`` (empty when the model has no table).
+    Raises:
+        ValueError: the renderer gives no gradient (the ``ss`` fusion stage renders without).
+    """
+    cfg = section(EvalConfig, eval_cfg)
+    tables = appearance_tables(model)
+    if not tables:
+        return {}
+    start = time.perf_counter()
+    codes = [t.mean_code().detach().clone().requires_grad_(True) for t in tables]
+    for t, code in zip(tables, codes):
+        t.held_out = code
+    rays = image_rays(scene.cameras, index, scene.near, scene.far, scene.ndc)
+    gt = scene.image(index)  # (H, W, 3)
+    h, w = gt.shape[:2]
+    left = (torch.arange(h)[:, None] * w + torch.arange(w // 2)[None, :]).reshape(-1)  # row-major pixel indices
+    target = gt.reshape(-1, 3)
+    gen = torch.Generator().manual_seed(int(index))
+    optimizer = torch.optim.Adam(codes, lr=cfg.appearance_lr)
+    was_training = model.training
+    model.eval()
+    loss = torch.zeros(())
+    with torch.enable_grad():
+        for _ in range(cfg.appearance_steps):
+            pick = left[torch.randint(len(left), (min(cfg.appearance_rays, len(left)),), generator=gen)]
+            out = model(rays.map(lambda t: t[pick].to(device)))
+            loss = ((out["rgb"].float() - target[pick].to(device)) ** 2).mean()
+            if not loss.requires_grad:
+                model.train(was_training)
+                raise ValueError("eval.appearance=fit_left_half optimises a code through the renderer, but it "
+                                 f"renders without gradients ({type(model).__name__}; the ss fusion stage does): "
+                                 "use eval.appearance=mean")
+            grads = torch.autograd.grad(loss, codes, allow_unused=True)  # the codes only: weights stay frozen
+            for code, g in zip(codes, grads):
+                code.grad = torch.zeros_like(code) if g is None else g
+            optimizer.step()
+    model.train(was_training)
+    for t, code in zip(tables, codes):
+        t.held_out = code.detach()
+    return {"fit_loss": float(loss.detach()), "fit_seconds": time.perf_counter() - start}
+
+
+def clear_appearance(model) -> None:
+    """Back to the mean code for rays without image ids (undoes :func:`fit_appearance`)."""
+    for t in appearance_tables(model):
+        t.held_out = None
+
+
 def evaluate_views(model, scene: SceneData, views: list[int], chunk: int, device,
-                   out_dir: Path | None, lpips: LPIPS | None, point_chunk: int | None = None) -> list[dict]:
+                   out_dir: Path | None, lpips: LPIPS | None, point_chunk: int | None = None,
+                   eval_cfg=None) -> list[dict]:
     """Render ``views`` (``chunk`` rays, ``point_chunk`` points per network call: see
     :func:`render_image`), score them against ground truth, write RGB and depth PNGs.
+
+    ``eval_cfg``: the ``eval`` config (defaults: :class:`~distnerf.schema.EvalConfig`); with
+    ``appearance=fit_left_half`` and a model with a per-image appearance table, each view's code
+    is first fitted on its left half (:func:`fit_appearance`) and the metrics score the right
+    half (columns ``u >= W // 2``); the written render is the whole view.
 
     Returns:
         one dict per view: ``view``, ``name``, ``psnr``, ``ssim``, ``lpips`` (None when
         unavailable), ``num_samples``, ``num_rays`` (the view's pixels), ``seconds`` (wall time of the render, its results
-        copied to the CPU: on CUDA every kernel has finished) and ``rays_per_s``.
+        copied to the CPU: on CUDA every kernel has finished) and ``rays_per_s``; with a fitted
+        code also ``fit_loss`` and ``fit_seconds`` (not in ``seconds``).
     """
+    fit = section(EvalConfig, eval_cfg).appearance == "fit_left_half" and bool(appearance_tables(model))
     rows = []
     if out_dir is not None:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
     for i in views:
+        fitted = fit_appearance(model, scene, i, device, eval_cfg) if fit else {}
         start = time.perf_counter()
         out = render_image(model, scene, i, chunk, device, point_chunk)
         seconds = time.perf_counter() - start  # render_image ends with device-to-host copies
+        clear_appearance(model)
         gt = scene.image(i)  # at the view's own size (padding of smaller images cropped)
         name = Path(scene.image_paths[i]).stem if scene.image_paths else f"{i:03d}"
-        rows.append({"view": i, "name": name, "psnr": psnr(out["rgb"], gt), "ssim": ssim(out["rgb"], gt),
-                     "lpips": lpips(out["rgb"], gt) if lpips is not None else None,
+        pred, ref = out["rgb"], gt
+        if fit:  # scored on the half the code never saw
+            pred, ref = pred[:, gt.shape[1] // 2:], ref[:, gt.shape[1] // 2:]
+        rows.append({"view": i, "name": name, "psnr": psnr(pred, ref), "ssim": ssim(pred, ref),
+                     "lpips": lpips(pred, ref) if lpips is not None else None,
                      "num_samples": out["num_samples"], "seconds": seconds, "num_rays": gt.shape[0] * gt.shape[1],
-                     "rays_per_s": gt.shape[0] * gt.shape[1] / max(seconds, 1e-9)})
+                     "rays_per_s": gt.shape[0] * gt.shape[1] / max(seconds, 1e-9), **fitted})
         if out_dir is not None:
             iio.imwrite(Path(out_dir) / f"{i:03d}_{name}_rgb.png", (out["rgb"].numpy() * 255).round().astype(np.uint8))
             save_depth_png(out["depth"], Path(out_dir) / f"{i:03d}_{name}_depth.png")
@@ -140,11 +228,37 @@ def make_eval_split(cfg, model, strategy):
         device = next(model.buffers()).device
         renderer = strategy.inference_model(model)  # ss: the fusion stage over every region
         rows = evaluate_views(renderer, scene, mine, cfg.eval.chunk, device,
-                              out_dir if strategy.writes_renders else None, lpips, cfg.eval.point_chunk)
+                              out_dir if strategy.writes_renders else None, lpips, cfg.eval.point_chunk, cfg.eval)
         rows = strategy.gather_rows(rows)
         return {"scene": scene, "rows": rows}
 
     return eval_split
+
+
+def check_appearance_protocol(cfg) -> None:
+    """Refuse, before training, an ``eval.appearance`` the run's evaluation cannot do.
+
+    Raises:
+        ConfigError: ``fit_left_half`` with a per-image appearance under ``strategy=ss``, whose
+            fusion stage renders without gradients (no code can be fitted through it).
+    """
+    if cfg.eval.appearance == "fit_left_half" and cfg.model.appearance != "none" and cfg.strategy.name == "ss":
+        raise ConfigError("config eval.appearance=fit_left_half fits a code through the renderer, but the "
+                          "strategy=ss fusion stage renders without gradients: use eval.appearance=mean")
+
+
+def appearance_protocol(cfg, model) -> str:
+    """How test views get a per-image appearance, in words (``protocol.appearance`` of metrics.json)."""
+    if not appearance_tables(model):
+        return "none (the model has no per-image appearance)"
+    kind = cfg.model.appearance
+    if cfg.eval.appearance == "mean":
+        return (f"mean: model.appearance={kind}, each test view rendered with the mean of the training images' "
+                "codes (test ids never index the table); whole view scored")
+    return (f"fit_left_half (NeRF-W): model.appearance={kind}, a code per test view initialised to the training "
+            f"mean and fitted on the view's left half (columns u < W/2; {cfg.eval.appearance_steps} Adam steps, "
+            f"lr {cfg.eval.appearance_lr}, {cfg.eval.appearance_rays} rays per step; model weights frozen); "
+            "PSNR/SSIM/LPIPS on the right half only")
 
 
 def evaluate_run(cfg, model, strategy, out_dir: Path, step: int, eval_split) -> dict:
@@ -172,6 +286,7 @@ def evaluate_run(cfg, model, strategy, out_dir: Path, step: int, eval_split) -> 
                      "background": [float(x) for x in scene.background], "psnr": "mean of per-image PSNR",
                      "ssim": "torchmetrics SSIM, gaussian 11x11, sigma 1.5, data range 1",
                      "dataset": str(scene.source),
+                     "appearance": appearance_protocol(cfg, model),
                      # renders and depths are in the scene's normalised frame; this maps the dataset's into it
                      "scene_transform": scene.transform},
         "per_view": rows,

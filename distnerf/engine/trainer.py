@@ -29,7 +29,7 @@ from ..sampler import batch_config, build_sampler, pixel_source
 from ..schema import validate
 from ..strategy.base import StepAgreement, StepStats, Strategy
 from .checkpointer import Checkpointer
-from .evaluate import evaluate_run, make_eval_split
+from .evaluate import check_appearance_protocol, evaluate_run, make_eval_split
 
 log = logging.getLogger("distnerf")
 
@@ -51,6 +51,7 @@ class Trainer:
 
     def __init__(self, cfg: DictConfig, strategy: Strategy, run_dir: Path, stop: D.StopRequest | None = None):
         cfg = validate(cfg)
+        check_appearance_protocol(cfg)  # before any data is loaded
         self.cfg, self.strategy, self.env, self.run_dir = cfg, strategy, strategy.env, Path(run_dir)
         self.stop = stop if stop is not None else D.StopRequest()
         self.device = self.env.device

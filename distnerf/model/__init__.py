@@ -22,7 +22,9 @@ def build_model(cfg: Mapping, aabb: torch.Tensor, background: torch.Tensor, **ex
         cfg: model config (``conf/model/*.yaml``; keys and defaults: :mod:`distnerf.schema`).
             ``compile`` / ``compile_mode`` say how the model runs (the trainer handles them).
         aabb: (2, 3) float32 scene box. background: (3,) float32 RGB.
-        extra: constructor arguments that are not config keys (a grid's ``focus_aabb``).
+        extra: constructor arguments that are not config keys (a grid's ``focus_aabb``;
+            ``num_images``: training images, the rows of a ``model.appearance`` table, 0 when a
+            checkpoint's table is loaded into the model).
 
     With ``model.max_params`` the tables are sized to that budget (:mod:`.budget`) and
     the model's ``budget`` attribute holds what was derived.

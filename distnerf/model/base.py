@@ -26,6 +26,8 @@ class RadianceModel(nn.Module):
 
     def __init__(self, aabb: torch.Tensor, background: torch.Tensor):
         super().__init__()
+        #: per-image appearance (``model.appearance``, :class:`~distnerf.model.appearance.Appearance`) or None
+        self.appearance = None
         self.register_buffer("aabb", aabb.clone().float())
         self.register_buffer("background", background.clone().float())
 
@@ -40,6 +42,16 @@ class RadianceModel(nn.Module):
             ``num_samples`` (int, samples evaluated), optionally ``rgb_coarse`` (R, 3)
         """
         raise NotImplementedError
+
+    def appearance_background(self, background: torch.Tensor | None, rays: RayBundle) -> torch.Tensor | None:
+        """The background of each ray under an ``affine`` appearance ((R, 3), the ray's
+        image's transform, or the held-out/mean one without ids), else ``background`` as is
+        ((3,), (R, 3) or None)."""
+        app = self.appearance
+        if background is None or app is None or app.kind != "affine":
+            return background
+        codes = app.codes(rays.image_ids, len(rays))
+        return app.transform(background.expand(len(rays), 3), codes, None)
 
     def add_regularizer_grads_(self) -> torch.Tensor | float:
         """Add the gradients of parameter-only regularisers (e.g. total variation) to

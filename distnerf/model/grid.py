@@ -41,6 +41,7 @@ from torch import nn
 
 from ..renderer.occupancy import OccupancyGrid
 from ..schema import GridModelConfig, section
+from .appearance import LR_SCALE, build_appearance
 from .encoding import PositionalEncoding
 from .marching import MarchingModel
 
@@ -159,10 +160,12 @@ class GridModel(MarchingModel):
         focus_aabb: (2, 3) box holding the full-resolution tables, or None (the whole
             scene box). context_resolution: vertices per axis of the context tables
             that cover the scene box outside the focus box.
+        appearance, appearance_dim: per-image appearance (:mod:`.appearance`; ``embedding``
+            needs ``color=mlp``). num_images: training images (rows of its table).
     """
 
     def __init__(self, aabb, background, cfg=None, *, focus_aabb=None, context_resolution: int | None = None,
-                 **options):
+                 num_images: int = 0, **options):
         c = section(GridModelConfig, cfg, **options)  # the keys above; defaults: distnerf/schema.py
         resolutions, upsample_steps, num_features = list(c.resolutions), list(c.upsample_steps), c.num_features
         step_ratio, alpha_init, color, sh_degree = c.step_ratio, c.alpha_init, c.color, c.sh_degree
@@ -199,8 +202,10 @@ class GridModel(MarchingModel):
         self.density = nn.Parameter(torch.zeros(n ** 3, 1))
         self.features = nn.Parameter(torch.zeros(n ** 3, num_features))
         self.dir_encoding = PositionalEncoding(viewdir_frequencies)
+        self.appearance = build_appearance(c.appearance, num_images, c.appearance_dim, color == "mlp")
+        latent_dim = self.appearance.latent_dim if self.appearance is not None else 0
         self.color_net = nn.Sequential(
-            nn.Linear(num_features + self.dir_encoding.output_dim(3), hidden_width), nn.ReLU(),
+            nn.Linear(num_features + self.dir_encoding.output_dim(3) + latent_dim, hidden_width), nn.ReLU(),
             nn.Linear(hidden_width, hidden_width), nn.ReLU(),
             nn.Linear(hidden_width, 3)) if color == "mlp" else nn.Identity()
         if self.focus is not None:
@@ -257,6 +262,8 @@ class GridModel(MarchingModel):
         groups = [{"params": tables, "lr": lr * 100.0, "name": "grid"}]
         if self.color == "mlp":
             groups.append({"params": list(self.color_net.parameters()), "lr": lr, "name": "color_net"})
+        if self.appearance is not None:
+            groups.append({"params": [self.appearance.table], "lr": lr * LR_SCALE, "name": "appearance"})
         return groups
 
     # ---------------------------------------------------------------- field
@@ -264,18 +271,25 @@ class GridModel(MarchingModel):
         box = self._table_box()
         return trilinear_corners((points - box[0]) / (box[1] - box[0]), self.resolution)
 
-    def _colours(self, feats: torch.Tensor, viewdirs: torch.Tensor, ray_idx: torch.Tensor | None) -> torch.Tensor:
-        """(P, C) features + view directions -> (P, 3) RGB in [0, 1].
+    def _colours(self, feats: torch.Tensor, viewdirs: torch.Tensor, ray_idx: torch.Tensor | None,
+                 image_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """(P, C) features + view directions -> (P, 3) RGB in [0, 1] (with ``affine``
+        appearance, transformed: may leave [0, 1]).
 
         ``viewdirs`` is (R, 3) per ray, indexed by ``ray_idx`` (P,), or (P, 3) per point
-        when ``ray_idx`` is None.
+        when ``ray_idx`` is None; ``image_ids``: (R,) (or (P,)) training image ids or None
+        (see :mod:`.appearance`).
         """
         pick = (lambda t: t) if ray_idx is None else (lambda t: t[ray_idx])  # noqa: E731
+        app = self.appearance
+        codes = app.codes(image_ids, viewdirs.shape[0]) if app is not None else None
         if self.color == "sh":
             basis = pick(spherical_harmonics(viewdirs, self.sh_degree))  # (P, K)
-            return torch.sigmoid((feats.view(-1, 3, basis.shape[-1]) * basis[:, None, :]).sum(-1))
-        dirs = pick(self.dir_encoding(viewdirs))
-        return torch.sigmoid(self.color_net(torch.cat([feats, dirs], dim=-1)))
+            rgb = torch.sigmoid((feats.view(-1, 3, basis.shape[-1]) * basis[:, None, :]).sum(-1))
+        else:
+            latent = app.latent(codes, ray_idx) if app is not None else []
+            rgb = torch.sigmoid(self.color_net(torch.cat([feats, pick(self.dir_encoding(viewdirs)), *latent], dim=-1)))
+        return rgb if app is None else app.transform(rgb, codes, ray_idx)
 
     def _split(self, points: torch.Tensor, fn, width: int) -> torch.Tensor:
         """Evaluate ``fn(points, table_index)`` on each table pair's points.
@@ -341,8 +355,9 @@ class GridModel(MarchingModel):
     def marching_box(self) -> torch.Tensor:
         return self.grid_aabb
 
-    def colours(self, points: torch.Tensor, viewdirs: torch.Tensor, ray_indices: torch.Tensor) -> torch.Tensor:
-        return self._colours(self.point_features(points), viewdirs, ray_indices)
+    def colours(self, points: torch.Tensor, viewdirs: torch.Tensor, ray_indices: torch.Tensor,
+                image_ids: torch.Tensor | None = None) -> torch.Tensor:
+        return self._colours(self.point_features(points), viewdirs, ray_indices, image_ids)
 
     def densities(self, raw: torch.Tensor) -> torch.Tensor:
         """Raw grid density -> sigma (1 / world unit)."""

@@ -16,6 +16,8 @@ agree with sampling the whole ray (see :mod:`distnerf.renderer.occupancy`).
 """
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 
 from ..data.rays import RayBundle
@@ -44,9 +46,11 @@ class MarchingModel(RadianceModel):
         """(2, 3) float32 box outside which the field is empty (never sampled)."""
         raise NotImplementedError
 
-    def colours(self, points: torch.Tensor, viewdirs: torch.Tensor, ray_indices: torch.Tensor) -> torch.Tensor:
+    def colours(self, points: torch.Tensor, viewdirs: torch.Tensor, ray_indices: torch.Tensor,
+                image_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Colour at points: (Q, 3) points, (R, 3) unit viewdirs per ray, (Q,) int64 ray of
-        each point -> (Q, 3) float RGB in [0, 1]."""
+        each point, (R,) int64 training image of each ray or None (:mod:`.appearance`) ->
+        (Q, 3) float RGB in [0, 1] (an ``affine`` appearance may leave it)."""
         raise NotImplementedError
 
     def field_rgb(self, points: torch.Tensor, viewdirs: torch.Tensor) -> torch.Tensor:
@@ -89,7 +93,9 @@ class MarchingModel(RadianceModel):
             see :func:`~distnerf.renderer.marching.render_segment`.
         """
         step_size = self.step_size() if step_size is None else step_size
-        return render_segment(self.field_density, self.colours, self.marcher(step_size), rays.origins, rays.directions,
+        colours = self.colours if rays.image_ids is None else partial(self.colours, image_ids=rays.image_ids)
+        background = self.appearance_background(background, rays)
+        return render_segment(self.field_density, colours, self.marcher(step_size), rays.origins, rays.directions,
                               rays.viewdirs, anchor, t_lo, t_hi, background=background,
                               colour_threshold=self.color_threshold, termination=self.termination,
                               in_front=in_front, step_size=step_size, round_steps=self.eval_round_steps)

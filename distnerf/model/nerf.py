@@ -26,15 +26,17 @@ from ..data.rays import RayBundle
 from ..renderer.samples import intervals_from_points, sample_pdf, stratified_samples
 from ..renderer.volume import volume_render
 from ..schema import NeRFModelConfig, section
+from .appearance import build_appearance
 from .base import RadianceModel
 from .encoding import PositionalEncoding
 
 
 class NeRFMLP(nn.Module):
-    """The NeRF MLP: (P, 3) points and (P, 3) unit view directions -> sigma (P,), rgb (P, 3)."""
+    """The NeRF MLP: (P, 3) points and (P, 3) unit view directions (and (P, latent_dim) appearance
+    codes, NeRF-W's colour-head input) -> sigma (P,), rgb (P, 3)."""
 
     def __init__(self, pos_frequencies: int = 10, dir_frequencies: int = 4, width: int = 256,
-                 depth: int = 8, skip: int = 4):
+                 depth: int = 8, skip: int = 4, latent_dim: int = 0):
         super().__init__()
         self.pos_enc, self.dir_enc = PositionalEncoding(pos_frequencies), PositionalEncoding(dir_frequencies)
         in_pos, in_dir = self.pos_enc.output_dim(3), self.dir_enc.output_dim(3)
@@ -46,10 +48,10 @@ class NeRFMLP(nn.Module):
         self.trunk = nn.ModuleList(layers)
         self.sigma_head = nn.Linear(width, 1)
         self.feature = nn.Linear(width, width)
-        self.color_head = nn.Sequential(nn.Linear(width + in_dir, width // 2), nn.ReLU(),
+        self.color_head = nn.Sequential(nn.Linear(width + in_dir + latent_dim, width // 2), nn.ReLU(),
                                         nn.Linear(width // 2, 3))
 
-    def forward(self, points: torch.Tensor, viewdirs: torch.Tensor):
+    def forward(self, points: torch.Tensor, viewdirs: torch.Tensor, latent: torch.Tensor | None = None):
         x_in = self.pos_enc(points)
         h = x_in
         for i, layer in enumerate(self.trunk):
@@ -57,7 +59,8 @@ class NeRFMLP(nn.Module):
                 h = torch.cat([x_in, h], dim=-1)
             h = F.relu(layer(h))
         sigma = F.relu(self.sigma_head(h)[:, 0])
-        rgb = torch.sigmoid(self.color_head(torch.cat([self.feature(h), self.dir_enc(viewdirs)], -1)))
+        extra = [] if latent is None else [latent]
+        rgb = torch.sigmoid(self.color_head(torch.cat([self.feature(h), self.dir_enc(viewdirs), *extra], -1)))
         return sigma, rgb
 
 
@@ -69,6 +72,8 @@ class NeRFModel(RadianceModel):
         cfg, options: the keys of :class:`~distnerf.schema.NeRFModelConfig` (defaults there):
         num_coarse, num_fine: samples per ray of the two passes (64 and 128).
         width, depth: MLP size (256, 8).
+        appearance, appearance_dim: per-image appearance (:mod:`.appearance`): ``embedding`` feeds
+            the colour head, ``affine`` transforms the rendered pixel. num_images: rows of its table.
     """
 
     #: points per MLP call when no gradient is recorded (0: all at once). Evaluation sets it from
@@ -76,30 +81,37 @@ class NeRFModel(RadianceModel):
     #: training (gradients recorded) always evaluates the whole batch in one call.
     point_chunk: int = 0
 
-    def __init__(self, aabb, background, cfg=None, **options):
+    def __init__(self, aabb, background, cfg=None, *, num_images: int = 0, **options):
         c = section(NeRFModelConfig, cfg, **options)  # the keys above; defaults: distnerf/schema.py
         num_coarse, num_fine, width, depth = c.num_coarse, c.num_fine, c.width, c.depth
         pos_frequencies, dir_frequencies = c.pos_frequencies, c.dir_frequencies
         super().__init__(aabb, background)
         self.num_coarse, self.num_fine = num_coarse, num_fine
-        self.coarse = NeRFMLP(pos_frequencies, dir_frequencies, width, depth)
-        self.fine = NeRFMLP(pos_frequencies, dir_frequencies, width, depth) if num_fine > 0 else None
+        self.appearance = build_appearance(c.appearance, num_images, c.appearance_dim)
+        latent_dim = self.appearance.latent_dim if self.appearance is not None else 0
+        self.coarse = NeRFMLP(pos_frequencies, dir_frequencies, width, depth, latent_dim=latent_dim)
+        self.fine = NeRFMLP(pos_frequencies, dir_frequencies, width, depth, latent_dim=latent_dim) \
+            if num_fine > 0 else None
 
     def field(self, points: torch.Tensor, viewdirs: torch.Tensor, level: str = "fine"):
         """Point query of the ``fine`` (default; the coarse one without a fine network)
         or ``coarse`` network: (P, 3) points, (P, 3) unit viewdirs -> sigma (P,), rgb (P, 3)."""
         mlp = self.fine if level == "fine" and self.fine is not None else self.coarse
-        return self._query(mlp, points, viewdirs)
+        app = self.appearance
+        codes = app.codes(None, points.shape[0]) if app is not None else None  # the held-out / mean code
+        sigma, rgb = self._query(mlp, points, viewdirs, codes if app is not None and app.latent_dim else None)
+        return sigma, (rgb if app is None else app.transform(rgb, codes, None))
 
-    def _query(self, mlp: NeRFMLP, points: torch.Tensor, viewdirs: torch.Tensor):
-        """``mlp(points, viewdirs)``, in calls of at most :attr:`point_chunk` points when no
-        gradient is recorded: (P, 3), (P, 3) -> sigma (P,), rgb (P, 3)."""
+    def _query(self, mlp: NeRFMLP, points: torch.Tensor, viewdirs: torch.Tensor, latent: torch.Tensor | None = None):
+        """``mlp(points, viewdirs, latent)``, in calls of at most :attr:`point_chunk` points when no
+        gradient is recorded: (P, 3), (P, 3), (P, D) or None -> sigma (P,), rgb (P, 3)."""
         n, num_points = self.point_chunk, points.shape[0]
         if n <= 0 or num_points <= n or torch.is_grad_enabled():
-            return mlp(points, viewdirs)
+            return mlp(points, viewdirs, latent)
         sigma = rgb = None
         for start in range(0, num_points, n):
-            s, c = mlp(points[start:start + n], viewdirs[start:start + n])
+            s, c = mlp(points[start:start + n], viewdirs[start:start + n],
+                       None if latent is None else latent[start:start + n])
             if sigma is None:  # dtype of the first part (bf16 under autocast)
                 sigma, rgb = s.new_empty(num_points), c.new_empty(num_points, 3)
             sigma[start:start + n], rgb[start:start + n] = s, c
@@ -110,8 +122,14 @@ class NeRFModel(RadianceModel):
         t_mid = 0.5 * (t_starts + t_ends)
         points = rays.origins[:, None] + rays.directions[:, None] * t_mid[..., None]
         dirs = rays.viewdirs[:, None].expand(r, s, 3)
-        sigma, rgb = self._query(mlp, points.reshape(-1, 3), dirs.reshape(-1, 3))
-        return volume_render(sigma.view(r, s), rgb.view(r, s, 3), t_starts, t_ends, self.background)
+        app = self.appearance
+        codes = app.codes(rays.image_ids, r) if app is not None else None  # (R, D)
+        latent = codes[:, None].expand(r, s, -1).reshape(r * s, -1) if app is not None and app.latent_dim else None
+        sigma, rgb = self._query(mlp, points.reshape(-1, 3), dirs.reshape(-1, 3), latent)
+        out = volume_render(sigma.view(r, s), rgb.view(r, s, 3), t_starts, t_ends, self.background)
+        if app is not None:  # affine: the rendered pixel, background included; embedding: unchanged
+            out["rgb"] = app.transform(out["rgb"], codes, None)
+        return out
 
     def forward(self, rays: RayBundle, generator=None) -> dict:
         t_starts, t_ends = stratified_samples(rays.near, rays.far, self.num_coarse, self.training, generator)

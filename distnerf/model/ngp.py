@@ -19,6 +19,7 @@ from torch import nn
 
 from ..renderer.occupancy import OccupancyGrid, normalize_points
 from ..schema import NGPModelConfig, section
+from .appearance import LR_SCALE, build_appearance
 from .encoding import HashEncoding, PositionalEncoding
 from .marching import MarchingModel
 
@@ -35,11 +36,14 @@ class NGPModel(MarchingModel):
             step is a distance: diagonal / num_steps).
         occupancy_resolution, occupancy_threshold, occupancy_every: empty-space skipping.
         color_threshold, termination, eval_round_steps: see :class:`MarchingModel`.
+        appearance, appearance_dim: per-image appearance (:mod:`.appearance`).
+        num_images: training images (rows of its table).
         table_size: hash table rows per level, any integer (derived from ``model.max_params``:
             :mod:`.budget`), instead of ``2 ** log2_table_size``.
     """
 
-    def __init__(self, aabb, background, cfg=None, *, table_size: int | None = None, **options):
+    def __init__(self, aabb, background, cfg=None, *, num_images: int = 0, table_size: int | None = None,
+                 **options):
         c = section(NGPModelConfig, cfg, **options)  # the keys above; defaults: distnerf/schema.py
         color_threshold, termination, eval_round_steps = c.color_threshold, c.termination, c.eval_round_steps
         num_steps, occupancy_resolution = c.num_steps, c.occupancy_resolution
@@ -54,7 +58,9 @@ class NGPModel(MarchingModel):
         self.density_net = nn.Sequential(nn.Linear(self.encoding.output_dim, hidden_width), nn.ReLU(),
                                          nn.Linear(hidden_width, 16))
         self.dir_encoding = PositionalEncoding(4)
-        self.color_net = nn.Sequential(nn.Linear(15 + self.dir_encoding.output_dim(3), hidden_width),
+        self.appearance = build_appearance(c.appearance, num_images, c.appearance_dim)
+        latent_dim = self.appearance.latent_dim if self.appearance is not None else 0
+        self.color_net = nn.Sequential(nn.Linear(15 + self.dir_encoding.output_dim(3) + latent_dim, hidden_width),
                                        nn.ReLU(), nn.Linear(hidden_width, hidden_width), nn.ReLU(),
                                        nn.Linear(hidden_width, 3))
         diag = (self.aabb[1] - self.aabb[0]).norm().item()
@@ -63,18 +69,32 @@ class NGPModel(MarchingModel):
         self.occupancy = OccupancyGrid(self.aabb, occupancy_resolution)
 
     def param_groups(self, lr: float) -> list[dict]:
-        return [{"params": [self.encoding.table], "lr": lr, "name": "hash_table"},
-                {"params": list(self.density_net.parameters()) + list(self.color_net.parameters()),
-                 "lr": lr, "name": "mlp"}]
+        groups = [{"params": [self.encoding.table], "lr": lr, "name": "hash_table"},
+                  {"params": list(self.density_net.parameters()) + list(self.color_net.parameters()),
+                   "lr": lr, "name": "mlp"}]
+        if self.appearance is not None:
+            groups.append({"params": [self.appearance.table], "lr": lr * LR_SCALE, "name": "appearance"})
+        return groups
 
     def _geometry(self, points: torch.Tensor):
         h = self.density_net(self.encoding(normalize_points(points, self.aabb).clamp(0, 1)))
         sigma = torch.exp(h[:, 0].clamp(max=15.0))  # truncated exponential (Instant-NGP Sec. 4)
         return sigma, h[:, 1:]
 
+    def _colour(self, geo: torch.Tensor, dirs: torch.Tensor, ray_idx: torch.Tensor | None,
+                image_ids: torch.Tensor | None, num_rays: int) -> torch.Tensor:
+        """(Q, 15) geometry features, (Q, E) encoded view directions, (Q,) ray of each point (or
+        None: one ray per point), (R,) training image ids or None -> (Q, 3) RGB (:mod:`.appearance`)."""
+        app = self.appearance
+        if app is None:
+            return torch.sigmoid(self.color_net(torch.cat([geo, dirs], -1)))
+        codes = app.codes(image_ids, num_rays)
+        rgb = torch.sigmoid(self.color_net(torch.cat([geo, dirs, *app.latent(codes, ray_idx)], -1)))
+        return app.transform(rgb, codes, ray_idx)
+
     def field(self, points: torch.Tensor, viewdirs: torch.Tensor):
         sigma, geo = self._geometry(points)
-        return sigma, torch.sigmoid(self.color_net(torch.cat([geo, self.dir_encoding(viewdirs)], -1)))
+        return sigma, self._colour(geo, self.dir_encoding(viewdirs), None, None, points.shape[0])
 
     def field_density(self, points: torch.Tensor) -> torch.Tensor:
         return self._geometry(points)[0]
@@ -86,9 +106,10 @@ class NGPModel(MarchingModel):
     def marching_box(self) -> torch.Tensor:
         return self.aabb
 
-    def colours(self, points: torch.Tensor, viewdirs: torch.Tensor, ray_indices: torch.Tensor) -> torch.Tensor:
+    def colours(self, points: torch.Tensor, viewdirs: torch.Tensor, ray_indices: torch.Tensor,
+                image_ids: torch.Tensor | None = None) -> torch.Tensor:
         _, geo = self._geometry(points)
-        return torch.sigmoid(self.color_net(torch.cat([geo, self.dir_encoding(viewdirs)[ray_indices]], -1)))
+        return self._colour(geo, self.dir_encoding(viewdirs)[ray_indices], ray_indices, image_ids, viewdirs.shape[0])
 
     @torch.no_grad()
     def update_state(self, step: int) -> bool:

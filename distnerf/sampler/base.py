@@ -113,6 +113,7 @@ def make_batch(spec: BatchSpec, scene: SceneData, flat_rgb: torch.Tensor | FileP
     image, pixel = flat // (h * w), flat % (h * w)
     v, u = pixel // w, pixel % w
     rays = generate_rays(scene.cameras, image, u, v, scene.near, scene.far, scene.ndc)
+    rays.image_ids = image  # (R,) int64 training image of each ray: the appearance table's row
     if spec.ray_filter is not None:
         valid = spec.ray_filter(rays).to(torch.bool)
         assert valid.shape == (len(flat),), f"ray filter returned shape {tuple(valid.shape)}"

@@ -49,7 +49,7 @@ from ..schema import SamplerConfig, choices_of
 from .base import BatchSpec, RayBatch, Sampler
 from .cache import cached_file, open_pixel_cache, write_pixel_cache
 from .files import image_files
-from .worker import SLOT_FLOATS, unpack, worker_main
+from .worker import MAX_IMAGES, SLOT_FLOATS, unpack, worker_main
 
 log = logging.getLogger("distnerf")
 
@@ -195,6 +195,9 @@ class PipelinedSampler(Sampler):
                  cache_dir: str | None = None):
         if len(scene) == 0:
             raise ValueError(f"training split of {scene.source} has no images")
+        if len(scene) > MAX_IMAGES:
+            raise ValueError(f"sampler=pipelined carries image ids as float32: {len(scene)} training images of "
+                             f"{scene.source} exceed {MAX_IMAGES} (use sampler=sync or device)")
         if num_workers < 1 or prefetch < 1:
             raise ValueError(f"sampler.num_workers and sampler.prefetch must be >= 1, got {num_workers}, {prefetch}")
         if start_method not in START_METHODS:

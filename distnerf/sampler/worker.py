@@ -4,10 +4,11 @@ Legend: R rays per batch.
 
 A slot is one flat float32 shared-memory tensor of ``SLOT_FLOATS * R`` values::
 
-    [origins 3R | directions 3R | viewdirs 3R | near R | far R | rgb 3R | valid R]
+    [origins 3R | directions 3R | viewdirs 3R | near R | far R | rgb 3R | valid R | image_ids R]
 
 so a batch is one contiguous block (one host-to-device copy) whose fields are
-contiguous views. Workers run on the CPU only: they never touch CUDA.
+contiguous views (the training image ids travel as float32, exact below 2^24 images:
+:data:`MAX_IMAGES`). Workers run on the CPU only: they never touch CUDA.
 """
 from __future__ import annotations
 
@@ -27,9 +28,10 @@ from .base import BatchSpec, RayBatch, make_batch
 from .cache import open_pixel_cache
 from .files import FilePixels
 
-SLOT_FLOATS = 15
+SLOT_FLOATS = 16
 _FIELDS = (("origins", 3), ("directions", 3), ("viewdirs", 3), ("near", 1), ("far", 1), ("rgb", 3),
-           ("valid", 1))
+           ("valid", 1), ("image_ids", 1))
+MAX_IMAGES = 1 << 24  #: image ids a float32 slot holds exactly
 
 
 def _views(flat: torch.Tensor, num_rays: int) -> dict:
@@ -48,12 +50,14 @@ def pack(batch: RayBatch, slot: torch.Tensor) -> None:
         views[name].copy_(getattr(batch.rays, name))
     views["rgb"].copy_(batch.rgb)
     views["valid"].copy_(batch.valid)
+    views["image_ids"].copy_(batch.rays.image_ids)
 
 
 def unpack(slot: torch.Tensor, num_rays: int, jitter_seed: int) -> RayBatch:
-    """The batch held by ``slot`` (views into it; ``valid`` converted back to bool)."""
+    """The batch held by ``slot`` (views into it; ``valid`` back to bool, ``image_ids`` to int64)."""
     views = _views(slot, num_rays)
-    rays = RayBundle(views["origins"], views["directions"], views["viewdirs"], views["near"], views["far"])
+    rays = RayBundle(views["origins"], views["directions"], views["viewdirs"], views["near"], views["far"],
+                     views["image_ids"].long())
     return RayBatch(rays, views["rgb"], views["valid"] > 0.5, jitter_seed)
 
 

@@ -115,10 +115,11 @@ class Strategy:
         """Strategy set-up that needs the training split (``ss``: the partition)."""
 
     def build_model(self, model_cfg: dict, scene) -> nn.Module:
-        """This rank's model: the whole scene's (every rank the same under ``ddp``)."""
+        """This rank's model: the whole scene's (every rank the same under ``ddp``), with one
+        appearance row per training image (``model.appearance``)."""
         from ..model import build_model
 
-        return build_model(model_cfg, scene.aabb, scene.background)
+        return build_model(model_cfg, scene.aabb, scene.background, num_images=len(scene))
 
     def parameter_report(self, model: nn.Module) -> dict:
         """What ``model.max_params`` derived for this rank's model (``budget``), when set."""

@@ -29,7 +29,7 @@ def estimate_density(scene, model_cfg: dict, steps: int, resolution: int, rays_p
     grid_keys = {f.name for f in dataclasses.fields(GridModelConfig)}  # the run's settings a grid also takes
     cfg = {**{k: v for k, v in dict(model_cfg).items() if k in grid_keys}, "name": "grid",
            "resolutions": [resolution], "upsample_steps": [], "max_params": None}
-    model = build_model(cfg, scene.aabb, scene.background).to(device)
+    model = build_model(cfg, scene.aabb, scene.background, num_images=len(scene)).to(device)
     step_fn = TrainStep(model, section(TrainLoopConfig, lr=1e-3, decay=1.0, fused=False))  # constant lr
     sampler = build_sampler({"name": "sync"}, scene, rays_per_step, seed, 1 << 20, device)
     sampler.start(0)

@@ -106,7 +106,8 @@ def render_segments(models, regions: list[int], boxes: torch.Tensor, rays: RayBu
             counts.append(int(out["num_samples"]))
             continue
         idx = hit.nonzero().view(-1)
-        clipped = RayBundle(rays.origins[idx], rays.directions[idx], rays.viewdirs[idx], t_in[idx], t_out[idx])
+        clipped = RayBundle(rays.origins[idx], rays.directions[idx], rays.viewdirs[idx], t_in[idx], t_out[idx],
+                            None if rays.image_ids is None else rays.image_ids[idx])
         out = model(clipped, region_generator(generator, k, rays.origins.device)) if len(idx) else None
         coarse = out is not None and "rgb_coarse" in out
         width = 9 if (coarse or getattr(model, "fine", None) is not None) else 5

@@ -177,23 +177,27 @@ class SSStrategy(Strategy):
 
     # -- model --------------------------------------------------------------------
     def build_model(self, model_cfg: dict, scene) -> RadianceModel:
-        models = {k: self.build_region_model(model_cfg, scene.aabb, scene.background, k) for k in self.my_regions}
+        models = {k: self.build_region_model(model_cfg, scene.aabb, scene.background, k, len(scene))
+                  for k in self.my_regions}
         if self.joint:
             return JointRegionModels(models, self.partition, scene.background, self.env.distributed)
         return RegionModels(models, self.partition)
 
-    def build_region_model(self, model_cfg: dict, aabb, background, region: int) -> RadianceModel:
+    def build_region_model(self, model_cfg: dict, aabb, background, region: int,
+                           num_images: int = 0) -> RadianceModel:
         """Sub-model of ``region``. Independent: the whole scene box, a grid holding the
-        enlarged region at full resolution; joint: the region's box only, black background."""
+        enlarged region at full resolution; joint: the region's box only, black background.
+        ``num_images``: rows of its own appearance table (all training images; 0 when a
+        checkpoint's table is loaded into it)."""
         cfg = dict(model_cfg)
         if cfg["max_params"] is not None:  # a per-rank budget: each of the rank's K / W regions a share
             cfg["max_params"] = cfg["max_params"] * self.env.world_size // len(self.partition)
         if self.joint:
-            return build_model(cfg, self.partition.boxes[region].float(), torch.zeros(3))
+            return build_model(cfg, self.partition.boxes[region].float(), torch.zeros(3), num_images=num_images)
         if cfg["name"] == "grid":
             return build_model(cfg, aabb, background, focus_aabb=self.partition.enlarged()[region].float().tolist(),
-                               context_resolution=self.cfg.context_resolution)
-        return build_model(cfg, aabb, background)
+                               context_resolution=self.cfg.context_resolution, num_images=num_images)
+        return build_model(cfg, aabb, background, num_images=num_images)
 
     def parameter_report(self, model: RegionModels) -> dict:
         """Per region of this rank: its owner, parameters (context tables included; ``context_parameters``

@@ -43,6 +43,7 @@ def assert_same(a, b):
     for name in ("origins", "directions", "viewdirs", "near", "far"):
         x, y = getattr(a.rays, name).cpu(), getattr(b.rays, name).cpu()
         assert x.dtype == y.dtype and torch.equal(x, y), name
+    assert a.rays.image_ids.dtype == torch.int64 and torch.equal(a.rays.image_ids.cpu(), b.rays.image_ids.cpu())
     assert torch.equal(a.rgb.cpu(), b.rgb.cpu()) and torch.equal(a.valid.cpu(), b.valid.cpu())
     assert a.valid.dtype == torch.bool and a.rgb.is_contiguous() and a.rays.origins.is_contiguous()
 
@@ -151,7 +152,7 @@ def hand_built_batch(seed: int, stream: int, step: int, num_rays: int):
             origins.append([1.0, 2.0, 0.0])
             directions.append([-one, y, -x])
         rgb.append([(image * 12 + v * 6 + u * 3 + c) / 24.0 for c in range(3)])
-    return (torch.tensor(origins), torch.tensor(directions), torch.tensor(rgb), jitter)
+    return (torch.tensor(origins), torch.tensor(directions), torch.tensor(rgb), jitter, torch.from_numpy(flat // 4))
 
 
 @pytest.mark.parametrize("kind", ["sync", "pipelined", "device"])
@@ -164,7 +165,8 @@ def test_batches_equal_a_hand_built_reference_on_a_2x2_scene(kind):
         sampler.start(3)
         for step in (3, 4):
             batch = sampler.batch(step)
-            origins, directions, rgb, jitter = hand_built_batch(5, 1, step, 64)
+            origins, directions, rgb, jitter, image_ids = hand_built_batch(5, 1, step, 64)
+            assert torch.equal(batch.rays.image_ids, image_ids)  # the training image of each ray
             assert batch.jitter_seed == jitter
             torch.testing.assert_close(batch.rays.origins, origins, rtol=0, atol=1e-6)
             torch.testing.assert_close(batch.rays.directions, directions, rtol=0, atol=1e-6)

@@ -12,7 +12,7 @@ from distnerf.sampler.worker import SLOT_FLOATS
 from .test_sampler import R, children, shm_entries, tiny_scene
 
 PREFETCH = 3
-SLOT_BYTES = 4 * PREFETCH * SLOT_FLOATS * R  # 46 kB
+SLOT_BYTES = 4 * PREFETCH * SLOT_FLOATS * R  # 49 kB
 
 
 def fake_free(monkeypatch, free: int | None):
