@@ -19,8 +19,9 @@ Two kinds, both a table of N rows indexed by the training image of each ray
 
       sum_i w_i (M c_i + t) + T (M b + t) = M (sum_i w_i c_i + T b) + t
 
-  So it works with any colour model (spherical harmonics included) and with segments
-  composited elsewhere (``ss`` joint training). A transformed colour may leave [0, 1].
+  So it works with any colour model (spherical harmonics included). Where segments are
+  composited outside the model (``ss`` joint training, the ``ss`` fusion stage) the samples
+  are transformed and the background is not. A transformed colour may leave [0, 1].
 
 Rays without image ids (evaluation, point queries, the ``ss`` fusion stage) get one code
 for all rays: :attr:`Appearance.held_out` when set (the ``fit_left_half`` protocol of
