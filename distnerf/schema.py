@@ -137,13 +137,13 @@ class ModelConfig:
     name: str = MISSING
     compile: bool = False               # torch.compile the model in place (compile time reported apart)
     compile_mode: Optional[str] = None  # passed to torch.compile, e.g. max-autotune, reduce-overhead
+    # parameters per rank at the final stage (grid: the last of `resolutions`, the earlier ones scaled
+    # with it; ngp: the hash table size; ss: split over the rank's regions); null: the configured sizes
+    max_params: Optional[int] = positive(None)
     # per-training-image appearance (model/appearance.py): embedding = NeRF-W's GLO code fed to the colour
     # network | affine = a per-image 3x3 + bias colour transform (any colour model, SH included)
     appearance: str = choice("none", "none", "embedding", "affine")
     appearance_dim: int = positive(32)  # embedding: code width D
-    # parameters per rank at the final stage (grid: the last of `resolutions`, the earlier ones scaled
-    # with it; ngp: the hash table size; ss: split over the rank's regions); null: the configured sizes
-    max_params: Optional[int] = positive(None)
 
 
 @dataclass
@@ -166,6 +166,7 @@ class GridModelConfig(ModelConfig):
     color_threshold: float = bounded(1.0e-3, 0)      # a sample with a smaller weight gets no colour (still attenuates)
     termination: float = bounded(1.0e-4, 0, 1)       # early ray termination below this transmittance
     eval_round_steps: int = positive(64)             # evaluation marches rays in rounds of this many steps
+    contraction: str = choice("none", "none", "mipnerf360")  # mipnerf360: unbounded, the box is the unit region (infinity-norm contraction)
     sparse_grad: bool = True                         # sparse colour-row gradients + lazy Adam (off under ddp, W > 1)
 
 
@@ -198,6 +199,7 @@ class NGPModelConfig(ModelConfig):
     color_threshold: float = bounded(1.0e-3, 0)
     termination: float = bounded(1.0e-4, 0, 1)
     eval_round_steps: int = positive(64)
+    contraction: str = choice("none", "none", "mipnerf360")  # mipnerf360: unbounded, the box is the unit region (infinity-norm contraction)
 
 
 # ----------------------------------------------------------------------------- strategy

@@ -410,6 +410,45 @@ def city_capacity(res: Results) -> list[str]:
                       f"**{'met' if gain >= 1.5 else 'missed'}** ({gain:+.2f} dB)."]
 
 
+UNBOUNDED_CELLS = (  # tools/bench_unbounded.sh: cell, strategy (training), contraction, appearance
+    ("ddp", "ddp", "mipnerf360", "affine"), ("ss_independent", "ss (independent)", "mipnerf360", "affine"),
+    ("ss_joint", "ss (joint)", "mipnerf360", "affine"), ("ddp_no_contraction", "ddp", "none", "affine"),
+    ("ddp_no_appearance", "ddp", "mipnerf360", "none"), ("ddp_neither", "ddp", "none", "none"))
+
+
+def city_unbounded(res: Results) -> list[str]:
+    """tools/bench_unbounded.sh: quality at one time and per-rank parameter budget on the city."""
+    out = header("cell", "strategy", "contraction", "appearance", "parameters per rank (distinct in all)",
+                 "peak RSS per rank (MiB)", "steps", "test PSNR / SSIM (views)")
+    psnr = {}
+    for cell, strategy, contraction, appearance in UNBOUNDED_CELLS:
+        if not (res.root / f"city_unbounded/{cell}/metrics.json").is_file():
+            out.append(row(cell, strategy, contraction, appearance, "not run", "", "", ""))
+            continue
+        m = res.json(f"city_unbounded/{cell}/metrics.json")
+        log = res.jsonl(f"city_unbounded/{cell}/metrics.jsonl")
+        size = next(r for r in log if r.get("event") == "model_size")
+        rss = [r["peak_rss_mb"] for r in size["ranks"]]
+        # distinct parameters: the regions' under ss, one replica's under ddp
+        total = sum(size.get("parameters_per_region", {}).values()) or size["parameters_per_rank"]
+        psnr[cell] = m["psnr"]
+        out.append(row(cell, strategy, contraction, appearance,
+                       f"{mega(size['parameters_per_rank'])} ({mega(total)})",
+                       " / ".join(f"{x:.0f}" for x in rss), m["step"],
+                       f"{psnr_ssim(m)} ({m['protocol']['num_views']})"))
+    lines = [""]
+    ss = [psnr[c] for c in ("ss_independent", "ss_joint") if c in psnr]
+    if ss and "ddp" in psnr:
+        gap = max(ss) - psnr["ddp"]
+        lines.append(f"Target (the better ss mode >= ddp + 1 dB): **{'met' if gap >= 1.0 else 'missed'}** "
+                     f"({gap:+.2f} dB).")
+    if "ddp" in psnr and "ddp_neither" in psnr:
+        gain = psnr["ddp"] - psnr["ddp_neither"]
+        lines.append(f"Target (contraction + appearance >= +2 dB over neither, ddp): "
+                     f"**{'met' if gain >= 2.0 else 'missed'}** ({gain:+.2f} dB).")
+    return out + lines
+
+
 TABLES = {
     "lego_quality": lego_quality,
     "lego_stages": lambda res: stages(res, "lego_1p"),
@@ -428,6 +467,7 @@ TABLES = {
     "capture_import": capture_import,
     "city_small_quality": city_small_quality,
     "city_capacity": city_capacity,
+    "city_unbounded": city_unbounded,
 }
 
 

@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..renderer.contraction import contracted_box, world_step_scale
 from ..renderer.occupancy import OccupancyGrid
 from ..schema import GridModelConfig, section
 from .appearance import LR_SCALE, build_appearance
@@ -184,10 +185,13 @@ class GridModel(MarchingModel):
         self.resolutions, self.upsample_steps = list(resolutions), list(upsample_steps)
         self.step_ratio, self.occupancy_threshold = step_ratio, occupancy_threshold
         self.occupancy_every, self.color_threshold = occupancy_every, color_threshold
-        self.tv_weight, self.tighten_aabb = tv_weight, tighten_aabb and focus_aabb is None
+        self.init_contraction(c.contraction)
+        # a contracted grid covers all of space: its box stays the doubled box (never tightened)
+        self.tv_weight = tv_weight
+        self.tighten_aabb = tighten_aabb and focus_aabb is None and self.contraction_aabb is None
         self.register_buffer("focus", None if focus_aabb is None else
                              torch.as_tensor(focus_aabb, dtype=torch.float32).reshape(2, 3).clone())
-        box = self.aabb if self.focus is None else self.focus
+        box = self._context_box() if self.focus is None else self.focus
         # density unit: the smallest voxel edge of the final resolution, the edge the march step is
         # measured in (step_size), so one step of the final grid starts at opacity alpha_init on any
         # box shape. (It was the largest edge / resolution: on a flat box, such as an aerial capture's,
@@ -212,9 +216,10 @@ class GridModel(MarchingModel):
             c = int(context_resolution)
             self.context_density = nn.Parameter(torch.zeros(c ** 3, 1))
             self.context_features = nn.Parameter(torch.zeros(c ** 3, num_features))
-        self.register_buffer("grid_aabb", self.aabb.clone())
+        self.register_buffer("grid_aabb", self._context_box().clone())
         self.register_buffer("grid_resolution", torch.tensor(n))
-        self.occupancy = OccupancyGrid(self.aabb, n)
+        self.occupancy = OccupancyGrid(self.grid_aabb, n, contraction_aabb=self.contraction_aabb)
+        assert torch.equal(self.occupancy.aabb, self.grid_aabb), "one contracted range for tables and occupancy"
 
     # ---------------------------------------------------------------- state
     @property
@@ -244,6 +249,11 @@ class GridModel(MarchingModel):
             self.occupancy.binary = torch.ones_like(occ)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
+    def _context_box(self) -> torch.Tensor:
+        """(2, 3) box of the whole field's coordinates: the scene box, or for a contracted
+        field the doubled box of contracted space (:meth:`field_coordinates`)."""
+        return self.aabb if self.contraction_aabb is None else contracted_box(self.aabb)
+
     def _table_box(self) -> torch.Tensor:
         """(2, 3) box of the full-resolution tables: the focus box, else ``grid_aabb``."""
         return self.focus if self.focus is not None else self.grid_aabb
@@ -253,7 +263,7 @@ class GridModel(MarchingModel):
         out = [(self.density, self.features, self.resolution, self._table_box())]
         if self.focus is not None:
             c = round(self.context_density.shape[0] ** (1 / 3))
-            out.append((self.context_density, self.context_features, c, self.aabb))
+            out.append((self.context_density, self.context_features, c, self._context_box()))
         return out
 
     def param_groups(self, lr: float) -> list[dict]:
@@ -311,8 +321,9 @@ class GridModel(MarchingModel):
         out = out.index_put((idx_in,), fn(points[idx_in], 0).view(-1, width))
         return out.index_put((idx_out,), fn(points[idx_out], 1).view(-1, width))
 
-    def raw_density(self, points: torch.Tensor) -> torch.Tensor:
-        """(P, 3) world points -> (P,) trilinearly interpolated raw density.
+    def raw_density(self, points: torch.Tensor, contracted: bool = False) -> torch.Tensor:
+        """(P, 3) world points (field coordinates, :meth:`field_coordinates`, when
+        ``contracted``) -> (P,) trilinearly interpolated raw density.
 
         Without autograd: ``grid_sample`` on the x-major table viewed as (1, 1, N, N, N) =
         [x, y, z], so the sample coordinates are passed in (z, y, x) order (its W axis is
@@ -322,6 +333,7 @@ class GridModel(MarchingModel):
         """
         tables = self._tables()
         grad = torch.is_grad_enabled()
+        points = points if contracted else self.field_coordinates(points)
 
         def sample(p: torch.Tensor, t: int) -> torch.Tensor:
             density, _, n, box = tables[t]
@@ -336,6 +348,7 @@ class GridModel(MarchingModel):
     def point_features(self, points: torch.Tensor) -> torch.Tensor:
         """(P, 3) world points -> (P, C) trilinearly interpolated colour features."""
         tables = self._tables()
+        points = self.field_coordinates(points)
 
         def sample(p: torch.Tensor, t: int) -> torch.Tensor:
             _, features, n, box = tables[t]
@@ -398,15 +411,30 @@ class GridModel(MarchingModel):
         n, step_size = self.resolution, self.step_size()
         if self.focus is None:
             corner_max = F.max_pool3d(self.density.detach().view(1, 1, n, n, n), 2, stride=1)[0, 0]
-            alpha = 1.0 - torch.exp(-self.densities(corner_max) * step_size)
+            alpha = 1.0 - torch.exp(-self.densities(corner_max) * step_size * self._step_scale(n - 1))
             self.occupancy.aabb.copy_(self.grid_aabb)  # the voxels' box (set_from_alpha refreshes the caches)
             self.occupancy.set_from_alpha(alpha, self.occupancy_threshold, dilation=0)
             return
         if self.occupancy.resolution != n:
             self.occupancy.resize(self.grid_aabb, n)
-        sigma = self.densities(self.raw_density(self.occupancy.cell_centers()))
-        alpha = 1.0 - torch.exp(-sigma * step_size)
+        sigma = self.densities(self.raw_density(self.occupancy.cell_centers(), contracted=True))
+        scale = self._step_scale(n)
+        alpha = 1.0 - torch.exp(-sigma * step_size * (scale.reshape(-1) if torch.is_tensor(scale) else scale))
         self.occupancy.set_from_alpha(alpha.view(n, n, n), self.occupancy_threshold, dilation=1)
+
+    def _step_scale(self, m: int) -> torch.Tensor | float:
+        """(m, m, m) world length of a unit marching step at the centres of m^3 cells over
+        ``grid_aabb`` (:func:`~distnerf.renderer.contraction.world_step_scale`; cached per m),
+        or 1.0 for a bounded field."""
+        if self.contraction_aabb is None:
+            return 1.0
+        cache = self.__dict__.setdefault("_step_scale_cache", {})
+        if m not in cache:
+            box = self.grid_aabb
+            axis = (torch.arange(m, device=box.device, dtype=torch.float32) + 0.5) / m
+            cells = torch.stack(torch.meshgrid(axis, axis, axis, indexing="ij"), dim=-1).reshape(-1, 3)
+            cache[m] = world_step_scale(box[0] + cells * (box[1] - box[0]), self.contraction_aabb).view(m, m, m)
+        return cache[m]
 
     @torch.no_grad()
     def upsample(self, resolution: int) -> None:

@@ -13,6 +13,12 @@ Sample grid: every ray's samples lie on the grid anchored at its ``near`` bound,
 during training by one uniform offset ``u dt`` per ray (``u`` in [0, 1), ``dt`` = step_size /
 |direction|), so the segments of one ray, sampled separately, tile it exactly and
 agree with sampling the whole ray (see :mod:`distnerf.renderer.occupancy`).
+
+Contraction (``model.contraction=mipnerf360``, :mod:`distnerf.renderer.contraction`): the
+field is defined on all of space, the scene box being its unit region; rays are marched
+from ``near`` to infinity (the dataset's ``far`` is not a limit: the sky is content of the
+contracted shell), on the contracted spacing (steps growing with distance beyond the
+box), and the occupancy grid covers the contracted space.
 """
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ from functools import partial
 import torch
 
 from ..data.rays import RayBundle
+from ..renderer.contraction import contract
 from ..renderer.marching import render_segment
 from ..renderer.occupancy import OccupancyGrid, march
 from ..renderer.samples import clip_to_box
@@ -42,9 +49,27 @@ class MarchingModel(RadianceModel):
     termination: float = 1e-4
     eval_round_steps: int = 64
 
+    def init_contraction(self, contraction: str) -> None:
+        """Register ``contraction_aabb``: the unit region of a contracted field ((2, 3) float32
+        buffer, the scene box) for ``contraction='mipnerf360'``, None for ``'none'``.
+
+        Raises:
+            ValueError: an unknown contraction.
+        """
+        if contraction not in ("none", "mipnerf360"):
+            raise ValueError(f"model.contraction: unknown contraction {contraction!r} (none | mipnerf360)")
+        self.register_buffer("contraction_aabb", self.aabb.clone() if contraction == "mipnerf360" else None)
+
     def marching_box(self) -> torch.Tensor:
-        """(2, 3) float32 box outside which the field is empty (never sampled)."""
+        """(2, 3) float32 box outside which the field is empty (never sampled); unused by a
+        contracted field, which fills all of space."""
         raise NotImplementedError
+
+    def field_coordinates(self, points: torch.Tensor) -> torch.Tensor:
+        """(P, 3) world points -> (P, 3) the points where the model's tables are read: the
+        contracted points (in the doubled box) for a contracted field, else the points."""
+        box = self.contraction_aabb
+        return points if box is None else contract(points, box)
 
     def colours(self, points: torch.Tensor, viewdirs: torch.Tensor, ray_indices: torch.Tensor,
                 image_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -64,6 +89,14 @@ class MarchingModel(RadianceModel):
         marching this model's occupied cells inside its box with ``step_size`` (default
         :meth:`step_size`; ``max_intervals``: see :func:`~distnerf.renderer.occupancy.march`)."""
         step_size = self.step_size() if step_size is None else step_size
+        spacing = self.contraction_aabb
+        if spacing is not None:  # all of space, on the contracted spacing
+            def spaced(origins, directions, anchor, t_lo, t_hi, max_intervals=None):
+                return march(origins, directions, anchor, t_lo, t_hi, step_size, self.occupancy, max_intervals,
+                             spacing_aabb=spacing.to(origins.dtype))
+
+            spaced.spacing_aabb = spacing  # for evaluation rounds
+            return spaced
         box = self.marching_box()
 
         def fn(origins, directions, anchor, t_lo, t_hi, max_intervals=None):
@@ -101,8 +134,10 @@ class MarchingModel(RadianceModel):
                               in_front=in_front, step_size=step_size, round_steps=self.eval_round_steps)
 
     def forward(self, rays: RayBundle, generator: torch.Generator | None = None) -> dict:
-        """Render rays over ``[near, far]`` with the background (see :class:`RadianceModel`)."""
+        """Render rays over ``[near, far]`` (``[near, inf)`` when contracted) with the background
+        (see :class:`RadianceModel`)."""
         step_size = self.step_size()
-        out = self.render_segment(rays, rays.near, rays.far, self.sample_anchor(rays, step_size, generator),
+        far = rays.far if self.contraction_aabb is None else torch.full_like(rays.far, float("inf"))
+        out = self.render_segment(rays, rays.near, far, self.sample_anchor(rays, step_size, generator),
                                   self.background, step_size)
         return out

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..renderer.contraction import contracted_box, world_step_scale
 from ..renderer.occupancy import OccupancyGrid, normalize_points
 from ..schema import NGPModelConfig, section
 from .appearance import LR_SCALE, build_appearance
@@ -35,6 +36,8 @@ class NGPModel(MarchingModel):
         hidden_width: MLP width. num_steps: marching steps across the box diagonal (the
             step is a distance: diagonal / num_steps).
         occupancy_resolution, occupancy_threshold, occupancy_every: empty-space skipping.
+        contraction: ``none`` or ``mipnerf360`` (the box is the unit region of a field on all
+            of space; the hash grid and the occupancy grid cover the contracted doubled box).
         color_threshold, termination, eval_round_steps: see :class:`MarchingModel`.
         appearance, appearance_dim: per-image appearance (:mod:`.appearance`).
         num_images: training images (rows of its table).
@@ -66,7 +69,14 @@ class NGPModel(MarchingModel):
         diag = (self.aabb[1] - self.aabb[0]).norm().item()
         self._step_size = diag / num_steps
         self.occupancy_threshold, self.occupancy_every = occupancy_threshold, occupancy_every
-        self.occupancy = OccupancyGrid(self.aabb, occupancy_resolution)
+        self.init_contraction(c.contraction)
+        self.occupancy = OccupancyGrid(self.aabb, occupancy_resolution, contraction_aabb=self.contraction_aabb)
+        assert torch.equal(self.occupancy.aabb, self.table_aabb), "one contracted range for tables and occupancy"
+
+    @property
+    def table_aabb(self) -> torch.Tensor:
+        """(2, 3) box of the hash grid: the doubled box of contracted space (all of it), else the scene box."""
+        return self.aabb if self.contraction_aabb is None else contracted_box(self.aabb)
 
     def param_groups(self, lr: float) -> list[dict]:
         groups = [{"params": [self.encoding.table], "lr": lr, "name": "hash_table"},
@@ -76,8 +86,10 @@ class NGPModel(MarchingModel):
             groups.append({"params": [self.appearance.table], "lr": lr * LR_SCALE, "name": "appearance"})
         return groups
 
-    def _geometry(self, points: torch.Tensor):
-        h = self.density_net(self.encoding(normalize_points(points, self.aabb).clamp(0, 1)))
+    def _geometry(self, points: torch.Tensor, contracted: bool = False):
+        """(P, 3) world points (or field coordinates when ``contracted``) -> (P,) sigma, (P, 15) features."""
+        q = points if contracted else self.field_coordinates(points)
+        h = self.density_net(self.encoding(normalize_points(q, self.table_aabb).clamp(0, 1)))
         sigma = torch.exp(h[:, 0].clamp(max=15.0))  # truncated exponential (Instant-NGP Sec. 4)
         return sigma, h[:, 1:]
 
@@ -115,8 +127,10 @@ class NGPModel(MarchingModel):
     def update_state(self, step: int) -> bool:
         if step > 0 and step % self.occupancy_every == 0:
             centers = self.occupancy.cell_centers()
-            sigma = torch.cat([self._geometry(c)[0] for c in centers.split(65536)])
-            alpha = 1.0 - torch.exp(-sigma * self._step_size)
+            sigma = torch.cat([self._geometry(c, contracted=True)[0] for c in centers.split(65536)])
+            step = self._step_size if self.contraction_aabb is None else \
+                self._step_size * world_step_scale(centers, self.contraction_aabb)  # a step's length there
+            alpha = 1.0 - torch.exp(-sigma * step)
             m = self.occupancy.resolution
             self.occupancy.set_from_alpha(alpha.view(m, m, m), self.occupancy_threshold, dilation=1)
         return False

@@ -40,7 +40,8 @@ from typing import Callable
 
 import torch
 
-from .occupancy import grid_edges
+from .contraction import ray_breaks
+from .occupancy import grid_edges, grid_index
 from .packed import PackedSamples, accumulate, render_transmittance
 
 #: ``(origins, directions, anchor, t_lo, t_hi, max_intervals=None) -> PackedSamples``, e.g.
@@ -122,16 +123,18 @@ def march_alive(density_fn, marcher: Marcher, origins, directions, anchor, t_lo,
     alive = (t_hi > t_lo).nonzero().view(-1)
     lo = t_lo.clone()
     dt = step_size / directions.norm(dim=-1)
+    spacing = getattr(marcher, "spacing_aabb", None)  # a contracted field's spacing (rounds end on its edges)
+    breaks = None if spacing is None else ray_breaks(origins, directions, anchor, spacing)
     # grid edge where each ray's next round starts, counted in integers: recomputing it from
     # ``lo`` by floor((lo - a) / dt) can land one edge short and, with round_steps = 1, never advance
-    j_next = torch.floor((t_lo - anchor) / dt).long()
+    j_next = grid_index(t_lo, anchor, dt, breaks)
     parts, sigma_parts, num_marched = [], [], 0
     while alive.numel():  # per round: the march's two sizes, the kept samples, the rays still alive
         o, d, a = origins[alive], directions[alive], anchor[alive]
         # each round ends on an edge of the sample grid, so rounds split no interval
         j_end = j_next[alive] + round_steps
         j_next[alive] = j_end
-        hi = torch.minimum(grid_edges(a, dt[alive], j_end), t_hi[alive])
+        hi = torch.minimum(grid_edges(a, dt[alive], j_end, None if breaks is None else breaks[alive]), t_hi[alive])
         # a round touches at most round_steps grid intervals, + 1 at either end from rounding
         samples = marcher(o, d, a, lo[alive], hi, max_intervals=round_steps + 2)
         sigmas = density_fn(samples.points(o, d))
@@ -168,7 +171,9 @@ def render_segment(density_fn: Callable[[torch.Tensor], torch.Tensor],
         density_fn: (P, 3) points -> (P,) float sigma (1 / distance unit; see :func:`along_ray`).
         colour_fn: (Q, 3) points, (R, 3) viewdirs, (Q,) int64 ray indices -> (Q, 3) rgb.
         marcher: ``(origins, directions, anchor, t_lo, t_hi, max_intervals=None) -> PackedSamples``,
-            e.g. :func:`~distnerf.renderer.occupancy.march` bound to a step and a grid.
+            e.g. :func:`~distnerf.renderer.occupancy.march` bound to a step and a grid; an
+            attribute ``spacing_aabb`` (a contracted field's unit region) makes evaluation
+            rounds end on the edges of the contracted spacing.
         origins, directions: (R, 3) float. viewdirs: (R, 3) float unit, for colour.
         anchor: (R,) float sample-grid anchor. t_lo, t_hi: (R,) float segment bounds.
         background: (3,) or (R, 3) float RGB, or None (a segment: no background term).

@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .contraction import contract, contracted_box, from_spacing, ray_breaks, to_spacing
 from .packed import PackedSamples
 from .samples import clip_to_box
 
@@ -58,11 +59,20 @@ class OccupancyGrid(nn.Module):
     Args:
         aabb: (2, 3) float32 box [min, max] (world units, or NDC for LLFF).
         resolution: M cells per axis.
+        contraction_aabb: (2, 3) float32 unit region of a contracted field
+            (:mod:`~distnerf.renderer.contraction`), or None. With it the grid covers the
+            contracted space, ``aabb`` is :func:`~distnerf.renderer.contraction.contracted_box`
+            of it (asserted: one definition of the contracted range), :meth:`query`
+            contracts world points first and :meth:`cell_centers` are contracted points.
     """
 
-    def __init__(self, aabb: torch.Tensor, resolution: int):
+    def __init__(self, aabb: torch.Tensor, resolution: int, contraction_aabb: torch.Tensor | None = None):
         super().__init__()
+        if contraction_aabb is not None:
+            aabb = contracted_box(contraction_aabb.float())
         self.register_buffer("aabb", aabb.clone().float())
+        self.register_buffer("contraction_aabb", None if contraction_aabb is None else
+                             contraction_aabb.clone().float())
         self.register_buffer("binary", torch.ones((resolution,) * 3, dtype=torch.bool))
         self._coarse_key, self._coarse = None, None
 
@@ -77,8 +87,16 @@ class OccupancyGrid(nn.Module):
         grid = torch.stack(torch.meshgrid(axis, axis, axis, indexing="ij"), dim=-1).reshape(-1, 3)
         return self.aabb[0] + grid * (self.aabb[1] - self.aabb[0])
 
+    @property
+    def contracted(self) -> bool:
+        """Whether the grid covers contracted space (``contraction_aabb``)."""
+        return self.contraction_aabb is not None
+
     def query(self, points: torch.Tensor) -> torch.Tensor:
-        """Occupancy of points. points: (P, 3) float. Returns (P,) bool; outside the box is False."""
+        """Occupancy of points. points: (P, 3) float world positions (contracted first when
+        :attr:`contracted`). Returns (P,) bool; outside the box is False."""
+        if self.contracted:
+            points = contract(points, self.contraction_aabb)
         aabb = self.aabb.to(points.dtype)
         return _lookup((points - aabb[0]) * (self.resolution / (aabb[1] - aabb[0])), self.binary)
 
@@ -186,6 +204,8 @@ class OccupancyGrid(nn.Module):
 
     def resize(self, aabb: torch.Tensor, resolution: int) -> None:
         """Reset to all-occupied at a new box and resolution (after a grid change)."""
+        if self.contracted:
+            assert torch.equal(aabb.float().to(self.aabb.device), self.aabb), "a contracted grid keeps its box"
         self.aabb = aabb.clone().float().to(self.aabb.device)
         self.binary = torch.ones((resolution,) * 3, dtype=torch.bool, device=self.binary.device)
 
@@ -217,14 +237,57 @@ def _expand(counts: torch.Tensor, total: int | None = None) -> tuple[torch.Tenso
     return rows, torch.arange(rows.shape[0], device=counts.device) - starts[rows]
 
 
-def grid_edges(anchor: torch.Tensor, dt: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
-    """Ray parameter of edge ``j`` of the global sample grid: ``anchor + j dt`` (all (N,))."""
-    return anchor + j.to(anchor.dtype) * dt
+def grid_edges(anchor: torch.Tensor, dt: torch.Tensor, j: torch.Tensor,
+               breaks: torch.Tensor | None = None) -> torch.Tensor:
+    """Ray parameter of edge ``j`` of the global sample grid (all (N,)): ``anchor + j dt``,
+    in the spacing parameter of :mod:`~distnerf.renderer.contraction` when ``breaks`` (N,)
+    is given (then mapped back to a ray parameter; inf past the spacing's end)."""
+    s = anchor + j.to(anchor.dtype) * dt
+    return s if breaks is None else from_spacing(s, breaks)
+
+
+def grid_index(t: torch.Tensor, anchor: torch.Tensor, dt: torch.Tensor,
+               breaks: torch.Tensor | None = None) -> torch.Tensor:
+    """(N,) int64 index of the sample-grid interval holding ray parameter ``t`` (N,): the
+    inverse of :func:`grid_edges`, floored."""
+    s = t if breaks is None else to_spacing(t, breaks)
+    return torch.floor((s - anchor) / dt).long()
+
+
+def spacing_end(t_hi: torch.Tensor, anchor: torch.Tensor, dt: torch.Tensor, breaks: torch.Tensor) -> torch.Tensor:
+    """(R,) float the segment ends ``t_hi`` (R,) capped where a contracted ray's spacing
+    ends: half a step before ``s = 2 b``, so the last interval is finite (the background
+    takes what is left behind it)."""
+    return torch.minimum(t_hi, from_spacing(2.0 * breaks - 0.5 * dt, breaks))
+
+
+def _march_spaced(origins, directions, anchor, t_lo, t_hi, step_size: float, occupancy: OccupancyGrid | None,
+                  spacing_aabb: torch.Tensor) -> PackedSamples:
+    """:func:`march` with the contracted ray spacing: every interval of the segments,
+    kept where the occupancy grid (of contracted space) holds its midpoint; two sizes read."""
+    num_rays = origins.shape[0]
+    dt = step_size / directions.norm(dim=-1)
+    breaks = ray_breaks(origins, directions, anchor, spacing_aabb)
+    t_hi = spacing_end(t_hi, anchor, dt, breaks)
+    valid = t_hi > t_lo
+    lo_j = torch.where(valid, grid_index(t_lo, anchor, dt, breaks), 0)
+    hi_j = torch.where(valid, torch.ceil((to_spacing(t_hi, breaks) - anchor) / dt).long(), 0)  # exclusive
+    ray, rank = _expand((hi_j - lo_j).clamp(min=0))  # host sync: the number of candidate intervals
+    j = lo_j[ray] + rank
+    b, a, d, lo_r, hi_r = breaks[ray], anchor[ray], dt[ray], t_lo[ray], t_hi[ray]
+    t0 = grid_edges(a, d, j, b).clamp(lo_r, hi_r)
+    t1 = grid_edges(a, d, j + 1, b).clamp(lo_r, hi_r)
+    keep = t1 > t0
+    if occupancy is not None:
+        mids = origins[ray] + directions[ray] * (0.5 * (t0 + t1))[:, None]
+        keep &= occupancy.query(mids)
+    keep = keep.nonzero().view(-1)  # host sync: the number of samples (packed layout)
+    return PackedSamples(ray[keep], t0[keep], t1[keep], num_rays)
 
 
 def march(origins: torch.Tensor, directions: torch.Tensor, anchor: torch.Tensor, t_lo: torch.Tensor,
           t_hi: torch.Tensor, step_size: float, occupancy: OccupancyGrid | None,
-          max_intervals: int | None = None) -> PackedSamples:
+          max_intervals: int | None = None, spacing_aabb: torch.Tensor | None = None) -> PackedSamples:
     """Packed samples of ray segments on the global sample grid, in occupied space only.
 
     Args:
@@ -238,11 +301,20 @@ def march(origins: torch.Tensor, directions: torch.Tensor, anchor: torch.Tensor,
             touches (partial ones at its ends included), e.g. an evaluation round's; it
             sizes the padded group layout with the occupied box's diagonal (the bound
             without it). Ignored without ``occupancy``.
+        spacing_aabb: (2, 3) unit region of a contracted field, or None. With it the
+            grid's intervals are even in the spacing parameter of
+            :mod:`~distnerf.renderer.contraction` (steps growing with distance beyond the
+            box, ``t_hi`` may be inf), ``occupancy`` must cover that contraction, and
+            every interval is tested against it (no two-level walk: the walk's straight
+            segments are curves in contracted space).
     Returns:
         PackedSamples: the grid intervals clipped to ``[t_lo, t_hi]`` (zero-length
         pieces dropped) whose midpoints are occupied; they tile the segment's occupied
         part, with partial intervals at its two ends.
     """
+    if spacing_aabb is not None or (occupancy is not None and occupancy.contracted):
+        assert spacing_aabb is not None, "march: a contracted occupancy grid needs the contracted spacing"
+        return _march_spaced(origins, directions, anchor, t_lo, t_hi, step_size, occupancy, spacing_aabb)
     num_rays = origins.shape[0]
     dt = step_size / directions.norm(dim=-1)
     if occupancy is not None:  # nothing outside the occupied cells' box is sampled
