@@ -56,7 +56,7 @@ from ..renderer.packed import PackedSamples, render_packed, render_transmittance
 from ..renderer.samples import clip_to_box, intervals_from_points, sample_pdf, stratified_samples
 from ..renderer.segments import composite_segments, segment_entries, transmittance_in_front
 from ..renderer.volume import render_weights
-from .partition import Partition, region_owner
+from .partition import Partition
 
 FUSIONS = ("segment", "blend")
 
@@ -92,6 +92,7 @@ class FusedRenderer(nn.Module):
         self.partition, self.fusion, self.distributed = partition, fusion, distributed
         self.regions = sorted(models)
         self.models = nn.ModuleList([models[k] for k in self.regions])
+        self._gathered_order = None  # distributed: the all-gathered regions' order, by region
         first = self.models[0]
         self.register_buffer("background", (first.background if background is None else background).clone().float())
         self.color_threshold, self.blend_power = color_threshold, blend_power
@@ -158,9 +159,10 @@ class FusedRenderer(nn.Module):
         """(R, m, C) values of this rank's regions -> (R, K, C) of every region (all-gather)."""
         if not self.distributed:
             return local
-        parts = D.all_gather(local)
-        gathered_regions = [r for rank_regions in dist_regions(self.partition) for r in rank_regions]
-        return torch.cat(parts, dim=1)[:, torch.argsort(torch.tensor(gathered_regions))]
+        if self._gathered_order is None:  # which rank holds which regions, whatever the assignment (once)
+            held = torch.cat(D.all_gather(torch.tensor(self.regions, device=local.device)))
+            self._gathered_order = torch.argsort(held).to(local.device)
+        return torch.cat(D.all_gather(local), dim=1)[:, self._gathered_order]
 
     def _region_samples(self, rays: RayBundle) -> list[dict]:
         """Phase 1: each own region's packed samples and densities (``sigmas``), NeRF colours (``rgbs``)."""
@@ -294,10 +296,3 @@ def batched_to_packed(t_starts: torch.Tensor, t_ends: torch.Tensor) -> PackedSam
     num_rays, num = t_starts.shape
     ray = torch.arange(num_rays, device=t_starts.device).repeat_interleave(num)
     return PackedSamples(ray, t_starts.reshape(-1), t_ends.reshape(-1), num_rays)
-
-
-def dist_regions(partition: Partition) -> list[list[int]]:
-    """Regions of every rank of the current process group, in rank order."""
-    world = D.world_size()
-    owners = region_owner(len(partition), world)
-    return [[k for k, r in enumerate(owners) if r == rank] for rank in range(world)]

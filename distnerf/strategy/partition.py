@@ -45,12 +45,15 @@ class Partition:
         boxes: (K, 2, 3) float64 region boxes; they tile ``bounds`` without overlap.
         overlap: fraction of a region's size added on every side for training / blend.
         kind: ``grid`` or ``balanced`` (how it was built).
+        world_size: the ranks it was trained on (sizes the sub-models of a ``model.max_params``
+            run: K / W regions share a rank's budget), or None (not known yet, or an older run).
     """
 
     bounds: torch.Tensor
     boxes: torch.Tensor
     overlap: float = 0.0
     kind: str = "grid"
+    world_size: int | None = None
 
     def __post_init__(self):
         self.bounds = torch.as_tensor(self.bounds, dtype=torch.float64).reshape(2, 3)
@@ -121,11 +124,12 @@ class Partition:
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "overlap": self.overlap, "bounds": self.bounds.tolist(),
-                "boxes": self.boxes.tolist()}
+                "boxes": self.boxes.tolist(), "world_size": self.world_size}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Partition":
-        return cls(torch.tensor(d["bounds"]), torch.tensor(d["boxes"]), float(d["overlap"]), d.get("kind", "grid"))
+        return cls(torch.tensor(d["bounds"]), torch.tensor(d["boxes"]), float(d["overlap"]), d.get("kind", "grid"),
+                   d.get("world_size"))  # older partition files have no world size
 
     def save(self, path: Path) -> None:
         from ..checkpoint import atomic_write_text

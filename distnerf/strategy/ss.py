@@ -95,7 +95,11 @@ class SSStrategy(Strategy):
                                  f"original settings or start a new run directory")
             self.partition = part
         else:
-            built = self._build_partition(scene, num, seed, model_cfg).to_dict() if self.env.is_main else None
+            built = None
+            if self.env.is_main:
+                built = self._build_partition(scene, num, seed, model_cfg)
+                built.world_size = self.env.world_size  # the sub-models' share of max_params, for rendering too
+                built = built.to_dict()
             self.partition = Partition.from_dict(D.broadcast_object(self.env, built))
             if self.env.is_main:
                 self.partition.save(path)
@@ -190,8 +194,9 @@ class SSStrategy(Strategy):
         ``num_images``: rows of its own appearance table (all training images; 0 when a
         checkpoint's table is loaded into it)."""
         cfg = dict(model_cfg)
-        if cfg["max_params"] is not None:  # a per-rank budget: each of the rank's K / W regions a share
-            cfg["max_params"] = cfg["max_params"] * self.env.world_size // len(self.partition)
+        if cfg["max_params"] is not None:  # a per-rank budget: each of the rank's K / W regions (training W) a share
+            world_size = self.partition.world_size or self.env.world_size
+            cfg["max_params"] = cfg["max_params"] * world_size // len(self.partition)
         if self.joint:
             return build_model(cfg, self.partition.boxes[region].float(), torch.zeros(3), num_images=num_images)
         if cfg["name"] == "grid":

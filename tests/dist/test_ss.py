@@ -14,9 +14,11 @@ from distnerf import checkpoint as ckpt
 from tests.conftest import run_cli, torchrun
 
 N = 3
+BUDGET = 500_000  # parameters per rank: each of a rank's 2 regions gets half
 COMMON = ["experiment=smoke", "strategy=ss", "strategy.num_regions=4", "dataset.kind=city_small", "train.progress=false",
           "train.ckpt_every=0", "train.log_every=1", "model.resolutions=[24,32]", "model.upsample_steps=[2]",
-          "model.occupancy_every=2", "strategy.context_resolution=12", "sampler=pipelined", "sampler.num_workers=1"]
+          "model.occupancy_every=2", "strategy.context_resolution=12", "sampler=pipelined", "sampler.num_workers=1",
+          f"model.max_params={BUDGET}"]
 
 
 def train(run_dir: Path, cache: Path, extra: list[str]):
@@ -37,12 +39,34 @@ def ss_runs(tmp_path_factory, synthetic_cache):
 def test_partition_saved_and_routing_reported(ss_runs):
     part = json.loads((ss_runs["straight"] / "partition.json").read_text())
     assert len(part["boxes"]) == 4 and part["overlap"] == 0.15
-    assert "training rays crossing each enlarged region" in ss_runs["log"]
+    assert "training rays crossing each enlarged region" in ss_runs["log"] and "cost per rank" in ss_runs["log"]
     manifest = ckpt.read_manifest(ckpt.latest(ss_runs["straight"] / "checkpoints"), verify=True)
-    assert manifest["strategy"] == "ss" and manifest["region_owner"] == [0, 0, 1, 1]
+    owner = manifest["region_owner"]  # assigned by measured cost, 2 regions per rank
+    assert manifest["strategy"] == "ss" and sorted(owner) == [0, 0, 1, 1]
+    table = ss_runs["log"].split("cost per rank")[0].splitlines()[-4:]  # the start-up table's 4 region rows
+    assert [int(row.split()[-1]) for row in table] == owner
     assert manifest["partition"] == part
     assert set(manifest["files"]) == ({f"region_{k:03d}.pt" for k in range(4)} | {"optimizer_rank_0.pt",
                                       "optimizer_rank_1.pt", "rank_0.pt", "rank_1.pt"})
+
+
+def test_parameters_per_rank_are_the_rank_s_own_regions_at_the_budget(ss_runs):
+    from distnerf.model import build_model
+
+    rows = [json.loads(line) for line in (ss_runs["straight"] / "metrics.jsonl").read_text().splitlines()]
+    size = next(r for r in rows if r.get("event") == "model_size")
+    regions = size["parameters_per_region"]
+    assert sorted(regions) == ["0", "1", "2", "3"] and all(r["budget"]["max_params"] == BUDGET // 2
+                                                          for r in regions.values())
+    per_rank = [sum(r["parameters"] for r in regions.values() if r["owner"] == rank) for rank in (0, 1)]
+    assert [r["parameters"] for r in size["ranks"]] == per_rank and size["parameters_per_rank"] <= BUDGET
+    assert size["parameters_total"] == sum(per_rank) and all("peak_rss_mb" in r for r in size["ranks"])
+    # the whole ss model holds W x (per-rank budget); one ddp replica at the same budget holds it once
+    box = torch.tensor([[-1.0, -1.0, -1.0], [1.0, 1.0, 1.0]])
+    ddp = build_model({"name": "grid", "resolutions": [24, 32], "upsample_steps": [2], "max_params": BUDGET}, box,
+                      torch.ones(3)).budget["final_parameters"]
+    assert 0.85 * BUDGET <= ddp <= BUDGET and 0.85 * BUDGET <= min(per_rank)
+    assert 2 * 0.85 <= size["parameters_total"] / ddp <= 2 / 0.85
 
 
 def test_no_gradient_all_reduce_and_sub_models_differ(ss_runs):
