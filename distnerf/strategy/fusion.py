@@ -56,7 +56,7 @@ from ..renderer.packed import PackedSamples, render_packed, render_transmittance
 from ..renderer.samples import clip_to_box, intervals_from_points, sample_pdf, stratified_samples
 from ..renderer.segments import composite_segments, segment_entries, transmittance_in_front
 from ..renderer.volume import render_weights
-from .partition import Partition
+from .partition import Partition, to_infinity
 
 FUSIONS = ("segment", "blend")
 
@@ -87,6 +87,9 @@ class FusedRenderer(nn.Module):
         if fusion == "blend" and distributed:
             raise ValueError("fusion=blend mixes densities per sample and runs on one process "
                              "(python -m distnerf.render ... fusion=blend); use fusion=segment under torchrun")
+        if fusion == "blend" and partition.unbounded:
+            raise ValueError("fusion=blend shares samples inside the scene box; an unbounded (contracted) "
+                             "partition renders to the sky with fusion=segment")
         if not distributed and sorted(models) != list(range(len(partition))):
             raise ValueError(f"one-process fusion needs all {len(partition)} regions, got {sorted(models)}")
         self.partition, self.fusion, self.distributed = partition, fusion, distributed
@@ -151,6 +154,8 @@ class FusedRenderer(nn.Module):
     @torch.no_grad()
     def forward(self, rays: RayBundle, generator=None) -> dict:
         start = self._clock()
+        if self.partition.unbounded:  # the outer regions' segments reach the sky
+            rays = to_infinity(rays)
         out = self._blend(rays) if self.fusion == "blend" else self._segment(rays)
         self.timing["total_s"] += self._clock() - start
         return out
@@ -169,7 +174,7 @@ class FusedRenderer(nn.Module):
         if self.hierarchical:
             return self._hierarchical_segments(rays)
         segs = []
-        boxes = self.partition.boxes.to(rays.origins.device, rays.origins.dtype)
+        boxes = self.partition.extents().to(rays.origins.device, rays.origins.dtype)
         for k, model in zip(self.regions, self.models):
             t_lo, t_hi = clip_to_box(rays.origins, rays.directions, rays.near, rays.far, boxes[k])
             samples, sigmas, _ = march_alive(model.field_density, model.marcher(self.step_size), rays.origins,
@@ -187,7 +192,7 @@ class FusedRenderer(nn.Module):
         start = self._clock()
         # exchange 1: every segment's transmittance, so each rank knows what lies in front of its segments
         transmittance = self._all_regions(torch.stack([s["transmittance"] for s in segs], dim=1)[..., None])[..., 0]
-        entry = segment_entries(rays.origins, rays.directions, rays.near, rays.far, self.partition.boxes)
+        entry = segment_entries(rays.origins, rays.directions, rays.near, rays.far, self.partition.extents())
         before, _ = transmittance_in_front(transmittance, entry)
         self.timing["exchange_composite_s"] += self._clock() - start
         local = torch.zeros(len(rays), len(self.regions), 4, dtype=rays.origins.dtype, device=rays.origins.device)

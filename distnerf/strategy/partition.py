@@ -27,6 +27,7 @@ layout (no costs; joint training's segment exchange orders regions by rank block
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +48,10 @@ class Partition:
         kind: ``grid`` or ``balanced`` (how it was built).
         world_size: the ranks it was trained on (sizes the sub-models of a ``model.max_params``
             run: K / W regions share a rank's budget), or None (not known yet, or an older run).
+        unbounded: the scene is unbounded (contracted sub-models): the regions tile the
+            scene box, and the outer ones extend to infinity (:meth:`extents`): every
+            point of space has one owner, and a ray that leaves the box is routed and
+            composited to the sky by the regions it crosses out there.
     """
 
     bounds: torch.Tensor
@@ -54,6 +59,7 @@ class Partition:
     overlap: float = 0.0
     kind: str = "grid"
     world_size: int | None = None
+    unbounded: bool = False
 
     def __post_init__(self):
         self.bounds = torch.as_tensor(self.bounds, dtype=torch.float64).reshape(2, 3)
@@ -74,6 +80,19 @@ class Partition:
         size = self.boxes[:, 1] - self.boxes[:, 0]
         lo = torch.maximum(self.boxes[:, 0] - self.overlap * size, self.bounds[0])
         hi = torch.minimum(self.boxes[:, 1] + self.overlap * size, self.bounds[1])
+        return torch.stack([lo, hi], dim=1)
+
+    def extents(self, enlarged: bool = False) -> torch.Tensor:
+        """(K, 2, 3) float64 the regions (or their enlarged boxes) as rays are routed and
+        clipped: the boxes themselves, or for an :attr:`unbounded` partition the boxes with
+        every face that lies on the scene box's face moved to -inf / +inf (so an aerial
+        scene's ground-plane tiles become columns, the outer ones reaching the horizon)."""
+        boxes = self.enlarged() if enlarged else self.boxes
+        if not self.unbounded:
+            return boxes
+        inf = torch.full_like(boxes[:, 0], float("inf"))
+        lo = torch.where(self.boxes[:, 0] <= self.bounds[0], -inf, boxes[:, 0])
+        hi = torch.where(self.boxes[:, 1] >= self.bounds[1], inf, boxes[:, 1])
         return torch.stack([lo, hi], dim=1)
 
     def contains(self, points: torch.Tensor, enlarged: bool = False) -> torch.Tensor:
@@ -108,14 +127,14 @@ class Partition:
         return inside.to(torch.int8).argmax(dim=1)
 
     def ray_crossings(self, origins, directions, near, far, enlarged: bool = True) -> torch.Tensor:
-        """Which region boxes each ray segment ``[near, far]`` crosses (slab test).
+        """Which region boxes (:meth:`extents`) each ray segment ``[near, far]`` crosses (slab test).
 
         Args:
             origins, directions: (R, 3) float. near, far: (R,) float.
         Returns:
             (R, K) bool.
         """
-        boxes = (self.enlarged() if enlarged else self.boxes).to(origins.device, origins.dtype)
+        boxes = self.extents(enlarged).to(origins.device, origins.dtype)
         out = []
         for box in boxes:
             t_in, t_out = clip_to_box(origins, directions, near, far, box)
@@ -124,12 +143,12 @@ class Partition:
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "overlap": self.overlap, "bounds": self.bounds.tolist(),
-                "boxes": self.boxes.tolist(), "world_size": self.world_size}
+                "boxes": self.boxes.tolist(), "world_size": self.world_size, "unbounded": self.unbounded}
 
     @classmethod
     def from_dict(cls, d: dict) -> "Partition":
         return cls(torch.tensor(d["bounds"]), torch.tensor(d["boxes"]), float(d["overlap"]), d.get("kind", "grid"),
-                   d.get("world_size"))  # older partition files have no world size
+                   d.get("world_size"), bool(d.get("unbounded", False)))  # older files: neither key
 
     def save(self, path: Path) -> None:
         from ..checkpoint import atomic_write_text
@@ -145,6 +164,12 @@ class Partition:
             raise
         except (KeyError, ValueError, TypeError) as err:
             raise ValueError(f"{path}: not a distnerf partition file ({err})") from err
+
+
+def to_infinity(rays):
+    """The rays (a :class:`~distnerf.data.rays.RayBundle`) with ``far = inf``: the segments
+    of an :attr:`Partition.unbounded` partition reach the sky (contracted sub-models)."""
+    return dataclasses.replace(rays, far=torch.full_like(rays.far, float("inf")))
 
 
 def _check_count(num_regions: int) -> None:
@@ -269,7 +294,7 @@ def region_load(partition: Partition, origins, directions, near, far, images: to
         summed marched length of those rays (scene units).
     """
     crossing = partition.ray_crossings(origins, directions, near, far)  # (R, K)
-    boxes = partition.enlarged() if marched is None else torch.as_tensor(marched).reshape(1, 2, 3).expand(
+    boxes = partition.extents(True) if marched is None else torch.as_tensor(marched).reshape(1, 2, 3).expand(
         len(partition), 2, 3)
     out = {"rays": [], "cameras": [], "cost": []}
     for k in range(len(partition)):

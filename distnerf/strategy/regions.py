@@ -14,21 +14,25 @@ from ..data.rays import RayBundle
 from ..model.base import RadianceModel
 from ..sampler.policy import BoxFilter
 from .joint import GatherSegments, composite_all, render_segments
-from .partition import Partition
+from .partition import Partition, to_infinity
 
 
 class RegionRayFilter:
     """Keeps the rays that cross any of some boxes (picklable: runs in sampler workers).
 
     Args:
-        boxes: (B, 2, 3) region boxes in the rays' space.
+        boxes: (B, 2, 3) region boxes in the rays' space (faces may be +-inf).
+        to_infinity: test the rays from ``near`` to infinity (contracted sub-models ignore ``far``).
     """
 
-    def __init__(self, boxes):
+    def __init__(self, boxes, to_infinity: bool = False):
         self.filters = [BoxFilter(b) for b in torch.as_tensor(boxes, dtype=torch.float32).reshape(-1, 2, 3)]
+        self.to_infinity = to_infinity
 
     def __call__(self, rays: RayBundle) -> torch.Tensor:
         """(R,) bool."""
+        if self.to_infinity:
+            rays = to_infinity(rays)
         keep = self.filters[0](rays)
         for f in self.filters[1:]:
             keep = keep | f(rays)
@@ -55,7 +59,8 @@ class RegionModels(RadianceModel):
         super().__init__(first.aabb, first.background if background is None else background)
         self.regions = sorted(models)
         self.models = nn.ModuleList([models[k] for k in self.regions])
-        self.register_buffer("boxes", partition.enlarged()[self.regions].float())
+        self.register_buffer("boxes", partition.extents(enlarged=True)[self.regions].float())
+        self.unbounded = partition.unbounded
 
     @property
     def resolution(self):
@@ -65,8 +70,9 @@ class RegionModels(RadianceModel):
         keys = ("rgb", "depth", "opacity", "rgb_coarse")
         parts: dict[str, list] = {k: [] for k in keys + ("ray_index",)}
         num_samples = 0
+        routed = to_infinity(rays) if self.unbounded else rays
         for box, model in zip(self.boxes, self.models):
-            sel = BoxFilter(box)(rays).nonzero().view(-1)
+            sel = BoxFilter(box)(routed).nonzero().view(-1)
             if sel.numel() == 0:
                 continue
             out = model(rays.map(lambda t: t[sel]), generator)
@@ -111,13 +117,15 @@ class JointRegionModels(RegionModels):
 
     def __init__(self, models: dict[int, RadianceModel], partition: Partition, background, distributed: bool):
         super().__init__(models, partition, background)
-        self.register_buffer("all_boxes", partition.boxes.float())
+        self.register_buffer("all_boxes", partition.extents().float())
         self.distributed = distributed
         self.exchange = {"seconds": 0.0, "bytes": 0, "calls": 0}
         if not distributed and self.regions != list(range(len(partition))):
             raise ValueError(f"one process needs all {len(partition)} regions, got {self.regions}")
 
     def forward(self, rays: RayBundle, generator=None) -> dict:
+        if self.unbounded:  # the outer regions' segments reach the sky
+            rays = to_infinity(rays)
         seg = render_segments(self.models, self.regions, self.all_boxes, rays, generator)
         values = seg["values"]
         if self.distributed:  # the one exchange of a step: C floats per ray and region

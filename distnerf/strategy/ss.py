@@ -67,6 +67,11 @@ def training_ray_sample(scene, num_rays: int, seed: int):
     return rays, image
 
 
+def contracted(model_cfg) -> bool:
+    """Whether the model config contracts unbounded space (``model.contraction``; models without the key do not)."""
+    return "contraction" in model_cfg and model_cfg["contraction"] != "none"
+
+
 class SSStrategy(Strategy):
     """``strategy=ss``.
 
@@ -93,12 +98,16 @@ class SSStrategy(Strategy):
             if len(part) != num:
                 raise ValueError(f"{path}: {len(part)} regions but strategy.num_regions={num}: resume with the "
                                  f"original settings or start a new run directory")
+            if part.unbounded != contracted(model_cfg):
+                raise ValueError(f"{path}: a partition for {'un' if part.unbounded else ''}bounded sub-models but "
+                                 f"model.contraction={model_cfg['contraction']!r}: resume with the original settings")
             self.partition = part
         else:
             built = None
             if self.env.is_main:
                 built = self._build_partition(scene, num, seed, model_cfg)
                 built.world_size = self.env.world_size  # the sub-models' share of max_params, for rendering too
+                built.unbounded = contracted(model_cfg)  # the outer regions reach infinity
                 built = built.to_dict()
             self.partition = Partition.from_dict(D.broadcast_object(self.env, built))
             if self.env.is_main:
@@ -167,7 +176,8 @@ class SSStrategy(Strategy):
         return SHARED_STREAM if self.joint else self.env.rank  # joint: every rank the same rays
 
     def ray_filter(self, scene):
-        return None if self.joint else RegionRayFilter(self.partition.enlarged()[self.my_regions])
+        return None if self.joint else RegionRayFilter(self.partition.extents(enlarged=True)[self.my_regions],
+                                                       to_infinity=self.partition.unbounded)
 
     def rays_per_rank(self, global_rays: int) -> int:
         return global_rays if self.joint else super().rays_per_rank(global_rays)
@@ -197,8 +207,10 @@ class SSStrategy(Strategy):
         if cfg["max_params"] is not None:  # a per-rank budget: each of the rank's K / W regions (training W) a share
             world_size = self.partition.world_size or self.env.world_size
             cfg["max_params"] = cfg["max_params"] * world_size // len(self.partition)
-        if self.joint:
+        if self.joint:  # contracted: around its own region (its column to infinity sampled in the shell)
             return build_model(cfg, self.partition.boxes[region].float(), torch.zeros(3), num_images=num_images)
+        if self.partition.unbounded:  # contracted around its enlarged region: its resolution where its content is
+            return build_model(cfg, self.partition.enlarged()[region].float(), background, num_images=num_images)
         if cfg["name"] == "grid":
             return build_model(cfg, aabb, background, focus_aabb=self.partition.enlarged()[region].float().tolist(),
                                context_resolution=self.cfg.context_resolution, num_images=num_images)
