@@ -449,6 +449,54 @@ def city_unbounded(res: Results) -> list[str]:
     return out + lines
 
 
+def city_balance(res: Results) -> list[str]:
+    """tools/bench_balance.py on the ss runs of tools/bench_unbounded.sh (grid and balanced partitions)."""
+    d = res.json("city_balance/bench_balance.json")
+    out = header("run", "partition (training)", "training rays per region (of 65,536)", "owner of each region",
+                 "work per rank (ms/step)", "field evaluations per rank and step", "imbalance (slowest / fastest)")
+    worst = 0.0
+    for name, r in d["runs"].items():
+        worst = max(worst, r["imbalance"])
+        out.append(row(name, f"{r['partition']} ({r['training']})", " / ".join(str(x) for x in r["rays"]),
+                       " / ".join(str(x) for x in r["owners"]),
+                       " / ".join(f"{1000 * x['work_s']:.0f}" for x in r["ranks"]),
+                       " / ".join(kilo(x["field_evals"]) for x in r["ranks"]), f"{r['imbalance']:.3f}"))
+    return out + ["", f"Target (imbalance <= 1.10 with both partitions): **{'met' if worst <= 1.10 else 'missed'}** "
+                      f"(worst {worst:.3f})."]
+
+
+def regression(res: Results, name: str, label: str) -> list[str]:
+    """tools/bench_regression.sh: the same fixed-step run at the base commit and at HEAD."""
+    out = header(label, "commit", "steps", "test PSNR / SSIM (views)")
+    psnr = {}
+    for side in ("base", "head"):
+        m = res.json(f"{name}/{side}/metrics.json")
+        psnr[side] = m["psnr"]
+        out.append(row(side, res.meta(f"{name}/{side}/metrics.json").get("git_commit", "?"), m["step"],
+                       f"{psnr_ssim(m)} ({m['protocol']['num_views']})"))
+    change = psnr["head"] - psnr["base"]
+    return out + ["", f"Target (no regression beyond 0.2 dB): **{'met' if change >= -0.2 else 'missed'}** "
+                      f"({change:+.2f} dB)."]
+
+
+def regions_series(res: Results, name: str = "city_small_regions") -> list[str]:
+    """tools/bench_regions.sh: ss with K regions of a fixed size on one process, fixed training time."""
+    out = header("regions K", "parameters (all regions)", "steps", "test PSNR / SSIM (views)",
+                 "render time per image (s, median)", "fused / single render time")
+    ks = sorted(int(p.name[1:]) for p in (res.root / name).glob("k*") if (p / "metrics.json").is_file())
+    single = None
+    for k in ks:
+        m = res.json(f"{name}/k{k}/metrics.json")
+        size = next(r for r in res.jsonl(f"{name}/k{k}/metrics.jsonl") if r.get("event") == "model_size")
+        seconds = sorted(v["seconds"] for v in m["per_view"])
+        median = seconds[len(seconds) // 2]
+        single = median if k == 1 else single
+        ratio = f"{median / single:.2f}" if single else "n/a (no K = 1 run)"
+        out.append(row(k, mega(size["parameters_total"]), m["step"], f"{psnr_ssim(m)} ({m['protocol']['num_views']})",
+                       f"{median:.2f}", ratio))
+    return out
+
+
 TABLES = {
     "lego_quality": lego_quality,
     "lego_stages": lambda res: stages(res, "lego_1p"),
@@ -468,6 +516,10 @@ TABLES = {
     "city_small_quality": city_small_quality,
     "city_capacity": city_capacity,
     "city_unbounded": city_unbounded,
+    "city_balance": city_balance,
+    "city_small_regions": regions_series,
+    "lego_regression": lambda res: regression(res, "lego_regression", "lego"),
+    "fern_regression": lambda res: regression(res, "fern_regression", "fern"),
 }
 
 

@@ -4,7 +4,7 @@
 # for every cell; ddp, ss independent and ss joint with contraction and appearance on, and the ddp
 # ablations (contraction off, appearance off, both off).
 #   [CELLS="ddp ss_independent ..."] tools/bench_unbounded.sh MINUTES MAX_PARAMS NAME [hydra overrides...]
-# e.g. tools/bench_unbounded.sh 10 53248000 city_unbounded
+# e.g. tools/bench_unbounded.sh 10 53248000 city_unbounded "model.upsample_steps=[100,300]"
 # trains bench/NAME_CELL for each cell, each evaluated on every test view (ss through distributed
 # segment fusion), and copies metrics.json / metrics.jsonl (the model_size event holds the parameters
 # per rank and the peak RSS) to bench/results/NAME/CELL/ with a meta.json entry (command, date, git

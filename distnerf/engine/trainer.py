@@ -26,7 +26,8 @@ from ..data.images import undecoded
 from ..observe.logger import JsonlLogger, MultiLogger, NullLogger, WandbLogger
 from ..observe.profiler import RunProfiler, log_profile_summaries
 from ..sampler import batch_config, build_sampler, pixel_source
-from ..schema import validate
+from ..model import contracted
+from ..schema import ConfigError, validate
 from ..strategy.base import StepAgreement, StepStats, Strategy
 from .checkpointer import Checkpointer
 from .evaluate import check_appearance_protocol, evaluate_run, make_eval_split
@@ -66,6 +67,10 @@ class Trainer:
             (self.run_dir / ckpt.SCENE_TRANSFORM_FILE).write_text(json.dumps(self.train_scene.transform, indent=1))
         self.rays_per_rank = strategy.rays_per_rank(cfg.train.global_rays)
         model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
+        if self.train_scene.ndc and contracted(model_cfg):
+            raise ConfigError(f"config model.contraction={model_cfg['contraction']!r} with NDC rays "
+                              f"(dataset.ndc=true): NDC already maps the frustum to infinity into a bounded "
+                              f"box; use model.contraction=none, or dataset.ndc=false with contraction")
         strategy.prepare(self.train_scene, self.run_dir, cfg.seed, model_cfg)  # ss: the partition
         self.sampler = build_sampler(cfg.sampler, self.train_scene, self.rays_per_rank, cfg.seed,
                                      strategy.sampler_stream(), self.device, strategy.ray_filter(self.train_scene))

@@ -39,3 +39,9 @@ def build_model(cfg: Mapping, aabb: torch.Tensor, background: torch.Tensor, **ex
     model = MODELS[cfg.name](aabb, background, cfg, **sized, **extra)
     model.budget = report  # what max_params derived (the trainer logs it)
     return model
+
+
+def contracted(cfg: Mapping) -> bool:
+    """Whether a model config contracts unbounded space (``model.contraction`` of ``grid`` and
+    ``ngp``; ``nerf`` has no such key and is bounded)."""
+    return "contraction" in cfg and cfg["contraction"] != "none"

@@ -36,7 +36,7 @@ from torch import nn
 
 from .. import checkpoint as ckpt
 from .. import dist as D
-from ..model import build_model
+from ..model import build_model, contracted
 from ..model.base import RadianceModel
 from .base import StepAgreement, StepStats, Strategy
 from .density import estimate_density
@@ -65,11 +65,6 @@ def training_ray_sample(scene, num_rays: int, seed: int):
     image, pixel = flat // (h * w), flat % (h * w)
     rays = generate_rays(scene.cameras, image, pixel % w, pixel // w, scene.near, scene.far, scene.ndc)
     return rays, image
-
-
-def contracted(model_cfg) -> bool:
-    """Whether the model config contracts unbounded space (``model.contraction``; models without the key do not)."""
-    return "contraction" in model_cfg and model_cfg["contraction"] != "none"
 
 
 class SSStrategy(Strategy):
