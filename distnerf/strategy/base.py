@@ -181,7 +181,7 @@ class Strategy:
 
     def load_model_state(self, ckpt_dir: Path, model: nn.Module) -> dict:
         """Load the model's weights from ``ckpt_dir`` in place; returns ``optimizer`` state and the meta."""
-        state = torch.load(Path(ckpt_dir) / ckpt.MODEL_FILE, map_location="cpu", weights_only=False)
+        state = ckpt.load_file(Path(ckpt_dir) / ckpt.MODEL_FILE)
         model.load_state_dict(state["model"])
         return state
 
