@@ -28,7 +28,7 @@ class StepStats:
     the training device, e.g. ``valid.sum()``, so that building the stats reads nothing
     back); after the reduction each field is a float, the sum over ranks: the number of
     valid rays, and how many ranks saw a non-finite loss, passed the time budget, passed a
-    checkpoint time mark or got a stop signal. Any non-zero flag acts on every rank at the
+    checkpoint time mark, got a stop signal or hold a model whose occupancy grid emptied. Any non-zero flag acts on every rank at the
     same step.
     """
 
@@ -37,9 +37,10 @@ class StepStats:
     over_budget: float = 0.0
     at_mark: float = 0.0
     signal: float = 0.0
+    collapsed: float = 0.0
 
     def host_values(self) -> list[float]:
-        """The five fields as host floats, in field order. The tensor fields are read back in
+        """The fields as host floats, in field order. The tensor fields are read back in
         one device-to-host transfer (the step's one host synchronisation for its flags); the
         Python numbers never travel to the device and back."""
         values = list(astuple(self))
