@@ -11,6 +11,11 @@ Layout of one checkpoint (every name is defined here, once)::
                                ``format`` (:data:`FORMAT_VERSION`), the file list with checksums,
                                the config hashes and the strategy's facts
 
+Every ``.pt`` file holds data only (tensors, numbers, strings, lists and dicts of them:
+model and optimizer states, RNG states as tensors, plain-container configs) and is read
+with ``torch.load(..., weights_only=True)`` (:func:`load_file`), so loading a shared run
+directory never executes pickled code.
+
 A checkpoint without a valid manifest (a rank died mid-save) is ignored; resume
 takes the newest committed one. Every file is written to ``name.tmp`` then renamed,
 so no half-written file carries a final name. Older checkpoints are pruned only
@@ -33,7 +38,7 @@ SCENE_TRANSFORM_FILE = "scene_transform.json"
 """In a run directory: the similarity from the dataset's own frame into the normalised scene
 frame every model, render and export of the run uses (``SceneData.transform``), when the
 dataset was normalised (COLMAP, nerfstudio)."""
-FORMAT_VERSION = 2  # 1: before the format was recorded (issue 13); bump on any change of layout or contents
+FORMAT_VERSION = 3  # 1: before the format was recorded (issue 13); 3: data-only files (weights_only loads)
 
 
 def region_file(region: int) -> str:
@@ -57,6 +62,25 @@ class CheckpointError(ValueError):
 
 class CheckpointFormatError(CheckpointError):
     """A committed checkpoint of another format version: refused, never skipped."""
+
+
+def load_file(path: Path):
+    """A checkpoint or export file's contents, read as data only (``weights_only=True``: no
+    pickled code runs; tensors on the CPU).
+
+    Raises:
+        FileNotFoundError: no such file.
+        CheckpointError: the file holds more than data (e.g. written by a distnerf before
+            checkpoint format 3, whose RNG states were pickled numpy objects), naming it.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such checkpoint file")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch's UnpicklingError for a refused global, or a damaged file
+        raise CheckpointError(f"{path}: not a data-only checkpoint file (distnerf loads checkpoints with "
+                              f"weights_only=True, never running pickled code): {str(err).splitlines()[0]}") from err
 
 
 def step_dir(root: Path, step: int) -> Path:

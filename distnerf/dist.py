@@ -147,17 +147,32 @@ def seed_everything(seed: int) -> None:
 
 
 def rng_state() -> dict:
-    """Random states of this process (torch, numpy, python; CUDA when present)."""
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    """Random states of this process (torch, numpy, python; CUDA when present), as data only:
+    tensors, numbers and lists (a checkpoint loads them with ``weights_only=True``).
+
+    ``numpy``: ``{"keys": (624,) int64 tensor of the MT19937 key, "pos", "has_gauss",
+    "cached_gaussian"}``; ``python``: ``[version, [625 ints], gauss_next]``.
+    """
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    assert name == "MT19937", name
+    version, internal, gauss_next = random.getstate()
+    state = {"torch": torch.get_rng_state(),
+             "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos), "has_gauss": int(has_gauss),
+                       "cached_gaussian": float(cached)},
+             "python": [version, list(internal), gauss_next]}
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
 def set_rng_state(state: dict) -> None:
+    """Restore :func:`rng_state`'s states."""
     torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
+    n = state["numpy"]
+    np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                         n["cached_gaussian"]))
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 

@@ -81,13 +81,13 @@ def find_checkpoint(cfg, run_dir: Path) -> tuple[Path, dict]:
 def load_weights(cfg, run_dir: Path):
     """Model state and step: ``cfg.weights`` (an export) or the newest checkpoint."""
     if cfg.weights:
-        blob = torch.load(cfg.weights, map_location="cpu", weights_only=False)
+        blob = ckpt.load_file(cfg.weights)
         return blob["model"], int(blob["step"])
     found, manifest = find_checkpoint(cfg, run_dir)
     if manifest["strategy"] != "ddp":
         raise ValueError(f"{found}: a {manifest['strategy']} checkpoint has no single {ckpt.MODEL_FILE}; "
                          f"render it through its fusion stage (python -m distnerf.render run_dir=...)")
-    state = torch.load(found / ckpt.MODEL_FILE, map_location="cpu", weights_only=False)
+    state = ckpt.load_file(found / ckpt.MODEL_FILE)
     return state["model"], int(state["step"])
 
 
@@ -97,7 +97,7 @@ def load_renderer(cfg, run_dir: Path, scene, env):
         from .strategy.fused import load_fused, region_states
 
         if cfg.weights:  # a fused export: every region's sub-model in one file
-            blob = torch.load(cfg.weights, map_location="cpu", weights_only=False)
+            blob = ckpt.load_file(cfg.weights)
             partition, state, step = blob["partition"], blob["regions"].__getitem__, int(blob["step"])
         else:
             found, manifest = find_checkpoint(cfg, run_dir)

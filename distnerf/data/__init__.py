@@ -13,7 +13,7 @@ from typing import Callable, Mapping, Optional
 
 import torch
 
-from distnerf.data.base import Cameras, DatasetError, NDCParams, SceneData
+from distnerf.data.base import Cameras, DatasetError, MissingDatasetFile, NDCParams, SceneData
 from distnerf.data.blender import as_aabb, load_blender
 from distnerf.data.colmap import load_colmap
 from distnerf.data.images import ImageList
@@ -21,7 +21,7 @@ from distnerf.data.llff import load_llff
 from distnerf.data.nerfstudio import load_nerfstudio
 from distnerf.schema import section
 
-__all__ = ["Cameras", "DatasetError", "ImageList", "NDCParams", "SceneData", "load_blender", "load_colmap",
+__all__ = ["Cameras", "DatasetError", "ImageList", "MissingDatasetFile", "NDCParams", "SceneData", "load_blender", "load_colmap",
            "load_llff", "load_nerfstudio", "load_scene", "DATASET_NAMES"]
 
 DATASET_NAMES = ("blender", "llff", "synthetic", "colmap", "nerfstudio")
@@ -44,7 +44,7 @@ def load_scene(cfg_dataset: Mapping, split: str = "train",
 
     Raises:
         ValueError: unknown or missing ``name``, missing ``root`` (every dataset but synthetic).
-        FileNotFoundError, DatasetError: from the parsers.
+        DatasetError (MissingDatasetFile for a missing file, also a FileNotFoundError): from the parsers.
     """
     cfg = section("dataset", cfg_dataset)
     name = cfg.name

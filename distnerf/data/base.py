@@ -183,3 +183,9 @@ class SceneData:
 
 class DatasetError(ValueError):
     """Bad dataset input; the message names the file, the frame and what is wrong."""
+
+
+class MissingDatasetFile(DatasetError, FileNotFoundError):
+    """A file the dataset needs is missing (names it and what refers to it). Both a
+    :class:`DatasetError` (the entry points print its message as one line, no traceback)
+    and a ``FileNotFoundError``."""

@@ -22,7 +22,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import torch
 
-from distnerf.data.base import Cameras, DatasetError, SceneData
+from distnerf.data.base import Cameras, DatasetError, MissingDatasetFile, SceneData
 from distnerf.data.images import ImageList, IndexLabel, composite, downscale_image, read_image_size
 
 DEFAULT_NEAR, DEFAULT_FAR = 2.0, 6.0
@@ -60,7 +60,7 @@ def load_blender(root, split: str, downscale: int = 1,
         SceneData with images (N, H, W, 3) float32, c2w (N, 3, 4) float32 OpenGL.
 
     Raises:
-        FileNotFoundError: the transforms file or an image is missing (names file, frame).
+        MissingDatasetFile (a DatasetError and a FileNotFoundError): the transforms file or an image is missing (names file, frame).
         DatasetError: invalid JSON, no frames, bad intrinsics, image size mismatch, a
             non-finite or non-rigid pose (the message names the file and the frame).
         ValueError: invalid arguments (downscale, near/far, aabb).
@@ -150,7 +150,7 @@ def as_aabb(value, where="aabb") -> torch.Tensor:
 
 def _read_json(json_path: Path) -> dict:
     if not json_path.is_file():
-        raise FileNotFoundError(f"transforms file not found: {json_path}")
+        raise MissingDatasetFile(f"transforms file not found: {json_path}")
     try:
         with open(json_path, encoding="utf-8") as f:
             meta = json.load(f)
@@ -170,7 +170,7 @@ def _image_path(root: Path, json_path: Path, index: int, frame) -> Path:
     with_png = path.with_name(path.name + ".png")
     if with_png.is_file():
         return with_png
-    raise FileNotFoundError(f"{json_path} frame {index}: image not found: {path} "
+    raise MissingDatasetFile(f"{json_path} frame {index}: image not found: {path} "
                             f"(also tried {with_png})")
 
 

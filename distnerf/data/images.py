@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from distnerf.data.base import DatasetError
+from distnerf.data.base import DatasetError, MissingDatasetFile
 
 _EXIF_ORIENTATION = 0x0112
 # Pillow modes with 8-bit channels that need a conversion to L, RGB or RGBA.
@@ -44,12 +44,12 @@ def read_image(path) -> np.ndarray:
         (H, W, C) float32 in [0, 1], C in {1, 3, 4}; alpha is straight (not premultiplied).
 
     Raises:
-        FileNotFoundError: ``path`` does not exist (the message names it).
+        MissingDatasetFile (a DatasetError and a FileNotFoundError): ``path`` does not exist (the message names it).
         DatasetError: the file cannot be decoded (the message names it and the cause).
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"image not found: {path}")
+        raise MissingDatasetFile(f"image not found: {path}")
     try:
         with Image.open(path) as im:
             im = ImageOps.exif_transpose(im)
@@ -84,12 +84,12 @@ def read_image_size(path) -> tuple[int, int]:
     """Size ``(H, W)`` of an image as ``read_image`` returns it, from the header only.
 
     Raises:
-        FileNotFoundError: ``path`` does not exist.
+        MissingDatasetFile (a DatasetError and a FileNotFoundError): ``path`` does not exist.
         DatasetError: the header cannot be parsed.
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"image not found: {path}")
+        raise MissingDatasetFile(f"image not found: {path}")
     try:
         with Image.open(path) as im:
             width, height = im.size
@@ -244,7 +244,7 @@ class ImageList:
         try:
             return self.transform(read_image(self.paths[index]), index)
         except FileNotFoundError as err:
-            raise FileNotFoundError(f"{self.label(index)}: {err}") from err
+            raise MissingDatasetFile(f"{self.label(index)}: {err}") from err
         except DatasetError as err:
             raise DatasetError(f"{self.label(index)}: {err}") from err
 
@@ -294,14 +294,14 @@ class ImageList:
         the transform's recipe changes.
 
         Raises:
-            FileNotFoundError: an image file is missing (names it and its label).
+            MissingDatasetFile (a DatasetError and a FileNotFoundError): an image file is missing (names it and its label).
         """
         h = hashlib.sha256(self.recipe.encode())
         for index, path in enumerate(self.paths):
             try:
                 st = os.stat(path)
             except FileNotFoundError as err:
-                raise FileNotFoundError(f"{self.label(index)}: image not found: {path}") from err
+                raise MissingDatasetFile(f"{self.label(index)}: image not found: {path}") from err
             h.update(f"\n{Path(path).resolve()}|{st.st_size}|{st.st_mtime_ns}".encode())
         return h.hexdigest()[:16]
 

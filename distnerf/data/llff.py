@@ -19,7 +19,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import torch
 
-from distnerf.data.base import Cameras, DatasetError, NDCParams, SceneData
+from distnerf.data.base import Cameras, DatasetError, MissingDatasetFile, NDCParams, SceneData
 from distnerf.data.images import Composite, ImageList, IndexLabel, read_image_size
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg"}
@@ -71,7 +71,7 @@ def load_llff(root, split: str, factor: int = 8, holdout: int = 8, ndc: bool = T
         SceneData with images (M, H, W, 3) float32 and c2w (M, 3, 4) float32 OpenGL.
 
     Raises:
-        FileNotFoundError: the image folder or ``poses_bounds.npy`` is missing.
+        MissingDatasetFile (a DatasetError and a FileNotFoundError): the image folder or ``poses_bounds.npy`` is missing.
         DatasetError: image count differs from the pose rows, images differ in size,
             the factor does not match, non-finite or non-positive values in a row, an
             empty split.
@@ -88,7 +88,7 @@ def load_llff(root, split: str, factor: int = 8, holdout: int = 8, ndc: bool = T
         image_dir = root / "images"
     for path, is_there in ((poses_path, poses_path.is_file()), (image_dir, image_dir.is_dir())):
         if not is_there:
-            raise FileNotFoundError(f"LLFF scene {root}: {path} not found")
+            raise MissingDatasetFile(f"LLFF scene {root}: {path} not found")
     poses, bounds = _read_poses_bounds(poses_path)
     paths = sorted(p for p in image_dir.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
     if len(paths) != len(poses):

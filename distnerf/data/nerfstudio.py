@@ -52,7 +52,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import torch
 
-from distnerf.data.base import DatasetError, SceneData
+from distnerf.data.base import DatasetError, MissingDatasetFile, SceneData
 from distnerf.data.blender import _lookup, _number, _pose, _read_json
 from distnerf.data.capture import (CaptureImages, NameLabel, capture_scene, every_nth, indices_of, read_mask,
                                    scaled_size, split_indices)
@@ -67,12 +67,12 @@ def transforms_file(root) -> Path:
     """``root`` if it is a ``.json`` file, else ``root/transforms.json``.
 
     Raises:
-        FileNotFoundError: no such file (names it).
+        MissingDatasetFile (a DatasetError and a FileNotFoundError): no such file (names it).
     """
     root = Path(root)
     path = root if root.suffix == ".json" else root / "transforms.json"
     if not path.is_file():
-        raise FileNotFoundError(f"nerfstudio scene: {path} not found (dataset.root must be the folder holding "
+        raise MissingDatasetFile(f"nerfstudio scene: {path} not found (dataset.root must be the folder holding "
                                 f"transforms.json, or the json file)")
     return path
 
@@ -172,7 +172,7 @@ def load_nerfstudio(root, split: str, downscale: int = 1, holdout: int = 8, norm
         sizes), ``bounds``, ``mask`` (padding and mask files) and ``transform``.
 
     Raises:
-        FileNotFoundError: the json, an image or a mask is missing (names it and the frame).
+        MissingDatasetFile (a DatasetError and a FileNotFoundError): the json, an image or a mask is missing (names it and the frame).
         DatasetError: bad json, unsupported camera model, bad intrinsics or pose, an
             image or mask whose size differs from what it should be (names both), a
             split list naming unknown files, an empty split.
@@ -211,10 +211,10 @@ def load_nerfstudio(root, split: str, downscale: int = 1, holdout: int = 8, norm
         _, (fx, fy, cx, cy), dist, declared = frame_camera(json_path, i, meta, frame)
         full_path = data_dir / frame["file_path"]
         if not full_path.is_file() and not prescaled:
-            raise FileNotFoundError(f"{where}: image not found: {full_path}")
+            raise MissingDatasetFile(f"{where}: image not found: {full_path}")
         path = shrunk_images / full_path.name if prescaled else full_path
         if not path.is_file():
-            raise FileNotFoundError(f"{where}: image not found: {path} ({shrunk_images} exists, so "
+            raise MissingDatasetFile(f"{where}: image not found: {path} ({shrunk_images} exists, so "
                                     f"dataset.downscale={downscale} reads every image from it)")
         if declared is None:
             declared = read_image_size(full_path)
@@ -247,7 +247,7 @@ def _frame_mask(json_path: Path, index: int, frame: dict, data_dir: Path, shrunk
     if shrunk_masks is not None and (shrunk_masks / path.name).is_file():
         path, stored = shrunk_masks / path.name, size
     if not path.is_file():
-        raise FileNotFoundError(f"{json_path} frame {index}: mask not found: {path}")
+        raise MissingDatasetFile(f"{json_path} frame {index}: mask not found: {path}")
     key = (str(path), tuple(stored), tuple(size))
     if key not in decoded:
         decoded[key] = read_mask(path, stored, size, image_path)

@@ -103,7 +103,7 @@ class Checkpointer:
         rank_path = path / ckpt.rank_file(self.env.rank)
         if not rank_path.exists():
             return
-        rank_state = torch.load(rank_path, map_location="cpu", weights_only=False)
+        rank_state = ckpt.load_file(rank_path)
         D.set_rng_state(rank_state["rng"])
         if "sampler" not in rank_state:
             return

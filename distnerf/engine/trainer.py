@@ -39,6 +39,10 @@ class NonFiniteLoss(RuntimeError):
     """Training stopped because a rank's loss was NaN or infinite."""
 
 
+class TrainingCollapse(NonFiniteLoss):
+    """Training stopped because a model's occupancy grid emptied (nothing is sampled any more)."""
+
+
 class Trainer:
     """Builds dataset, sampler, model, optimizer and checkpointer for one rank.
 
@@ -145,7 +149,7 @@ class Trainer:
         local = StepStats(valid_rays=batch.valid.sum(), nonfinite=~torch.isfinite(sse.detach()),
                           over_budget=float(0 < self.cfg.train.max_minutes * 60.0 <= self.train_seconds),
                           at_mark=float(self.checkpointer.mark_passed(self.train_seconds)),
-                          signal=float(self.stop.requested))
+                          signal=float(self.stop.requested), collapsed=float(bool(self.model.collapsed())))
         with self.timer.phase("step_sync"):
             return self.strategy.reduce_step_stats(local)
 
@@ -161,6 +165,8 @@ class Trainer:
             flags = agreed.total
             if flags.nonfinite:
                 self._stop_nonfinite(flags)
+            if flags.collapsed:
+                self._stop_collapsed(flags)
             if flags.over_budget or flags.signal:  # every rank leaves at this step
                 stop_reason = "time_budget" if flags.over_budget else "signal"
                 break
@@ -189,6 +195,20 @@ class Trainer:
         self.logger.log({"step": self.step, "event": "nonfinite_loss"})
         self.close()
         raise NonFiniteLoss(msg)
+
+    def _stop_collapsed(self, flags: StepStats) -> None:
+        """Stop like a non-finite loss when a model's occupancy grid emptied (nothing is sampled
+        any more, so nothing can learn again): no checkpoint of the collapsed model."""
+        mine = self.model.collapsed()
+        msg = (f"training collapsed at step {self.step} on {int(flags.collapsed)} rank(s)"
+               f"{' (here: ' + ', '.join(mine) + ' is empty)' if mine else ''}: every occupancy cell fell below "
+               f"model.occupancy_threshold, so no sample is marched any more. Likely cause: a learning rate too "
+               f"high for this model (train.lr={self.cfg.train.lr}) or a too-high occupancy_threshold; "
+               f"stopping without saving")
+        log.error(msg)
+        self.logger.log({"step": self.step, "event": "occupancy_collapse", "parts": mine})
+        self.close()
+        raise TrainingCollapse(msg)
 
     def _finish(self, stop_reason: str, progress, segment_start: float) -> dict:
         """After the loop: profile summaries, the final checkpoint, the test split."""

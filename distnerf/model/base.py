@@ -102,6 +102,13 @@ class RadianceModel(nn.Module):
         None when it samples stratified + hierarchically (NeRF)."""
         return None
 
+    def collapsed(self) -> list[str]:
+        """Parts of the model whose empty-space skipping marks *all* space empty (an occupancy
+        grid emptied by training: nothing is sampled any more, nothing can learn), e.g.
+        ``["occupancy grid"]``; empty when healthy. A Python value: no device read beyond
+        what rendering already made."""
+        return []
+
     def occupied(self, points: torch.Tensor) -> torch.Tensor:
         """(P, 3) points -> (P,) bool: False where empty-space skipping drops a sample."""
         return torch.ones(points.shape[0], dtype=torch.bool, device=points.device)

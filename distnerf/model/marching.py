@@ -78,6 +78,9 @@ class MarchingModel(RadianceModel):
         (Q, 3) float RGB in [0, 1] (an ``affine`` appearance may leave it)."""
         raise NotImplementedError
 
+    def collapsed(self) -> list[str]:
+        return ["occupancy grid"] if self.occupancy.is_empty() else []
+
     def field_rgb(self, points: torch.Tensor, viewdirs: torch.Tensor) -> torch.Tensor:
         return self.colours(points, viewdirs, torch.arange(points.shape[0], device=points.device))
 

@@ -133,9 +133,11 @@ class OccupancyGrid(nn.Module):
             self._coarse_key = key
             edge = (self.aabb[1] - self.aabb[0]) / self.resolution * f
             box = self.occupied_aabb()
-            # host sync, once per change of the grid: the march's group length and padded group count
-            sizes = torch.cat([edge, box[1] - box[0]]).tolist()
-            self._coarse = (blocks, edge, box, min(sizes[:3]), math.sqrt(sum(e * e for e in sizes[3:])))
+            # host sync, once per change of the grid: the march's group length and padded group count,
+            # and whether any cell is occupied
+            sizes = torch.cat([edge, box[1] - box[0], self.binary.any().to(edge.dtype)[None]]).tolist()
+            self._coarse = (blocks, edge, box, min(sizes[:3]), math.sqrt(sum(e * e for e in sizes[3:6])),
+                            sizes[6] == 0.0)
         return self._coarse[:2]
 
     def coarse_edge(self) -> float:
@@ -148,6 +150,12 @@ class OccupancyGrid(nn.Module):
         segment inside the box is longer."""
         self.coarse()
         return self._coarse[4]
+
+    def is_empty(self) -> bool:
+        """Whether no cell is occupied, a Python bool (cached with :meth:`coarse`: read with the
+        march's sizes, once per change of the grid)."""
+        self.coarse()
+        return self._coarse[5]
 
     def occupied_box(self) -> torch.Tensor:
         """(2, 3) float32 box around the occupied cells (cached; see :meth:`occupied_aabb`)."""

@@ -28,7 +28,7 @@ class StepStats:
     the training device, e.g. ``valid.sum()``, so that building the stats reads nothing
     back); after the reduction each field is a float, the sum over ranks: the number of
     valid rays, and how many ranks saw a non-finite loss, passed the time budget, passed a
-    checkpoint time mark or got a stop signal. Any non-zero flag acts on every rank at the
+    checkpoint time mark, got a stop signal or hold a model whose occupancy grid emptied. Any non-zero flag acts on every rank at the
     same step.
     """
 
@@ -37,9 +37,10 @@ class StepStats:
     over_budget: float = 0.0
     at_mark: float = 0.0
     signal: float = 0.0
+    collapsed: float = 0.0
 
     def host_values(self) -> list[float]:
-        """The five fields as host floats, in field order. The tensor fields are read back in
+        """The fields as host floats, in field order. The tensor fields are read back in
         one device-to-host transfer (the step's one host synchronisation for its flags); the
         Python numbers never travel to the device and back."""
         values = list(astuple(self))
@@ -181,7 +182,7 @@ class Strategy:
 
     def load_model_state(self, ckpt_dir: Path, model: nn.Module) -> dict:
         """Load the model's weights from ``ckpt_dir`` in place; returns ``optimizer`` state and the meta."""
-        state = torch.load(Path(ckpt_dir) / ckpt.MODEL_FILE, map_location="cpu", weights_only=False)
+        state = ckpt.load_file(Path(ckpt_dir) / ckpt.MODEL_FILE)
         model.load_state_dict(state["model"])
         return state
 

@@ -16,8 +16,7 @@ from .ss import SSStrategy
 
 def region_states(ckpt_dir: Path):
     """``state(k)``: region ``k``'s sub-model state dict from a committed ``ss`` checkpoint."""
-    return lambda k: torch.load(Path(ckpt_dir) / ckpt.region_file(k), map_location="cpu",
-                                weights_only=False)["model"]
+    return lambda k: ckpt.load_file(Path(ckpt_dir) / ckpt.region_file(k))["model"]
 
 
 def load_fused(partition_dict: dict, state, model_cfg: dict, strategy_cfg, aabb, background, fusion: str,

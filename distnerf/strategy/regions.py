@@ -94,6 +94,12 @@ class RegionModels(RadianceModel):
     def update_state(self, step: int) -> bool:
         return any([m.update_state(step) for m in self.models])  # a list: every sub-model updates
 
+    def collapsed(self) -> list[str]:
+        """Every sub-model's emptied parts when *all* of them emptied; empty otherwise (one region
+        may hold nothing, e.g. air above a corner of a bounded scene, and stay empty by right)."""
+        parts = [[f"region {k}'s {part}" for part in m.collapsed()] for k, m in zip(self.regions, self.models)]
+        return [p for ps in parts for p in ps] if parts and all(parts) else []
+
     def add_regularizer_grads_(self) -> float:
         return sum(m.add_regularizer_grads_() for m in self.models)
 

@@ -260,10 +260,8 @@ class SSStrategy(Strategy):
                                        f"{manifest.get('world_size')}, now {self.owner}: an ss run resumes at "
                                        f"its original world size and number of regions")
         for k, sub in zip(model.regions, model.models):
-            sub.load_state_dict(torch.load(Path(ckpt_dir) / ckpt.region_file(k), map_location="cpu",
-                                           weights_only=False)["model"])
-        return torch.load(Path(ckpt_dir) / ckpt.optimizer_file(self.env.rank), map_location="cpu",
-                          weights_only=False)
+            sub.load_state_dict(ckpt.load_file(Path(ckpt_dir) / ckpt.region_file(k))["model"])
+        return ckpt.load_file(Path(ckpt_dir) / ckpt.optimizer_file(self.env.rank))
 
     def manifest_extra(self) -> dict:
         return {"strategy": self.name, "training": self.training, "partition": self.partition.to_dict(),

@@ -148,3 +148,11 @@ def test_world_size_change_warns(resume_runs):
     proc = launch(1, resume_runs["resumed"], resume_runs["cache"], [f"train.max_steps={2 * N + 1}", "resume=true",
                                                                     "eval.enabled=false"])
     assert "not bit-exact" in proc.stderr
+
+
+def test_every_checkpoint_file_is_data_only(resume_runs):
+    """Every .pt of a ddp (and single-process) run loads with weights_only=True: no pickled code."""
+    files = sorted((resume_runs["straight"] / "checkpoints").glob("step_*/*.pt"))
+    assert {p.name for p in files} >= {"model.pt", "rank_0.pt"}
+    for p in files:
+        torch.load(p, map_location="cpu", weights_only=True)

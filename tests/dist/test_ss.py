@@ -184,3 +184,13 @@ def test_render_of_an_ss_checkpoint_missing_a_region_file_names_the_step_and_the
     (found / "region_002.pt").unlink()
     with pytest.raises(AssertionError, match=rf"step {2 * N}: region_002.pt missing \(listed in .*manifest.json\)"):
         run_cli([sys.executable, "-m", "distnerf.render", f"run_dir={run}", f"out_dir={run / 'r'}"])
+
+
+def test_every_ss_and_joint_checkpoint_file_is_data_only(ss_runs, joint_run):
+    """Sub-models, per-rank optimizers and RNG/sampler states of ss (independent and joint)
+    checkpoints load with weights_only=True: sharing a run directory never runs pickled code."""
+    for run in (ss_runs["straight"], joint_run):
+        files = sorted((run / "checkpoints").glob("step_*/*.pt"))
+        assert {p.name for p in files} >= {"region_000.pt", "optimizer_rank_0.pt", "rank_0.pt", "rank_1.pt"}, files
+        for p in files:
+            torch.load(p, map_location="cpu", weights_only=True)

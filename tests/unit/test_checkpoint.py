@@ -100,3 +100,34 @@ def test_a_committed_checkpoint_missing_a_file_names_the_step_the_file_and_the_m
     assert "step 12: rank_1.pt missing (listed in" in broken[0] and str(d / ckpt.MANIFEST) in broken[0]
     make(tmp_path, 20, commit=False)  # uncommitted: not damaged, just not there yet
     assert len(ckpt.damaged(tmp_path)) == 1
+
+
+class _Payload:
+    """An object whose unpickling would run code (what weights_only=True refuses)."""
+
+    def __reduce__(self):
+        return (print, ("pickled code ran",))
+
+
+def test_a_checkpoint_file_with_pickled_objects_is_refused_naming_it(tmp_path, capsys):
+    path = tmp_path / "model.pt"
+    torch.save({"model": {"w": torch.zeros(2)}, "extra": _Payload()}, path)
+    with pytest.raises(ckpt.CheckpointError, match="model.pt: not a data-only checkpoint file"):
+        ckpt.load_file(path)
+    assert "pickled code ran" not in capsys.readouterr().out
+
+
+def test_rng_state_is_data_only_and_restores_every_generator(tmp_path):
+    import random
+
+    import numpy as np
+
+    from distnerf import dist as D
+
+    state = D.rng_state()
+    path = tmp_path / "rank_0.pt"
+    ckpt.atomic_torch_save({"rng": state}, path)
+    expected = (torch.rand(3), np.random.rand(3), [random.random() for _ in range(3)])
+    D.set_rng_state(ckpt.load_file(path)["rng"])
+    again = (torch.rand(3), np.random.rand(3), [random.random() for _ in range(3)])
+    assert torch.equal(expected[0], again[0]) and np.array_equal(expected[1], again[1]) and expected[2] == again[2]
