@@ -119,7 +119,8 @@ def main() -> None:
     m.add_argument("--wall-s", type=float, required=True)
     m.add_argument("--phases", default=None, help='JSON object of per-phase wall seconds, e.g. {"train": 610.2}')
     args = ap.parse_args()
-    meta = {"files": args.files, "command": args.command, "started": args.started, **git_state(),
+    # the commit of the checkout the run ran in (its cwd: a worktree of another commit for bench_regression.sh)
+    meta = {"files": args.files, "command": args.command, "started": args.started, **git_state(Path.cwd()),
             "host": platform.node(), "cpu_count": os.cpu_count(), "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
             "load_before": args.load_before, "load_source": "/proc/loadavg in the script (1, 5, 15 minutes)"}
     meta = finish_meta(meta)

@@ -430,7 +430,7 @@ def city_unbounded(res: Results) -> list[str]:
         size = next(r for r in log if r.get("event") == "model_size")
         rss = [r["peak_rss_mb"] for r in size["ranks"]]
         # distinct parameters: the regions' under ss, one replica's under ddp
-        total = sum(size.get("parameters_per_region", {}).values()) or size["parameters_per_rank"]
+        total = sum(v["parameters"] for v in size.get("parameters_per_region", {}).values()) or size["parameters_per_rank"]
         psnr[cell] = m["psnr"]
         out.append(row(cell, strategy, contraction, appearance,
                        f"{mega(size['parameters_per_rank'])} ({mega(total)})",
