@@ -1,12 +1,15 @@
 # Shared by the launch/ scripts (sourced, not run). The only place that knows cluster flags.
 #
 # distnerf_setup            cd to the repository (DISTNERF_ROOT, else the sbatch submit directory, else
-#                           the parent of launch/), activate .venv when present, export the signal list
-#                           torchrun forwards to its ranks
+#                           the parent of launch/), activate .venv when present, check PREEMPT_SIGNAL
+#                           (USR1 by default, USR2 or HUP: match sbatch --signal=B:<it>@T), export it to
+#                           the ranks (DISTNERF_PREEMPT_SIGNAL) and the signal list torchrun forwards
 # distnerf_head_node LIST   first host of a Slurm node list (the c10d rendezvous host)
-# distnerf_run CMD...       run CMD in the background, forward SIGUSR1/SIGTERM/SIGINT to it, wait for it;
-#                           sets DISTNERF_RC (its exit status) and DISTNERF_SIGNAL (USR1/TERM/INT or empty)
-# distnerf_requeue RUN_DIR  after a SIGUSR1 (Slurm's warning before the time limit): requeue this job
+# distnerf_run CMD...       run CMD in the background, forward the preemption signal, SIGTERM and SIGINT
+#                           to it, wait for it; sets DISTNERF_RC (its exit status) and DISTNERF_SIGNAL
+#                           (PREEMPT/TERM/INT or empty). Another of USR1/USR2/HUP than PREEMPT_SIGNAL
+#                           says the two settings disagree and is forwarded as the preemption signal
+# distnerf_requeue RUN_DIR  after the preemption signal (Slurm's warning before the time limit): requeue this job
 #                           unless the run finished (RUN_DIR/metrics.json exists); returns 0 when requeued
 
 distnerf_setup() {
@@ -18,7 +21,15 @@ distnerf_setup() {
   # (torchrun --signals-to-handle, read from PET_SIGNALS_TO_HANDLE) it forwards that too: the ranks
   # agree on a stop step, checkpoint and exit within the agent's shutdown timeout (--shutdown-timeout,
   # PET_SHUTDOWN_TIMEOUT, 30 s by default), after which it kills them.
-  export PET_SIGNALS_TO_HANDLE="SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+  # PREEMPT_SIGNAL: some NCCL releases handle SIGUSR1 themselves; use USR2 or HUP there.
+  PREEMPT_SIGNAL="${PREEMPT_SIGNAL:-USR1}"; PREEMPT_SIGNAL="${PREEMPT_SIGNAL#SIG}"
+  case "$PREEMPT_SIGNAL" in
+    USR1|USR2|HUP) ;;
+    *) echo "distnerf: PREEMPT_SIGNAL=$PREEMPT_SIGNAL: must be USR1, USR2 or HUP (and match --signal=B:<it>@T)" >&2
+       exit 2;;
+  esac
+  export PREEMPT_SIGNAL DISTNERF_PREEMPT_SIGNAL="$PREEMPT_SIGNAL"
+  export PET_SIGNALS_TO_HANDLE="SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
 }
 
 distnerf_head_node() {
@@ -31,19 +42,27 @@ distnerf_run() {
   local child=$!
   # bash runs a trap only between commands: `wait` returns early (status > 128) when one arrives,
   # so wait again until the child is gone, then collect its own status
-  trap 'DISTNERF_SIGNAL=USR1; kill -USR1 '"$child"' 2>/dev/null || true' USR1
+  local sig p="${PREEMPT_SIGNAL:-USR1}"
+  for sig in USR1 USR2 HUP; do
+    if [ "$sig" = "$p" ]; then
+      trap 'DISTNERF_SIGNAL='"$p"'; kill -'"$p"' '"$child"' 2>/dev/null || true' "$sig"
+    else  # a --signal that does not match PREEMPT_SIGNAL: say so, and still checkpoint and requeue
+      trap 'echo "distnerf: got SIG'"$sig"' but PREEMPT_SIGNAL='"$p"' (sbatch --signal and PREEMPT_SIGNAL differ): treated as SIG'"$p"'" >&2
+            DISTNERF_SIGNAL='"$p"'; kill -'"$p"' '"$child"' 2>/dev/null || true' "$sig"
+    fi
+  done
   trap 'DISTNERF_SIGNAL=${DISTNERF_SIGNAL:-TERM}; kill -TERM '"$child"' 2>/dev/null || true' TERM
   trap 'DISTNERF_SIGNAL=${DISTNERF_SIGNAL:-INT}; kill -INT '"$child"' 2>/dev/null || true' INT
   while kill -0 "$child" 2>/dev/null; do wait "$child" || true; done
   DISTNERF_RC=0
   wait "$child" || DISTNERF_RC=$?
-  trap - USR1 TERM INT
+  trap - USR1 USR2 HUP TERM INT
   echo "distnerf: $1 exited with $DISTNERF_RC${DISTNERF_SIGNAL:+ after SIG$DISTNERF_SIGNAL}"
 }
 
 distnerf_requeue() {
   local run_dir="${1:?run dir}"
-  if [ "${DISTNERF_SIGNAL:-}" = USR1 ] && [ -n "${SLURM_JOB_ID:-}" ] && [ ! -f "$run_dir/metrics.json" ]; then
+  if [ "${DISTNERF_SIGNAL:-}" = "${PREEMPT_SIGNAL:-USR1}" ] && [ -n "${SLURM_JOB_ID:-}" ] && [ ! -f "$run_dir/metrics.json" ]; then
     echo "distnerf: preempted; requeueing job $SLURM_JOB_ID (restart ${SLURM_RESTART_COUNT:-0} -> $(( ${SLURM_RESTART_COUNT:-0} + 1 )))"
     scontrol requeue "$SLURM_JOB_ID"  # ends this script; the job runs again, with the same run dir
     return 0

@@ -49,7 +49,7 @@ from ..schema import SamplerConfig, choices_of
 from .base import BatchSpec, RayBatch, Sampler
 from .cache import cached_file, open_pixel_cache, write_pixel_cache
 from .files import image_files
-from .worker import MAX_IMAGES, SLOT_FLOATS, unpack, worker_main
+from .worker import MAX_IMAGES, SLOT_FLOATS, STOP_SIGNALS, unpack, worker_main
 
 log = logging.getLogger("distnerf")
 
@@ -125,7 +125,8 @@ def _share(tensor: torch.Tensor, cache_dir: str | None) -> torch.Tensor:
 
 @contextlib.contextmanager
 def _stop_signals_blocked():
-    """Block SIGTERM and SIGUSR1 while starting processes, which inherit the mask.
+    """Block the stop signals (SIGTERM and the preemption signals, :data:`worker.STOP_SIGNALS`)
+    while starting processes, which inherit the mask.
 
     torchrun's agent and Slurm signal a rank's whole process group (or process tree):
     the fork server and resource tracker that multiprocessing starts with the first
@@ -133,11 +134,11 @@ def _stop_signals_blocked():
     birth they never see these signals; the trainer alone decides how to stop. A signal
     arriving meanwhile stays pending for the trainer and is handled when the block ends.
     """
-    stop = {signal.SIGTERM, signal.SIGUSR1}
+    stop = set(STOP_SIGNALS)
     old = signal.pthread_sigmask(signal.SIG_BLOCK, stop)
     try:
         # the resource tracker unblocks SIGTERM here after starting its process (which ignores
-        # SIGTERM and keeps SIGUSR1 blocked): start it first, then block again for the fork server
+        # SIGTERM and keeps the others blocked): start it first, then block again for the fork server
         resource_tracker.ensure_running()
         signal.pthread_sigmask(signal.SIG_BLOCK, stop)
         yield

@@ -61,9 +61,14 @@ def unpack(slot: torch.Tensor, num_rays: int, jitter_seed: int) -> RayBatch:
     return RayBatch(rays, views["rgb"], views["valid"] > 0.5, jitter_seed)
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
+"""Signals a launcher may send a rank's whole process group to stop it (SIGTERM, and each
+preemption signal ``launch/`` may be configured with): the trainer handles them, workers never."""
+
+
 def _detach_from_parent() -> None:
     """Ignore the signals the trainer handles (it decides how to stop) and die with the parent."""
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
+    for sig in (signal.SIGINT, *STOP_SIGNALS):
         signal.signal(sig, signal.SIG_IGN)
     if sys.platform.startswith("linux"):
         try:  # PR_SET_PDEATHSIG = 1: SIGKILL when the parent exits

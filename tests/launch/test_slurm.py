@@ -1,7 +1,8 @@
 """The launch/ Slurm scripts on a real single-node Slurm (``slurm`` fixture).
 
-* ``slurm_train.sbatch``: a 2-rank CPU job gets the preemption warning
-  (``scancel --signal=USR1 --batch``, what ``--signal=B:USR1@T`` delivers), all ranks
+* ``slurm_train.sbatch``: a 2-rank CPU job gets the preemption warning on a non-default
+  signal (``PREEMPT_SIGNAL=USR2``; ``scancel --signal=USR2 --batch``, what ``--signal=B:USR2@T``
+  delivers), all ranks
   checkpoint at one step, the job requeues itself and the requeued job resumes there and
   finishes; ``slurm_render.sbatch`` then renders the run.
 * ``slurm_multinode.sbatch`` on one node (``srun torchrun`` with a c10d rendezvous on the
@@ -28,9 +29,10 @@ def preempted(slurm, tmp_path_factory):
     root = tmp_path_factory.mktemp("slurm_train")
     run, out = root / "run", root / "train.out"
     job = slurm.sbatch("slurm_train.sbatch", [*SMOKE, "train.max_steps=60", "train.ckpt_every=20"],
-                       [*CPU_JOB, f"--output={out}"], {"NPROC": "2", "RUN_DIR": str(run)})
+                       [*CPU_JOB, "--signal=B:USR2@30", f"--output={out}"],
+                       {"NPROC": "2", "RUN_DIR": str(run), "PREEMPT_SIGNAL": "USR2"})
     wait_for(lambda: last_step(run) >= 12, 240, f"step 12 of job {job} ({out})")
-    slurm.cmd("scancel", "--signal=USR1", "--batch", job)
+    slurm.cmd("scancel", "--signal=USR2", "--batch", job)  # a non-default preemption signal
     info = slurm.wait_state(job, FINAL, 300)
     render_out = root / "render.out"
     render = slurm.sbatch("slurm_render.sbatch", [str(run)], [*CPU_JOB, f"--output={render_out}"], {"NPROC": "2"})
@@ -46,7 +48,7 @@ def test_preempted_job_checkpoints_requeues_and_resumes(preempted):
     assert f"requeueing job {preempted['job']} (restart 0 -> 1)" in preempted["out"]
     events = rows(run)
     stops = [r for r in events if r.get("event") == "signal_stop"]
-    assert len(stops) == 1 and stops[0]["signal"] == "SIGUSR1", stops
+    assert len(stops) == 1 and stops[0]["signal"] == "SIGUSR2", stops
     k = stops[0]["step"]
     assert k >= 12 and k % 20 != 0  # the agreed stop step, not a periodic checkpoint
     resumes = [r["step"] for r in events if r.get("event") == "resumed"]
