@@ -39,6 +39,7 @@ class DistEnv:
     device: torch.device = torch.device("cpu")
     backend: str | None = None
     restart_count: int = 0  # torchrun's TORCHELASTIC_RESTART_COUNT: > 0 in a restarted worker group
+    store: object = None  # the process group's key-value store (this attempt's prefix); None alone
 
     @property
     def is_main(self) -> bool:
@@ -83,7 +84,23 @@ def init_distributed(device: str = "auto", timeout_s: float = 600.0) -> DistEnv:
         store = dist.PrefixStore(f"distnerf/attempt_{restart_count}", store)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout,
                                 device_id=dev if use_cuda else None)
-    return DistEnv(rank, world_size, local_rank, dev, backend, restart_count)
+    else:
+        store = None
+    return DistEnv(rank, world_size, local_rank, dev, backend, restart_count, store)
+
+
+COLLECTIVE_FAILURES = ("Timed out", "timed out", "Connection closed by peer", "Connection reset by peer",
+                       "NCCL", "Watchdog", "Socket Timeout")
+"""Text of the RuntimeErrors a failed or timed-out collective raises (gloo's "Timed out waiting
+Nms for recv operation", a peer that died, NCCL's watchdog)."""
+
+
+def collective_failure(err: BaseException) -> bool:
+    """Whether ``err`` is a collective that timed out or lost a peer (torch.distributed.DistError,
+    or a RuntimeError with the backends' text for it)."""
+    dist_error = getattr(dist, "DistError", ())
+    return isinstance(err, dist_error) or (isinstance(err, RuntimeError) and any(
+        t in str(err) for t in COLLECTIVE_FAILURES))
 
 
 def cuda_index(local_rank: int, visible: int | None = None) -> int:

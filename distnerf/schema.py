@@ -355,6 +355,7 @@ class TrainConfig:
     seed: int = 0
     device: str = choice("auto", "auto", "cpu", "cuda")  # the backend follows: nccl on CUDA, gloo on CPU
     dist_timeout_s: float = positive(600.0)  # collective timeout
+    dist_progress_s: float = positive(5.0)  # each rank publishes its step and phase this often (hang reports)
 
 
 @dataclass

@@ -25,9 +25,15 @@ from .config import resolve_run_dir, setup_logging
 from .data import DatasetError
 from .schema import ConfigError, validate
 from .engine.trainer import NonFiniteLoss, Trainer
+from .observe.progress import ProgressBeacon
 from .strategy import build_strategy
 
 log = logging.getLogger("distnerf")
+
+
+class CollectiveFailure(RuntimeError):
+    """A collective timed out or lost a peer; the message names each rank's step and phase and
+    the rank that stopped making progress (:class:`distnerf.observe.progress.ProgressBeacon`)."""
 
 
 @record  # under torchrun a rank's exception (with traceback) goes to its error file and the agent's summary
@@ -35,6 +41,7 @@ def run(cfg: DictConfig) -> dict:
     cfg = validate(cfg)  # schemas: distnerf/schema.py (errors name the key, the value, what is allowed)
     stop = D.StopRequest().install()  # SIGUSR1/SIGTERM: all ranks stop at one step and checkpoint
     env = D.init_distributed(cfg.device, cfg.dist_timeout_s)
+    beacon = ProgressBeacon(env.store, env.rank, env.world_size, cfg.dist_progress_s).start()  # step and phase, for hang reports
     try:
         run_dir = resolve_run_dir(cfg, env)
         setup_logging(env, run_dir, cfg.logger.level)
@@ -43,8 +50,19 @@ def run(cfg: DictConfig) -> dict:
             log.info("run directory %s; world size %d; backend %s; device %s", run_dir, env.world_size,
                      env.backend or "none", env.device)
         strategy = build_strategy(cfg.strategy, env)
-        return Trainer(cfg, strategy, run_dir, stop=stop).fit()
+        trainer = Trainer(cfg, strategy, run_dir, stop=stop)
+        beacon.watch(trainer.progress)
+        return trainer.fit()
+    except RuntimeError as err:
+        if not (env.distributed and D.collective_failure(err)):
+            raise
+        # name the rank that stopped making progress, not only the one whose wait timed out
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        msg = f"rank {env.rank}: a collective failed ({first[:300]}); {beacon.describe()}"
+        log.error(msg)
+        raise CollectiveFailure(msg) from err
     finally:
+        beacon.stop()  # joined before the process group goes
         D.shutdown(env)
         stop.uninstall()
 

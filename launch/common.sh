@@ -4,6 +4,7 @@
 #                           the parent of launch/), activate .venv when present, check PREEMPT_SIGNAL
 #                           (USR1 by default, USR2 or HUP: match sbatch --signal=B:<it>@T), export it to
 #                           the ranks (DISTNERF_PREEMPT_SIGNAL) and the signal list torchrun forwards
+# distnerf_flight_recorder RUN_DIR   NCCL flight-recorder dumps into RUN_DIR/nccl_trace/ (GPU machines)
 # distnerf_head_node LIST   first host of a Slurm node list (the c10d rendezvous host)
 # distnerf_run CMD...       run CMD in the background, forward the preemption signal, SIGTERM and SIGINT
 #                           to it, wait for it; sets DISTNERF_RC (its exit status) and DISTNERF_SIGNAL
@@ -30,6 +31,18 @@ distnerf_setup() {
   esac
   export PREEMPT_SIGNAL DISTNERF_PREEMPT_SIGNAL="$PREEMPT_SIGNAL"
   export PET_SIGNALS_TO_HANDLE="SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
+  # NCCL's flight recorder: on a collective timeout each rank dumps its last collectives (README,
+  # "When a run hangs"; read with torch.distributed.flight_recorder.fr_trace). Ignored by gloo.
+  export TORCH_NCCL_TRACE_BUFFER_SIZE="${TORCH_NCCL_TRACE_BUFFER_SIZE:-2000}"
+  export TORCH_NCCL_DUMP_ON_TIMEOUT="${TORCH_NCCL_DUMP_ON_TIMEOUT:-1}"
+}
+
+# distnerf_flight_recorder RUN_DIR: where the ranks' NCCL flight-recorder dumps go (RUN_DIR/nccl_trace/rank_N)
+# (made on machines with NVIDIA GPUs only: CPU runs keep their run directory as it was)
+distnerf_flight_recorder() {
+  command -v nvidia-smi >/dev/null 2>&1 || return 0
+  mkdir -p "${1:?run dir}/nccl_trace"
+  export TORCH_NCCL_DEBUG_INFO_TEMP_FILE="${TORCH_NCCL_DEBUG_INFO_TEMP_FILE:-$1/nccl_trace/rank_}"
 }
 
 distnerf_head_node() {

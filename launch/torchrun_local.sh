@@ -26,6 +26,7 @@ else
         --rdzv_id="${RDZV_ID:-$(basename "$run_dir")}")
 fi
 echo "run_dir=$run_dir"
+distnerf_flight_recorder "$run_dir"
 # shellcheck disable=SC2086
 distnerf_run python -m torch.distributed.run "${rdzv[@]}" --nproc_per_node="$nproc" \
   --max-restarts="${MAX_RESTARTS:-3}" ${TORCHRUN_ARGS:-} \

@@ -112,6 +112,11 @@ class Trainer:
                      "with the world size since the global batch is fixed)", cfg.train.global_rays,
                      strategy.describe_batch(cfg.train.global_rays), cfg.train.lr)
 
+    def progress(self) -> tuple[int, str, float]:
+        """(step, phase last entered, its wall-clock start): what this rank is doing
+        (:class:`distnerf.observe.progress.ProgressBeacon` publishes it for hang reports)."""
+        return self.step, self.timer.current, self.timer.current_since
+
     @property
     def optimizer(self) -> torch.optim.Optimizer:
         return self.step_fn.optimizer
@@ -214,6 +219,7 @@ class Trainer:
         """After the loop: profile summaries, the final checkpoint, the test split."""
         if progress is not None:
             progress.close()
+        self.timer.mark("evaluate")  # final checkpoint, summaries and the test split (hang reports)
         self.sampler.close()  # workers are not needed for evaluation; its state (next step) stays
         summaries = self.strategy.gather(self.profiler.finish())  # collective: every rank's breakdown to all
         sizes = self.strategy.gather(self._model_size())  # collective: every rank's parameters and peak memory

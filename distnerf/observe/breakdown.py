@@ -191,6 +191,7 @@ class StepProfiler:
         self._in_forward = False
         self._hooks = []
         self.created = time.perf_counter()
+        self.current, self.current_since = "setup", time.time()
         if model is not None and enabled:
             self.attach(model)
 
@@ -227,8 +228,15 @@ class StepProfiler:
         self._step_mark = self.clock.mark() if self.cuda else None
 
     def phase(self, name: str):
-        """Context manager timing ``name`` (one of :data:`PHASES`); NVTX/record_function ranges when enabled."""
+        """Context manager timing ``name`` (one of :data:`PHASES`); NVTX/record_function ranges when enabled.
+        Enabled or not, :attr:`current` becomes ``name`` (what this rank is doing, for hang reports)."""
+        self.mark(name)
         return self._timed(name) if self.enabled else self._null
+
+    def mark(self, name: str) -> None:
+        """Set :attr:`current` (the phase last entered, or ``setup``/``evaluate``) and
+        :attr:`current_since` (its wall-clock start, seconds since the epoch) without timing."""
+        self.current, self.current_since = name, time.time()
 
     @contextmanager
     def _timed(self, name: str):

@@ -146,6 +146,40 @@ def test_rank_death_without_restart_is_reported_naming_the_rank(tmp_path):
     assert not [p for p in ranks.values() if alive(p)]
 
 
+def test_a_hung_rank_is_named_with_its_phase_within_the_timeout(tmp_path):
+    """Rank 1 stops (SIGSTOP) mid-run; rank 0's collective times out after dist_timeout_s and its
+    error names rank 1 and the phase it was in (published to the store), within the timeout + 30 s."""
+    run, timeout_s = tmp_path / "hang", 10
+    proc = launch_local(2, run, ["train.max_steps=100000", f"dist_timeout_s={timeout_s}", "dist_progress_s=1"],
+                        env={"MAX_RESTARTS": "0"})
+    ranks = {}
+    try:
+        wait_for(lambda: last_step(run) >= 5, 240, "step 5")
+        time.sleep(2.5)  # > 2 publish periods of training: rank 1's last entry is a training step's
+        ranks = trainer_ranks(proc.pid, run)
+        os.kill(ranks[1], signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        out = run.with_suffix(".out")
+        said = wait_for(lambda: re.search(r"stopped making progress: rank (\S+) \(not heard from.*?Progress of every "
+                                          r"rank: (.*)", out.read_text()), timeout_s + 30, "the hang report")
+        took = time.monotonic() - stopped_at
+    finally:
+        for pid in ranks.values():  # the stopped rank cannot act on the agent's SIGTERM
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    rc = finish(proc, 90, "the hung run")
+    assert rc != 0
+    assert said.group(1) == "1", said.group(0)
+    # rank 1's last entry (published at most dist_progress_s before it stopped), rank 0 waiting further on
+    phase = re.search(r"rank 1: step (\d+), phase (\w+)", said.group(2))
+    waiting = re.search(r"rank 0: step (\d+), phase step_sync", said.group(2))
+    assert phase and waiting and 5 <= int(phase.group(1)) <= int(waiting.group(1)), said[0]
+    assert phase.group(2) in ("input_wait", "copy", "model_update", "forward", "step_sync", "checkpoint",
+                              "backward", "regularizer", "optimizer"), said.group(0)
+    assert re.search(r"rank 0: a collective failed \(.*Timed out", said.string), said.string[-3000:]
+    assert timeout_s <= took <= timeout_s + 30, took
+
+
 def two_agents(run: Path, extra: list[str], tag: str) -> list:
     """Two torchrun agents (1 rank each) joining one c10d rendezvous on localhost."""
     env = {"NNODES": "2", "RDZV_ENDPOINT": f"127.0.0.1:{free_port()}", "RDZV_ID": f"{run.name}-{tag}",

@@ -1,0 +1,125 @@
+"""Which rank stopped making progress: each rank's step and phase, published to the store.
+
+A collective that times out names the rank that *waited* (gloo: "Timed out waiting 600000ms
+for recv operation"), not the one that hung. So every rank of a distributed run keeps a
+:class:`ProgressBeacon`: a daemon thread that writes the rank's current step and phase (the
+step breakdown's phase names, e.g. ``forward``, ``step_sync``; ``setup`` before the first step,
+``evaluate`` after the last) and a wall-clock heartbeat to the process group's key-value store
+every :data:`INTERVAL_S` seconds. When a collective fails, the rank that saw it reads every
+rank's entry (:meth:`ProgressBeacon.describe`) and its error names the rank that is behind:
+not heard from (a stopped process, one hung in native code holding the GIL, a dead one), or
+at the earliest step and phase while the others wait in a collective further on.
+
+The store is the rendezvous store of the run's attempt (``DistEnv.store``); on NCCL the
+collective's own error may never reach Python (the watchdog aborts the process): there, read
+the flight recorder's dump (README, "When a run hangs").
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Callable
+
+INTERVAL_S = 5.0  # publish period; "not heard from" means older than 3 periods
+STEP_ORDER = ("setup", "input_wait", "copy", "model_update", "forward", "step_sync", "checkpoint", "backward",
+              "regularizer", "optimizer", "evaluate")
+"""The phases in the order a step passes them (the step breakdown's names; ``setup`` before
+step 0, ``evaluate`` after the last step): a rank at an earlier (step, phase) is behind."""
+
+class ProgressBeacon:
+    """Publish ``(step, phase, since)`` of this rank every ``interval_s`` seconds.
+
+    Args:
+        store: a ``torch.distributed.Store`` shared by the ranks (``DistEnv.store``), or None
+            (one process: nothing is published and :meth:`describe` says so).
+        rank, world_size: this rank and the number of ranks.
+        interval_s: publish period in seconds (> 0).
+    """
+
+    def __init__(self, store, rank: int, world_size: int, interval_s: float = INTERVAL_S):
+        self.store, self.rank, self.world_size, self.interval_s = store, rank, world_size, interval_s
+        self.source: Callable[[], tuple[int | None, str, float]] = lambda: (None, "setup", self._born)
+        self._born = time.time()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @staticmethod
+    def key(rank: int) -> str:
+        return f"distnerf_progress/rank_{rank}"
+
+    def watch(self, source: Callable[[], tuple[int | None, str, float]]) -> None:
+        """Publish what ``source()`` returns from now on: (step, phase name, wall time the phase began)."""
+        self.source = source
+        self.publish()
+
+    def start(self) -> "ProgressBeacon":
+        if self.store is not None and self._thread is None:
+            self.publish()
+            self._thread = threading.Thread(target=self._run, name="distnerf-progress", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop and join the thread (before the process group is destroyed and the interpreter exits)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2 * self.interval_s)
+            self._thread = None
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.publish()
+            except Exception:  # the store is gone (the agent shut down): nothing left to tell
+                return
+
+    def publish(self) -> None:
+        if self.store is None:
+            return
+        step, phase, since = self.source()
+        self.store.set(self.key(self.rank), json.dumps({"step": step, "phase": phase, "since": since,
+                                                         "beat": time.time()}))
+
+    def read(self) -> dict[int, dict | None]:
+        """Every rank's last entry (None: never published), without blocking on a missing key."""
+        out: dict[int, dict | None] = {}
+        for r in range(self.world_size):
+            try:
+                out[r] = json.loads(self.store.get(self.key(r))) if self.store.check([self.key(r)]) else None
+            except Exception:
+                out[r] = None
+        return out
+
+    def describe(self, now: float | None = None) -> str:
+        """One paragraph: each rank's step and phase, and which rank(s) stopped making progress.
+
+        A rank is named when it was not heard from for 3 publish periods (stopped, hung in
+        native code holding the GIL, or dead); else the ranks furthest behind in (step, phase
+        in :data:`STEP_ORDER`) are named, since the others reached a collective they wait in.
+        Wall clocks of different nodes are compared (NTP-synchronised clusters assumed).
+        """
+        if self.store is None:
+            return "no progress store (one process)"
+        now = time.time() if now is None else now
+        lines, silent, heard = [], [], []
+        for r, e in self.read().items():
+            if e is None:
+                lines.append(f"rank {r}: never reported")
+                silent.append(r)
+                continue
+            age = now - e["beat"]
+            lines.append(f"rank {r}: step {e['step'] if e['step'] is not None else 0}, phase {e['phase']} for "
+                         f"{now - e['since']:.0f} s (last heard {age:.0f} s ago)")
+            order = STEP_ORDER.index(e["phase"]) if e["phase"] in STEP_ORDER else len(STEP_ORDER)
+            (silent.append(r) if age > 3 * self.interval_s else heard.append(((e["step"] or 0, order), r)))
+        if silent:
+            suspects, why = silent, "not heard from: stopped, hung in native code, or dead"
+        elif heard and min(p for p, _ in heard) != max(p for p, _ in heard):
+            low = min(p for p, _ in heard)
+            suspects, why = [r for p, r in heard if p == low], "behind the others, which wait in a collective"
+        else:
+            suspects, why = [], "every rank is at the same step and phase"
+        verdict = (f"stopped making progress: rank {', '.join(map(str, suspects))} ({why})" if suspects
+                   else f"no rank stands out ({why})")
+        return f"{verdict}. Progress of every rank: " + "; ".join(lines)

@@ -1,0 +1,73 @@
+"""Hang reports: which rank stopped making progress, from every rank's published step and phase.
+
+A real ``torch.distributed`` store (HashStore, the in-process one; runs use the rendezvous
+TCPStore) and one beacon per simulated rank; the verdicts are checked against the positions
+each rank was given, not against the code's own output.
+"""
+from __future__ import annotations
+
+import json
+import time
+
+import torch.distributed as dist
+
+from distnerf.observe.progress import ProgressBeacon
+
+
+def beacons(positions: dict[int, tuple[int, str]], store=None) -> list[ProgressBeacon]:
+    store = store or dist.HashStore()
+    out = []
+    for rank, (step, phase) in positions.items():
+        b = ProgressBeacon(store, rank, len(positions), interval_s=1.0)
+        b.watch(lambda s=step, p=phase: (s, p, time.time() - 4.0))  # publishes once
+        out.append(b)
+    return out
+
+
+def test_the_rank_behind_the_others_is_named():
+    # rank 2 is still in its forward of step 7; ranks 0 and 1 wait in the step's agreement
+    report = beacons({0: (7, "step_sync"), 1: (7, "step_sync"), 2: (7, "forward")})[0].describe()
+    assert report.startswith("stopped making progress: rank 2 (behind"), report
+    assert "rank 2: step 7, phase forward for 4 s" in report and "rank 0: step 7, phase step_sync" in report
+    # a rank a step behind (ddp: the others wait in the next step's gradient all-reduce)
+    report = beacons({0: (8, "backward"), 1: (7, "optimizer")})[0].describe()
+    assert report.startswith("stopped making progress: rank 1 "), report
+
+
+def test_a_silent_rank_is_named_before_one_that_is_behind():
+    store = dist.HashStore()
+    # rank 1 is at step 3 like rank 0, but its last beat is 20 s old (a stopped process): the
+    # entry its beacon would have written then; rank 2 is behind but alive
+    store.set(ProgressBeacon.key(1), json.dumps({"step": 3, "phase": "backward", "since": time.time() - 25,
+                                                 "beat": time.time() - 20}))
+    b0 = ProgressBeacon(store, 0, 3, interval_s=1.0)
+    b0.watch(lambda: (3, "step_sync", time.time()))
+    b2 = ProgressBeacon(store, 2, 3, interval_s=1.0)
+    b2.watch(lambda: (2, "forward", time.time()))
+    report = b0.describe()
+    assert report.startswith("stopped making progress: rank 1 (not heard from"), report
+    assert "rank 1: step 3, phase backward for 25 s (last heard 20 s ago)" in report, report
+
+
+def test_no_rank_stands_out_when_all_are_at_one_place_and_a_missing_rank_is_named():
+    report = beacons({0: (5, "step_sync"), 1: (5, "step_sync")})[0].describe()
+    assert report.startswith("no rank stands out"), report
+    store = dist.HashStore()
+    b = ProgressBeacon(store, 0, 2, interval_s=1.0)
+    b.publish()  # rank 1 never published (still decoding its scene, or never started)
+    report = b.describe()
+    assert "stopped making progress: rank 1" in report and "rank 1: never reported" in report, report
+    assert "rank 0: step 0, phase setup" in report
+
+
+def test_the_thread_publishes_and_stops():
+    store = dist.HashStore()
+    b = ProgressBeacon(store, 0, 1, interval_s=0.05)
+    state = {"step": 0}
+    b.source = lambda: (state["step"], "forward", time.time())
+    b.start()
+    state["step"] = 41
+    time.sleep(0.3)
+    assert '"step": 41' in store.get(ProgressBeacon.key(0)).decode()
+    b.stop()
+    assert b._thread is None
