@@ -20,7 +20,11 @@ COMMON = ["experiment=smoke", "train.progress=false", "train.ckpt_every=-1", "sa
           "eval.num_views=1"]
 # batches large enough that one OS time slice (~4 ms, the machine is shared) is not 5% of a step
 TRACE_RUN = ["train.max_steps=14", "train.global_rays=4096", "model.color=mlp", "strategy.sparse_min_numel=null", "strategy.bucket_cap_mb=1",
-             "profiler=trace", "profiler.trace.wait=5", "profiler.trace.warmup=1", "profiler.trace.active=2"]
+             "profiler=trace", "profiler.trace.wait=5", "profiler.trace.warmup=1", "profiler.trace.active=2",
+             # the hang-report thread wakes every dist_progress_s and may take the GIL across a phase
+             # boundary of a traced step (up to the 5 ms switch interval), which the two clocks below
+             # are compared to 0.5 ms: not within these 14 steps
+             "dist_progress_s=3600"]
 
 
 def rank_file(run: Path, rank: int) -> dict:
