@@ -196,10 +196,14 @@ class Trainer:
 
     def _stop_nonfinite(self, flags: StepStats) -> None:
         msg = f"non-finite loss at step {self.step} on {int(flags.nonfinite)} rank(s); stopping without saving"
-        log.error(msg)
-        self.logger.log({"step": self.step, "event": "nonfinite_loss"})
+        self._stop_without_saving(NonFiniteLoss(msg), {"event": "nonfinite_loss"})
+
+    def _stop_without_saving(self, err: NonFiniteLoss, row: dict) -> None:
+        """Log ``err``'s message and the event ``row`` at this step, close, raise ``err`` (no checkpoint)."""
+        log.error(str(err))
+        self.logger.log({"step": self.step, **row})
         self.close()
-        raise NonFiniteLoss(msg)
+        raise err
 
     def _stop_collapsed(self, flags: StepStats) -> None:
         """Stop like a non-finite loss when a model's occupancy grid emptied (nothing is sampled
@@ -210,10 +214,7 @@ class Trainer:
                f"model.occupancy_threshold, so no sample is marched any more. Likely cause: a learning rate too "
                f"high for this model (train.lr={self.cfg.train.lr}) or a too-high occupancy_threshold; "
                f"stopping without saving")
-        log.error(msg)
-        self.logger.log({"step": self.step, "event": "occupancy_collapse", "parts": mine})
-        self.close()
-        raise TrainingCollapse(msg)
+        self._stop_without_saving(TrainingCollapse(msg), {"event": "occupancy_collapse", "parts": mine})
 
     def _finish(self, stop_reason: str, progress, segment_start: float) -> dict:
         """After the loop: profile summaries, the final checkpoint, the test split."""
