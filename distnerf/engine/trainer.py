@@ -189,8 +189,10 @@ class Trainer:
             if progress is not None:
                 progress.update(1)
             if val_every and self.step % val_every == 0:
+                self.timer.mark("evaluate")  # outside the step: named for hang reports, not timed
                 self.validate()
             if self.checkpointer.due(self.step):
+                self.timer.mark("checkpoint")  # its barrier waits for every rank
                 self.save_checkpoint()
         return self._finish(stop_reason, progress, segment_start)
 

@@ -18,9 +18,9 @@ import pytest
 from distnerf.data.synthetic import ensure_scene
 from tests.conftest import REPO, run_cli
 
-# test_city_small_colmap_learns's run measured 19.46 dB (2026-12-01, 2-core CPU, 140 s of training; the
-# Blender copy of the same scene, same settings: 20.59 dB); floor 1.5 dB below
-CITY_SMALL_COLMAP_FLOOR = 17.9
+# test_city_small_colmap_learns's run measured 18.95 dB (2026-12-01 22:29, 2-core CPU, 200 steps at [48, 64],
+# 85 s of training; 300 steps at [48, 96]: 19.46 dB, and the Blender copy of the scene 20.59 dB); floor 1.5 dB below
+CITY_SMALL_COLMAP_FLOOR = 17.4
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +58,8 @@ def test_train_then_render_a_capture(tmp_path, tiny_city, fmt):
 @pytest.mark.slow
 def test_city_small_colmap_learns(tmp_path):
     root = ensure_scene(tmp_path / "cache", kind="city_small")
-    m = _train(tmp_path / "run", "dataset=colmap", f"dataset.root={root}", "train.max_steps=300",
-               "train.global_rays=2048", "model.resolutions=[48,96]", "model.upsample_steps=[150]",
+    m = _train(tmp_path / "run", "dataset=colmap", f"dataset.root={root}", "train.max_steps=200",
+               "train.global_rays=2048", "model.resolutions=[48,64]", "model.upsample_steps=[100]",
                "train.ckpt_every=0")
     assert m["protocol"]["num_views"] == 8  # images 0, 8, ..., 56 of the 60 (LLFF holdout 8)
     assert m["psnr"] > CITY_SMALL_COLMAP_FLOOR, m["psnr"]

@@ -17,7 +17,7 @@ from tests.conftest import FERN, LEGO, run_cli
 # tight enough that a half-pixel, NDC-step or compositing bug fails them
 BUILTIN_FLOOR = 26.0  # measured 27.52 dB
 LEGO_FLOOR = 26.5  # measured 28.07 dB at 100x100
-FERN_FLOOR = 20.4  # measured 21.90 dB at 252x189 (eval.downscale=2)
+FERN_FLOOR = 19.9  # measured 21.44 dB at 252x189 (eval.downscale=2; 200 steps at [48, 64], 2026-12-01 22:27)
 
 
 def train(run_dir, *overrides):
@@ -47,8 +47,8 @@ def test_lego_low_res_learns(tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(not FERN.exists(), reason=f"{FERN} not present")
 def test_fern_ndc_learns(tmp_path):
-    m = train(tmp_path, "dataset=llff", f"dataset.root={FERN}", "train.max_steps=300", "train.global_rays=2048",
-              "model.resolutions=[64,96]", "model.upsample_steps=[150]", "eval.downscale=2",
+    m = train(tmp_path, "dataset=llff", f"dataset.root={FERN}", "train.max_steps=200", "train.global_rays=2048",
+              "model.resolutions=[48,64]", "model.upsample_steps=[100]", "eval.downscale=2",
               "train.ckpt_every=0")
     assert m["protocol"]["num_views"] == 3  # images 0, 8, 16
     assert m["psnr"] > FERN_FLOOR, m["psnr"]
