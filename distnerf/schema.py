@@ -373,6 +373,52 @@ class RenderConfig(TrainConfig):
     out: Optional[str] = None          # export: output file; null: RUN/export/...
 
 
+# ----------------------------------------------------------------------------- study
+@dataclass
+class StudyLoadConfig:
+    """Waiting for a quiet machine before each timed cell."""
+    max_load: Optional[float] = positive(None)  # start a timed cell once the load is below this; null: never wait
+    measure: str = choice("instant", "instant", "loadavg")  # instant: busy cores over sample_s (/proc/stat) |
+                                                # loadavg: the 1-minute load average (decays for minutes after a cell)
+    sample_s: float = positive(2.0)
+    wait_s: float = bounded(900.0, 0)           # longest wait; past it the cell starts and is marked contended
+    poll_s: float = positive(5.0)
+
+
+@dataclass
+class StudySlurmConfig:
+    """``launcher: slurm``: one ``launch/slurm_train.sbatch`` job per cell."""
+    options: List[str] = items([])              # extra sbatch options, e.g. [--partition=gpu, --time=01:00:00]
+    gpus_per_rank: int = bounded(0, 0)          # 0: CPU ranks (--cpus-per-task from `threads`)
+    poll_s: float = positive(2.0)
+
+
+@dataclass
+class StudyConfig:
+    """A study (``conf/study/*.yaml``, run by ``python -m distnerf.study``): a matrix of training runs.
+
+    ``axes`` lists the values of each axis (``strategy``, ``sampler``, ``world_size``, ``scene``,
+    ``model``, ``budget``); ``levels`` says what a value means as training overrides (built in for
+    strategy, sampler, world_size and model; see distnerf/study/plan.py). Every cell is the
+    product's, unless ``cells`` lists the ones wanted (partial {axis: value} matches) or
+    ``exclude`` removes some.
+    """
+    name: str = MISSING
+    description: str = ""
+    fixed: List[str] = items([])                # training overrides of every cell
+    axes: Optional[Any] = None                  # {axis: [values]} (required)
+    levels: Optional[Any] = None                # {axis: {value: [overrides]}}
+    cells: Optional[List[Any]] = None           # null: every cell of the product
+    exclude: List[Any] = items([])
+    repeats: int = positive(1)                  # timed cells: repeats interleaved (r0 of every cell, then r1...)
+    timed: bool = True                          # wait for a quiet machine before each cell (see load)
+    threads: Optional[int] = positive(None)     # OMP threads per rank; null: CPU count // world size
+    cell_timeout_s: float = positive(7200.0)    # a cell running longer is stopped and failed
+    launcher: str = choice("local", "local", "slurm")
+    load: StudyLoadConfig = field(default_factory=StudyLoadConfig)
+    slurm: StudySlurmConfig = field(default_factory=StudySlurmConfig)
+
+
 PREFIX = {SamplerConfig: "sampler.", TrainLoopConfig: "train.", EvalConfig: "eval.", ProfilerConfig: "profiler.",
           LoggerConfig: "logger.", TraceConfig: "profiler.trace."}
 PREFIX.update({schema: f"{group}." for group, options in {

@@ -227,10 +227,13 @@ def make_eval_split(cfg, model, strategy):
         mine = [views[i] for i in strategy.eval_views(len(views))]
         device = next(model.buffers()).device
         renderer = strategy.inference_model(model)  # ss: the fusion stage over every region
+        timing = getattr(renderer, "timing", None)  # fusion: seconds of routing, exchange + compositing, total
+        if timing is not None:
+            timing.clear()
         rows = evaluate_views(renderer, scene, mine, cfg.eval.chunk, device,
                               out_dir if strategy.writes_renders else None, lpips, cfg.eval.point_chunk, cfg.eval)
         rows = strategy.gather_rows(rows)
-        return {"scene": scene, "rows": rows}
+        return {"scene": scene, "rows": rows, "fusion_timing": dict(timing) if timing is not None else None}
 
     return eval_split
 
@@ -290,6 +293,8 @@ def evaluate_run(cfg, model, strategy, out_dir: Path, step: int, eval_split) -> 
                      # renders and depths are in the scene's normalised frame; this maps the dataset's into it
                      "scene_transform": scene.transform},
         "per_view": rows,
+        # ss: the fusion stage's seconds over this rank's views (routing_s, exchange_composite_s, total_s)
+        "fusion_timing": res.get("fusion_timing"),
     }
     if strategy.is_main:
         # strict JSON (no NaN/Infinity, which most parsers refuse): PSNR is capped, see observe.metrics.psnr

@@ -1,0 +1,78 @@
+"""``python -m distnerf.study``: run a study's cells, report on them.
+
+Examples::
+
+    python -m distnerf.study run conf/study/smoke.yaml runs/study_smoke          # every unfinished cell
+    python -m distnerf.study run conf/study/characterization.yaml runs/char --retry-failed
+    python -m distnerf.study run conf/study/smoke.yaml runs/s --launcher slurm  # one sbatch job per cell
+    python -m distnerf.study list conf/study/characterization.yaml               # the cells and their overrides
+    python -m distnerf.study report runs/study_smoke                              # -> runs/study_smoke/report/
+    python -m distnerf.study report runs/char --markdown                          # the tables on stdout too
+
+``run`` also writes the report at the end. Exit status: 0 when every cell is finished,
+1 when a cell failed (reported, re-run with ``--retry-failed``), 2 on a bad config or
+study directory.
+"""
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m distnerf.study", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="train every unfinished cell, then write the report")
+    run.add_argument("config", type=Path)
+    run.add_argument("study_dir", type=Path)
+    run.add_argument("--retry-failed", action="store_true", help="run failed cells again")
+    run.add_argument("--launcher", choices=("local", "slurm"), help="override the config's launcher")
+    lst = sub.add_parser("list", help="print the cells of a study config")
+    lst.add_argument("config", type=Path)
+    rep = sub.add_parser("report", help="tables, figures, HTML of a study directory")
+    rep.add_argument("study_dir", type=Path)
+    rep.add_argument("--markdown", action="store_true", help="print the Markdown report")
+    args = parser.parse_args(argv)
+
+    from ..schema import ConfigError
+    from . import plan, report, runner
+
+    try:
+        if args.command == "list":
+            cfg = plan.load_study(args.config)
+            for cell in plan.expand(cfg):
+                print(f"{cell.id}\tW={cell.world_size}\t{' '.join(cell.overrides)}")
+            return 0
+        if args.command == "run":
+            cfg = plan.load_study(args.config)
+            if args.launcher:
+                cfg.launcher = args.launcher
+            cells = plan.expand(cfg)
+            saved = args.study_dir / report.STUDY_FILE
+            args.study_dir.mkdir(parents=True, exist_ok=True)
+            if not saved.exists() or saved.read_text() != args.config.read_text():
+                if saved.exists():
+                    print(f"distnerf.study: {saved} differs from {args.config}: replaced (finished cells are kept; "
+                          "the report flags settings that now differ between cells)", file=sys.stderr)
+                shutil.copyfile(args.config, saved)
+            statuses = runner.run_study(cfg, args.study_dir, cells, args.retry_failed)
+        result = report.write_report(args.study_dir)
+    except (FileNotFoundError, ConfigError, ValueError, RuntimeError) as err:
+        print(f"distnerf.study: {err}", file=sys.stderr)
+        return 2
+    if args.command == "report" and args.markdown:
+        sys.stdout.write(Path(result["files"][1]).read_text())
+    print("wrote " + ", ".join(result["files"]), file=sys.stderr)
+    failed = [c["id"] for c in result["cells"] if c["status"] != "done"]
+    if failed:
+        print(f"distnerf.study: {len(failed)} cell(s) not finished: {', '.join(failed)}"
+              + (" (re-run with --retry-failed)" if any(c["status"] == "failed" for c in result["cells"]) else ""),
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

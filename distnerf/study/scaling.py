@@ -1,0 +1,138 @@
+"""Past this machine, on paper: step time, exposed communication and fused render time at N GPUs.
+
+An analytic model fed with the study's measured per-step figures (α-β cost model of
+collectives: Hockney 1994; ring all-reduce and all-gather: Thakur, Rabenseifner & Gropp,
+"Optimization of Collective Communication Operations in MPICH", IJHPCA 2005):
+
+* ring all-reduce of ``n`` bytes on ``N`` ranks: ``2 (N-1)/N * n / bw + 2 (N-1) * lat``;
+* ring all-gather of ``n`` bytes in total: ``(N-1)/N * n / bw + (N-1) * lat``;
+* compute is strong-scaled: a fixed global batch of ``B`` rays, ``B/N`` per rank, at the
+  measured compute seconds per ray of one device (``compute_s_per_ray``);
+* ``ddp``: step = compute + exposed all-reduce (``exposed_fraction`` of it, measured: the share
+  of the gradient all-reduce not hidden behind backward) + the step's small all-reduce
+  (latency only); the gradient bytes per step do not change with N (each rank all-reduces
+  the whole gradient, or its sparse rows);
+* ``ss`` independent: step = compute + the small all-reduce: no gradient exchange;
+* ``ss`` joint (NeRF-XL): step = compute + the all-gather of ``C`` floats per ray and region
+  (``B`` rays, ``K = N`` regions: ``exchange_bytes_per_ray_region * B * N`` bytes) + the small
+  all-reduce; its backward is a slice (no communication);
+* fused render of an image of ``R`` rays on ``N`` ranks (``K = N`` regions): the single model's
+  render seconds per ray divided among the ranks, plus the fusion stage's routing and
+  compositing per ray and region (measured), plus the all-gather of the segments
+  (``exchange_bytes_per_ray_region * R * N`` bytes).
+
+Every input is listed in :data:`ASSUMPTIONS` with its source; the report prints them with
+the predictions, and checks the model against the measured 1-2 rank points
+(:func:`check_against`).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+INTERCONNECTS = {
+    # bandwidth per rank per direction (bytes/s) and per-message latency (s); stated assumptions
+    "nvlink": {"bw": 450e9, "lat": 5e-6, "note": "NVLink 4 (H100 SXM), 450 GB/s per direction, 5 us; <= 8 GPUs"},
+    "ib200": {"bw": 25e9, "lat": 10e-6, "note": "200 Gb/s InfiniBand (HDR), 25 GB/s, 10 us"},
+    "ib400": {"bw": 50e9, "lat": 10e-6, "note": "400 Gb/s InfiniBand (NDR), 50 GB/s, 10 us"},
+}
+WORLD_SIZES = (8, 16, 32, 64, 128, 256, 512, 1024)
+
+ASSUMPTIONS = [
+    "compute strong-scales: B/N rays per rank at the measured seconds per ray of one device (no change of "
+    "samples per ray with N, no load imbalance)",
+    "gradient bytes per step are independent of N (every rank all-reduces its whole gradient or sparse rows)",
+    "the exposed share of the all-reduce is the measured one at 2 ranks",
+    "collectives follow the ring alpha-beta model (Thakur et al. 2005) at the interconnect's bandwidth per "
+    "rank and latency; NVLink only up to 8 GPUs (one node)",
+    "ss: one region per rank (K = N); joint exchange C floats per ray and region, measured at 2 ranks",
+    "fusion: routing and compositing seconds per ray and region as measured; the single model's render "
+    "seconds per ray divide among the ranks",
+    "input sampling is hidden by the pipelined sampler (its stall is not modelled)",
+]
+
+
+@dataclass
+class Measured:
+    """The measured inputs of the model (see :data:`ASSUMPTIONS`).
+
+    Attributes:
+        compute_s_per_ray: seconds of one device per training ray (forward + backward + optimizer).
+        global_rays: B, rays per step (fixed global batch).
+        grad_bytes: bytes each rank all-reduces per step (``ddp``).
+        exposed_fraction: share of the all-reduce not hidden behind backward (0..1).
+        exchange_bytes_per_ray_region: ``ss`` joint segment bytes per ray and region.
+        render_s_per_ray: the single model's render seconds per ray (inference).
+        fusion_s_per_ray_region: routing + compositing seconds per ray and region.
+        render_rays: R, rays of one rendered image.
+    """
+    compute_s_per_ray: float
+    global_rays: int
+    grad_bytes: float = 0.0
+    exposed_fraction: float = 1.0
+    exchange_bytes_per_ray_region: float = 0.0
+    render_s_per_ray: float = 0.0
+    fusion_s_per_ray_region: float = 0.0
+    render_rays: int = 0
+
+
+def allreduce_s(nbytes: float, n: int, bw: float, lat: float) -> float:
+    """Ring all-reduce of ``nbytes`` on ``n`` ranks: 2(n-1)/n * nbytes/bw + 2(n-1) lat (0 for n = 1)."""
+    return 0.0 if n <= 1 else 2 * (n - 1) / n * nbytes / bw + 2 * (n - 1) * lat
+
+
+def allgather_s(total_bytes: float, n: int, bw: float, lat: float) -> float:
+    """Ring all-gather of ``total_bytes`` in all: (n-1)/n * total/bw + (n-1) lat (0 for n = 1)."""
+    return 0.0 if n <= 1 else (n - 1) / n * total_bytes / bw + (n - 1) * lat
+
+
+def predict(m: Measured, n: int, bw: float, lat: float) -> dict:
+    """Predicted seconds at ``n`` ranks for one interconnect (``bw`` bytes/s, ``lat`` s).
+
+    Returns:
+        {"ddp": {"step_s", "exposed_comm_s"}, "ss_independent": {...}, "ss_joint": {"step_s",
+        "exchange_s"}, "fused_render_s", "single_render_s", "fused_over_single"}.
+    """
+    compute = m.compute_s_per_ray * m.global_rays / n
+    sync = allreduce_s(0.0, n, bw, lat)  # the step's agreement: a few float64s, latency only
+    exposed = m.exposed_fraction * allreduce_s(m.grad_bytes, n, bw, lat)
+    exchange = allgather_s(m.exchange_bytes_per_ray_region * m.global_rays * n, n, bw, lat)
+    single = m.render_s_per_ray * m.render_rays
+    fused = (single / n + m.fusion_s_per_ray_region * m.render_rays * n
+             + allgather_s(m.exchange_bytes_per_ray_region * m.render_rays * n, n, bw, lat))
+    return {"world_size": n,
+            "ddp": {"step_s": compute + exposed + sync, "exposed_comm_s": exposed, "compute_s": compute},
+            "ss_independent": {"step_s": compute + sync, "compute_s": compute},
+            "ss_joint": {"step_s": compute + exchange + sync, "exchange_s": exchange, "compute_s": compute},
+            "single_render_s": single, "fused_render_s": fused,
+            "fused_over_single": fused / single if single > 0 else None}
+
+
+def scaling_table(m: Measured, world_sizes=WORLD_SIZES, interconnects=INTERCONNECTS) -> dict:
+    """Predictions for every interconnect and world size (NVLink only up to 8 ranks)."""
+    out = {}
+    for name, ic in interconnects.items():
+        sizes = [n for n in world_sizes if name != "nvlink" or n <= 8]
+        out[name] = [predict(m, n, ic["bw"], ic["lat"]) for n in sizes]
+    return {"inputs": asdict(m), "interconnects": interconnects, "assumptions": ASSUMPTIONS, "predictions": out}
+
+
+def check_against(m: Measured, measured: list[dict], bw: float, lat: float, tolerance: float) -> list[dict]:
+    """The model at the measured world sizes against the measured medians.
+
+    Args:
+        measured: rows ``{"strategy": "ddp"|"ss_independent"|"ss_joint", "world_size", "step_s",
+            "compute_scale"}``; ``compute_scale`` multiplies the compute term (a rank with fewer
+            threads than the device of ``compute_s_per_ray``: the ratio of their compute speeds).
+        bw, lat: the measuring machine's collective bandwidth and latency.
+        tolerance: allowed relative error.
+    Returns:
+        rows with ``predicted_s``, ``relative_error`` and ``within`` (bool).
+    """
+    out = []
+    for row in measured:
+        scaled = Measured(**{**asdict(m), "compute_s_per_ray": m.compute_s_per_ray * row.get("compute_scale", 1.0)})
+        pred = predict(scaled, row["world_size"], bw, lat)[row["strategy"]]["step_s"]
+        err = (pred - row["step_s"]) / row["step_s"]
+        out.append({**row, "predicted_s": pred, "relative_error": err, "within": abs(err) <= tolerance,
+                    "tolerance": tolerance})
+    return out

@@ -1,0 +1,126 @@
+"""The study's cells (distnerf.study.plan) and the scaling model (distnerf.study.scaling), against
+hand-written expectations."""
+from __future__ import annotations
+
+import os
+
+import pytest
+from omegaconf import OmegaConf
+
+from distnerf.schema import ConfigError, StudyConfig, section
+from distnerf.study import plan, runner, scaling
+from tests.conftest import REPO
+
+
+def study(**kw):
+    base = {"name": "t", "fixed": ["experiment=smoke"], "axes": {"strategy": ["ddp", "ss_joint"], "world_size": [1, 2]},
+            "levels": {"budget": {"s5": ["train.max_steps=5"]}}}
+    return section(StudyConfig, OmegaConf.merge(OmegaConf.create(base), OmegaConf.create(kw)))
+
+
+def test_product_ids_overrides_and_interleaved_repeats():
+    cfg = study(repeats=2, axes={"budget": ["s5"]})
+    cells = plan.expand(cfg)
+    assert [c.id for c in cells] == ["ddp-w1-s5-r0", "ddp-w2-s5-r0", "ss_joint-w1-s5-r0", "ss_joint-w2-s5-r0",
+                                     "ddp-w1-s5-r1", "ddp-w2-s5-r1", "ss_joint-w1-s5-r1", "ss_joint-w2-s5-r1"]
+    joint2 = cells[3]
+    assert joint2.world_size == 2 and joint2.key == "ss_joint-w2-s5"
+    assert joint2.overrides == ("experiment=smoke", "strategy=ss", "strategy.training=joint", "train.max_steps=5")
+    assert plan.declared_keys(cfg) == ["env.world_size", "strategy", "strategy.training", "train.max_steps"]
+
+
+def test_cells_and_exclude_select_from_the_product():
+    cfg = study(cells=[{"strategy": "ddp"}, {"world_size": 2}], exclude=[{"strategy": "ss_joint", "world_size": 1}])
+    assert [c.key for c in plan.expand(cfg)] == ["ddp-w1", "ddp-w2", "ss_joint-w2"]
+    with pytest.raises(ConfigError, match="leaves no cell"):
+        plan.expand(study(exclude=[{"strategy": "ddp"}, {"strategy": "ss_joint"}]))
+
+
+@pytest.mark.parametrize("axes, message", [
+    ({"gpus": [1]}, "unknown axis"),
+    ({"scene": ["lego"]}, "levels.scene.lego"),
+    ({"world_size": [0]}, "rank counts"),
+    ({"strategy": ["ddp-x"]}, "only letters"),
+])
+def test_bad_studies_are_refused_naming_the_problem(tmp_path, axes, message):
+    path = tmp_path / "s.yaml"
+    path.write_text(OmegaConf.to_yaml({"name": "bad", "axes": axes}))
+    with pytest.raises(ConfigError, match=message) as err:
+        plan.load_study(path)
+    assert str(path) in str(err.value)
+
+
+def test_shipped_studies_load_and_expand():
+    for path in sorted((REPO / "conf" / "study").glob("*.yaml")):
+        cells = plan.expand(plan.load_study(path))
+        assert cells and len({c.id for c in cells}) == len(cells), path
+
+
+def test_the_load_wait_gives_up_and_marks_the_cell_contended(monkeypatch):
+    """A busy machine (load 9 against a threshold of 1): the wait runs out, the cell is contended;
+    a machine that quiets down: it starts once the load is below the threshold."""
+    import itertools
+
+    loads = itertools.repeat(9.0)
+    monkeypatch.setattr(runner, "machine_load", lambda sample_s=None: {"busy": next(loads), "mem_available_mb": 1.0})
+    cfg = section(StudyConfig, {"name": "x", "axes": {"strategy": ["ddp"]}, "load": {"max_load": 1.0, "wait_s": 0.05,
+                                                                                     "poll_s": 0.01}})
+    got = runner.wait_for_quiet(cfg.load, log=lambda m: None)
+    assert got["contended"] and got["waited_s"] >= 0.05 and got["load"]["busy"] == 9.0
+    loads = iter([3.0, 0.5])
+    got = runner.wait_for_quiet(section(StudyConfig, {"name": "x", "axes": {"strategy": ["ddp"]}, "load": {
+        "max_load": 1.0, "wait_s": 60, "poll_s": 0.01}}).load, log=lambda m: None)
+    assert not got["contended"] and got["load"]["busy"] == 0.5
+
+
+def test_busy_cores_reads_a_real_load():
+    """A busy-looping child keeps about one core busy: the instant measure sees it (0.6..2 cores
+    of this machine's), where the 1-minute average would lag behind."""
+    import subprocess
+    import sys
+
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        busy = runner.busy_cores(1.0)
+    finally:
+        spin.kill()
+    assert 0.6 <= busy <= (os.cpu_count() or 1) + 0.1, busy
+
+
+# ----------------------------------------------------------------------------- scaling model
+def test_ring_collectives_match_hand_computed_costs():
+    # 4 ranks, 1 MB, 1 GB/s, 10 us: all-reduce 2*3/4*1e-3 s + 6*1e-5 s; all-gather 3/4*1e-3 + 3*1e-5
+    assert scaling.allreduce_s(1e6, 4, 1e9, 1e-5) == pytest.approx(1.5e-3 + 6e-5)
+    assert scaling.allgather_s(1e6, 4, 1e9, 1e-5) == pytest.approx(7.5e-4 + 3e-5)
+    assert scaling.allreduce_s(1e6, 1, 1e9, 1e-5) == 0.0
+
+
+def test_two_parameter_model_against_hand_computed_steps():
+    """Compute per ray and gradient bytes only (no latency, nothing hidden): at 4 ranks,
+    ddp = 1e-6 * 1000 / 4 + 2 * 3/4 * 1e6 / 1e9 = 2.5e-4 + 1.5e-3 s; ss independent = 2.5e-4 s."""
+    m = scaling.Measured(compute_s_per_ray=1e-6, global_rays=1000, grad_bytes=1e6)
+    p = scaling.predict(m, 4, bw=1e9, lat=0.0)
+    assert p["ddp"]["step_s"] == pytest.approx(1.75e-3)
+    assert p["ddp"]["exposed_comm_s"] == pytest.approx(1.5e-3)
+    assert p["ss_independent"]["step_s"] == pytest.approx(2.5e-4)
+    assert p["ss_joint"]["step_s"] == pytest.approx(2.5e-4)  # no exchange bytes given
+    # one rank: compute only
+    assert scaling.predict(m, 1, 1e9, 0.0)["ddp"]["step_s"] == pytest.approx(1e-3)
+    # joint: 20 B per ray and region, K = N = 4: all-gather of 20 * 1000 * 4 B = 3/4 * 8e4 / 1e9 s
+    m.exchange_bytes_per_ray_region = 20.0
+    assert scaling.predict(m, 4, 1e9, 0.0)["ss_joint"]["exchange_s"] == pytest.approx(6e-5)
+
+
+def test_fused_render_and_the_check():
+    m = scaling.Measured(compute_s_per_ray=1e-6, global_rays=1000, render_s_per_ray=1e-5, render_rays=1000,
+                         fusion_s_per_ray_region=1e-7)
+    p = scaling.predict(m, 2, 1e9, 0.0)
+    # single 1e-2 s; fused 1e-2/2 + 1e-7 * 1000 * 2 = 5.2e-3 s
+    assert p["single_render_s"] == pytest.approx(1e-2) and p["fused_render_s"] == pytest.approx(5.2e-3)
+    rows = scaling.check_against(m, [{"strategy": "ss_independent", "world_size": 2, "step_s": 6e-4}], 1e9, 0.0, 0.25)
+    assert rows[0]["predicted_s"] == pytest.approx(5e-4) and rows[0]["within"]  # -16.7%
+    rows = scaling.check_against(m, [{"strategy": "ss_independent", "world_size": 2, "step_s": 1e-3}], 1e9, 0.0, 0.25)
+    assert not rows[0]["within"]
+    table = scaling.scaling_table(m)
+    assert [p["world_size"] for p in table["predictions"]["nvlink"]] == [8]
+    assert [p["world_size"] for p in table["predictions"]["ib200"]] == list(scaling.WORLD_SIZES)
