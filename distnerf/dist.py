@@ -40,6 +40,7 @@ class DistEnv:
     backend: str | None = None
     restart_count: int = 0  # torchrun's TORCHELASTIC_RESTART_COUNT: > 0 in a restarted worker group
     store: object = None  # the process group's key-value store (this attempt's prefix); None alone
+    host_group: object = None  # a gloo group of all ranks (the default group itself on CPU): monitored barriers
 
     @property
     def is_main(self) -> bool:
@@ -50,21 +51,27 @@ class DistEnv:
         return self.backend is not None
 
 
-def init_distributed(device: str = "auto", timeout_s: float = 600.0) -> DistEnv:
+def init_distributed(device: str = "auto", timeout_s: float = 600.0, setup_timeout_s: float | None = None) -> DistEnv:
     """Join the process group when launched by torchrun.
 
     Args:
         device: ``"auto"`` (CUDA of the local rank if available, else CPU), ``"cpu"`` or ``"cuda"``.
         timeout_s: collective timeout (seconds), so that a lost or hung rank ends the job
             with an error instead of hanging (``dist_timeout_s`` in ``conf/train.yaml``).
+        setup_timeout_s: the timeout of the rendezvous and of every collective until
+            :func:`end_setup` (``dist_setup_timeout_s``): set-up (scene decoding, pixel cache,
+            the balanced partition's fit) may take far longer on one rank than a step; None:
+            ``timeout_s`` throughout.
     Raises:
-        ValueError: ``device="cuda"`` requested without CUDA, or ``timeout_s <= 0``.
+        ValueError: ``device="cuda"`` requested without CUDA, or a timeout ``<= 0``.
     """
     use_cuda = torch.cuda.is_available() if device == "auto" else device == "cuda"
     if use_cuda and not torch.cuda.is_available():
         raise ValueError("device=cuda requested but torch.cuda.is_available() is False")
     if timeout_s <= 0:
         raise ValueError(f"dist_timeout_s must be > 0 seconds, got {timeout_s}")
+    if setup_timeout_s is not None and setup_timeout_s <= 0:
+        raise ValueError(f"dist_setup_timeout_s must be > 0 seconds, got {setup_timeout_s}")
     if "RANK" not in os.environ:
         dev = torch.device("cuda", 0) if use_cuda else torch.device("cpu")
         return DistEnv(device=dev)
@@ -75,8 +82,9 @@ def init_distributed(device: str = "auto", timeout_s: float = 600.0) -> DistEnv:
     dev = torch.device("cuda", cuda_index(local_rank)) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(dev)
+    host_group = None
     if not dist.is_initialized():
-        timeout = datetime.timedelta(seconds=timeout_s)
+        timeout = datetime.timedelta(seconds=max(timeout_s, setup_timeout_s or 0.0))  # end_setup shortens it
         # torchrun keeps one rendezvous store for all restarts of a worker group: without a prefix per
         # attempt, a restarted rank can read the addresses the dead attempt's ranks published and fail to
         # connect ("Gloo connectFullMesh failed ... Connection refused")
@@ -84,9 +92,38 @@ def init_distributed(device: str = "auto", timeout_s: float = 600.0) -> DistEnv:
         store = dist.PrefixStore(f"distnerf/attempt_{restart_count}", store)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout,
                                 device_id=dev if use_cuda else None)
+        # monitored_barrier is gloo's: on CUDA a gloo group of the same ranks beside NCCL
+        host_group = dist.new_group(backend="gloo", timeout=timeout) if use_cuda else dist.group.WORLD
     else:
         store = None
-    return DistEnv(rank, world_size, local_rank, dev, backend, restart_count, store)
+    return DistEnv(rank, world_size, local_rank, dev, backend, restart_count, store, host_group)
+
+
+class SetupTimeout(RuntimeError):
+    """Some ranks did not finish set-up within ``dist_setup_timeout_s`` (the message names them)."""
+
+
+def end_setup(env: DistEnv, setup_timeout_s: float, timeout_s: float) -> None:
+    """The end of set-up: a monitored barrier (gloo) that names the ranks that did not arrive
+    within ``setup_timeout_s``, then every collective of the run gets the step timeout ``timeout_s``.
+
+    Raises:
+        SetupTimeout: a rank did not reach the barrier in time (``Rank N failed to pass
+            monitoredBarrier``: the ranks are named).
+    """
+    if not env.distributed:
+        return
+    try:
+        dist.monitored_barrier(env.host_group, timeout=datetime.timedelta(seconds=setup_timeout_s),
+                               wait_all_ranks=True)
+    except RuntimeError as err:
+        if env.rank == 0:  # rank 0 collects the barrier: its error names the missing ranks
+            raise SetupTimeout(f"set-up did not finish within dist_setup_timeout_s={setup_timeout_s:g} s: "
+                               f"{str(err).strip().splitlines()[0][:400]}") from err
+        raise
+    step = datetime.timedelta(seconds=timeout_s)
+    for group in {id(g): g for g in (dist.group.WORLD, env.host_group)}.values():
+        dist.distributed_c10d._set_pg_timeout(step, group)  # torch's setter of a live group's timeout
 
 
 COLLECTIVE_FAILURES = ("Timed out", "timed out", "Connection closed by peer", "Connection reset by peer",

@@ -354,7 +354,9 @@ class TrainConfig:
     resume: bool = False                # continue from the newest committed checkpoint in run_dir
     seed: int = 0
     device: str = choice("auto", "auto", "cpu", "cuda")  # the backend follows: nccl on CUDA, gloo on CPU
-    dist_timeout_s: float = positive(600.0)  # collective timeout
+    dist_timeout_s: float = positive(600.0)  # collective timeout of the training steps
+    dist_setup_timeout_s: float = positive(7200.0)  # rendezvous and collectives before the first step (decoding,
+                                                    # caches, the partition's fit); a monitored barrier ends it
     dist_progress_s: float = positive(5.0)  # each rank publishes its step and phase this often (hang reports)
 
 

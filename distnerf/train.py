@@ -40,7 +40,7 @@ class CollectiveFailure(RuntimeError):
 def run(cfg: DictConfig) -> dict:
     cfg = validate(cfg)  # schemas: distnerf/schema.py (errors name the key, the value, what is allowed)
     stop = D.StopRequest().install()  # SIGUSR1/SIGTERM: all ranks stop at one step and checkpoint
-    env = D.init_distributed(cfg.device, cfg.dist_timeout_s)
+    env = D.init_distributed(cfg.device, cfg.dist_timeout_s, cfg.dist_setup_timeout_s)
     beacon = ProgressBeacon(env.store, env.rank, env.world_size, cfg.dist_progress_s).start()  # step and phase, for hang reports
     try:
         run_dir = resolve_run_dir(cfg, env)
@@ -51,6 +51,7 @@ def run(cfg: DictConfig) -> dict:
                      env.backend or "none", env.device)
         strategy = build_strategy(cfg.strategy, env)
         trainer = Trainer(cfg, strategy, run_dir, stop=stop)
+        D.end_setup(env, cfg.dist_setup_timeout_s, cfg.dist_timeout_s)  # names late ranks; then the step timeout
         beacon.watch(trainer.progress)
         return trainer.fit()
     except RuntimeError as err:

@@ -8,6 +8,8 @@ Examples::
     python -m distnerf.study list conf/study/characterization.yaml               # the cells and their overrides
     python -m distnerf.study report runs/study_smoke                              # -> runs/study_smoke/report/
     python -m distnerf.study report runs/char --markdown                          # the tables on stdout too
+    python -m distnerf.study report bench/results/study_characterization/report.json --markdown
+                                    # the Markdown again from a report's JSON (committed without the runs)
 
 ``run`` also writes the report at the end. Exit status: 0 when every cell is finished,
 1 when a cell failed (reported, re-run with ``--retry-failed``), 2 on a bad config or
@@ -31,8 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--launcher", choices=("local", "slurm"), help="override the config's launcher")
     lst = sub.add_parser("list", help="print the cells of a study config")
     lst.add_argument("config", type=Path)
-    rep = sub.add_parser("report", help="tables, figures, HTML of a study directory")
-    rep.add_argument("study_dir", type=Path)
+    rep = sub.add_parser("report", help="tables, figures, HTML of a study directory (or Markdown of a report.json)")
+    rep.add_argument("study_dir", type=Path, help="STUDY_DIR, or a report.json to print as Markdown")
     rep.add_argument("--markdown", action="store_true", help="print the Markdown report")
     args = parser.parse_args(argv)
 
@@ -40,6 +42,12 @@ def main(argv: list[str] | None = None) -> int:
     from . import plan, report, runner
 
     try:
+        if args.command == "report" and args.study_dir.is_file():
+            import json
+
+            data = json.loads(args.study_dir.read_text())
+            sys.stdout.write(report.to_markdown(data, data.get("figures", [])))
+            return 0
         if args.command == "list":
             cfg = plan.load_study(args.config)
             for cell in plan.expand(cfg):

@@ -180,6 +180,30 @@ def test_a_hung_rank_is_named_with_its_phase_within_the_timeout(tmp_path):
     assert timeout_s <= took <= timeout_s + 30, took
 
 
+def test_setup_longer_than_the_step_timeout_does_not_fail(tmp_path):
+    """Rank 1 stops (SIGSTOP) for longer than the step timeout while the ranks build the run
+    (after rank 0 logged its run directory: set-up collectives are ahead); set-up runs under
+    dist_setup_timeout_s, so the run still finishes, and the steps run under dist_timeout_s."""
+    run, step_timeout, pause = tmp_path / "setup", 6, 14
+    proc = launch_local(2, run, [f"dist_timeout_s={step_timeout}", "dist_setup_timeout_s=300", "train.max_steps=20"],
+                        env={"MAX_RESTARTS": "0"})
+    log = run / "train.log"
+    try:
+        wait_for(lambda: log.exists() and "run directory" in log.read_text(), 240, "rank 0's run directory line")
+        ranks = wait_for(lambda: (r := trainer_ranks(proc.pid, run)) and len(r) == 2 and r, 30, "both ranks")
+        os.kill(ranks[1], signal.SIGSTOP)
+        assert last_step(run) < 1  # still in set-up
+        time.sleep(pause)
+        os.kill(ranks[1], signal.SIGCONT)
+        rc = finish(proc, 240, "the run")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    out = run.with_suffix(".out").read_text()
+    assert rc == 0, out[-3000:]
+    assert (run / "metrics.json").exists() and last_step(run) == 20
+
+
 def two_agents(run: Path, extra: list[str], tag: str) -> list:
     """Two torchrun agents (1 rank each) joining one c10d rendezvous on localhost."""
     env = {"NNODES": "2", "RDZV_ENDPOINT": f"127.0.0.1:{free_port()}", "RDZV_ID": f"{run.name}-{tag}",
