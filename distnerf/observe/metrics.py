@@ -12,7 +12,6 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from torchmetrics.functional.image import structural_similarity_index_measure
 
 LPIPS_BACKBONE = "alex"
 
@@ -36,6 +35,9 @@ def psnr(pred: torch.Tensor, target: torch.Tensor) -> float:
 def ssim(pred: torch.Tensor, target: torch.Tensor) -> float:
     """Structural similarity (Wang et al. 2004), 11x11 Gaussian window, sigma 1.5,
     data range 1, via ``torchmetrics``. pred, target: (H, W, 3) float in [0, 1]."""
+    # imported here: torchmetrics pulls in matplotlib (~1.5 s), paid by every rank at start otherwise
+    from torchmetrics.functional.image import structural_similarity_index_measure
+
     p = pred.permute(2, 0, 1)[None].float().clamp(0, 1)
     t = target.permute(2, 0, 1)[None].float()
     return float(structural_similarity_index_measure(p, t, data_range=1.0))

@@ -169,13 +169,17 @@ def _set_aside(study_dir: Path, run_dir: Path) -> Path:
 
 
 def _alive_group(pgid) -> bool:
+    """Whether a live (not zombie) process of process group ``pgid`` exists (``/proc/*/stat``)."""
     if not pgid:
         return False
-    try:
-        os.killpg(int(pgid), 0)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == int(pgid) and fields[0] != "Z":  # state, ppid, pgrp, ...
+            return True
+    return False
 
 
 def plan_actions(study_dir: Path, cells: list[Cell], retry_failed: bool, log=print) -> list[Cell]:

@@ -13,10 +13,10 @@ import pytest
 
 from tests.conftest import FERN, LEGO, run_cli
 
-# floors 1.5 dB under what the packed-sample engine measured (2026-12-01, 2-core CPU, these exact runs):
+# floors 1.5 dB under what the packed-sample engine measured (2026-12-01, 2-core CPU, these exact runs, one thread):
 # tight enough that a half-pixel, NDC-step or compositing bug fails them
 BUILTIN_FLOOR = 26.0  # measured 27.52 dB
-LEGO_FLOOR = 26.5  # measured 28.07 dB at 100x100
+LEGO_FLOOR = 24.6  # measured 26.17 dB at 100x100 (200 steps at [48, 64], 2026-12-01 23:20)
 FERN_FLOOR = 19.9  # measured 21.44 dB at 252x189 (eval.downscale=2; 200 steps at [48, 64], 2026-12-01 22:27)
 
 
@@ -38,8 +38,8 @@ def test_builtin_scene_learns(tmp_path, synthetic_cache):
 @pytest.mark.slow
 @pytest.mark.skipif(not LEGO.exists(), reason=f"{LEGO} not present")
 def test_lego_low_res_learns(tmp_path):
-    m = train(tmp_path, "dataset=blender", f"dataset.root={LEGO}", "dataset.downscale=4", "train.max_steps=300",
-              "train.global_rays=2048", "model.resolutions=[64,96]", "model.upsample_steps=[150]",
+    m = train(tmp_path, "dataset=blender", f"dataset.root={LEGO}", "dataset.downscale=4", "train.max_steps=200",
+              "train.global_rays=2048", "model.resolutions=[48,64]", "model.upsample_steps=[100]",
               "eval.num_views=4", "train.ckpt_every=0")
     assert m["psnr"] > LEGO_FLOOR, m["psnr"]
 

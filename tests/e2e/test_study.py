@@ -27,12 +27,46 @@ def study(*args, timeout=900):
                           capture_output=True, text=True, timeout=timeout)
 
 
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL ``proc`` and every descendant (stopped first: nothing forks while the tree is listed)."""
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for pid in [proc.pid, *descendants(proc.pid)]:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+    proc.wait()
+
+
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
+    """The smoke study, its runner killed (with the cell's torchrun and ranks) while the third
+    cell runs, then run again: the interrupted cell is set aside and run from scratch."""
     root = tmp_path_factory.mktemp("study") / "smoke"
-    proc = study("run", SMOKE, root)
-    assert proc.returncode == 0, proc.stderr[-5000:]
-    return root, proc
+    proc = subprocess.Popen([sys.executable, "-m", "distnerf.study", "run", str(SMOKE), str(root)], cwd=REPO,
+                            env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    third = root / "cells" / "ddp-pipelined-w1-builtin-s12-r0"  # run order: plan.expand
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and proc.poll() is None and not (third / "train.log").exists():
+        time.sleep(0.2)
+    assert (third / "train.log").exists(), "the third cell never started"
+    kill_tree(proc)
+    assert not (third / "metrics.json").exists()  # killed mid-way
+    again = study("run", SMOKE, root)
+    assert again.returncode == 0, again.stderr[-5000:]
+    return root, again
+
+
+def test_a_cell_killed_mid_way_is_set_aside_and_run_again(smoke):
+    root, again = smoke
+    name = "ddp-pipelined-w1-builtin-s12-r0"
+    assert f"{name}: interrupted; its directory moved to" in again.stderr
+    assert again.stderr.count(": finished") == 2  # the two cells before it are not trained again
+    kept = list((root / "attempts").iterdir())
+    assert [p.name for p in kept] == [f"{name}.0"] and (kept[0] / "train.log").exists()
+    rows = [json.loads(ln) for ln in (root / "cells" / name / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in rows if "loss" in r]
+    assert steps[-1] == 12 and not any(r.get("event") == "resumed" for r in rows)  # from scratch
 
 
 def test_smoke_study_runs_every_cell_and_reports_them(smoke):
@@ -87,7 +121,7 @@ def test_rerun_skips_finished_cells(smoke):
     proc = study("run", SMOKE, root)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stderr.count(": finished") == 8 and "every cell is finished" in proc.stderr
-    assert sorted(p.name for p in (root / "cells").iterdir()) == dirs and not (root / "attempts").exists()
+    assert sorted(p.name for p in (root / "cells").iterdir()) == dirs and len(list((root / "attempts").iterdir())) == 1
     assert {p: p.stat().st_mtime_ns for p in (root / "cells").glob("*/metrics.json")} == before
 
 
@@ -110,38 +144,21 @@ def test_an_undeclared_difference_is_flagged(smoke, tmp_path):
     assert "train.lr" in proc.stdout.split("## What differs")[1]
 
 
-def test_killed_cell_is_rerun_and_failed_cell_reported(tmp_path):
+def test_a_failed_cell_is_reported_and_retried_only_when_asked(tmp_path):
     cfg = yaml.safe_load(SMOKE.read_text())
-    cfg.update(name="kill", axes={"strategy": ["ddp"], "sampler": ["sync"], "world_size": [1], "budget": ["s60", "bad"]},
-               levels={"budget": {"s60": ["train.max_steps=60", "train.ckpt_every=10"],
-                                  "bad": ["train.max_steps=0"]}})  # max_steps must be > 0: the cell fails
-    path = tmp_path / "kill.yaml"
+    cfg.update(name="bad", axes={"strategy": ["ddp"], "sampler": ["sync"], "world_size": [1], "budget": ["bad"]},
+               levels={"budget": {"bad": ["train.max_steps=0"]}})  # max_steps must be > 0: the run refuses it
+    path, root = tmp_path / "bad.yaml", tmp_path / "bad"
     path.write_text(yaml.safe_dump(cfg))
-    root = tmp_path / "kill"
-    proc = subprocess.Popen([sys.executable, "-m", "distnerf.study", "run", str(path), str(root)], cwd=REPO,
-                            env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-    rows = root / "cells" / "ddp-sync-w1-s60-r0" / "metrics.jsonl"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and not (rows.exists() and '"loss"' in rows.read_text()):
-        time.sleep(0.2)
-    assert rows.exists(), "the first cell never trained a step"
-    for sig in (signal.SIGSTOP, signal.SIGKILL):  # the runner, launch script, torchrun, rank: killed mid-way
-        for pid in [proc.pid, *descendants(proc.pid)]:  # (stopped first: nothing forks while the tree is listed)
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-    proc.wait()
-    again = study("run", path, root)
-    assert again.returncode == 1, again.stderr[-3000:]  # the bad cell failed
-    assert "ddp-sync-w1-s60-r0: interrupted; its directory moved to" in again.stderr
-    kept = list((root / "attempts").iterdir())
-    assert [p.name for p in kept] == ["ddp-sync-w1-s60-r0.0"] and (kept[0] / "metrics.jsonl").exists()
-    steps = [json.loads(ln)["step"] for ln in rows.read_text().splitlines() if '"loss"' in ln]
-    assert steps[0] == 1 and steps[-1] == 60  # run again from scratch, to the end
-    bad = json.loads((root / "cells" / "ddp-sync-w1-bad-r0" / "study_cell.json").read_text())
-    assert bad["status"] == "failed" and bad["rc"] != 0
-    assert "not finished: ddp-sync-w1-bad-r0 (re-run with --retry-failed)" in again.stderr
-    third = study("run", path, root)  # failed cells are skipped unless asked
-    assert third.returncode == 1 and "skip ddp-sync-w1-bad-r0: failed before" in third.stderr
-    assert "ddp-sync-w1-s60-r0: finished" in third.stderr
+    first = study("run", path, root)
+    assert first.returncode == 1, first.stderr[-3000:]
+    record = json.loads((root / "cells" / "ddp-sync-w1-bad-r0" / "study_cell.json").read_text())
+    assert record["status"] == "failed" and record["rc"] != 0
+    assert "train.max_steps" in (root / "cells" / "ddp-sync-w1-bad-r0" / "launch.log").read_text()
+    assert "not finished: ddp-sync-w1-bad-r0 (re-run with --retry-failed)" in first.stderr
+    second = study("run", path, root)  # skipped, still reported
+    assert second.returncode == 1 and "skip ddp-sync-w1-bad-r0: failed before" in second.stderr
+    assert not (root / "attempts").exists()
+    third = study("run", path, root, "--retry-failed")
+    assert third.returncode == 1 and "ddp-sync-w1-bad-r0: failed before, retried" in third.stderr
+    assert [p.name for p in (root / "attempts").iterdir()] == ["ddp-sync-w1-bad-r0.0"]
