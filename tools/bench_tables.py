@@ -497,7 +497,34 @@ def regions_series(res: Results, name: str = "city_small_regions") -> list[str]:
     return out
 
 
+def exits(res: Results) -> list[str]:
+    """tools/bench_exits.py: consecutive 2-rank torchrun smoke runs, exit status and restarts."""
+    d = res.json("exits/exits.json")
+    walls = sorted(r["wall_s"] for r in d["runs"])
+    out = header("runs", "exit 0, no restart (clean)", "non-zero exits", "restarted by torchrun", "abort text seen",
+                 "wall per run (median)")
+    out.append(row(d["num_runs"], f"**{d['clean_runs']}**", d["nonzero_exits"], d["restarted_runs"],
+                   sum(bool(r["aborts"]) for r in d["runs"]), f"{statistics.median(walls):.0f} s"))
+    ok = d["clean_runs"] == d["num_runs"] and d["num_runs"] >= 30
+    return out + ["", f"Target (30 consecutive clean runs): **{'met' if ok else 'missed'}**."]
+
+
+def study_characterization(res: Results) -> list[str]:
+    """python -m distnerf.study report bench/results/study_characterization/report.json --markdown: the
+    sections of the study's report (the committed JSON of conf/study/characterization.yaml's run)."""
+    sys.path.insert(0, str(ROOT))
+    from distnerf.study.report import section_tables
+
+    data = res.json("study_characterization/report.json")
+    out = []
+    for title, body in section_tables(data):
+        out += [f"#### {title}", "", *body, ""]
+    return out[:-1]
+
+
 TABLES = {
+    "exits": exits,
+    "study_characterization": study_characterization,
     "lego_quality": lego_quality,
     "lego_stages": lambda res: stages(res, "lego_1p"),
     "engine_eval": engine_eval,
