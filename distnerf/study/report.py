@@ -225,7 +225,9 @@ def scaling_inputs(keys: dict) -> tuple[scaling.Measured | None, list[dict], dic
                             "assumed (gloo over loopback)"}
     joint = _counterpart(keys, base["values"], strategy="ss_joint", world_size=2)
     if joint and joint.get("exchange_bytes_per_step"):
-        m.exchange_bytes_per_ray_region = joint["exchange_bytes_per_step"] / (joint["global_rays"] * 1)
+        # each rank's all-gather payload: (rays, its regions, C floats)
+        held = max(joint["num_regions"] // joint["world_size"], 1)
+        m.exchange_bytes_per_ray_region = joint["exchange_bytes_per_step"] / (joint["global_rays"] * held)
     fused = _counterpart(keys, base["values"], strategy="ss_independent", world_size=2) or joint
     if fused and fused.get("fusion_share") and fused.get("render_s_per_view_median"):
         share = fused["fusion_share"]
