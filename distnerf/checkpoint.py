@@ -4,8 +4,8 @@ Layout of one checkpoint (every name is defined here, once)::
 
     RUN/checkpoints/step_00001000/
         model.pt               ddp: the model + optimizer + step (the main rank; replicas are identical)
-        region_000.pt ...      ss: one sub-model per region (written by its owner)
-        optimizer_rank_0.pt    ss: each rank's optimizer over its regions
+        region_000.pt ...      ss: one sub-model and its optimizer state per region (written by its owner)
+        optimizer_rank_0.pt    ss, older checkpoints: each rank's optimizer over its regions (still read)
         rank_0.pt ...          every rank: RNG states and sampler state
         manifest.json          rank 0, after a barrier, through a temp file + rename; holds
                                ``format`` (:data:`FORMAT_VERSION`), the file list with checksums,
@@ -47,7 +47,7 @@ def region_file(region: int) -> str:
 
 
 def optimizer_file(rank: int) -> str:
-    """The optimizer state of ``rank`` (``ss``: each rank optimises its own regions)."""
+    """The optimizer state of ``rank`` in older ``ss`` checkpoints (now in each region's file)."""
     return f"optimizer_rank_{rank}.pt"
 
 

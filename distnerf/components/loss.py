@@ -15,7 +15,9 @@ def photometric_sse(outputs: dict, target: torch.Tensor, valid: torch.Tensor) ->
     Args:
         outputs: model outputs with ``rgb`` (R, 3) and optionally ``rgb_coarse`` (R, 3);
             with ``ray_index`` (Q,) long the outputs are Q rows for those batch rays
-            (a ray may appear several times: ``ss`` sub-models of one rank).
+            (a ray may appear several times: ``ss`` sub-models of one rank); with
+            ``loss_weight`` (Q,) float each row's error is multiplied by it (``ss``: 1 / the rays
+            of its sub-model, which makes the sum each sub-model's own mean error).
         target: (R, 3) float32 ground-truth colours in [0, 1].
         valid: (R,) bool rays that count.
     Returns:
@@ -24,6 +26,8 @@ def photometric_sse(outputs: dict, target: torch.Tensor, valid: torch.Tensor) ->
     if "ray_index" in outputs:
         target, valid = target[outputs["ray_index"]], valid[outputs["ray_index"]]
     w = valid.to(target.dtype)
+    if "loss_weight" in outputs:
+        w = w * outputs["loss_weight"]
     sse = (((outputs["rgb"].float() - target) ** 2).mean(dim=-1) * w).sum()
     if "rgb_coarse" in outputs:
         sse = sse + (((outputs["rgb_coarse"].float() - target) ** 2).mean(dim=-1) * w).sum()

@@ -110,3 +110,39 @@ def set_lr(optimizer: torch.optim.Optimizer, step: int, cfg: Mapping) -> float:
     for g in optimizer.param_groups:
         g["lr"] = g["base_lr"] * factor
     return factor
+
+
+def split_optimizer_state(state: dict, key) -> dict:
+    """An optimizer ``state_dict`` cut into independent parts by parameter group.
+
+    Args:
+        state: ``optimizer.state_dict()`` (``param_groups`` with integer ``params`` ids, ``state`` by id).
+        key: ``key(group) -> hashable``: the part a group belongs to (e.g. its region).
+    Returns:
+        part -> a state dict of that part's groups (in their order) with the ids renumbered
+        from 0; :func:`merge_optimizer_states` joins parts back. Adam's state is per
+        parameter, so a part is exactly the optimizer state of its parameters.
+    """
+    parts: dict = {}
+    for group in state["param_groups"]:
+        part = parts.setdefault(key(group), {"state": {}, "param_groups": []})
+        first = sum(len(g["params"]) for g in part["param_groups"])
+        ids = list(range(first, first + len(group["params"])))
+        part["param_groups"].append({**group, "params": ids})
+        for old, new in zip(group["params"], ids):
+            if old in state["state"]:
+                part["state"][new] = state["state"][old]
+    return parts
+
+
+def merge_optimizer_states(parts: list[dict]) -> dict:
+    """One optimizer ``state_dict`` from parts of :func:`split_optimizer_state`, in the order
+    given (which must be the order of the new optimizer's groups)."""
+    out: dict = {"state": {}, "param_groups": []}
+    for part in parts:
+        first = sum(len(g["params"]) for g in out["param_groups"])
+        for group in part["param_groups"]:
+            out["param_groups"].append({**group, "params": [first + int(i) for i in group["params"]]})
+        for i, value in part["state"].items():
+            out["state"][first + int(i)] = value
+    return out

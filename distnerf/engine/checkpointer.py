@@ -92,15 +92,27 @@ class Checkpointer:
             return None
         manifest = ckpt.read_manifest(found, verify=True)
         ckpt.check_compatible(manifest, self.hashes, found)
-        if manifest["world_size"] != self.env.world_size:
+        if manifest["world_size"] != self.env.world_size and self.strategy.elastic:
+            if self.env.is_main:
+                log.info("resuming %s saved at world size %d on world size %d: %s reassigns its work to the ranks "
+                         "present; its batches are not keyed by rank, so the continuation is the uninterrupted "
+                         "run's", found, manifest["world_size"], self.env.world_size, self.strategy.name)
+        elif manifest["world_size"] != self.env.world_size:
             log.warning("resuming %s saved at world size %d on world size %d: the continuation is not "
                         "bit-exact (ray streams and RNG states differ)", found, manifest["world_size"],
                         self.env.world_size)
         return found
 
     def restore_rank(self, path: Path, sampler, step: int) -> None:
-        """This rank's RNG states and sampler stream from ``path`` (when it has this rank's file)."""
+        """This rank's RNG states and sampler stream from ``path`` (when it has this rank's file).
+
+        An elastic strategy resumed at another world size restores no per-rank state: rank
+        R's file belonged to another share of the work, and its batches are drawn by step.
+        """
         rank_path = path / ckpt.rank_file(self.env.rank)
+        if self.strategy.elastic and ckpt.read_manifest(path)["world_size"] != self.env.world_size:
+            sampler.load_state_dict({**sampler.state_dict(), "next_step": step})
+            return
         if not rank_path.exists():
             return
         rank_state = ckpt.load_file(rank_path)

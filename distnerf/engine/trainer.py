@@ -69,13 +69,13 @@ class Trainer:
             load_scene(cfg.dataset, split, pixels=undecoded)
         if strategy.is_main and self.train_scene.transform is not None:
             (self.run_dir / ckpt.SCENE_TRANSFORM_FILE).write_text(json.dumps(self.train_scene.transform, indent=1))
-        self.rays_per_rank = strategy.rays_per_rank(cfg.train.global_rays)
         model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
         if self.train_scene.ndc and contracted(model_cfg):
             raise ConfigError(f"config model.contraction={model_cfg['contraction']!r} with NDC rays "
                               f"(dataset.ndc=true): NDC already maps the frustum to infinity into a bounded "
                               f"box; use model.contraction=none, or dataset.ndc=false with contraction")
         strategy.prepare(self.train_scene, self.run_dir, cfg.seed, model_cfg)  # ss: the partition
+        self.rays_per_rank = strategy.rays_per_rank(cfg.train.global_rays)
         self.sampler = build_sampler(cfg.sampler, self.train_scene, self.rays_per_rank, cfg.seed,
                                      strategy.sampler_stream(), self.device, strategy.ray_filter(self.train_scene))
         self.model = strategy.build_model(model_cfg, self.train_scene)

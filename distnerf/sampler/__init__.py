@@ -62,7 +62,8 @@ def build_sampler(cfg_sampler: Mapping, scene: SceneData, rays_per_batch: int, s
             a partial mapping gets the defaults).
         scene: the training split (CPU tensors).
         rays_per_batch: rays per batch of this rank.
-        seed: base seed of the run. stream: this rank's stream (the rank under ``ddp``).
+        seed: base seed of the run. stream: this rank's stream (the rank under ``ddp``), or a tuple of
+            streams: a block batch (:class:`.base.BatchSpec`; ``ss``: one block per region).
         device: the training device.
         ray_filter: a filter hook given by code (e.g. a strategy's region); overrides
             ``cfg_sampler.filter``.
@@ -73,7 +74,7 @@ def build_sampler(cfg_sampler: Mapping, scene: SceneData, rays_per_batch: int, s
     cfg = section(SamplerConfig, cfg_sampler)
     kind = cfg.name
     pixel_table(scene.mask, scene.source)  # a fully masked scene fails here, not in a worker
-    spec = BatchSpec(int(rays_per_batch), int(seed), int(stream), cfg.policy, cfg.images_per_step,
+    spec = BatchSpec(int(rays_per_batch), int(seed), stream if isinstance(stream, tuple) else int(stream), cfg.policy, cfg.images_per_step,
                      ray_filter if ray_filter is not None else build_ray_filter(cfg.filter))
     device = torch.device(device)
     if kind == "device":

@@ -4,6 +4,10 @@ Legend: R rays per batch, N images, H, W image size.
 
 Deterministic by step: the batch of global step ``k`` of stream ``s`` is a pure
 function of ``(seed, s, k)`` through ``numpy.random.SeedSequence([seed, s, k])``.
+A batch may also be made of *blocks*, one per stream of a tuple of streams (``ss``: one
+block per region the rank trains, the stream being the region): each block is the batch
+its stream alone would give, and the jitter seed comes from :data:`JITTER_STREAM`, so
+it depends on ``(seed, k)`` only and a block does not depend on which rank draws it.
 Every implementation (``sync``, ``pipelined`` with any number of workers,
 ``device``) calls :func:`make_batch`, so a performance setting never changes what
 is trained. The stream is the rank under ``ddp``.
@@ -22,6 +26,9 @@ from ..data.rays import RayBundle, generate_rays
 from ..schema import SamplerConfig
 from .files import FilePixels
 from .policy import PixelTable, draw_pixels, pixel_table
+
+JITTER_STREAM = 1 << 29
+"""The stream of the jitter seed of a block batch (never a rank's or a region's ray stream)."""
 
 RayFilter = Callable[[RayBundle], torch.Tensor]
 """A ray filter hook: ``fn(rays) -> (R,) bool`` mask of the rays that count in the loss."""
@@ -53,18 +60,43 @@ class BatchSpec:
 
     Attributes:
         rays_per_batch: R.
-        seed: base seed of the run. stream: stream id (the rank under ``ddp``).
+        seed: base seed of the run.
+        stream: stream id (the rank under ``ddp``), or a tuple of B stream ids: a block batch
+            of B blocks of R / B rays, block b drawn from ``stream[b]`` alone.
         policy: ``uniform`` (all pixels of all images) or ``per_image``.
         images_per_step: images drawn per step under ``per_image``.
-        ray_filter: optional picklable :data:`RayFilter`; its mask becomes ``valid``.
+        ray_filter: optional picklable :data:`RayFilter`; its mask becomes ``valid``. With a
+            tuple of streams, a tuple of B filters (or None): block b's rays are kept by ``ray_filter[b]``.
+
+    Raises:
+        ValueError: a tuple of streams that does not split R evenly, or whose filters are not one per stream.
     """
 
     rays_per_batch: int
     seed: int
-    stream: int
+    stream: int | tuple[int, ...]
     policy: str = SamplerConfig.policy
     images_per_step: int = SamplerConfig.images_per_step
-    ray_filter: Optional[RayFilter] = None
+    ray_filter: Optional[RayFilter] | tuple = None
+
+    def __post_init__(self):
+        if isinstance(self.stream, (tuple, list)):
+            object.__setattr__(self, "stream", tuple(int(s) for s in self.stream))
+            blocks = len(self.stream)
+            if blocks == 0 or self.rays_per_batch % blocks:
+                raise ValueError(f"a batch of {self.rays_per_batch} rays cannot be split into {blocks} equal "
+                                 f"blocks (one per stream {self.stream})")
+            if self.ray_filter is not None and (not isinstance(self.ray_filter, tuple)
+                                                or len(self.ray_filter) != blocks):
+                raise ValueError(f"a block batch of streams {self.stream} needs one ray filter per stream, got "
+                                 f"{self.ray_filter!r}")
+
+    @property
+    def blocks(self) -> list["BatchSpec"]:
+        """The spec of each block of a block batch (one stream, R / B rays, its own filter)."""
+        n = self.rays_per_batch // len(self.stream)
+        filters = self.ray_filter if self.ray_filter is not None else (None,) * len(self.stream)
+        return [BatchSpec(n, self.seed, s, self.policy, self.images_per_step, f) for s, f in zip(self.stream, filters)]
 
 
 def batch_rng(seed: int, stream: int, step: int) -> np.random.Generator:
@@ -102,8 +134,14 @@ def make_batch(spec: BatchSpec, scene: SceneData, flat_rgb: torch.Tensor | FileP
         step: global step index.
         device: where rays are generated (default: the CPU).
     Returns:
-        The batch, on ``device``.
+        The batch, on ``device`` (a block batch: the blocks' batches concatenated in stream order).
     """
+    if isinstance(spec.stream, tuple):
+        parts = [make_batch(block, scene, flat_rgb, step, device) for block in spec.blocks]
+        cat = lambda name: torch.cat([getattr(p.rays, name) for p in parts])  # noqa: E731
+        rays = RayBundle(*(cat(f) for f in ("origins", "directions", "viewdirs", "near", "far", "image_ids")))
+        jitter_seed = int(batch_rng(spec.seed, JITTER_STREAM, step).integers(0, 2**62))
+        return RayBatch(rays, torch.cat([p.rgb for p in parts]), torch.cat([p.valid for p in parts]), jitter_seed)
     h, w = scene.height, scene.width
     flat_np, jitter_seed = draw_indices(spec, flat_rgb.shape[0] // (h * w), h, w, step,
                                         pixel_table(scene.mask, scene.source))

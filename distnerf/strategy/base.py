@@ -75,6 +75,9 @@ class Strategy:
     """
 
     name = "base"
+    elastic = False
+    """Whether a run resumes at another world size bit-exactly (``ss``); otherwise such a resume
+    continues with other ray streams, and is warned about."""
 
     def __init__(self, cfg: Mapping, env: DistEnv):
         self.cfg, self.env = section("strategy", {"name": self.name, **dict(cfg)}), env

@@ -13,7 +13,7 @@ from torch import nn
 from ..data.rays import RayBundle
 from ..model.base import RadianceModel
 from ..sampler.policy import BoxFilter
-from .joint import GatherSegments, composite_all, render_segments
+from .joint import GatherSegments, composite_all, region_generator, render_segments
 from .partition import Partition, to_infinity
 
 
@@ -47,20 +47,32 @@ class RegionModels(RadianceModel):
 
     ``forward`` renders, for every sub-model, the rays crossing its enlarged region and
     returns the concatenated outputs with ``ray_index`` (the batch row of each output
-    row), so one photometric loss covers every (ray, sub-model) pair.
+    row) and ``loss_weight`` (1 / the rays its sub-model rendered), so one photometric
+    loss is the sum over sub-models of each one's own mean error.
+
+    With ``blocks`` (training: the sampler's block batch, one block of R / m rays per
+    region of ``regions`` in that order, each from the region's own ray stream) the
+    sub-model of block b renders only block b's rays, and its sample jitter comes from a
+    generator keyed by its region (:func:`.joint.region_generator`): what a sub-model
+    trains on depends on its region and the step only, not on which rank holds it or
+    which other regions that rank holds (elastic resume, ``ss.py``). Without (a batch of
+    arbitrary rays), every sub-model renders the batch's rays that cross its region.
 
     Args:
         models: region index -> sub-model. partition: the run's partition.
         background: (3,) scene background (default: the first sub-model's).
+        blocks: read the batch as one block per region (see above).
     """
 
-    def __init__(self, models: dict[int, RadianceModel], partition: Partition, background=None):
+    def __init__(self, models: dict[int, RadianceModel], partition: Partition, background=None,
+                 blocks: bool = False):
         first = next(iter(models.values()))
         super().__init__(first.aabb, first.background if background is None else background)
         self.regions = sorted(models)
         self.models = nn.ModuleList([models[k] for k in self.regions])
         self.register_buffer("boxes", partition.extents(enlarged=True)[self.regions].float())
         self.unbounded = partition.unbounded
+        self.blocks = blocks
 
     @property
     def resolution(self):
@@ -68,25 +80,31 @@ class RegionModels(RadianceModel):
 
     def forward(self, rays: RayBundle, generator=None) -> dict:
         keys = ("rgb", "depth", "opacity", "rgb_coarse")
-        parts: dict[str, list] = {k: [] for k in keys + ("ray_index",)}
+        parts: dict[str, list] = {k: [] for k in keys + ("ray_index", "loss_weight")}
         num_samples = 0
         routed = to_infinity(rays) if self.unbounded else rays
-        for box, model in zip(self.boxes, self.models):
-            sel = BoxFilter(box)(routed).nonzero().view(-1)
+        if self.blocks and len(rays) % len(self.models):
+            raise ValueError(f"a block batch of {len(rays)} rays does not split into {len(self.models)} region blocks")
+        size = len(rays) // len(self.models) if self.blocks else len(rays)
+        for i, (k, box, model) in enumerate(zip(self.regions, self.boxes, self.models)):
+            lo = i * size if self.blocks else 0
+            sel = BoxFilter(box)(routed.map(lambda t: t[lo:lo + size])).nonzero().view(-1) + lo
             if sel.numel() == 0:
                 continue
-            out = model(rays.map(lambda t: t[sel]), generator)
-            for k in keys:
-                if k in out:
-                    parts[k].append(out[k])
+            gen = region_generator(generator, k, rays.origins.device) if self.blocks else generator
+            out = model(rays.map(lambda t: t[sel]), gen)
+            for key in keys:
+                if key in out:
+                    parts[key].append(out[key])
             parts["ray_index"].append(sel)
+            parts["loss_weight"].append(torch.full(sel.shape, 1.0 / sel.numel(), device=sel.device))
             num_samples += int(out.get("num_samples", 0))
         if not parts["ray_index"]:  # no ray crosses this rank's regions: a zero loss that still has a graph
             zero = sum(p.sum() for p in self.parameters()) * 0.0
             return {"rgb": rays.origins.new_zeros(0, 3) + zero, "depth": rays.origins.new_zeros(0),
                     "opacity": rays.origins.new_zeros(0), "ray_index": torch.zeros(0, dtype=torch.long,
                                                                                    device=rays.origins.device),
-                    "num_samples": 0}
+                    "loss_weight": rays.origins.new_zeros(0), "num_samples": 0}
         out = {k: torch.cat(v) for k, v in parts.items() if v}
         out["num_samples"] = num_samples
         return out

@@ -5,10 +5,13 @@ Legend: R rays, K regions, W world size.
 The scene box is split into K regions (:mod:`.partition`; K = W by default, or a
 multiple of it); each rank owns K / W regions, assigned by their measured training cost
 (:func:`.partition.assign_regions`; joint training: contiguous blocks). Each region has its
-own sub-model and each rank its own optimizer: training needs no gradient all-reduce
-(Mega-NeRF, Turki et al. 2022). A rank draws its rays from its own stream through the
-sampler's ray-filter hook, keeping the rays whose segment crosses one of its enlarged
-regions, and each of its sub-models trains on the rays crossing its enlarged region.
+own sub-model and its own optimizer state: training needs no gradient all-reduce
+(Mega-NeRF, Turki et al. 2022). Every region draws its own block of ``global_rays / K``
+rays per step from its own ray stream (the stream is the region index; the sampler's
+block batch), keeping through the ray-filter hook the rays whose segment crosses its
+enlarged region; its sub-model trains on those with their mean squared error, and its
+sample jitter comes from a generator keyed by the region. So what a region trains on
+depends on the region and the step only, never on its owner.
 A sub-model renders the whole ray inside the scene box, because it must explain the
 whole pixel colour; it therefore also learns content outside its region, which the
 fusion stage (:mod:`.fusion`) discards. A ``grid`` sub-model holds its enlarged region
@@ -21,10 +24,20 @@ broadcast) gives each region's rays, cameras and cost (rays x their marched leng
 :func:`.partition.region_load`); a region no sampled ray crosses is refused.
 
 Ranks still agree on the step count, stop flags and checkpoint cadence (the trainer's
-one small all-reduce per step). Checkpoints are sharded: ``region_KKK.pt`` (the
-sub-model, written by its owner) and ``optimizer_rank_R.pt``; the manifest, written
-last, records the partition and the owner of every region. ``RUN/partition.json``
-holds the partition for the whole run (resume and rendering reuse it).
+one small all-reduce per step). Checkpoints are sharded: ``region_KKK.pt`` holds a
+sub-model and its optimizer state (written by its owner); the manifest, written last,
+records the partition and the owner of every region. ``RUN/partition.json`` holds the
+partition for the whole run (resume and rendering reuse it).
+
+Elastic resume: a run may resume at another world size W' that divides K (torchrun
+``--nnodes=MIN:MAX`` coming back smaller or larger). The regions are reassigned to the
+ranks present (independent: :func:`.partition.assign_regions` on the same measured costs;
+joint: contiguous blocks) and each rank loads its new regions' sub-models and optimizer
+states. Sub-models are initialised from a seed keyed by (run seed, region), batches and
+jitter are keyed by (region, step) (independent) or shared by every rank (joint), and a
+region's update reads nothing of another region's, so the continuation is bit-exact to
+the uninterrupted run (``tests/dist/test_ss.py``). ``ddp`` still warns that its
+continuation differs (its ray streams are per rank).
 """
 from __future__ import annotations
 
@@ -37,6 +50,7 @@ from torch import nn
 from .. import checkpoint as ckpt
 from .. import dist as D
 from ..model import build_model, contracted
+from ..components.optim import merge_optimizer_states, split_optimizer_state
 from ..model.base import RadianceModel
 from .base import StepAgreement, StepStats, Strategy
 from .density import estimate_density
@@ -67,6 +81,11 @@ def training_ray_sample(scene, num_rays: int, seed: int):
     return rays, image
 
 
+def _group_region(group: dict) -> int:
+    """The region of an optimizer group of :meth:`.regions.RegionModels.param_groups` (``regionK/...``)."""
+    return int(group["name"].split("/", 1)[0][len("region"):])
+
+
 class SSStrategy(Strategy):
     """``strategy=ss``.
 
@@ -75,6 +94,7 @@ class SSStrategy(Strategy):
     """
 
     name = "ss"
+    elastic = True  # resumes at another world size, bit-exact (module docstring)
 
     def __init__(self, cfg, env):
         super().__init__(cfg, env)
@@ -82,17 +102,28 @@ class SSStrategy(Strategy):
         self.owner: list[int] = []
         self.training = self.cfg.training
         self.joint = self.training == "joint"
+        self.seed = 0
 
     # -- set-up -----------------------------------------------------------------
     def prepare(self, scene, run_dir: Path, seed: int, model_cfg: dict) -> None:
-        """Build (rank 0, broadcast) or reload ``RUN/partition.json``; report routing."""
+        """Build (rank 0, broadcast) or reload ``RUN/partition.json``; assign the regions to the
+        ranks present; report routing.
+
+        Raises:
+            ValueError: a saved partition with another ``strategy.num_regions`` or contraction, or
+                whose K regions do not split evenly over the world size.
+        """
+        self.seed = int(seed)
         num = self.cfg.num_regions or self.env.world_size
         path = Path(run_dir) / "partition.json"
         if path.exists():
             part = Partition.load(path)
-            if len(part) != num:
+            if self.cfg.num_regions is not None and len(part) != num:
                 raise ValueError(f"{path}: {len(part)} regions but strategy.num_regions={num}: resume with the "
                                  f"original settings or start a new run directory")
+            if len(part) % self.env.world_size:
+                raise ValueError(f"{path}: {len(part)} regions cannot be spread evenly over world size "
+                                 f"{self.env.world_size}: resume on a world size that divides {len(part)}")
             if part.unbounded != contracted(model_cfg):
                 raise ValueError(f"{path}: a partition for {'un' if part.unbounded else ''}bounded sub-models but "
                                  f"model.contraction={model_cfg['contraction']!r}: resume with the original settings")
@@ -167,30 +198,49 @@ class SSStrategy(Strategy):
     def my_regions(self) -> list[int]:
         return [k for k, r in enumerate(self.owner) if r == self.env.rank]
 
-    def sampler_stream(self) -> int:
-        return SHARED_STREAM if self.joint else self.env.rank  # joint: every rank the same rays
+    def sampler_stream(self) -> int | tuple[int, ...]:
+        """Joint: the shared stream (every rank the same rays); independent: one block per region
+        of this rank, each region's own stream (the region index)."""
+        return SHARED_STREAM if self.joint else tuple(self.my_regions)
 
     def ray_filter(self, scene):
-        return None if self.joint else RegionRayFilter(self.partition.extents(enlarged=True)[self.my_regions],
-                                                       to_infinity=self.partition.unbounded)
+        if self.joint:
+            return None
+        boxes = self.partition.extents(enlarged=True)
+        return tuple(RegionRayFilter(boxes[k], to_infinity=self.partition.unbounded) for k in self.my_regions)
 
     def rays_per_rank(self, global_rays: int) -> int:
-        return global_rays if self.joint else super().rays_per_rank(global_rays)
+        """Joint: ``global_rays`` (every rank the same batch); independent: ``global_rays / K``
+        per region of this rank.
+
+        Raises:
+            ValueError: independent training with ``global_rays`` not divisible by K.
+        """
+        if self.joint:
+            return global_rays
+        num = len(self.partition)
+        if global_rays % num:
+            raise ValueError(f"train.global_rays={global_rays} is not divisible by the {num} regions "
+                             f"(strategy=ss draws global_rays / K rays per region)")
+        return global_rays // num * len(self.my_regions)
 
     def describe_batch(self, global_rays: int) -> str:
         if self.joint:
             return (f"the same {global_rays} rays on each of {self.env.world_size} ranks, each rendering the segments "
                     f"of its {len(self.my_regions)} region(s)")
-        return (f"{self.env.world_size} ranks x {self.rays_per_rank(global_rays)} drawn rays (those crossing the "
-                f"rank's enlarged regions count)")
+        return (f"{self.env.world_size} ranks x {len(self.my_regions)} region(s) x {global_rays // len(self.partition)} "
+                f"rays drawn from each region's own stream (those crossing its enlarged region count)")
 
     # -- model --------------------------------------------------------------------
     def build_model(self, model_cfg: dict, scene) -> RadianceModel:
-        models = {k: self.build_region_model(model_cfg, scene.aabb, scene.background, k, len(scene))
-                  for k in self.my_regions}
+        models = {}
+        for k in self.my_regions:  # initialised from (seed, region): the same on whichever rank holds it
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed((self.seed * 1000003 + 7919 * (k + 1)) % 2**62)
+                models[k] = self.build_region_model(model_cfg, scene.aabb, scene.background, k, len(scene))
         if self.joint:
             return JointRegionModels(models, self.partition, scene.background, self.env.distributed)
-        return RegionModels(models, self.partition)
+        return RegionModels(models, self.partition, blocks=True)
 
     def build_region_model(self, model_cfg: dict, aabb, background, region: int,
                            num_images: int = 0) -> RadianceModel:
@@ -226,13 +276,15 @@ class SSStrategy(Strategy):
         return self.wrapped
 
     def reduce_step_stats(self, local: StepStats) -> StepAgreement:
-        """The flags summed over ranks, and this rank's own valid rays as the loss normaliser:
-        the sub-models are independent (no averaging). Joint: every rank holds the same
-        rays, so they are counted once."""
+        """The flags summed over ranks, and the loss normaliser. Independent: 1, since the
+        sub-models are independent and each one's rows carry 1 / its own rays as
+        ``loss_weight`` (:class:`.regions.RegionModels`). Joint: every rank holds the same
+        rays, so they are counted once, and the composite's mean error is the loss."""
         mine, total = self._reduce(local)
         if self.joint:
             total.valid_rays = mine.valid_rays
-        return StepAgreement(total, mine, max(mine.valid_rays, 1.0))
+            return StepAgreement(total, mine, max(mine.valid_rays, 1.0))
+        return StepAgreement(total, mine, 1.0)
 
     def comm_stats(self) -> dict:
         """Joint training: the segment exchange since the last call (seconds include waiting)."""
@@ -247,21 +299,43 @@ class SSStrategy(Strategy):
 
     # -- checkpoint ------------------------------------------------------------------
     def save_model_state(self, ckpt_dir: Path, model: RegionModels, optimizer, meta: dict) -> None:
+        """One ``region_KKK.pt`` per region of this rank: its sub-model and its part of the
+        optimizer state (the groups named ``regionK/...``), so any rank can take it over."""
+        parts = split_optimizer_state(optimizer.state_dict(), _group_region)
         for k, sub in zip(model.regions, model.models):
-            ckpt.atomic_torch_save({"model": sub.state_dict(), "region": k, **meta},
-                                   Path(ckpt_dir) / ckpt.region_file(k))
-        ckpt.atomic_torch_save({"optimizer": optimizer.state_dict(), **meta},
-                               Path(ckpt_dir) / ckpt.optimizer_file(self.env.rank))
+            ckpt.atomic_torch_save({"model": sub.state_dict(), "optimizer": parts.get(k, {"state": {},
+                                                                                        "param_groups": []}),
+                                    "region": k, **meta}, Path(ckpt_dir) / ckpt.region_file(k))
 
     def load_model_state(self, ckpt_dir: Path, model: RegionModels) -> dict:
+        """Load this rank's regions (wherever they were trained) and merge their optimizer states.
+
+        Raises:
+            CheckpointError: a checkpoint of another partition, or one written before optimizer
+                states were per region (``optimizer_rank_R.pt``) resumed with other owners.
+        """
         manifest = ckpt.read_manifest(ckpt_dir)
-        if manifest.get("region_owner") != self.owner:
-            raise ckpt.CheckpointError(f"{ckpt_dir}: regions owned {manifest.get('region_owner')} at world size "
-                                       f"{manifest.get('world_size')}, now {self.owner}: an ss run resumes at "
-                                       f"its original world size and number of regions")
-        for k, sub in zip(model.regions, model.models):
-            sub.load_state_dict(ckpt.load_file(Path(ckpt_dir) / ckpt.region_file(k))["model"])
-        return ckpt.load_file(Path(ckpt_dir) / ckpt.optimizer_file(self.env.rank))
+        if manifest.get("partition") is not None and manifest["partition"] != self.partition.to_dict():
+            raise ckpt.CheckpointError(f"{ckpt_dir}: its partition differs from {self.partition.kind} partition of "
+                                       f"this run's partition.json: resume with the run's own partition")
+        states = [ckpt.load_file(Path(ckpt_dir) / ckpt.region_file(k)) for k in model.regions]
+        for sub, state in zip(model.models, states):
+            sub.load_state_dict(state["model"])
+        saved_owner = manifest.get("region_owner")
+        if any("optimizer" not in st for st in states):  # written with one optimizer file per rank
+            if saved_owner != self.owner:
+                raise ckpt.CheckpointError(f"{ckpt_dir}: optimizer states per rank (an older checkpoint), regions "
+                                           f"owned {saved_owner}, now {self.owner}: resume it at its original "
+                                           f"world size {manifest.get('world_size')}")
+            return ckpt.load_file(Path(ckpt_dir) / ckpt.optimizer_file(self.env.rank))
+        if saved_owner != self.owner and self.env.is_main:
+            log.info("ss: regions reassigned from owners %s (world size %s) to %s (world size %d)", saved_owner,
+                     manifest.get("world_size"), self.owner, self.env.world_size)
+        step, seconds = {int(st["step"]) for st in states}, {float(st["train_seconds"]) for st in states}
+        if len(step) != 1:
+            raise ckpt.CheckpointError(f"{ckpt_dir}: region files of different steps {sorted(step)}")
+        return {"optimizer": merge_optimizer_states([st["optimizer"] for st in states]), "step": step.pop(),
+                "train_seconds": max(seconds)}
 
     def manifest_extra(self) -> dict:
         return {"strategy": self.name, "training": self.training, "partition": self.partition.to_dict(),

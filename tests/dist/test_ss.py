@@ -1,6 +1,7 @@
 """``strategy=ss`` through the real CLI: a 2-rank gloo run on the built-in city_small scene with
 4 regions (2 per rank), fused rendering from its manifest (one process and across
-ranks), and exact resume of the sharded checkpoint."""
+ranks), exact resume of the sharded checkpoint, and elastic resume (2 ranks -> 1 -> 2,
+independent and joint) bit-exact against the uninterrupted 2-rank run."""
 from __future__ import annotations
 
 import json
@@ -26,14 +27,25 @@ def train(run_dir: Path, cache: Path, extra: list[str]):
                                                                       f"dataset.cache_dir={cache}"] + extra)
 
 
+def train_one_process(run_dir: Path, cache: Path, extra: list[str], common: list[str] = COMMON):
+    return run_cli([sys.executable, "-m", "distnerf.train"] + common + [f"run_dir={run_dir}",
+                                                                        f"dataset.cache_dir={cache}"] + extra)
+
+
 @pytest.fixture(scope="session")
 def ss_runs(tmp_path_factory, synthetic_cache):
+    import shutil
+
     root = tmp_path_factory.mktemp("ss")
-    straight, resumed = root / "straight", root / "resumed"
+    straight, resumed, elastic = root / "straight", root / "resumed", root / "elastic"
     log = train(straight, synthetic_cache, [f"train.max_steps={2 * N}", "eval.num_views=2"]).stderr
     train(resumed, synthetic_cache, [f"train.max_steps={N}", "eval.enabled=false"])
+    shutil.copytree(resumed, elastic)  # 2 ranks to step N, then 1 rank to N + 2 (across the upsampling), then 2
     train(resumed, synthetic_cache, [f"train.max_steps={2 * N}", "resume=true", "eval.enabled=false"])
-    return {"straight": straight, "resumed": resumed, "log": log}
+    one = train_one_process(elastic, synthetic_cache, [f"train.max_steps={N + 2}", "resume=true",
+                                                       "eval.enabled=false"]).stderr
+    train(elastic, synthetic_cache, [f"train.max_steps={2 * N}", "resume=true", "eval.enabled=false"])
+    return {"straight": straight, "resumed": resumed, "elastic": elastic, "log": log, "one_rank_log": one}
 
 
 def test_partition_saved_and_routing_reported(ss_runs):
@@ -46,8 +58,7 @@ def test_partition_saved_and_routing_reported(ss_runs):
     table = ss_runs["log"].split("cost per rank")[0].splitlines()[-4:]  # the start-up table's 4 region rows
     assert [int(row.split()[-1]) for row in table] == owner
     assert manifest["partition"] == part
-    assert set(manifest["files"]) == ({f"region_{k:03d}.pt" for k in range(4)} | {"optimizer_rank_0.pt",
-                                      "optimizer_rank_1.pt", "rank_0.pt", "rank_1.pt"})
+    assert set(manifest["files"]) == ({f"region_{k:03d}.pt" for k in range(4)} | {"rank_0.pt", "rank_1.pt"})
 
 
 def test_parameters_per_rank_are_the_rank_s_own_regions_at_the_budget(ss_runs):
@@ -80,21 +91,40 @@ def test_no_gradient_all_reduce_and_sub_models_differ(ss_runs):
     assert not torch.equal(a["density"], b["density"])
 
 
+def assert_regions_equal(a_dir: Path, b_dir: Path, regions: int) -> None:
+    """Every region's sub-model and optimizer state (Adam moments, step counts) bitwise equal."""
+    assert a_dir.name == b_dir.name
+    for name in [f"region_{k:03d}.pt" for k in range(regions)]:
+        a = torch.load(a_dir / name, weights_only=True)
+        b = torch.load(b_dir / name, weights_only=True)
+        assert a["model"].keys() == b["model"].keys()
+        for k in a["model"]:
+            assert torch.equal(a["model"][k], b["model"][k]), (name, k)
+        sa, sb = a["optimizer"], b["optimizer"]
+        assert [g["name"] for g in sa["param_groups"]] == [g["name"] for g in sb["param_groups"]]
+        assert sa["state"].keys() == sb["state"].keys() and sa["state"], name
+        for i in sa["state"]:
+            assert sa["state"][i].keys() == sb["state"][i].keys()
+            for k, v in sa["state"][i].items():
+                assert torch.equal(torch.as_tensor(v), torch.as_tensor(sb["state"][i][k])), (name, i, k)
+
+
 def test_resume_of_sharded_checkpoint_is_bit_exact(ss_runs):
     a_dir = ckpt.latest(ss_runs["straight"] / "checkpoints")
-    b_dir = ckpt.latest(ss_runs["resumed"] / "checkpoints")
-    assert a_dir.name == b_dir.name == f"step_{2 * N:08d}"
-    for name in [f"region_{k:03d}.pt" for k in range(4)] + ["optimizer_rank_0.pt", "optimizer_rank_1.pt"]:
-        a = torch.load(a_dir / name, weights_only=False)
-        b = torch.load(b_dir / name, weights_only=False)
-        key = "model" if "model" in a else "optimizer"
-        if key == "model":
-            for k in a["model"]:
-                assert torch.equal(a["model"][k], b["model"][k]), (name, k)
-        else:
-            for i in a["optimizer"]["state"]:
-                for k, v in a["optimizer"]["state"][i].items():
-                    assert torch.equal(torch.as_tensor(v), torch.as_tensor(b["optimizer"]["state"][i][k])), (name, k)
+    assert a_dir.name == f"step_{2 * N:08d}"
+    assert_regions_equal(a_dir, ckpt.latest(ss_runs["resumed"] / "checkpoints"), 4)
+
+
+def test_elastic_resume_2_to_1_to_2_ranks_is_bit_exact(ss_runs):
+    """The one-rank leg held all 4 regions (reassigned, each loading its optimizer state) and
+    crossed the grid upsampling at step 2... of the run: every region's parameters and
+    optimizer state at the end equal the uninterrupted 2-rank run's, bit for bit."""
+    assert "regions reassigned from owners" in ss_runs["one_rank_log"]
+    one = ckpt.read_manifest(ckpt.step_dir(ss_runs["elastic"] / "checkpoints", N + 2))
+    assert one["world_size"] == 1 and one["region_owner"] == [0, 0, 0, 0]
+    final = ckpt.latest(ss_runs["elastic"] / "checkpoints")
+    assert ckpt.read_manifest(final)["world_size"] == 2
+    assert_regions_equal(ckpt.latest(ss_runs["straight"] / "checkpoints"), final, 4)
 
 
 def psnr_of_pngs(render_dir: Path, rows: list, cache: Path) -> list[float]:
@@ -141,19 +171,50 @@ def test_fused_render_one_process_equals_distributed(ss_runs, synthetic_cache):
                                f"out_dir={run / 'blend2'}"])
 
 
-def test_resume_at_other_world_size_is_refused(ss_runs, synthetic_cache):
-    with pytest.raises(AssertionError, match="original world size"):
-        run_cli([sys.executable, "-m", "distnerf.train"] + COMMON + [
-            f"run_dir={ss_runs['resumed']}", f"dataset.cache_dir={synthetic_cache}", "strategy.num_regions=4",
-            f"train.max_steps={2 * N + 1}", "resume=true", "eval.enabled=false"])
+def test_resume_on_a_world_size_that_does_not_divide_the_regions_is_refused(ss_runs, tmp_path):
+    """Refused in set-up, before any collective, naming the partition file (rank 0 of 3 here)."""
+    import shutil
+
+    from distnerf.dist import DistEnv
+    from distnerf.strategy.ss import SSStrategy
+
+    shutil.copy(ss_runs["resumed"] / "partition.json", tmp_path / "partition.json")
+    strategy = SSStrategy({"num_regions": None}, DistEnv(rank=0, world_size=3, backend="gloo"))
+    with pytest.raises(ValueError, match=r"partition.json: 4 regions cannot be spread evenly over world size 3"):
+        strategy.prepare(None, tmp_path, 0, {"contraction": "none"})
+
+
+JOINT = [a for a in COMMON if not a.startswith(("train.ckpt_every=", "strategy.num_regions="))] + [
+    "strategy.num_regions=2", "strategy.training=joint", f"train.keep_checkpoints={N}"]
 
 
 @pytest.fixture(scope="session")
 def joint_run(tmp_path_factory, synthetic_cache):
-    run = tmp_path_factory.mktemp("ss_joint") / "run"
-    train(run, synthetic_cache, [f"train.max_steps={N}", "eval.num_views=2", "strategy.num_regions=2",
-                                 "strategy.training=joint"])
+    import shutil
+
+    root = tmp_path_factory.mktemp("ss_joint")
+    run, elastic = root / "run", root / "elastic"
+    run_cli(torchrun(2) + ["-m", "distnerf.train"] + JOINT + [
+        f"run_dir={run}", f"dataset.cache_dir={synthetic_cache}", f"train.max_steps={N}", "eval.num_views=2",
+        "train.ckpt_every=1"])
+    # elastic: the 2-rank run's checkpoint of step 1, then 1 rank to step 2 (the upsampling), then 2 ranks to N
+    shutil.copytree(run, elastic, ignore=shutil.ignore_patterns("test"))
+    for later in range(2, N + 1):
+        shutil.rmtree(ckpt.step_dir(elastic / "checkpoints", later))
+    for ranks, steps in ((1, 2), (2, N)):
+        launch = [sys.executable, "-m", "distnerf.train"] if ranks == 1 else torchrun(2) + ["-m", "distnerf.train"]
+        run_cli(launch + JOINT + [f"run_dir={elastic}", f"dataset.cache_dir={synthetic_cache}", "resume=true",
+                                  f"train.max_steps={steps}", "eval.enabled=false", "train.ckpt_every=0"])
     return run
+
+
+def test_joint_elastic_resume_2_to_1_to_2_ranks_is_bit_exact(joint_run):
+    """Joint training composites every region's segments exactly, on the same rays on every
+    rank: a rank holding both regions computes the same composite and per-region gradients,
+    so the elastic continuation equals the uninterrupted run bit for bit."""
+    elastic = joint_run.parent / "elastic"
+    assert ckpt.read_manifest(ckpt.step_dir(elastic / "checkpoints", 2))["world_size"] == 1
+    assert_regions_equal(ckpt.step_dir(joint_run / "checkpoints", N), ckpt.latest(elastic / "checkpoints"), 2)
 
 
 def test_joint_run_exchanges_segments_and_renders_the_same_on_one_process(joint_run):
@@ -187,10 +248,10 @@ def test_render_of_an_ss_checkpoint_missing_a_region_file_names_the_step_and_the
 
 
 def test_every_ss_and_joint_checkpoint_file_is_data_only(ss_runs, joint_run):
-    """Sub-models, per-rank optimizers and RNG/sampler states of ss (independent and joint)
+    """Sub-models with their optimizer states, and RNG/sampler states of ss (independent and joint)
     checkpoints load with weights_only=True: sharing a run directory never runs pickled code."""
     for run in (ss_runs["straight"], joint_run):
         files = sorted((run / "checkpoints").glob("step_*/*.pt"))
-        assert {p.name for p in files} >= {"region_000.pt", "optimizer_rank_0.pt", "rank_0.pt", "rank_1.pt"}, files
+        assert {p.name for p in files} >= {"region_000.pt", "rank_0.pt", "rank_1.pt"}, files
         for p in files:
             torch.load(p, map_location="cpu", weights_only=True)
