@@ -134,7 +134,11 @@ def slope_per_1000(points: list[tuple[float, float]]) -> float | None:
 
 
 def summarise(samples: list[dict], warmup_steps: int) -> dict:
-    after = [s for s in samples if s["step"] >= warmup_steps]
+    # while every rank trains (not the start-up, not the exit) and after the warm-up
+    count = lambda s, kind: s["procs"].get(kind, {}).get("count", 0)  # noqa: E731
+    ranks, workers = (max((count(s, kind) for s in samples), default=0) for kind in ("rank", "worker"))
+    after = [s for s in samples if s["step"] >= warmup_steps and count(s, "rank") == ranks
+             and count(s, "worker") == workers]
     series = {"shm_files": lambda s: s["shm_files"], "shm_mb": lambda s: s["shm_bytes"] / 2**20,
               "run_dir_mb": lambda s: s["run_dir_bytes"] / 2**20}
     for kind in ("agent", "rank", "worker"):

@@ -43,7 +43,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
@@ -170,10 +170,18 @@ class StepProfiler:
         annotate: wrap phases in ``torch.profiler.record_function`` (trace runs).
         enabled: False turns every call into a no-op (``profiler=off``: the baseline of the
             overhead benchmark); no records are kept.
+        max_records: memory bound of the per-step records (a record is about 1.5 kB): past it,
+            every other steady record is dropped and from then on only every ``stride``-th step
+            is kept (``stride`` doubles each time), so a run of any length holds at most
+            ``max_records`` records, a systematic sample in step order, the same steps on every
+            rank. Phase totals and :meth:`recent_figures` stay exact; the summary's statistics
+            come from the sample (``num_steps`` still counts every steady step, ``sampled_every``
+            gives the stride).
     """
 
     def __init__(self, device: torch.device, model: nn.Module | None = None, rank: int = 0, world_size: int = 1,
-                 skip_steps: int = 2, nvtx: bool = False, annotate: bool = False, enabled: bool = True):
+                 skip_steps: int = 2, nvtx: bool = False, annotate: bool = False, enabled: bool = True,
+                 max_records: int = 20_000):
         self.enabled = enabled
         self._null = nullcontext()
         self.cuda = device.type == "cuda"
@@ -184,6 +192,8 @@ class StepProfiler:
         self.totals: dict[str, float] = defaultdict(float)  # since the last pop() (log rows)
         self.run_totals: dict[str, float] = defaultdict(float)  # since construction
         self.records: list[dict] = []
+        self.max_records, self.stride, self.steady_steps = max(int(max_records), skip_steps + 2), 1, 0
+        self._recent: deque = deque(maxlen=1000)  # the last steps, every one (recent_figures)
         self._marks: list[tuple[str, object, object]] = []
         self._host_edges: dict[str, tuple[float, float]] = {}
         self._step_start: float | None = None
@@ -317,9 +327,24 @@ class StepProfiler:
             value = rec.get(key) or 0.0
             self.totals[key] += value
             self.run_totals[key] += value
-        self.records.append(rec)
+        self._keep(rec)
         self._step_start = None
         return rec
+
+    def _keep(self, rec: dict) -> None:
+        """Record ``rec`` within :attr:`max_records` (see the class docstring)."""
+        self._recent.append(rec)
+        if len(self.records) < self.skip_steps:
+            self.records.append(rec)
+            return
+        index, self.steady_steps = self.steady_steps, self.steady_steps + 1
+        if index % self.stride:
+            return
+        self.records.append(rec)
+        if len(self.records) > self.max_records:  # thin the steady records to every (2 * stride)-th
+            head, steady = self.records[:self.skip_steps], self.records[self.skip_steps:]
+            self.records = head + steady[::2]
+            self.stride *= 2
 
     def cancel_step(self) -> None:
         """Drop a begun step (the loop left before finishing it)."""
@@ -334,7 +359,7 @@ class StepProfiler:
 
     def recent_figures(self, n: int) -> dict:
         """Medians of the NeRF/communication figures over the last ``n`` steps."""
-        recent = self.records[-max(n, 1):]
+        recent = list(self._recent)[-max(n, 1):]
         out = {}
         for key in ("field_evals", "forward_ns_per_sample", "comm_bytes", "bus_bandwidth_gbps", "peak_memory_mb"):
             values = [r[key] for r in recent if r.get(key) is not None]
@@ -344,7 +369,10 @@ class StepProfiler:
 
     # ----------------------------------------------------------------- output
     def summary(self) -> dict:
-        return summarize(self.records, self.skip_steps)
+        out = summarize(self.records, self.skip_steps)
+        if self.stride > 1:  # a systematic sample of the steady steps
+            out.update(num_steps=self.steady_steps, sampled_every=self.stride)
+        return out
 
     def write(self, path: Path, extra: dict | None = None) -> dict:
         """Write ``{"rank", "world_size", "device", "summary", "steps", **extra}`` atomically."""

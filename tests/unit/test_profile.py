@@ -138,3 +138,23 @@ def test_cpu_overlap_interval_subtraction_matches_a_dense_grid():
     expected = float((inside(spans) & ~inside(holes)).sum()) * 1e-4
     assert interval_union(_subtract(spans, holes)) == pytest.approx(expected, abs=1e-3)
     assert _subtract(spans, []) == [(0.0, 6.0), (8.0, 9.0)]
+
+
+def test_step_records_stay_within_their_bound_as_a_systematic_sample():
+    """A long run keeps at most ``max_records`` step records (the soak's flat memory): the
+    start-up steps, then every stride-th steady step; totals and recent figures stay exact."""
+    import torch
+
+    from distnerf.observe.breakdown import StepProfiler
+
+    prof = StepProfiler(torch.device("cpu"), None, skip_steps=2, max_records=10)
+    for step in range(100):
+        prof.begin_step()
+        time.sleep(0.0005 if step % 3 else 0.0)
+        rec = prof.end_step(step, 10.0, 100 + step, None)
+    assert len(prof.records) <= 10 and prof.stride == 16
+    assert [r["step"] for r in prof.records] == [0, 1] + list(range(2, 100, 16))
+    summary = prof.summary()
+    assert summary["num_steps"] == 98 and summary["sampled_every"] == 16
+    assert rec["step"] == 99 and prof.recent_figures(1)["field_evals"] == 199  # the last step, not a sampled one
+    assert prof.run_totals["step_s"] >= 66 * 0.0005  # every step's time counted, sampled or not
