@@ -289,6 +289,7 @@ class ProfilerConfig:
     name: str = "default"
     breakdown: bool = True       # per-step phase timing (RUN/profile/rank_K.json)
     skip_steps: int = bounded(2, 0)  # leading steps left out of the steady-state summary
+    max_step_records: int = bounded(20_000, 4)  # step records kept in memory (past it: a systematic sample)
     nvtx: bool = False           # NVTX ranges per phase (CUDA only)
     telemetry: bool = True       # NVML + process CPU/RSS samples
     telemetry_interval_s: float = positive(1.0)

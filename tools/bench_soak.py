@@ -4,7 +4,8 @@
                                [--out bench/results/soak/soak.json] [-- extra overrides]
 
 Runs ``launch/torchrun_local.sh 2 RUN -- experiment=smoke train.max_steps=STEPS
-train.ckpt_every=CKPT profiler=trace ...`` and every ``--interval`` seconds samples, for the
+train.ckpt_every=CKPT profiler=trace profiler.max_step_records=RECORDS ...`` (``--max-step-records``,
+default 1000: the step profiler's memory bound engages well inside the run) and every ``--interval`` seconds samples, for the
 process tree below the launcher: resident memory (``VmRSS``) and open file descriptors of the
 torchrun agent, of each trainer rank and of the sampler's worker processes; the files and
 bytes under ``/dev/shm``; the run directory's size; and the run's last logged step. The
@@ -160,6 +161,7 @@ def main() -> int:
     ap.add_argument("--ckpt-every", type=int, default=200)
     ap.add_argument("--interval", type=float, default=5.0)
     ap.add_argument("--warmup-steps", type=int, default=1000)
+    ap.add_argument("--max-step-records", type=int, default=1000)
     ap.add_argument("--run-dir", type=Path, default=ROOT / "bench" / "soak")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "soak" / "soak.json")
     ap.add_argument("overrides", nargs="*")
@@ -168,6 +170,7 @@ def main() -> int:
     shutil.rmtree(args.run_dir, ignore_errors=True)
     cmd = ["bash", str(ROOT / "launch" / "torchrun_local.sh"), "2", str(args.run_dir), "--", "experiment=smoke",
            f"train.max_steps={args.steps}", f"train.ckpt_every={args.ckpt_every}", "profiler=trace",
+           f"profiler.max_step_records={args.max_step_records}",
            "train.progress=false", "train.log_every=50", "logger.wandb.mode=disabled", *args.overrides]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MAX_RESTARTS": "0", "WANDB_MODE": "disabled"}
     log = args.run_dir.with_suffix(".out")

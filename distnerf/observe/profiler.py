@@ -78,7 +78,8 @@ class RunProfiler:
         # torch.compile'd in place (model.compile=true): no sub-phase hooks inside the compiled region
         self.compiled = model is not None and getattr(model, "_compiled_call_impl", None) is not None
         self.steps = StepProfiler(device, None if self.compiled else model, rank, world_size, cfg.skip_steps,
-                                  nvtx=cfg.nvtx, annotate=self.trace_cfg is not None, enabled=cfg.breakdown)
+                                  nvtx=cfg.nvtx, annotate=self.trace_cfg is not None, enabled=cfg.breakdown,
+                                  max_records=cfg.max_step_records)
         self.env = environment_fingerprint(device, world_size)
         if rank == 0:
             from ..checkpoint import atomic_write_text
