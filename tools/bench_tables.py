@@ -509,6 +509,27 @@ def exits(res: Results) -> list[str]:
     return out + ["", f"Target (30 consecutive clean runs): **{'met' if ok else 'missed'}**."]
 
 
+def soak(res: Results) -> list[str]:
+    """tools/bench_soak.py: what could leak over a long 2-rank run, after the warm-up."""
+    d = res.json("soak/soak.json")
+    summ = d["summary"]
+    names = {"rank_rss_mb": ("trainer RSS, both ranks", "MB"), "worker_rss_mb": ("sampler workers' RSS, all", "MB"),
+             "agent_rss_mb": ("torchrun agent RSS", "MB"), "rank_fds": ("trainer open fds, both ranks", ""),
+             "worker_fds": ("workers' open fds, all", ""), "shm_files": ("/dev/shm files", ""),
+             "run_dir_mb": ("run directory", "MB")}
+    out = header("series", "first", "last", "range", "change per 1,000 steps")
+    for key, (label, unit) in names.items():
+        v = summ[key]
+        fmt = (lambda x: f"{x:.1f}") if unit else (lambda x: f"{x:.0f}")
+        out.append(row(label + (f" ({unit})" if unit else ""), fmt(v["first"]), fmt(v["last"]),
+                       f"{fmt(v['min'])}..{fmt(v['max'])}", f"{v['slope_per_1000_steps']:+.3f}"))
+    kept = d["checkpoints_kept"]
+    return out + ["", f"{d['steps']} steps (rc {d['rc']}, last logged step {d['last_step']}), a checkpoint every "
+                      f"{d['ckpt_every']} steps ({len(kept)} kept at the end), sampled every {d['interval_s']:.0f} s; "
+                      f"the series above are after step {d['warmup_steps']}, while every rank and worker ran. "
+                      f"/dev/shm files before/after the run: {d['shm_files_before']}/{d['shm_files_after']}."]
+
+
 def study_characterization(res: Results) -> list[str]:
     """python -m distnerf.study report bench/results/study_characterization/report.json --markdown: the
     sections of the study's report (the committed JSON of conf/study/characterization.yaml's run)."""
@@ -524,6 +545,7 @@ def study_characterization(res: Results) -> list[str]:
 
 TABLES = {
     "exits": exits,
+    "soak": soak,
     "study_characterization": study_characterization,
     "lego_quality": lego_quality,
     "lego_stages": lambda res: stages(res, "lego_1p"),
