@@ -23,14 +23,19 @@ after a newer one is committed.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
+import logging
 import os
 import shutil
 import time
 from pathlib import Path
 
 import torch
+
+log = logging.getLogger("distnerf")
 
 MANIFEST = "manifest.json"
 MODEL_FILE = "model.pt"
@@ -216,3 +221,26 @@ def check_compatible(manifest: dict, hashes: dict, ckpt: Path) -> None:
     if diff:
         raise CheckpointError(f"cannot resume from {ckpt}: the {', '.join(diff)} config differs from the "
                               f"checkpoint's (start a new run directory or restore the original settings)")
+
+
+@contextlib.contextmanager
+def exclusive_lock(lock_path: Path, what: str = "the pixel cache", log_every_s: float = 60.0):
+    """Hold an exclusive ``flock`` on ``lock_path`` while building ``what`` once for every
+    process sharing a directory (ranks of one host, later runs). The kernel releases the
+    lock when its holder dies, so a waiter then goes on (no hang). Waiting is logged
+    every ``log_every_s`` seconds after the first 5."""
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        next_log = time.monotonic() + 5.0
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > next_log:
+                    log.info("waiting for another process to finish %s (lock %s)", what, lock_path)
+                    next_log += log_every_s
+                time.sleep(0.1)
+        yield
+    finally:
+        os.close(fd)  # releases the lock

@@ -29,8 +29,6 @@ through :func:`write_pixel_cache`, keyed by a digest of their pixels.
 """
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import logging
 import os
@@ -44,6 +42,7 @@ import numpy as np
 import numpy.lib.format as npy_format
 import torch
 
+from ..checkpoint import exclusive_lock
 from ..data.base import SceneData
 from ..data.images import ImageList
 
@@ -175,7 +174,7 @@ def ensure_pixel_file(path: Path, build: Callable[[Path], None], num_images: int
     sweep_stale(path.parent)  # torn temporaries of dead writers (live writers' are kept)
     if check_pixel_file(path, num_images) is None:
         return  # built by an earlier run or rank
-    with _exclusive(path.with_name(path.name + ".lock")):
+    with exclusive_lock(path.with_name(path.name + ".lock")):
         problem = check_pixel_file(path, num_images)
         if problem is None:
             return  # another builder finished while we waited
@@ -194,26 +193,6 @@ def ensure_pixel_file(path: Path, build: Callable[[Path], None], num_images: int
         finally:
             tmp.unlink(missing_ok=True)
         log.info("pixel cache %s built in %.1f s", path, time.monotonic() - start)
-
-
-@contextlib.contextmanager
-def _exclusive(lock_path: Path, log_every_s: float = 60.0):
-    """Hold an exclusive ``flock`` on ``lock_path`` (released by the kernel if we die)."""
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        next_log = time.monotonic() + 5.0
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() > next_log:
-                    log.info("waiting for another process to finish the pixel cache (lock %s)", lock_path)
-                    next_log += log_every_s
-                time.sleep(0.1)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
 
 
 def check_pixel_file(path: str | Path, num_images: int | None = None) -> str | None:

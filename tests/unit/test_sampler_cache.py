@@ -22,7 +22,8 @@ from PIL import Image
 import distnerf.data.images as images_module
 from distnerf.data import load_scene
 from distnerf.sampler import BatchSpec, PipelinedSampler, PixelCache, SyncSampler
-from distnerf.sampler.cache import _exclusive, cached_file, open_pixel_cache
+from distnerf.checkpoint import exclusive_lock
+from distnerf.sampler.cache import cached_file, open_pixel_cache
 from tests.conftest import FERN, REPO, run_cli, torchrun
 
 NUM_IMAGES, H, W = 12, 24, 32
@@ -180,7 +181,7 @@ def test_a_builder_waits_for_the_lock(blender, tmp_path):
     barrier, results = ctx.Barrier(2), ctx.Queue()
     child = ctx.Process(target=_build_in_child, args=(blender, cache_dir, barrier, results))
     child.start()  # before we take the lock: a child forked while it is held would share it
-    with _exclusive(path.with_name(path.name + ".lock")):
+    with exclusive_lock(path.with_name(path.name + ".lock")):
         barrier.wait()
         child.join(1.5)
         assert child.is_alive() and not path.exists()  # waiting for us

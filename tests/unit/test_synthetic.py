@@ -330,9 +330,14 @@ def test_leftover_temp_and_incomplete_root_do_not_break_it(tmp_path):
     assert not old.exists()  # stale: cleaned up
 
 
-def test_concurrent_callers_share_one_complete_scene(tmp_path):
+def test_concurrent_callers_share_one_complete_scene(tmp_path, monkeypatch):
+    """Three callers at once (ranks of one host): one generates, the others wait on its lock and use it."""
+    from distnerf.data.synthetic import writer
+
     barrier = threading.Barrier(3)
-    roots, errors = [], []
+    roots, errors, generated = [], [], []
+    real = writer._generate
+    monkeypatch.setattr(writer, "_generate", lambda *a: generated.append(1) or real(*a))
 
     def worker():
         try:
@@ -346,11 +351,11 @@ def test_concurrent_callers_share_one_complete_scene(tmp_path):
         thread.start()
     for thread in threads:
         thread.join()
-    assert not errors and len(set(roots)) == 1
+    assert not errors and len(set(roots)) == 1 and len(generated) == 1
     root = roots[0]
     assert (root / MARKER).is_file()
     assert len(list((root / "train").glob("*.png"))) == 2
-    assert [p.name for p in tmp_path.iterdir()] == [root.name]  # no temp dirs left
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([root.name, f".{root.name}.lock"])  # no temp dirs
 
 
 def test_deterministic_and_seeded(tmp_path):
