@@ -1,5 +1,5 @@
-"""``python -m distnerf.study`` end to end: conf/study/smoke.yaml (2 strategies x 2 samplers x
-world sizes 1 and 2, real torchrun cells), its report, a re-run that trains nothing, a cell
+"""``python -m distnerf.study`` end to end: conf/study/smoke.yaml (2 strategies x world sizes 1 and
+2 x the sync sampler, and the pipelined one at 2 ranks: 6 real torchrun cells), its report, a re-run that trains nothing, a cell
 killed mid-way that is run again, a failing cell, and an undeclared difference flagged."""
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ def smoke(tmp_path_factory):
     root = tmp_path_factory.mktemp("study") / "smoke"
     proc = subprocess.Popen([sys.executable, "-m", "distnerf.study", "run", str(SMOKE), str(root)], cwd=REPO,
                             env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    third = root / "cells" / "ddp-pipelined-w1-builtin-s12-r0"  # run order: plan.expand
+    third = root / "cells" / "ddp-pipelined-w2-builtin-s12-r0"  # run order: plan.expand
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and proc.poll() is None and not (third / "train.log").exists():
         time.sleep(0.2)
@@ -59,7 +59,7 @@ def smoke(tmp_path_factory):
 
 def test_a_cell_killed_mid_way_is_set_aside_and_run_again(smoke):
     root, again = smoke
-    name = "ddp-pipelined-w1-builtin-s12-r0"
+    name = "ddp-pipelined-w2-builtin-s12-r0"
     assert f"{name}: interrupted; its directory moved to" in again.stderr
     assert again.stderr.count(": finished") == 2  # the two cells before it are not trained again
     kept = list((root / "attempts").iterdir())
@@ -73,9 +73,10 @@ def test_smoke_study_runs_every_cell_and_reports_them(smoke):
     root, _ = smoke
     report = json.loads((root / "report" / "report.json").read_text())
     cells = report["cells"]
-    assert len(cells) == 8 and all(c["status"] == "done" for c in cells), [(c["id"], c["status"]) for c in cells]
+    assert len(cells) == 6 and all(c["status"] == "done" for c in cells), [(c["id"], c["status"]) for c in cells]
     assert {(c["values"]["strategy"], c["values"]["sampler"], c["values"]["world_size"]) for c in cells} == {
-        (s, p, w) for s in ("ddp", "ss_joint") for p in ("sync", "pipelined") for w in (1, 2)}
+        (s, p, w) for s in ("ddp", "ss_joint") for p in ("sync", "pipelined") for w in (1, 2)
+        if (p, w) != ("pipelined", 1)}
     for c in cells:  # ordinary run directories, with the record of how each ran
         run = root / "cells" / c["id"]
         assert (run / "metrics.json").exists() and (run / "profile" / "rank_0.json").exists()
@@ -83,7 +84,7 @@ def test_smoke_study_runs_every_cell_and_reports_them(smoke):
         assert record["status"] == "done" and record["rc"] == 0 and record["load"]["load1"] >= 0
         assert len(list((run / "profile").glob("rank_*.json"))) == c["values"]["world_size"]
     t = report["tables"]
-    assert len(t["breakdown"]) == 8
+    assert len(t["breakdown"]) == 6
     for row in t["breakdown"]:  # the stacked shares of a step sum to one
         assert sum(row[p] for p in ("input_wait", "copy", "forward", "backward", "exposed_comm", "step_sync",
                                     "optimizer", "unattributed", "other")) == pytest.approx(1.0, abs=1e-6)
@@ -93,7 +94,7 @@ def test_smoke_study_runs_every_cell_and_reports_them(smoke):
     assert {r["world_size"] for r in t["inference"]} == {1, 2} and all(r["fused_over_single"] > 0
                                                                       for r in t["inference"])
     piped = [r for r in t["input"] if r["sampler"] == "pipelined"]
-    assert len(piped) == 4 and all(r["speedup_over_sync"] > 0 and r["ideal_bound"] >= 1 for r in piped)
+    assert len(piped) == 2 and all(r["speedup_over_sync"] > 0 and r["ideal_bound"] >= 1 for r in piped)
     assert t["scaling"]["predictions"]["ib400"][-1]["world_size"] == 1024
     assert {(r["strategy"], r["world_size"]) for r in t["scaling_check"]["rows"]} >= {("ddp", 1), ("ddp", 2)}
     assert t["differs"] == []
@@ -120,7 +121,7 @@ def test_rerun_skips_finished_cells(smoke):
     dirs = sorted(p.name for p in (root / "cells").iterdir())
     proc = study("run", SMOKE, root)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stderr.count(": finished") == 8 and "every cell is finished" in proc.stderr
+    assert proc.stderr.count(": finished") == 6 and "every cell is finished" in proc.stderr
     assert sorted(p.name for p in (root / "cells").iterdir()) == dirs and len(list((root / "attempts").iterdir())) == 1
     assert {p: p.stat().st_mtime_ns for p in (root / "cells").glob("*/metrics.json")} == before
 
@@ -146,7 +147,7 @@ def test_an_undeclared_difference_is_flagged(smoke, tmp_path):
 
 def test_a_failed_cell_is_reported_and_retried_only_when_asked(tmp_path):
     cfg = yaml.safe_load(SMOKE.read_text())
-    cfg.update(name="bad", axes={"strategy": ["ddp"], "sampler": ["sync"], "world_size": [1], "budget": ["bad"]},
+    cfg.update(name="bad", exclude=[], axes={"strategy": ["ddp"], "sampler": ["sync"], "world_size": [1], "budget": ["bad"]},
                levels={"budget": {"bad": ["train.max_steps=0"]}})  # max_steps must be > 0: the run refuses it
     path, root = tmp_path / "bad.yaml", tmp_path / "bad"
     path.write_text(yaml.safe_dump(cfg))

@@ -14,7 +14,7 @@ from tests.conftest import REPO
 
 def test_study_cells_run_as_slurm_jobs_one_at_a_time(slurm, tmp_path):
     cfg = yaml.safe_load((REPO / "conf" / "study" / "smoke.yaml").read_text())
-    cfg.update(name="slurm", launcher="slurm", axes={"strategy": ["ddp"], "sampler": ["sync"], "world_size": [1, 2],
+    cfg.update(name="slurm", launcher="slurm", exclude=[], axes={"strategy": ["ddp"], "sampler": ["sync"], "world_size": [1, 2],
                                                      "budget": ["s12"]})
     path, root = tmp_path / "slurm.yaml", tmp_path / "study"
     path.write_text(yaml.safe_dump(cfg))
