@@ -74,7 +74,7 @@ def build_sampler(cfg_sampler: Mapping, scene: SceneData, rays_per_batch: int, s
     cfg = section(SamplerConfig, cfg_sampler)
     kind = cfg.name
     pixel_table(scene.mask, scene.source)  # a fully masked scene fails here, not in a worker
-    spec = BatchSpec(int(rays_per_batch), int(seed), stream if isinstance(stream, tuple) else int(stream), cfg.policy, cfg.images_per_step,
+    spec = BatchSpec(int(rays_per_batch), int(seed), stream, cfg.policy, cfg.images_per_step,
                      ray_filter if ray_filter is not None else build_ray_filter(cfg.filter))
     device = torch.device(device)
     if kind == "device":

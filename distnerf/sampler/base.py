@@ -15,7 +15,7 @@ is trained. The stream is the rank under ``ddp``.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Callable, Optional
 
 import numpy as np
@@ -90,6 +90,8 @@ class BatchSpec:
                                                 or len(self.ray_filter) != blocks):
                 raise ValueError(f"a block batch of streams {self.stream} needs one ray filter per stream, got "
                                  f"{self.ray_filter!r}")
+        else:
+            object.__setattr__(self, "stream", int(self.stream))
 
     @property
     def blocks(self) -> list["BatchSpec"]:
@@ -138,8 +140,7 @@ def make_batch(spec: BatchSpec, scene: SceneData, flat_rgb: torch.Tensor | FileP
     """
     if isinstance(spec.stream, tuple):
         parts = [make_batch(block, scene, flat_rgb, step, device) for block in spec.blocks]
-        cat = lambda name: torch.cat([getattr(p.rays, name) for p in parts])  # noqa: E731
-        rays = RayBundle(*(cat(f) for f in ("origins", "directions", "viewdirs", "near", "far", "image_ids")))
+        rays = RayBundle(**{f.name: torch.cat([getattr(p.rays, f.name) for p in parts]) for f in fields(RayBundle)})
         jitter_seed = int(batch_rng(spec.seed, JITTER_STREAM, step).integers(0, 2**62))
         return RayBatch(rays, torch.cat([p.rgb for p in parts]), torch.cat([p.valid for p in parts]), jitter_seed)
     h, w = scene.height, scene.width

@@ -82,7 +82,8 @@ def training_ray_sample(scene, num_rays: int, seed: int):
 
 
 def _group_region(group: dict) -> int:
-    """The region of an optimizer group of :meth:`.regions.RegionModels.param_groups` (``regionK/...``)."""
+    """The region of an optimizer group of :meth:`.regions.RegionModels.param_groups` (``regionK/...``;
+    the name, since a loaded state dict replaces a group's other keys with the saved ones)."""
     return int(group["name"].split("/", 1)[0][len("region"):])
 
 
@@ -228,8 +229,8 @@ class SSStrategy(Strategy):
         if self.joint:
             return (f"the same {global_rays} rays on each of {self.env.world_size} ranks, each rendering the segments "
                     f"of its {len(self.my_regions)} region(s)")
-        return (f"{self.env.world_size} ranks x {len(self.my_regions)} region(s) x {global_rays // len(self.partition)} "
-                f"rays drawn from each region's own stream (those crossing its enlarged region count)")
+        return (f"{self.env.world_size} ranks x {len(self.my_regions)} region(s) x "
+                f"{global_rays // len(self.partition)} rays drawn from each region's own stream (those crossing its enlarged region count)")
 
     # -- model --------------------------------------------------------------------
     def build_model(self, model_cfg: dict, scene) -> RadianceModel:
@@ -316,8 +317,8 @@ class SSStrategy(Strategy):
         """
         manifest = ckpt.read_manifest(ckpt_dir)
         if manifest.get("partition") is not None and manifest["partition"] != self.partition.to_dict():
-            raise ckpt.CheckpointError(f"{ckpt_dir}: its partition differs from {self.partition.kind} partition of "
-                                       f"this run's partition.json: resume with the run's own partition")
+            raise ckpt.CheckpointError(f"{ckpt_dir}: its partition differs from the {self.partition.kind} partition "
+                                       f"in this run's partition.json: resume with the run's own partition")
         states = [ckpt.load_file(Path(ckpt_dir) / ckpt.region_file(k)) for k in model.regions]
         for sub, state in zip(model.models, states):
             sub.load_state_dict(state["model"])
