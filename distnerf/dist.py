@@ -299,7 +299,10 @@ def all_reduce_(tensor: torch.Tensor, op: str = "sum", async_op: bool = False):
     """
     if not dist.is_initialized():
         return None
-    return dist.all_reduce(_checked(tensor), op=OPS[op], async_op=async_op)
+    tensor = _checked(tensor)
+    if dist.get_world_size() == 1 and not async_op:
+        return None  # alone in the group (a world-size-1 torchrun): the reduction is the tensor itself
+    return dist.all_reduce(tensor, op=OPS[op], async_op=async_op)
 
 
 def all_gather(tensor: torch.Tensor) -> list[torch.Tensor]:
@@ -307,14 +310,16 @@ def all_gather(tensor: torch.Tensor) -> list[torch.Tensor]:
     if not dist.is_initialized():
         return [tensor]
     tensor = _checked(tensor.contiguous())
+    if dist.get_world_size() == 1:
+        return [tensor]  # alone in the group: no exchange
     parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
     dist.all_gather(parts, tensor)
     return parts
 
 
 def broadcast_object(env: DistEnv, obj, src: int = 0):
-    """``obj`` of rank ``src`` on every rank (identity without a process group)."""
-    if not env.distributed:
+    """``obj`` of rank ``src`` on every rank (identity without a process group or alone in it)."""
+    if not env.distributed or env.world_size == 1:
         return obj
     box = [obj]
     dist.broadcast_object_list(box, src=src)
@@ -340,7 +345,7 @@ def all_reduce_sum(env: DistEnv, values: torch.Tensor) -> torch.Tensor:
 
 def gather_objects(env: DistEnv, obj) -> list:
     """List of every rank's ``obj`` (on every rank)."""
-    if not env.distributed:
+    if not env.distributed or env.world_size == 1:
         return [obj]
     out = [None] * env.world_size
     dist.all_gather_object(out, obj)
@@ -348,6 +353,6 @@ def gather_objects(env: DistEnv, obj) -> list:
 
 
 def barrier(env: DistEnv) -> None:
-    """Wait for every rank."""
-    if env.distributed:
+    """Wait for every rank (nothing to wait for alone)."""
+    if env.distributed and env.world_size > 1:
         dist.barrier()

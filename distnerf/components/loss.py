@@ -17,11 +17,14 @@ def photometric_sse(outputs: dict, target: torch.Tensor, valid: torch.Tensor) ->
             with ``ray_index`` (Q,) long the outputs are Q rows for those batch rays
             (a ray may appear several times: ``ss`` sub-models of one rank); with
             ``loss_weight`` (Q,) float each row's error is multiplied by it (``ss``: 1 / the rays
-            of its sub-model, which makes the sum each sub-model's own mean error).
+            of its sub-model, which makes the sum each sub-model's own mean error); with
+            ``distortion_loss`` (Q,) float (a marched model in training) that per-ray term is
+            added to each row's error.
         target: (R, 3) float32 ground-truth colours in [0, 1].
         valid: (R,) bool rays that count.
     Returns:
-        scalar float32: ``sum_r mean_c (rgb - target)^2`` (+ the same for the coarse pass).
+        scalar float32: ``sum_r w_r (mean_c (rgb - target)^2 + distortion_loss_r)`` (+ the same
+        error for the coarse pass).
     """
     if "ray_index" in outputs:
         target, valid = target[outputs["ray_index"]], valid[outputs["ray_index"]]
@@ -29,6 +32,8 @@ def photometric_sse(outputs: dict, target: torch.Tensor, valid: torch.Tensor) ->
     if "loss_weight" in outputs:
         w = w * outputs["loss_weight"]
     sse = (((outputs["rgb"].float() - target) ** 2).mean(dim=-1) * w).sum()
+    if "distortion_loss" in outputs:  # a per-ray regulariser of the weights, summed like the error
+        sse = sse + (outputs["distortion_loss"].float() * w).sum()
     if "rgb_coarse" in outputs:
         sse = sse + (((outputs["rgb_coarse"].float() - target) ** 2).mean(dim=-1) * w).sum()
     return sse

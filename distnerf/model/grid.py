@@ -155,7 +155,8 @@ class GridModel(MarchingModel):
         sparse_grad: the colour-feature tables get sparse row gradients (only the rows a
             step touched; trained by :class:`~distnerf.components.optim.LazyAdam`); strategies
             that all-reduce dense buckets turn it off (``RadianceModel.sparse_grad``).
-        eval_round_steps: sample-grid intervals marched per round at evaluation.
+        eval_round_steps, train_round_steps: sample-grid intervals marched per round at
+            evaluation and in training (0: one pass).
         tv_weight: weight of the density total-variation regulariser.
         tighten_aabb: shrink the box to the occupied region at each upsampling.
         focus_aabb: (2, 3) box holding the full-resolution tables, or None (the whole
@@ -178,6 +179,7 @@ class GridModel(MarchingModel):
             raise ValueError("GridModel: a focus_aabb needs context_resolution (strategy.context_resolution)")
         super().__init__(aabb, background)
         self.termination, self.eval_round_steps = float(termination), int(eval_round_steps)
+        self.train_round_steps, self.distortion_loss_weight = int(c.train_round_steps), float(c.distortion_loss_weight)
         self.sparse_grad = bool(sparse_grad)
         if len(upsample_steps) != len(resolutions) - 1:
             raise ValueError(f"model.upsample_steps ({list(upsample_steps)}) needs one entry per "

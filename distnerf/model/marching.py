@@ -27,9 +27,10 @@ from functools import partial
 import torch
 
 from ..data.rays import RayBundle
-from ..renderer.contraction import contract
+from ..renderer.contraction import contract, ray_breaks, to_spacing
 from ..renderer.marching import render_segment
 from ..renderer.occupancy import OccupancyGrid, march
+from ..renderer.packed import distortion_loss
 from ..renderer.samples import clip_to_box
 from .base import RadianceModel
 
@@ -39,15 +40,19 @@ class MarchingModel(RadianceModel):
 
     Subclasses set ``self.occupancy`` (OccupancyGrid), ``self.color_threshold``
     (weight below which a sample gets no colour), ``self.termination`` (transmittance
-    below which a ray stops) and ``self.eval_round_steps`` (grid intervals per
-    evaluation round), and implement :meth:`marching_box`, :meth:`step_size`,
-    :meth:`field_density` and :meth:`colours`.
+    below which a ray stops), ``self.eval_round_steps`` and ``self.train_round_steps``
+    (grid intervals per marching round at evaluation and in training; 0: one pass),
+    ``self.distortion_loss_weight`` (mip-NeRF 360's distortion loss in training; 0: off),
+    and implement :meth:`marching_box`, :meth:`step_size`, :meth:`field_density` and
+    :meth:`colours`.
     """
 
     occupancy: OccupancyGrid
     color_threshold: float = 1e-3
     termination: float = 1e-4
     eval_round_steps: int = 64
+    train_round_steps: int = 64
+    distortion_loss_weight: float = 0.0
 
     def init_contraction(self, contraction: str) -> None:
         """Register ``contraction_aabb``: the unit region of a contracted field ((2, 3) float32
@@ -115,6 +120,11 @@ class MarchingModel(RadianceModel):
         u = torch.rand(rays.near.shape, generator=generator, device=rays.near.device, dtype=rays.near.dtype)
         return rays.near + u * step_size / rays.directions.norm(dim=-1)
 
+    def round_steps(self) -> int:
+        """Grid intervals per marching round now: ``train_round_steps`` while autograd is on,
+        else ``eval_round_steps`` (0: one pass; :func:`~distnerf.renderer.marching.march_alive`)."""
+        return self.train_round_steps if torch.is_grad_enabled() else self.eval_round_steps
+
     def render_segment(self, rays: RayBundle, t_lo: torch.Tensor, t_hi: torch.Tensor, anchor: torch.Tensor,
                        background: torch.Tensor | None, step_size: float | None = None,
                        in_front: torch.Tensor | None = None) -> dict:
@@ -134,13 +144,33 @@ class MarchingModel(RadianceModel):
         return render_segment(self.field_density, colours, self.marcher(step_size), rays.origins, rays.directions,
                               rays.viewdirs, anchor, t_lo, t_hi, background=background,
                               colour_threshold=self.color_threshold, termination=self.termination,
-                              in_front=in_front, step_size=step_size, round_steps=self.eval_round_steps)
+                              in_front=in_front, step_size=step_size, round_steps=self.round_steps())
 
     def forward(self, rays: RayBundle, generator: torch.Generator | None = None) -> dict:
         """Render rays over ``[near, far]`` (``[near, inf)`` when contracted) with the background
-        (see :class:`RadianceModel`)."""
+        (see :class:`RadianceModel`). In training with ``distortion_loss_weight > 0`` the outputs
+        hold ``distortion_loss`` (R,) float: that weight times each ray's distortion loss
+        (:meth:`ray_distortion`), which the photometric loss adds per ray."""
         step_size = self.step_size()
         far = rays.far if self.contraction_aabb is None else torch.full_like(rays.far, float("inf"))
-        out = self.render_segment(rays, rays.near, far, self.sample_anchor(rays, step_size, generator),
-                                  self.background, step_size)
+        anchor = self.sample_anchor(rays, step_size, generator)
+        out = self.render_segment(rays, rays.near, far, anchor, self.background, step_size)
+        samples, weights = out.pop("samples"), out.pop("weights")
+        if self.distortion_loss_weight > 0 and torch.is_grad_enabled():
+            out["distortion_loss"] = self.distortion_loss_weight * self.ray_distortion(rays, anchor, samples, weights)
         return out
+
+    def ray_distortion(self, rays: RayBundle, anchor: torch.Tensor, samples, weights: torch.Tensor) -> torch.Tensor:
+        """(R,) float distortion loss (:func:`~distnerf.renderer.packed.distortion_loss`) of whole
+        rays' packed ``samples`` and ``weights`` (P,), on normalised ray coordinates: the
+        contracted spacing ``s / 2b`` in [0, 1] (mip-NeRF 360's s-space; :mod:`~distnerf.renderer.contraction`)
+        for a contracted field, else ``(t - near) / (far - near)``."""
+        ray = samples.ray_indices
+        if self.contraction_aabb is not None:
+            breaks = ray_breaks(rays.origins, rays.directions, anchor, self.contraction_aabb.to(rays.origins.dtype))
+            b = breaks[ray]
+            s0, s1 = to_spacing(samples.t_starts, b) / (2 * b), to_spacing(samples.t_ends, b) / (2 * b)
+        else:
+            near, span = rays.near[ray], (rays.far - rays.near).clamp(min=1e-9)[ray]
+            s0, s1 = (samples.t_starts - near) / span, (samples.t_ends - near) / span
+        return distortion_loss(weights, s0.detach(), s1.detach(), ray, samples.num_rays)

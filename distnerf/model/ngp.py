@@ -38,7 +38,7 @@ class NGPModel(MarchingModel):
         occupancy_resolution, occupancy_threshold, occupancy_every: empty-space skipping.
         contraction: ``none`` or ``mipnerf360`` (the box is the unit region of a field on all
             of space; the hash grid and the occupancy grid cover the contracted doubled box).
-        color_threshold, termination, eval_round_steps: see :class:`MarchingModel`.
+        color_threshold, termination, eval_round_steps, train_round_steps: see :class:`MarchingModel`.
         appearance, appearance_dim: per-image appearance (:mod:`.appearance`).
         num_images: training images (rows of its table).
         table_size: hash table rows per level, any integer (derived from ``model.max_params``:
@@ -55,7 +55,8 @@ class NGPModel(MarchingModel):
         base_resolution, max_resolution = c.base_resolution, c.max_resolution
         super().__init__(aabb, background)
         self.color_threshold, self.termination = float(color_threshold), float(termination)
-        self.eval_round_steps = int(eval_round_steps)
+        self.eval_round_steps, self.train_round_steps = int(eval_round_steps), int(c.train_round_steps)
+        self.distortion_loss_weight = float(c.distortion_loss_weight)
         self.encoding = HashEncoding(num_levels, features_per_level, log2_table_size,
                                      base_resolution, max_resolution, table_size=table_size)
         self.density_net = nn.Sequential(nn.Linear(self.encoding.output_dim, hidden_width), nn.ReLU(),

@@ -75,7 +75,8 @@ def shade(density_fn, colour_fn, samples: PackedSamples, origins, directions, vi
         sigmas: (P,) float densities (per distance, as ``density_fn`` returns them), or None to
             evaluate them (with autograd if enabled).
     Returns:
-        dict of :func:`~distnerf.renderer.packed.accumulate` plus ``num_colour_samples``.
+        dict of :func:`~distnerf.renderer.packed.accumulate` plus ``num_colour_samples``,
+        ``weights`` (P,) (differentiable) and ``samples`` (the P PackedSamples).
     """
     points = samples.points(origins, directions)
     if sigmas is None:
@@ -86,7 +87,7 @@ def shade(density_fn, colour_fn, samples: PackedSamples, origins, directions, vi
     colour_index = (global_w > colour_threshold).nonzero().view(-1)
     rgbs = colour_fn(points[colour_index], viewdirs, samples.ray_indices[colour_index])
     out = accumulate(weights, rgbs.to(weights.dtype), samples, remaining, background, colour_index)
-    out["num_colour_samples"] = colour_index.shape[0]
+    out.update(num_colour_samples=colour_index.shape[0], weights=weights, samples=samples)
     return out
 
 
@@ -94,10 +95,13 @@ def march_alive(density_fn, marcher: Marcher, origins, directions, anchor, t_lo,
                 in_front: torch.Tensor | None = None, step_size: float = 0.0, round_steps: int | None = None):
     """The marched samples in front of each ray's termination point.
 
-    With ``round_steps`` (evaluation), the segments are marched ``round_steps`` grid
-    intervals at a time; after each round the rays whose transmittance (times
-    ``in_front``) fell below ``termination`` stop, and only the others are marched on.
-    Otherwise one no-grad pass over all marched samples finds the cut.
+    With ``round_steps``, the segments are marched ``round_steps`` grid intervals at a
+    time (no grad); after each round the rays whose transmittance (times ``in_front``)
+    fell below ``termination`` stop, and only the others are marched on, so the density
+    behind an opaque surface is never evaluated (training and evaluation alike: an aerial
+    ray that hits the ground in its first round costs that round, not the whole ray).
+    Otherwise one no-grad pass over all marched samples finds the cut. Both keep the same
+    samples (those whose transmittance in front exceeds ``termination``).
 
     Returns:
         samples: the kept PackedSamples (a prefix of each ray's marched samples);
@@ -106,18 +110,26 @@ def march_alive(density_fn, marcher: Marcher, origins, directions, anchor, t_lo,
     """
     grad = torch.is_grad_enabled()
     with torch.no_grad():
-        if not round_steps or grad:
-            samples = marcher(origins, directions, anchor, t_lo, t_hi)
-            num_marched = len(samples)
-            if termination <= 0 or not num_marched:
-                return samples, None, num_marched
-            sigmas = density_fn(samples.points(origins, directions))
-            _, trans, _ = render_transmittance(along_ray(sigmas, samples, directions), samples)
-            if in_front is not None:
-                trans = trans * in_front[samples.ray_indices]
-            keep = (trans > termination).nonzero().view(-1)  # host sync: the samples in front of the cut
-            samples = samples.select(keep)
-            return samples, (None if grad else sigmas[keep]), num_marched
+        if round_steps:
+            samples, sigmas, num_marched = _march_rounds(density_fn, marcher, origins, directions, anchor, t_lo,
+                                                         t_hi, termination, in_front, step_size, round_steps)
+            return samples, (None if grad else sigmas), num_marched
+        samples = marcher(origins, directions, anchor, t_lo, t_hi)
+        num_marched = len(samples)
+        if termination <= 0 or not num_marched:
+            return samples, None, num_marched
+        sigmas = density_fn(samples.points(origins, directions))
+        _, trans, _ = render_transmittance(along_ray(sigmas, samples, directions), samples)
+        if in_front is not None:
+            trans = trans * in_front[samples.ray_indices]
+        keep = (trans > termination).nonzero().view(-1)  # host sync: the samples in front of the cut
+        samples = samples.select(keep)
+        return samples, (None if grad else sigmas[keep]), num_marched
+
+
+def _march_rounds(density_fn, marcher: Marcher, origins, directions, anchor, t_lo, t_hi, termination: float,
+                  in_front: torch.Tensor | None, step_size: float, round_steps: int):
+    """:func:`march_alive` in rounds of ``round_steps`` grid intervals (call under no_grad)."""
     num_rays = origins.shape[0]
     local = torch.ones(num_rays, dtype=origins.dtype, device=origins.device)  # transmittance so far
     alive = (t_hi > t_lo).nonzero().view(-1)
@@ -182,12 +194,14 @@ def render_segment(density_fn: Callable[[torch.Tensor], torch.Tensor],
         in_front: (R,) float transmittance in front of the segment (1 when None); the
             colour threshold and termination apply to ``in_front * T``.
         step_size: the marcher's step (distance), to end evaluation rounds on grid edges.
-        round_steps: grid intervals per evaluation round, or None (one pass). Ignored
-            when autograd is on.
+        round_steps: grid intervals per marching round (:func:`march_alive`), or None /
+            0 (one pass over the whole segment).
     Returns:
         dict with ``rgb`` (R, 3), ``depth`` (R,), ``opacity`` (R,) = 1 - ``transmittance``
-        (R,), and int counts ``num_samples`` (marched), ``num_density_samples`` (density
-        evaluations, both passes) and ``num_colour_samples``.
+        (R,), int counts ``num_samples`` (marched), ``num_density_samples`` (density
+        evaluations, both passes) and ``num_colour_samples``, and the rendered packed
+        ``samples`` with their ``weights`` (P,) (for a loss on the weights, e.g.
+        :func:`~distnerf.renderer.packed.distortion`).
     """
     samples, sigmas, num_marched = march_alive(density_fn, marcher, origins, directions, anchor, t_lo, t_hi,
                                                termination=termination, in_front=in_front, step_size=step_size,

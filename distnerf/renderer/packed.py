@@ -170,3 +170,34 @@ def render_packed(sigmas: torch.Tensor, rgbs: torch.Tensor, samples: PackedSampl
     out = accumulate(weights, rgbs, samples, remaining, background)
     out["weights"] = weights
     return out
+
+
+def distortion_loss(weights: torch.Tensor, s_starts: torch.Tensor, s_ends: torch.Tensor, ray_indices: torch.Tensor,
+               num_rays: int) -> torch.Tensor:
+    """Per-ray distortion loss of packed samples (mip-NeRF 360, Barron et al. 2022, Eq. 15).
+
+    ::
+
+        L(s, w) = sum_{i,j} w_i w_j |(s_i + s_{i+1}) / 2 - (s_j + s_{j+1}) / 2|
+                  + 1/3 sum_i w_i^2 (s_{i+1} - s_i)
+
+    on normalised ray coordinates ``s`` (mip-NeRF 360 uses its s-space in [0, 1]). It is
+    smallest when each ray's weight sits in one short interval, so it removes the
+    semi-transparent "fog" a field can use in place of a surface. The double sum is taken
+    in O(P) with per-ray exclusive prefix sums (samples sorted along each ray, so
+    ``m_i >= m_j`` for ``j < i``): ``sum_{i,j} = 2 sum_i w_i (m_i W_i - (wm)_i)``, ``W_i``
+    and ``(wm)_i`` the exclusive sums of ``w`` and ``w m`` (DVGO v2 / nerfacc use the same
+    identity).
+
+    Args:
+        weights: (P,) float ``w_i`` (differentiable). s_starts, s_ends: (P,) float the
+            samples' bounds in normalised ray coordinates. ray_indices: (P,) int64
+            non-decreasing. num_rays: R.
+    Returns:
+        (R,) float distortion of each ray (0 for a ray without samples).
+    """
+    mids, deltas = 0.5 * (s_starts + s_ends), s_ends - s_starts
+    w_before = exclusive_sum(weights, ray_indices, num_rays)
+    wm_before = exclusive_sum(weights * mids, ray_indices, num_rays)
+    per_sample = 2.0 * weights * (mids * w_before - wm_before) + weights.square() * deltas / 3.0
+    return sum_along_rays(per_sample, ray_indices, num_rays)

@@ -3,8 +3,9 @@
 Gradients are all-reduced by ``DistributedDataParallel`` around the model's
 forward, which runs the whole render (calling the unwrapped module would silently
 skip the all-reduce). A communication hook times every bucket's all-reduce and
-counts its bytes. Without a process group (``python -m distnerf.train``) the model
-is used as is: one code path for world size 1 and N.
+counts its bytes. Without a process group (``python -m distnerf.train``) or alone in
+one (a world-size-1 torchrun) the model is used as is: no peer, so no all-reduce (and
+the dist helpers skip their collectives there too).
 
 Timing. On gloo (CPU) a bucket's future completes when its all-reduce is done, so the
 hook's (launch, completion) span is a duration and bus bandwidth follows from it. On
@@ -205,7 +206,7 @@ class DDPStrategy(Strategy):
 
     def wrap(self, model: nn.Module) -> nn.Module:
         self.model = model.to(self.env.device)
-        if not self.env.distributed:
+        if not self.env.distributed or self.env.world_size == 1:  # no peer: no gradient all-reduce
             self.wrapped = self.model
             return self.wrapped
         for module in self.model.modules():  # DDP buckets (and its comm hook) need dense gradients
@@ -236,4 +237,4 @@ class DDPStrategy(Strategy):
 
     def step_comm(self) -> dict | None:
         """This step's hook timings (:meth:`CommStats.take_step`); None without a process group."""
-        return self.comm.take_step() if self.env.distributed else None
+        return self.comm.take_step() if self.wrapped is not self.model else None

@@ -79,7 +79,7 @@ class RegionModels(RadianceModel):
         return getattr(self.models[0], "resolution", None)
 
     def forward(self, rays: RayBundle, generator=None) -> dict:
-        keys = ("rgb", "depth", "opacity", "rgb_coarse")
+        keys = ("rgb", "depth", "opacity", "rgb_coarse", "distortion_loss")
         parts: dict[str, list] = {k: [] for k in keys + ("ray_index", "loss_weight")}
         num_samples = 0
         routed = to_infinity(rays) if self.unbounded else rays

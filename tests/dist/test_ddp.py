@@ -104,3 +104,22 @@ def test_one_rank_stop_cause_stops_all_ranks_at_same_step(tmp_path, synthetic_ca
         assert not list((tmp_path / "checkpoints").glob("step_*/manifest.json"))  # nothing saved
     else:
         assert results[0]["step"] == 1 and all(r["stop_reason"] == "time_budget" for r in results)
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_ddp_alone_in_its_group_does_no_collective(tmp_path, synthetic_cache, world_size):
+    """A world-size-1 torchrun (a process group of one) trains without any collective in its
+    steps: no DDP wrapper, no gradient all-reduce, no step agreement (issue 25: the study's
+    W = 1 ddp cell reported 18.5 MB all-reduced per step with no peer). The same counter at
+    world size 2 sees the all-reduces of every step, so the count can fail."""
+    spawn(W.counting_worker, world_size, str(tmp_path), TINY + [f"dataset.cache_dir={synthetic_cache}"])
+    res = torch.load(tmp_path / "result_rank_0.pt", weights_only=False)
+    assert "traceback" not in res, res.get("traceback")
+    assert res["step"] == 6 and len(res["per_step"]) == 6
+    calls = [n for n, _ in res["per_step"]]
+    if world_size == 1:
+        assert calls == [0] * 6, res["per_step"]
+        assert res["wrapped"] != "DistributedDataParallel"
+    else:
+        assert min(calls) >= 2 and "all_reduce" in res["per_step"][-1][1]  # the buckets' and the step's
+        assert res["wrapped"] == "DistributedDataParallel"

@@ -137,3 +137,50 @@ def trainer_worker(rank: int, world_size: int, port: int, run_dir: str, override
     finally:
         D.shutdown(env)
     torch.save(result, Path(run_dir) / f"result_rank_{rank}.pt")
+
+
+def counting_worker(rank: int, world_size: int, port: int, run_dir: str, overrides: list):
+    """Runs the real Trainer under ``strategy=ddp`` with every torch.distributed collective
+    wrapped by a counter (the dist helpers call them through the module), and records the
+    calls of each step (from one step's ``profiler.end_step`` to the next: input, forward,
+    step agreement, backward with DDP's bucket hook, optimizer, logging)."""
+    import torch.distributed as dist
+
+    from distnerf.engine import trainer as trainer_mod
+    from distnerf.strategy import build_strategy
+
+    set_env(rank, world_size, port)
+    counts = {"calls": 0, "names": []}
+    for name in ("all_reduce", "all_gather", "broadcast", "broadcast_object_list", "all_gather_object", "barrier",
+                 "all_gather_into_tensor", "reduce_scatter_tensor"):
+        real = getattr(dist, name)
+
+        def counted(*args, _real=real, _name=name, **kwargs):
+            counts["calls"] += 1
+            counts["names"].append(_name)
+            return _real(*args, **kwargs)
+
+        setattr(dist, name, counted)
+    result = {"rank": rank, "per_step": []}
+    env = D.init_distributed("cpu")
+    try:
+        cfg = compose_config(overrides + [f"run_dir={run_dir}"])
+        trainer = trainer_mod.Trainer(cfg, build_strategy({"name": "ddp"}, env), Path(run_dir))
+        real_end = trainer.profiler.end_step
+        mark = {"at": counts["calls"]}
+
+        def end_step(*args, **kwargs):  # the collectives since the previous step's end: one whole step
+            out = real_end(*args, **kwargs)
+            result["per_step"].append((counts["calls"] - mark["at"], counts["names"][mark["at"]:]))
+            mark["at"] = counts["calls"]
+            return out
+
+        trainer.profiler.end_step = end_step
+        out = trainer.fit()
+        result.update(step=out["step"], wrapped=type(trainer.strategy.wrapped).__name__,
+                      comm=trainer.strategy.comm_stats())
+    except Exception:  # noqa: BLE001 - reported to the test
+        result["traceback"] = traceback.format_exc()
+    finally:
+        D.shutdown(env)
+    torch.save(result, Path(run_dir) / f"result_rank_{rank}.pt")

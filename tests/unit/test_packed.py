@@ -305,6 +305,67 @@ def _rounds_equal_one_pass(round_steps):
         assert torch.allclose(rounds[key], single[key], atol=1e-12, rtol=0), key
 
 
+def test_training_rounds_keep_the_one_pass_samples_and_gradients():
+    """Training in rounds (``train_round_steps``) cuts each ray where its transmittance falls
+    below ``termination`` like the one no-grad pass over the whole ray, so the rendered
+    samples, colours and gradients are those of the one pass (float64, equal to rounding),
+    while the density behind the cut is not evaluated (fewer marched samples: sphere rays
+    ending on an opaque surface)."""
+    model = grid_model(seed=1)
+    model.train()
+    rays = sphere_rays(300, 1)
+
+    def render(round_steps):
+        model.train_round_steps = round_steps
+        model.zero_grad(set_to_none=True)
+        out = model(rays, torch.Generator().manual_seed(7))
+        out["rgb"].square().sum().backward()
+        return out, [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    single, g_single = render(0)
+    rounds, g_rounds = render(8)
+    assert float(single["opacity"].detach().max()) > 0.999  # some rays do end on the surface
+    assert rounds["num_density_samples"] - rounds["num_samples"] == single["num_density_samples"] - \
+        single["num_samples"] > 1000  # the same samples rendered with gradients
+    assert rounds["num_samples"] < single["num_samples"]  # ... but fewer marched (none behind a cut)
+    for key in ("rgb", "depth", "opacity"):
+        assert torch.allclose(rounds[key], single[key], atol=1e-10, rtol=0), key
+    assert len(g_rounds) == len(g_single) > 0
+    for a, b in zip(g_rounds, g_single):
+        assert torch.allclose(a, b, atol=1e-9, rtol=1e-7)
+
+
+def test_distortion_matches_the_double_sum_and_prefers_a_surface_to_fog():
+    """The O(P) distortion loss equals mip-NeRF 360's Eq. 15 summed directly (float64,
+    every pair of samples of a ray), 0 for a ray without samples; and of two rays of equal
+    opacity, weight spread along the ray (fog) costs more than weight in one interval."""
+    from distnerf.renderer.packed import distortion_loss
+
+    g = torch.Generator().manual_seed(5)
+    counts = [3, 0, 7, 1, 5]
+    ray = torch.repeat_interleave(torch.arange(5), torch.tensor(counts))
+    gaps = torch.rand(len(ray), generator=g, dtype=F64)
+    s0 = torch.cat([torch.cumsum(gaps[ray == r], 0) for r in range(5)])
+    s1 = s0 + 0.5 * torch.rand(len(ray), generator=g, dtype=F64)
+    w = torch.rand(len(ray), generator=g, dtype=F64)
+    expected = torch.zeros(5, dtype=F64)
+    mids = 0.5 * (s0 + s1)
+    for i in range(len(ray)):
+        for j in range(len(ray)):
+            if ray[i] == ray[j]:
+                expected[ray[i]] += w[i] * w[j] * (mids[i] - mids[j]).abs()
+        expected[ray[i]] += w[i] ** 2 * (s1[i] - s0[i]) / 3
+    got = distortion_loss(w, s0, s1, ray, 5)
+    assert torch.allclose(got, expected, atol=1e-12, rtol=0) and got[1] == 0
+    # 10 intervals of 0.1 on [0, 1]: fog (0.09 on each) against a surface (0.9 on one)
+    edges = torch.linspace(0, 1, 11, dtype=F64)
+    ray2 = torch.zeros(10, dtype=torch.long)
+    fog = distortion_loss(torch.full((10,), 0.09, dtype=F64), edges[:-1], edges[1:], ray2, 1)
+    surface = distortion_loss(torch.zeros(10, dtype=F64).index_fill(0, torch.tensor([4]), 0.9), edges[:-1], edges[1:],
+                         ray2, 1)
+    assert float(surface) == pytest.approx(0.81 * 0.1 / 3) and float(fog) == pytest.approx(0.27)  # 0.0081 * 0.1 * 330 + 0.0027
+
+
 # ----------------------------------------------------------------------------- NDC
 @pytest.mark.skipif(not FERN.is_dir(), reason=f"fern scene not found at {FERN}")
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])

@@ -103,7 +103,9 @@ def test_grid_training_step_host_syncs_do_not_rise(tmp_path):
     """The smoke grid model (past its upsampling at step 10) on one CPU process, as
     ``python tools/bench_syncs.py --configs grid`` counts it."""
     bench = _bench_syncs()
-    trainer, env = bench.build_trainer(bench.CONFIGS["grid"], tmp_path / "run")
+    # one marching pass per training ray (model.train_round_steps=0): the rounds of the default read the
+    # march's sizes once per round (3 more per round; they save the density behind each ray's cut)
+    trainer, env = bench.build_trainer(bench.CONFIGS["grid"] + ["model.train_round_steps=0"], tmp_path / "run")
     try:
         while trainer.step < 17:
             bench.run_step(trainer)

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Where a large scene's samples go (issue 25 item 0): the built-in aerial city with contraction and
+# appearance, 1 process, a fixed number of steps; the same seed and schedule in every cell:
+#   before      one marching pass over the whole ray in training (model.train_round_steps=0: the old path)
+#   rounds      training marches in rounds and stops each ray at its termination point (the default)
+#   dist001     rounds + mip-NeRF 360's distortion loss, weight 0.01
+#   dist01      rounds + distortion loss, weight 0.1
+#   [CELLS="before rounds ..."] tools/bench_march.sh STEPS NAME [hydra overrides...]
+# e.g. OMP_NUM_THREADS=2 ../shared/tools/quiet -- tools/bench_march.sh 300 march_city_small dataset.kind=city_small
+# copies each run's metrics.json / metrics.jsonl to bench/results/NAME/CELL/ with a meta.json entry (command,
+# date, commit, load before/after, wall seconds); tools/bench_tables.py summarises (samples per ray, rays/s,
+# test PSNR at the last step).
+set -euo pipefail
+. "$(dirname "$0")/bench_record.sh"  # run_and_record
+steps="$1"; name="$2"; shift 2
+res="${BENCHMARKS_RESULTS:-bench/results}/$name"
+mkdir -p bench "$res"
+declare -A CELL=(
+  [before]="model.train_round_steps=0"
+  [rounds]="model.train_round_steps=64"
+  [dist001]="model.train_round_steps=64 model.distortion_loss_weight=0.01"
+  [dist01]="model.train_round_steps=64 model.distortion_loss_weight=0.1"
+)
+for cell in ${CELLS:-before rounds dist001 dist01}; do
+  out="bench/${name}_${cell}"
+  read -r -a overrides <<< "${CELL[$cell]}"
+  cmd=(python -m distnerf.train dataset=synthetic dataset.kind=city strategy=ddp model.contraction=mipnerf360
+    model.appearance=affine "${overrides[@]}" run_dir="$out" train.max_steps="$steps" train.max_minutes=0
+    train.progress=false train.log_every=25 logger.wandb.mode=disabled eval.lpips=false "$@")
+  rm -rf "$out"
+  run_and_record "$res" "$cell" "$out" "${cmd[@]}"
+done
