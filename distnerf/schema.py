@@ -418,6 +418,9 @@ class StudyConfig:
     cells: Optional[List[Any]] = None           # null: every cell of the product
     exclude: List[Any] = items([])
     repeats: int = positive(1)                  # timed cells: repeats interleaved (r0 of every cell, then r1...)
+    vary_seed: bool = True                      # repeat r trains with seed=seed+r (initialisation and ray streams):
+                                                # quality over repeats is a sample, not n = 1 copies; false: one seed
+    seed: int = 0                               # the seed of repeat 0
     timed: bool = True                          # wait for a quiet machine before each cell (see load)
     threads: Optional[int] = positive(None)     # OMP threads per rank; null: CPU count // world size
     cell_timeout_s: float = positive(7200.0)    # a cell running longer is stopped and failed

@@ -449,6 +449,40 @@ def city_unbounded(res: Results) -> list[str]:
     return out + lines
 
 
+MARCH_CELLS = (("before", "one pass (train_round_steps=0)", "0"), ("rounds", "rounds of 64", "0"),
+               ("dist001", "rounds of 64", "0.01"), ("dist01", "rounds of 64", "0.1"))
+
+
+def march(res: Results, name: str) -> list[str]:
+    """tools/bench_march.sh: samples per ray and rays/s on the city at equal steps, per training march."""
+    out = header("cell", "training march", "distortion loss weight", "samples per ray (density per ray), last 50 steps",
+                 "rays/s, last 50 steps", "steps", "test PSNR / SSIM (views)")
+    figures = {}
+    for cell, marching, weight in MARCH_CELLS:
+        if not (res.root / f"{name}/{cell}/metrics.json").is_file():
+            out.append(row(cell, marching, weight, "not run", "", "", ""))
+            continue
+        m = res.json(f"{name}/{cell}/metrics.json")
+        log = [r for r in res.jsonl(f"{name}/{cell}/metrics.jsonl") if "samples_per_ray" in r]
+        tail = [r for r in log if r["step"] > m["step"] - 50]
+        spr = statistics.median(r["samples_per_ray"] for r in tail)
+        dpr = statistics.median(r["density_samples_per_ray"] for r in tail)
+        rps = statistics.median(r["rays_per_s"] for r in tail)
+        figures[cell] = (spr, rps, m["psnr"])
+        out.append(row(cell, marching, weight, f"{spr:.0f} ({dpr:.0f})", f"{rps:.0f}", m["step"],
+                       f"{psnr_ssim(m)} ({m['protocol']['num_views']})"))
+    lines = [""]
+    if "before" in figures:
+        b = figures["before"]
+        for cell, (spr, rps, psnr) in figures.items():
+            if cell == "before":
+                continue
+            lines.append(f"- `{cell}` against `before`: samples per ray {spr:.0f} (target <= 64: "
+                         f"**{'met' if spr <= 64 else 'missed'}**), rays/s x{rps / b[1]:.2f} (target >= 5x: "
+                         f"**{'met' if rps >= 5 * b[1] else 'missed'}**), test PSNR {psnr - b[2]:+.2f} dB.")
+    return out + lines
+
+
 def city_balance(res: Results) -> list[str]:
     """tools/bench_balance.py on the ss runs of tools/bench_unbounded.sh (grid and balanced partitions)."""
     d = res.json("city_balance/bench_balance.json")
@@ -566,6 +600,7 @@ TABLES = {
     "city_capacity": city_capacity,
     "city_unbounded": city_unbounded,
     "city_balance": city_balance,
+    "march_city_small": lambda res: march(res, "march_city_small"),
     "city_small_regions": regions_series,
     "lego_regression": lambda res: regression(res, "lego_regression", "lego"),
     "fern_regression": lambda res: regression(res, "fern_regression", "fern"),

@@ -16,7 +16,10 @@ entry, in the order of :data:`AXES`. The built-in levels:
 
 Cell ids are the axis values joined in :data:`AXES` order (``ddp-sync-w2-lego-grid-s300``),
 then ``-r<repeat>``; run order interleaves repeats (every cell's ``r0``, then every
-``r1``, ...), so a slow drift of the machine spreads over all cells alike.
+``r1``, ...), so a slow drift of the machine spreads over all cells alike. Repeat ``r``
+trains with ``seed=<study seed + r>`` (``vary_seed``, the default): a new initialisation and
+new ray streams, so the quality of a cell's repeats is a sample with a spread, where one
+seed gives n copies of one figure (the timing spread alone).
 """
 from __future__ import annotations
 
@@ -157,6 +160,8 @@ def expand(cfg) -> list[Cell]:
                 if axis in values and axis != "world_size":
                     overrides += levels[axis][str(values[axis])]
             key = cell_key(values)
+            # the repeat's seed: a different initialisation and ray stream per repeat (vary_seed), or one seed
+            overrides.append(f"seed={int(cfg.seed) + (repeat if cfg.vary_seed else 0)}")
             cells.append(Cell(id=f"{key}-r{repeat}", key=key, values={a: values.get(a) for a in AXES},
                               repeat=repeat, world_size=int(values.get("world_size", 1)),
                               overrides=tuple(overrides), timed=bool(cfg.timed)))
@@ -177,4 +182,6 @@ def declared_keys(cfg) -> list[str]:
         for v in values:
             for ov in levels[axis][str(v)]:
                 keys.add(ov.lstrip("+~").split("=", 1)[0].split("@", 1)[0])
+    if cfg.vary_seed and cfg.repeats > 1:
+        keys.add("seed")  # the repeats' seeds
     return sorted(keys)

@@ -6,8 +6,14 @@ collectives: Hockney 1994; ring all-reduce and all-gather: Thakur, Rabenseifner 
 
 * ring all-reduce of ``n`` bytes on ``N`` ranks: ``2 (N-1)/N * n / bw + 2 (N-1) * lat``;
 * ring all-gather of ``n`` bytes in total: ``(N-1)/N * n / bw + (N-1) * lat``;
-* compute is strong-scaled: a fixed global batch of ``B`` rays, ``B/N`` per rank, at the
-  measured compute seconds per ray of one device (``compute_s_per_ray``);
+* compute runs at ``compute_s_per_ray``, the **device speed**, an explicit input: seconds
+  per training ray of one device (default: the measured figure of the study's world-size-1
+  cell, i.e. of one rank of *this* machine, its threads being the "device"; a GPU figure,
+  e.g. from ``tools/gpu_check.sh`` output, replaces it). **Weak scaling** is the default:
+  every rank keeps the measured per-rank batch ``r`` (``rays_per_rank``), the global batch
+  is ``B = r N``; **strong scaling** (``mode="strong"``) keeps ``B`` fixed, ``B/N`` per rank,
+  and stops at :data:`MIN_RAYS_PER_RANK` rays per rank (below, a step is latency, not
+  rays);
 * ``ddp``: step = compute + exposed all-reduce (``exposed_fraction`` of it, measured: the share
   of the gradient all-reduce not hidden behind backward) + the step's small all-reduce
   (latency only); the gradient bytes per step do not change with N (each rank all-reduces
@@ -22,8 +28,9 @@ collectives: Hockney 1994; ring all-reduce and all-gather: Thakur, Rabenseifner 
   (``exchange_bytes_per_ray_region * R * N`` bytes).
 
 Every input is listed in :data:`ASSUMPTIONS` with its source; the report prints them with
-the predictions, and checks the model against the measured 1-2 rank points
-(:func:`check_against`).
+the predictions, and checks the model **out of sample** (:func:`check_against`): fitted at
+world sizes <= 2, it predicts the measured cells above that; a study without such a cell
+reports the check as not run.
 """
 from __future__ import annotations
 
@@ -36,10 +43,13 @@ INTERCONNECTS = {
     "ib400": {"bw": 50e9, "lat": 10e-6, "note": "400 Gb/s InfiniBand (NDR), 50 GB/s, 10 us"},
 }
 WORLD_SIZES = (8, 16, 32, 64, 128, 256, 512, 1024)
+MIN_RAYS_PER_RANK = 256  # strong scaling stops where a rank's share of the global batch falls below this
+MODES = ("weak", "strong")
 
 ASSUMPTIONS = [
-    "compute strong-scales: B/N rays per rank at the measured seconds per ray of one device (no change of "
-    "samples per ray with N, no load imbalance)",
+    "compute: the device speed (seconds per ray per device, an input) times the rays per rank; weak scaling "
+    "(rays per rank fixed) unless strong is asked for (B/N per rank, down to 256); no change of samples per ray "
+    "with N, no load imbalance",
     "gradient bytes per step are independent of N (every rank all-reduces its whole gradient or sparse rows)",
     "the exposed share of the all-reduce is the measured one at 2 ranks",
     "collectives follow the ring alpha-beta model (Thakur et al. 2005) at the interconnect's bandwidth per "
@@ -56,14 +66,18 @@ class Measured:
     """The measured inputs of the model (see :data:`ASSUMPTIONS`).
 
     Attributes:
-        compute_s_per_ray: seconds of one device per training ray (forward + backward + optimizer).
-        global_rays: B, rays per step (fixed global batch).
+        compute_s_per_ray: the device speed: seconds of one device per training ray (forward +
+            backward + optimizer).
+        global_rays: B, rays per step of the measured cells (strong scaling keeps it).
         grad_bytes: bytes each rank all-reduces per step (``ddp``).
         exposed_fraction: share of the all-reduce not hidden behind backward (0..1).
         exchange_bytes_per_ray_region: ``ss`` joint segment bytes per ray and region.
         render_s_per_ray: the single model's render seconds per ray (inference).
         fusion_s_per_ray_region: routing + compositing seconds per ray and region.
         render_rays: R, rays of one rendered image.
+        rays_per_rank: r, the per-rank batch weak scaling keeps (0: ``global_rays``, the
+            batch of one rank at world size 1).
+        device: where ``compute_s_per_ray`` comes from (printed with the predictions).
     """
     compute_s_per_ray: float
     global_rays: int
@@ -73,6 +87,8 @@ class Measured:
     render_s_per_ray: float = 0.0
     fusion_s_per_ray_region: float = 0.0
     render_rays: int = 0
+    rays_per_rank: int = 0
+    device: str = "measured: one rank of the study's world-size-1 cell on this machine"
 
 
 def allreduce_s(nbytes: float, n: int, bw: float, lat: float) -> float:
@@ -85,21 +101,28 @@ def allgather_s(total_bytes: float, n: int, bw: float, lat: float) -> float:
     return 0.0 if n <= 1 else (n - 1) / n * total_bytes / bw + (n - 1) * lat
 
 
-def predict(m: Measured, n: int, bw: float, lat: float) -> dict:
+def predict(m: Measured, n: int, bw: float, lat: float, mode: str = "weak") -> dict:
     """Predicted seconds at ``n`` ranks for one interconnect (``bw`` bytes/s, ``lat`` s).
 
+    Args:
+        mode: ``weak`` (``rays_per_rank`` per rank, ``B = r n``) or ``strong`` (``B`` fixed).
     Returns:
         {"ddp": {"step_s", "exposed_comm_s"}, "ss_independent": {...}, "ss_joint": {"step_s",
-        "exchange_s"}, "fused_render_s", "single_render_s", "fused_over_single"}.
+        "exchange_s"}, "fused_render_s", "single_render_s", "fused_over_single", "rays_per_rank"}.
+    Raises:
+        ValueError: an unknown ``mode``.
     """
-    compute = m.compute_s_per_ray * m.global_rays / n
+    if mode not in MODES:
+        raise ValueError(f"scaling mode {mode!r}: one of {', '.join(MODES)}")
+    per_rank = (m.rays_per_rank or m.global_rays) if mode == "weak" else m.global_rays / n
+    compute = m.compute_s_per_ray * per_rank
     sync = allreduce_s(0.0, n, bw, lat)  # the step's agreement: a few float64s, latency only
     exposed = m.exposed_fraction * allreduce_s(m.grad_bytes, n, bw, lat)
-    exchange = allgather_s(m.exchange_bytes_per_ray_region * m.global_rays * n, n, bw, lat)
+    exchange = allgather_s(m.exchange_bytes_per_ray_region * per_rank * n * n, n, bw, lat)
     single = m.render_s_per_ray * m.render_rays
     fused = (single / n + m.fusion_s_per_ray_region * m.render_rays * n
              + allgather_s(m.exchange_bytes_per_ray_region * m.render_rays * n, n, bw, lat))
-    return {"world_size": n,
+    return {"world_size": n, "rays_per_rank": per_rank,
             "ddp": {"step_s": compute + exposed + sync, "exposed_comm_s": exposed, "compute_s": compute},
             "ss_independent": {"step_s": compute + sync, "compute_s": compute},
             "ss_joint": {"step_s": compute + exchange + sync, "exchange_s": exchange, "compute_s": compute},
@@ -107,13 +130,16 @@ def predict(m: Measured, n: int, bw: float, lat: float) -> dict:
             "fused_over_single": fused / single if single > 0 else None}
 
 
-def scaling_table(m: Measured, world_sizes=WORLD_SIZES, interconnects=INTERCONNECTS) -> dict:
-    """Predictions for every interconnect and world size (NVLink only up to 8 ranks)."""
+def scaling_table(m: Measured, world_sizes=WORLD_SIZES, interconnects=INTERCONNECTS, mode: str = "weak") -> dict:
+    """Predictions for every interconnect and world size (NVLink only up to 8 ranks; strong
+    scaling only while a rank keeps at least :data:`MIN_RAYS_PER_RANK` rays)."""
     out = {}
     for name, ic in interconnects.items():
-        sizes = [n for n in world_sizes if name != "nvlink" or n <= 8]
-        out[name] = [predict(m, n, ic["bw"], ic["lat"]) for n in sizes]
-    return {"inputs": asdict(m), "interconnects": interconnects, "assumptions": ASSUMPTIONS, "predictions": out}
+        sizes = [n for n in world_sizes if (name != "nvlink" or n <= 8)
+                 and (mode != "strong" or m.global_rays / n >= MIN_RAYS_PER_RANK)]
+        out[name] = [predict(m, n, ic["bw"], ic["lat"], mode) for n in sizes]
+    return {"inputs": asdict(m), "mode": mode, "interconnects": interconnects, "assumptions": ASSUMPTIONS,
+            "predictions": out}
 
 
 def check_against(m: Measured, measured: list[dict], bw: float, lat: float, tolerance: float) -> list[dict]:
@@ -131,7 +157,8 @@ def check_against(m: Measured, measured: list[dict], bw: float, lat: float, tole
     out = []
     for row in measured:
         scaled = Measured(**{**asdict(m), "compute_s_per_ray": m.compute_s_per_ray * row.get("compute_scale", 1.0)})
-        pred = predict(scaled, row["world_size"], bw, lat)[row["strategy"]]["step_s"]
+        # the measured cells keep one global batch: strong scaling is what they measured
+        pred = predict(scaled, row["world_size"], bw, lat, "strong")[row["strategy"]]["step_s"]
         err = (pred - row["step_s"]) / row["step_s"]
         out.append({**row, "predicted_s": pred, "relative_error": err, "within": abs(err) <= tolerance,
                     "tolerance": tolerance})

@@ -96,7 +96,8 @@ def test_smoke_study_runs_every_cell_and_reports_them(smoke):
     piped = [r for r in t["input"] if r["sampler"] == "pipelined"]
     assert len(piped) == 2 and all(r["speedup_over_sync"] > 0 and r["ideal_bound"] >= 1 for r in piped)
     assert t["scaling"]["predictions"]["ib400"][-1]["world_size"] == 1024
-    assert {(r["strategy"], r["world_size"]) for r in t["scaling_check"]["rows"]} >= {("ddp", 1), ("ddp", 2)}
+    # the check is out of sample: fitted at W <= 2, it predicts cells above; the smoke study has none
+    assert t["scaling_check"]["rows"] == [] and t["scaling_check"]["host_collectives"]
     assert t["differs"] == []
 
 

@@ -25,8 +25,12 @@ def test_product_ids_overrides_and_interleaved_repeats():
                                      "ddp-w1-s5-r1", "ddp-w2-s5-r1", "ss_joint-w1-s5-r1", "ss_joint-w2-s5-r1"]
     joint2 = cells[3]
     assert joint2.world_size == 2 and joint2.key == "ss_joint-w2-s5"
-    assert joint2.overrides == ("experiment=smoke", "strategy=ss", "strategy.training=joint", "train.max_steps=5")
-    assert plan.declared_keys(cfg) == ["env.world_size", "strategy", "strategy.training", "train.max_steps"]
+    assert joint2.overrides == ("experiment=smoke", "strategy=ss", "strategy.training=joint", "train.max_steps=5",
+                                "seed=0")
+    assert cells[7].overrides[-1] == "seed=1"  # the second repeat: another initialisation and ray stream
+    assert plan.declared_keys(cfg) == ["env.world_size", "seed", "strategy", "strategy.training", "train.max_steps"]
+    one_seed = plan.expand(study(repeats=2, axes={"budget": ["s5"]}, vary_seed=False, seed=7))
+    assert {c.overrides[-1] for c in one_seed} == {"seed=7"}
 
 
 def test_cells_and_exclude_select_from_the_product():
@@ -99,7 +103,7 @@ def test_two_parameter_model_against_hand_computed_steps():
     """Compute per ray and gradient bytes only (no latency, nothing hidden): at 4 ranks,
     ddp = 1e-6 * 1000 / 4 + 2 * 3/4 * 1e6 / 1e9 = 2.5e-4 + 1.5e-3 s; ss independent = 2.5e-4 s."""
     m = scaling.Measured(compute_s_per_ray=1e-6, global_rays=1000, grad_bytes=1e6)
-    p = scaling.predict(m, 4, bw=1e9, lat=0.0)
+    p = scaling.predict(m, 4, bw=1e9, lat=0.0, mode="strong")
     assert p["ddp"]["step_s"] == pytest.approx(1.75e-3)
     assert p["ddp"]["exposed_comm_s"] == pytest.approx(1.5e-3)
     assert p["ss_independent"]["step_s"] == pytest.approx(2.5e-4)
@@ -108,13 +112,20 @@ def test_two_parameter_model_against_hand_computed_steps():
     assert scaling.predict(m, 1, 1e9, 0.0)["ddp"]["step_s"] == pytest.approx(1e-3)
     # joint: 20 B per ray and region, K = N = 4: all-gather of 20 * 1000 * 4 B = 3/4 * 8e4 / 1e9 s
     m.exchange_bytes_per_ray_region = 20.0
-    assert scaling.predict(m, 4, 1e9, 0.0)["ss_joint"]["exchange_s"] == pytest.approx(6e-5)
+    assert scaling.predict(m, 4, 1e9, 0.0, "strong")["ss_joint"]["exchange_s"] == pytest.approx(6e-5)
+    # weak scaling (the default): 1000 rays per rank at every N, B = 4000: compute 1e-3 s, joint all-gather of
+    # 20 * 4000 * 4 B = 3/4 * 3.2e5 / 1e9 s
+    weak = scaling.predict(m, 4, 1e9, 0.0)
+    assert weak["ss_independent"]["step_s"] == pytest.approx(1e-3) and weak["rays_per_rank"] == 1000
+    assert weak["ss_joint"]["exchange_s"] == pytest.approx(2.4e-4)
+    with pytest.raises(ValueError, match="scaling mode 'linear'"):
+        scaling.predict(m, 4, 1e9, 0.0, "linear")
 
 
 def test_fused_render_and_the_check():
     m = scaling.Measured(compute_s_per_ray=1e-6, global_rays=1000, render_s_per_ray=1e-5, render_rays=1000,
                          fusion_s_per_ray_region=1e-7)
-    p = scaling.predict(m, 2, 1e9, 0.0)
+    p = scaling.predict(m, 2, 1e9, 0.0, "strong")
     # single 1e-2 s; fused 1e-2/2 + 1e-7 * 1000 * 2 = 5.2e-3 s
     assert p["single_render_s"] == pytest.approx(1e-2) and p["fused_render_s"] == pytest.approx(5.2e-3)
     rows = scaling.check_against(m, [{"strategy": "ss_independent", "world_size": 2, "step_s": 6e-4}], 1e9, 0.0, 0.25)
@@ -122,5 +133,44 @@ def test_fused_render_and_the_check():
     rows = scaling.check_against(m, [{"strategy": "ss_independent", "world_size": 2, "step_s": 1e-3}], 1e9, 0.0, 0.25)
     assert not rows[0]["within"]
     table = scaling.scaling_table(m)
+    assert table["mode"] == "weak"
     assert [p["world_size"] for p in table["predictions"]["nvlink"]] == [8]
     assert [p["world_size"] for p in table["predictions"]["ib200"]] == list(scaling.WORLD_SIZES)
+    # strong scaling of 1000 rays stops before a rank holds fewer than 256: no world size of 8 or more is left;
+    # of 65536 rays, 256 ranks hold 256 each and 512 would hold 128
+    assert scaling.scaling_table(m, mode="strong")["predictions"]["ib200"] == []
+    m.global_rays = 65536
+    strong = scaling.scaling_table(m, mode="strong")["predictions"]["ib200"]
+    assert [p["world_size"] for p in strong][-1] == 256 and strong[-1]["rays_per_rank"] == 256
+
+
+def test_a_repeat_seed_changes_training_and_the_same_seed_repeats_it(tmp_path):
+    """What ``vary_seed`` relies on: two runs of one seed train bit-identical parameters; a
+    run with the next seed (repeat r1's) trains different ones (its initialisation and ray
+    streams). The real Trainer of one CPU process, 3 smoke steps each."""
+    import importlib.util
+    import sys
+
+    import torch
+
+    from distnerf import dist as D
+
+    sys.path.insert(0, str(REPO / "tools"))
+    spec = importlib.util.spec_from_file_location("bench_syncs", REPO / "tools" / "bench_syncs.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    def train(seed, name):
+        trainer, env = bench.build_trainer(["model=grid", f"seed={seed}", "sampler=sync"], tmp_path / name)
+        try:
+            while trainer.step < 3:
+                bench.run_step(trainer)
+            return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+        finally:
+            trainer.close()
+            D.shutdown(env)
+
+    a, b, c = train(0, "a"), train(0, "b"), train(1, "c")
+    assert a.keys() == b.keys() == c.keys()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert any(a[k].is_floating_point() and not torch.equal(a[k], c[k]) for k in a)
