@@ -10,6 +10,8 @@ Examples::
     python -m distnerf.study report runs/char --markdown                          # the tables on stdout too
     python -m distnerf.study report bench/results/study_characterization/report.json --markdown
                                     # the Markdown again from a report's JSON (committed without the runs)
+    python -m distnerf.study report bench/results/study_characterization/report.json --html
+                                    # ... and its self-contained report.html beside it
 
 ``run`` also writes the report at the end. Exit status: 0 when every cell is finished,
 1 when a cell failed (reported, re-run with ``--retry-failed``), 2 on a bad config or
@@ -36,9 +38,12 @@ def main(argv: list[str] | None = None) -> int:
     rep = sub.add_parser("report", help="tables, figures, HTML of a study directory (or Markdown of a report.json)")
     rep.add_argument("study_dir", type=Path, help="STUDY_DIR, or a report.json to print as Markdown")
     rep.add_argument("--markdown", action="store_true", help="print the Markdown report")
+    rep.add_argument("--html", action="store_true",
+                     help="with a report.json: write report.html beside it (the figures named in it, embedded)")
     args = parser.parse_args(argv)
 
     from ..schema import ConfigError
+    from ..checkpoint import atomic_write_text
     from . import plan, report, runner
 
     try:
@@ -46,6 +51,15 @@ def main(argv: list[str] | None = None) -> int:
             import json
 
             data = json.loads(args.study_dir.read_text())
+            if args.html:  # a committed report without its runs: the page from the JSON and the PNGs beside it
+                figs = [args.study_dir.parent / name for name in data.get("figures", [])]
+                missing = [str(f) for f in figs if not f.is_file()]
+                if missing:
+                    raise FileNotFoundError(f"{args.study_dir}: figures it names are missing: {', '.join(missing)}")
+                out = args.study_dir.parent / "report.html"
+                atomic_write_text(out, report.to_html(data, figs))
+                print(f"wrote {out}", file=sys.stderr)
+                return 0
             sys.stdout.write(report.to_markdown(data, data.get("figures", [])))
             return 0
         if args.command == "list":

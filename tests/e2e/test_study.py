@@ -116,6 +116,26 @@ def test_report_figures_open_and_the_html_links_them(smoke):
     assert "## Training step breakdown" in md and "## Scaling model" in md
 
 
+def test_a_report_json_alone_gives_the_same_html_page(smoke, tmp_path):
+    """A committed report (report.json and its PNGs, without the runs) gives its report.html
+    again: the same sections and embedded figures as the page the run wrote; a figure it
+    names that is missing is refused, naming it."""
+    import shutil
+
+    from distnerf.study.__main__ import main as study_main
+
+    out = smoke[0] / "report"
+    copy = tmp_path / "committed"
+    copy.mkdir()
+    names = json.loads((out / "report.json").read_text())["figures"]
+    for name in ["report.json", *names]:
+        shutil.copy(out / name, copy / name)
+    assert study_main(["report", str(copy / "report.json"), "--html"]) == 0
+    assert (copy / "report.html").read_text() == (out / "report.html").read_text()
+    (copy / names[0]).unlink()
+    assert study_main(["report", str(copy / "report.json"), "--html"]) == 2
+
+
 def test_rerun_skips_finished_cells(smoke):
     root, _ = smoke
     before = {p: p.stat().st_mtime_ns for p in (root / "cells").glob("*/metrics.json")}
