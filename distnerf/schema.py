@@ -166,7 +166,8 @@ class GridModelConfig(ModelConfig):
     color_threshold: float = bounded(1.0e-3, 0)      # a sample with a smaller weight gets no colour (still attenuates)
     termination: float = bounded(1.0e-4, 0, 1)       # early ray termination below this transmittance
     eval_round_steps: int = positive(64)             # evaluation marches rays in rounds of this many steps
-    train_round_steps: int = bounded(64, 0)          # training too (no density behind the termination point); 0: one pass
+    train_round_steps: int = bounded(0, 0)           # N: training marches in rounds too (no density behind the
+                                                     # termination point; 3 host syncs more per round); 0: one pass
     distortion_loss_weight: float = bounded(0.0, 0)       # mip-NeRF 360's distortion loss (Eq. 15) on the weights; 0: off
     contraction: str = choice("none", "none", "mipnerf360")  # mipnerf360: unbounded, the box is the unit region (infinity-norm contraction)
     sparse_grad: bool = True                         # sparse colour-row gradients + lazy Adam (off under ddp, W > 1)
@@ -201,7 +202,7 @@ class NGPModelConfig(ModelConfig):
     color_threshold: float = bounded(1.0e-3, 0)
     termination: float = bounded(1.0e-4, 0, 1)
     eval_round_steps: int = positive(64)
-    train_round_steps: int = bounded(64, 0)
+    train_round_steps: int = bounded(0, 0)
     distortion_loss_weight: float = bounded(0.0, 0)
     contraction: str = choice("none", "none", "mipnerf360")  # mipnerf360: unbounded, the box is the unit region (infinity-norm contraction)
 

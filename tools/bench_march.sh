@@ -2,7 +2,7 @@
 # Where a large scene's samples go (issue 25 item 0): the built-in aerial city with contraction and
 # appearance, 1 process, a fixed number of steps; the same seed and schedule in every cell:
 #   before      one marching pass over the whole ray in training (model.train_round_steps=0: the old path)
-#   rounds      training marches in rounds and stops each ray at its termination point (the default)
+#   rounds      training marches in rounds and stops each ray at its termination point (opt-in)
 #   dist001     rounds + mip-NeRF 360's distortion loss, weight 0.01
 #   dist01      rounds + distortion loss, weight 0.1
 #   [CELLS="before rounds ..."] tools/bench_march.sh STEPS NAME [hydra overrides...]

@@ -51,7 +51,7 @@ class MarchingModel(RadianceModel):
     color_threshold: float = 1e-3
     termination: float = 1e-4
     eval_round_steps: int = 64
-    train_round_steps: int = 64
+    train_round_steps: int = 0
     distortion_loss_weight: float = 0.0
 
     def init_contraction(self, contraction: str) -> None:

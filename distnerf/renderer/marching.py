@@ -10,7 +10,9 @@ clipped to the model's box, with the background) and one region's segment of a r
 * **training** (autograd on): one no-grad pass evaluates the density at every marched
   sample and finds, per ray, the samples whose transmittance (times ``in_front``)
   exceeds ``termination``; only those run again with gradients. Samples behind them
-  carry at most ``termination`` of the ray's weight.
+  carry at most ``termination`` of the ray's weight. With ``round_steps`` the no-grad
+  pass runs in rounds like evaluation (below): the same samples, none evaluated behind
+  a cut.
 * **evaluation** (autograd off): the segment is marched in rounds of ``round_steps``
   grid intervals; after each round the rays whose transmittance fell below
   ``termination`` stop and the others are compacted and marched further, so the

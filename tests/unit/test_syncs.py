@@ -103,7 +103,7 @@ def test_grid_training_step_host_syncs_do_not_rise(tmp_path):
     """The smoke grid model (past its upsampling at step 10) on one CPU process, as
     ``python tools/bench_syncs.py --configs grid`` counts it."""
     bench = _bench_syncs()
-    # one marching pass per training ray (model.train_round_steps=0): the rounds of the default read the
+    # one marching pass per training ray (model.train_round_steps=0, the default): rounds (opt-in) read the
     # march's sizes once per round (3 more per round; they save the density behind each ray's cut)
     trainer, env = bench.build_trainer(bench.CONFIGS["grid"] + ["model.train_round_steps=0"], tmp_path / "run")
     try:
