@@ -50,6 +50,12 @@ class DistEnv:
     def distributed(self) -> bool:
         return self.backend is not None
 
+    @property
+    def has_peers(self) -> bool:
+        """In a process group with another rank: the helpers below exchange only then (a
+        world-size-1 torchrun is in a group, alone)."""
+        return self.distributed and self.world_size > 1
+
 
 def init_distributed(device: str = "auto", timeout_s: float = 600.0, setup_timeout_s: float | None = None) -> DistEnv:
     """Join the process group when launched by torchrun.
@@ -319,7 +325,7 @@ def all_gather(tensor: torch.Tensor) -> list[torch.Tensor]:
 
 def broadcast_object(env: DistEnv, obj, src: int = 0):
     """``obj`` of rank ``src`` on every rank (identity without a process group or alone in it)."""
-    if not env.distributed or env.world_size == 1:
+    if not env.has_peers:
         return obj
     box = [obj]
     dist.broadcast_object_list(box, src=src)
@@ -345,7 +351,7 @@ def all_reduce_sum(env: DistEnv, values: torch.Tensor) -> torch.Tensor:
 
 def gather_objects(env: DistEnv, obj) -> list:
     """List of every rank's ``obj`` (on every rank)."""
-    if not env.distributed or env.world_size == 1:
+    if not env.has_peers:
         return [obj]
     out = [None] * env.world_size
     dist.all_gather_object(out, obj)
@@ -354,5 +360,5 @@ def gather_objects(env: DistEnv, obj) -> list:
 
 def barrier(env: DistEnv) -> None:
     """Wait for every rank (nothing to wait for alone)."""
-    if env.distributed and env.world_size > 1:
+    if env.has_peers:
         dist.barrier()

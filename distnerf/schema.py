@@ -168,7 +168,7 @@ class GridModelConfig(ModelConfig):
     eval_round_steps: int = positive(64)             # evaluation marches rays in rounds of this many steps
     train_round_steps: int = bounded(0, 0)           # N: training marches in rounds too (no density behind the
                                                      # termination point; 3 host syncs more per round); 0: one pass
-    distortion_loss_weight: float = bounded(0.0, 0)       # mip-NeRF 360's distortion loss (Eq. 15) on the weights; 0: off
+    distortion_loss_weight: float = bounded(0.0, 0)  # mip-NeRF 360's distortion loss (Eq. 15) on the weights; 0: off
     contraction: str = choice("none", "none", "mipnerf360")  # mipnerf360: unbounded, the box is the unit region (infinity-norm contraction)
     sparse_grad: bool = True                         # sparse colour-row gradients + lazy Adam (off under ddp, W > 1)
 

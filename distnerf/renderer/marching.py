@@ -203,7 +203,7 @@ def render_segment(density_fn: Callable[[torch.Tensor], torch.Tensor],
         (R,), int counts ``num_samples`` (marched), ``num_density_samples`` (density
         evaluations, both passes) and ``num_colour_samples``, and the rendered packed
         ``samples`` with their ``weights`` (P,) (for a loss on the weights, e.g.
-        :func:`~distnerf.renderer.packed.distortion`).
+        :func:`~distnerf.renderer.packed.distortion_loss`).
     """
     samples, sigmas, num_marched = march_alive(density_fn, marcher, origins, directions, anchor, t_lo, t_hi,
                                                termination=termination, in_front=in_front, step_size=step_size,

@@ -173,7 +173,7 @@ def render_packed(sigmas: torch.Tensor, rgbs: torch.Tensor, samples: PackedSampl
 
 
 def distortion_loss(weights: torch.Tensor, s_starts: torch.Tensor, s_ends: torch.Tensor, ray_indices: torch.Tensor,
-               num_rays: int) -> torch.Tensor:
+                    num_rays: int) -> torch.Tensor:
     """Per-ray distortion loss of packed samples (mip-NeRF 360, Barron et al. 2022, Eq. 15).
 
     ::

@@ -206,7 +206,7 @@ class DDPStrategy(Strategy):
 
     def wrap(self, model: nn.Module) -> nn.Module:
         self.model = model.to(self.env.device)
-        if not self.env.distributed or self.env.world_size == 1:  # no peer: no gradient all-reduce
+        if not self.env.has_peers:  # no peer: no gradient all-reduce
             self.wrapped = self.model
             return self.wrapped
         for module in self.model.modules():  # DDP buckets (and its comm hook) need dense gradients
@@ -236,5 +236,5 @@ class DDPStrategy(Strategy):
         return out
 
     def step_comm(self) -> dict | None:
-        """This step's hook timings (:meth:`CommStats.take_step`); None without a process group."""
-        return self.comm.take_step() if self.wrapped is not self.model else None
+        """This step's hook timings (:meth:`CommStats.take_step`); None without a peer (no DDP wrapper)."""
+        return self.comm.take_step() if self.env.has_peers else None

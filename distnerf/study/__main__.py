@@ -43,23 +43,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from ..schema import ConfigError
-    from ..checkpoint import atomic_write_text
     from . import plan, report, runner
 
     try:
         if args.command == "report" and args.study_dir.is_file():
+            if args.html:  # a committed report without its runs: the page from the JSON and the PNGs beside it
+                print(f"wrote {report.write_html_from_json(args.study_dir)}", file=sys.stderr)
+                return 0
             import json
 
             data = json.loads(args.study_dir.read_text())
-            if args.html:  # a committed report without its runs: the page from the JSON and the PNGs beside it
-                figs = [args.study_dir.parent / name for name in data.get("figures", [])]
-                missing = [str(f) for f in figs if not f.is_file()]
-                if missing:
-                    raise FileNotFoundError(f"{args.study_dir}: figures it names are missing: {', '.join(missing)}")
-                out = args.study_dir.parent / "report.html"
-                atomic_write_text(out, report.to_html(data, figs))
-                print(f"wrote {out}", file=sys.stderr)
-                return 0
             sys.stdout.write(report.to_markdown(data, data.get("figures", [])))
             return 0
         if args.command == "list":

@@ -458,11 +458,11 @@ def section_tables(data: dict) -> list[tuple[str, list[str]]]:
         lines += ["", f"Check out of sample: fitted at W <= {FIT_MAX_WORLD_SIZE}, predicting the measured cells above "
                   f"(host collectives: {chk['host_collectives'] or 'not fitted'}; tolerance {chk['tolerance']:.0%}; "
                   "a miss is printed as within = False):", ""]
-        rows = [r for r in chk["rows"] if r["world_size"] > FIT_MAX_WORLD_SIZE]  # (older reports: in sample too)
-        if not rows:
+        checked = [r for r in chk["rows"] if r["world_size"] > FIT_MAX_WORLD_SIZE]  # older reports: in sample too
+        if not checked:
             lines.append(f"(not run: the study has no finished cell at W > {FIT_MAX_WORLD_SIZE} beside its "
                          "world-size-1 ddp cell)")
-        lines += [] if not rows else _table(rows, [("strategy", "strategy", ""), ("world_size", "W", ""),
+        lines += [] if not checked else _table(checked, [("strategy", "strategy", ""), ("world_size", "W", ""),
                                       ("step_s", "measured s", ".4f"), ("predicted_s", "predicted s", ".4f"),
                                       ("relative_error", "error", "+.1%"), ("within", "within", "")])
         out.append(("Scaling model (past this machine, on paper)", lines))
@@ -517,6 +517,23 @@ def to_html(data: dict, figs: list[Path]) -> str:
         parts.append(f"<p><a href='{f.name}'><img alt='{f.name}' src='data:image/png;base64,{data64}'></a></p>")
     parts.append("</body></html>")
     return "\n".join(parts)
+
+
+def write_html_from_json(report_json: Path) -> Path:
+    """``report.html`` beside a committed ``report.json`` (a report without its runs): the page
+    :func:`write_report` writes, from the JSON and the figures it names beside it.
+
+    Raises:
+        FileNotFoundError: a figure the JSON names is missing (each named).
+    """
+    data = json.loads(Path(report_json).read_text())
+    figs = [Path(report_json).parent / name for name in data.get("figures", [])]
+    missing = [str(f) for f in figs if not f.is_file()]
+    if missing:
+        raise FileNotFoundError(f"{report_json}: figures it names are missing: {', '.join(missing)}")
+    out = Path(report_json).parent / "report.html"
+    atomic_write_text(out, to_html(data, figs))
+    return out
 
 
 def write_report(study_dir: Path) -> dict:
