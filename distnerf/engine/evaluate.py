@@ -177,7 +177,8 @@ def evaluate_views(model, scene: SceneData, views: list[int], chunk: int, device
 
     Returns:
         one dict per view: ``view``, ``name``, ``psnr``, ``ssim``, ``lpips`` (None when
-        unavailable), ``num_samples``, ``num_rays`` (the view's pixels), ``seconds`` (wall time of the render, its results
+        unavailable), ``constant_psnr`` (the trivial level: the PSNR of the best constant image,
+        every pixel the view's own mean colour), ``num_samples``, ``num_rays`` (the view's pixels), ``seconds`` (wall time of the render, its results
         copied to the CPU: on CUDA every kernel has finished) and ``rays_per_s``; with a fitted
         code also ``fit_loss`` and ``fit_seconds`` (not in ``seconds``).
     """
@@ -196,7 +197,9 @@ def evaluate_views(model, scene: SceneData, views: list[int], chunk: int, device
         pred, ref = out["rgb"], gt
         if fit:  # scored on the half the code never saw
             pred, ref = pred[:, gt.shape[1] // 2:], ref[:, gt.shape[1] // 2:]
+        constant = ref.reshape(-1, ref.shape[-1]).mean(0).expand_as(ref)  # the view's own mean colour
         rows.append({"view": i, "name": name, "psnr": psnr(pred, ref), "ssim": ssim(pred, ref),
+                     "constant_psnr": psnr(constant, ref),
                      "lpips": lpips(pred, ref) if lpips is not None else None,
                      "num_samples": out["num_samples"], "seconds": seconds, "num_rays": gt.shape[0] * gt.shape[1],
                      "rays_per_s": gt.shape[0] * gt.shape[1] / max(seconds, 1e-9), **fitted})
@@ -275,6 +278,7 @@ def evaluate_run(cfg, model, strategy, out_dir: Path, step: int, eval_split) -> 
     mean = lambda k: sum(r[k] for r in rows) / len(rows)  # noqa: E731
     metrics = {
         "step": step, "psnr": mean("psnr"), "ssim": mean("ssim"),
+        "constant_psnr": mean("constant_psnr"),  # the trivial level: each view's mean colour everywhere
         "lpips": mean("lpips") if lpips is not None and lpips.available else None,
         "lpips_backbone": LPIPS_BACKBONE,
         # one rendering process's rate: all views' rays over their summed render seconds (the first

@@ -84,6 +84,7 @@ def cell_figures(run_dir: Path) -> dict:
         "peak_rss_mb": size.get("peak_rss_mb"), "peak_device_memory_mb": size.get("peak_device_memory_mb"),
         "input_wait_share_run": inputs[-1]["input_wait_share"] if inputs else None,
         "psnr": metrics["psnr"], "ssim": metrics["ssim"], "test_views": len(per_view),
+        "constant_psnr": metrics.get("constant_psnr"),  # the trivial level (older runs: None)
         "render_s_per_view_median": statistics.median(view_s) if view_s else None,
         "render_rays_per_view": per_view[0]["num_rays"] if per_view else None,
         "fusion_timing": metrics.get("fusion_timing"),

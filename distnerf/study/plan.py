@@ -8,7 +8,9 @@ entry, in the order of :data:`AXES`. The built-in levels:
 * ``strategy``: ``ddp``; ``ss_independent`` (Mega-NeRF style) and ``ss_joint`` (NeRF-XL
   style exact compositing), i.e. ``strategy=ss strategy.training=...``;
 * ``sampler``: ``sync``, ``pipelined``, ``device`` (``sampler=<it>``);
-* ``world_size``: an integer, the ranks of the cell (torchrun ``--nproc_per_node``);
+* ``world_size``: an integer, the ranks of the cell (torchrun ``--nproc_per_node``); a
+  config's ``levels.world_size.<W>`` may add overrides (e.g. ``train.global_rays`` growing with
+  W, for equal rays per rank per step);
 * ``model``: ``grid``, ``ngp``, ``nerf`` (``model=<it>``).
 
 ``scene`` and ``budget`` have no built-in meaning: the config's ``levels`` gives them
@@ -157,8 +159,9 @@ def expand(cfg) -> list[Cell]:
         for values in combos:
             overrides = list(fixed)
             for axis in AXES:
-                if axis in values and axis != "world_size":
-                    overrides += levels[axis][str(values[axis])]
+                if axis in values:  # world size: overrides only where the config gives them
+                    overrides += levels.get(axis, {}).get(str(values[axis]), []) if axis == "world_size" \
+                        else levels[axis][str(values[axis])]
             key = cell_key(values)
             # the repeat's seed: a different initialisation and ray stream per repeat (vary_seed), or one seed
             overrides.append(f"seed={int(cfg.seed) + (repeat if cfg.vary_seed else 0)}")
@@ -178,6 +181,8 @@ def declared_keys(cfg) -> list[str]:
     for axis, values in axes.items():
         if axis == "world_size":
             keys.add("env.world_size")
+            for v in values:
+                keys.update(ov.lstrip("+~").split("=", 1)[0] for ov in levels.get(axis, {}).get(str(v), []))
             continue
         for v in values:
             for ov in levels[axis][str(v)]:

@@ -17,6 +17,10 @@ summarised by their median; ``n`` says how many):
   ideal bound T/(T - S) and capacity bound (S + C)/max(S/W, C) (BENCHMARKS.md section 4:
   S the sync cell's input wait, C = T - S its compute, W workers);
 * quality: test PSNR/SSIM at the budget and training PSNR against training time;
+* capacity (:mod:`distnerf.study.capacity`): the capacity curve (world-size-1 ``ddp`` test PSNR
+  mean and sd over seeds against parameters per rank, dB per doubling, the plateau check, the
+  constant-colour level) and PSNR against ranks per strategy with error bars, one test view
+  per world size side by side, and the targets met or missed;
 * scaling model (:mod:`distnerf.study.scaling`) and its check against the measured points;
 * what differs: cells whose config or environment differs from the first cell's in a
   setting that no axis declares (``distnerf.profile compare``'s fingerprint) are flagged.
@@ -33,7 +37,7 @@ from omegaconf import OmegaConf
 
 from ..checkpoint import atomic_write_text
 from ..observe.compare import load_settings, setting_differences
-from . import plan, runner, scaling
+from . import capacity, plan, runner, scaling
 from .collect import BREAKDOWN, cell_figures
 
 STUDY_FILE = "study.yaml"  # the config the study ran with, saved by `run`
@@ -69,6 +73,7 @@ def collect(study_dir: Path) -> dict:
                "busy": (record.get("load") or {}).get("busy"),
                "mem_available_mb": (record.get("load") or {}).get("mem_available_mb"),
                "waited_s": record.get("waited_s"), "wall_s": record.get("wall_s"), "rc": record.get("rc"),
+               "started": record.get("started"), "finished": record.get("finished"),
                "threads_per_rank": record.get("threads_per_rank")}
         if row["status"] == "done":
             row["figures"] = cell_figures(run_dir)
@@ -111,8 +116,12 @@ def _summarise(reps: list[dict]) -> dict:
               "comm_bytes_per_step_median"):
         out[k] = _median([d.get(k) for d in done])
     psnrs = [d["psnr"] for d in done if d.get("psnr") is not None]  # repeats of other seeds: a sample
-    out["psnr_mean"] = statistics.fmean(psnrs) if psnrs else None
-    out["psnr_sd"] = statistics.stdev(psnrs) if len(psnrs) > 1 else None
+    out["psnrs"] = psnrs
+    out["psnr_mean"], out["psnr_sd"], _ = capacity.mean_sd(psnrs)
+    out["plateau_gains"] = [capacity.plateau_gain([(p["step"], p["val_psnr"]) for p in d["val_curve"]])
+                            for d in done]
+    out["constant_psnr"] = _median([d.get("constant_psnr") for d in done])
+    out["steps"] = _median([d.get("steps") for d in done])
     out["phases_mean_s"] = {p: _median([d["phases_mean_s"].get(p) for d in done]) for p in (*BREAKDOWN, "other")}
     for k in ("world_size", "num_regions", "strategy", "training", "sampler", "num_workers", "global_rays",
               "render_rays_per_view"):
@@ -265,7 +274,9 @@ def build(study_dir: Path) -> dict:
     data = collect(study_dir)
     keys = data["keys"]
     tables = {"breakdown": breakdown_rows(keys), "sync": sync_rows(keys), "inference": inference_rows(keys),
-              "input": input_rows(keys), "quality": quality_rows(keys)}
+              "input": input_rows(keys), "quality": quality_rows(keys),
+              "capacity": capacity.capacity_rows(keys), "ranks": capacity.ranks_rows(keys)}
+    tables["verdicts"] = capacity.verdicts(tables["capacity"], tables["ranks"])
     m, check, host = scaling_inputs(keys)
     tables["scaling"] = scaling.scaling_table(m) if m else None
     tables["scaling_check"] = {"rows": check, "host_collectives": host, "tolerance": CHECK_TOLERANCE}
@@ -274,7 +285,20 @@ def build(study_dir: Path) -> dict:
     data["tables"] = tables
     data["status"] = {s: sum(c["status"] == s for c in data["cells"]) for s in sorted({c["status"]
                                                                                          for c in data["cells"]})}
+    data["timing"] = study_timing(data["cells"])
     return data
+
+
+def study_timing(cells: list[dict]) -> dict:
+    """The study's own wall time, from its cells' records (local time stamps, seconds): the first
+    cell's start, the last one's end, and the sums of the cells' wall and quiet-wait seconds. A
+    re-run that finds every cell finished takes seconds; this is the time the cells took."""
+    ran = [c for c in cells if c.get("started")]
+    ends = [c["finished"] for c in ran if c.get("finished")]
+    return {"first_cell_started": min(c["started"] for c in ran) if ran else None,
+            "last_cell_finished": max(ends) if ends else None,
+            "cells_wall_s": sum(c.get("wall_s") or 0.0 for c in ran),
+            "waited_s": sum(c.get("waited_s") or 0.0 for c in ran)}
 
 
 # ----------------------------------------------------------------------------- figures
@@ -365,6 +389,36 @@ def figures(data: dict, out_dir: Path) -> list[Path]:
         ax.set(xlabel="training seconds", ylabel=ylabel, title="PSNR against training time")
         ax.legend(fontsize=6)
         save(fig, "quality.png")
+    rows = t.get("capacity") or []
+    if rows:
+        fig, ax = plt.subplots(figsize=(6.5, 4.2))
+        x = [r["params_per_rank"] for r in rows]
+        ax.errorbar(x, [r["psnr_mean"] for r in rows], yerr=[r["psnr_sd"] or 0.0 for r in rows], fmt="o-",
+                    capsize=3, label="ddp, W = 1: test PSNR (mean +- sd over seeds)")
+        if any(r["constant_psnr"] for r in rows):
+            ax.plot(x, [r["constant_psnr"] for r in rows], "k:", label="constant colour (each view's mean)")
+        for r in rows:
+            ax.annotate(f"{r['steps']:.0f} steps" + ("" if r["plateau"] else ", no plateau"),
+                        (r["params_per_rank"], r["psnr_mean"]), fontsize=6, textcoords="offset points", xytext=(4, -10))
+        ax.set_xscale("log", base=2)
+        ax.set(xlabel="parameters per rank", ylabel="test PSNR (dB)", title="capacity: quality against parameters")
+        ax.legend(fontsize=7)
+        save(fig, "capacity.png")
+    rows = t.get("ranks") or []
+    if rows:
+        fig, ax = plt.subplots(figsize=(6.5, 4.2))
+        for (budget, strat) in sorted({(r["budget"], r["strategy"]) for r in rows}, key=str):
+            rs = [r for r in rows if r["budget"] == budget and r["strategy"] == strat]
+            ax.errorbar([r["world_size"] for r in rs], [r["psnr_mean"] for r in rs],
+                        yerr=[r["psnr_sd"] or 0.0 for r in rs], fmt="o-", capsize=3, label=f"{strat} ({budget})")
+        ax.set_xscale("log", base=2)
+        ax.set(xlabel="world size (ranks; ss: one region per rank)", ylabel="test PSNR (dB), mean +- sd over seeds",
+               title="quality against ranks at equal parameters per rank")
+        ax.legend(fontsize=7)
+        save(fig, "ranks.png")
+        views = _views_figure(plt, data, rows)
+        if views is not None:
+            save(views, "ranks_views.png")
     sc = t["scaling"]
     if sc:
         fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
@@ -383,6 +437,53 @@ def figures(data: dict, out_dir: Path) -> list[Path]:
         a2.legend(fontsize=7)
         save(fig, "scaling.png")
     return made
+
+
+def _views_figure(plt, data: dict, rows: list[dict]):
+    """One test view (the cells' first) per world size and strategy, repeat 0, beside the ground
+    truth, with a centre crop: the quality-against-ranks table as pictures."""
+    import imageio.v3 as iio
+
+    from ..data import load_scene
+
+    study_dir = Path(data["study_dir"])
+    by_key = {c["key"]: c for c in data["cells"] if c["repeat"] == 0 and c["status"] == "done"}
+    strategies = sorted({r["strategy"] for r in rows}, key=str)
+    sizes = sorted({r["world_size"] for r in rows})
+    grid = {}
+    for r in rows:
+        key = r["source"].split(" ", 1)[0]
+        found = sorted((study_dir / "cells" / by_key[key]["id"] / "test").glob("*_rgb.png")) if key in by_key else []
+        if found:
+            grid[(r["strategy"], r["world_size"])] = iio.imread(found[0])
+    if not grid:
+        return None
+    truth, note = None, ""
+    first = next(iter(by_key.values()))
+    try:
+        cfg = OmegaConf.load(study_dir / "cells" / first["id"] / "config.yaml")
+        scene = load_scene(cfg.dataset, "test")
+        if cfg.eval.downscale > 1:
+            scene = scene.downscaled(cfg.eval.downscale)
+        truth = (scene.image(0).numpy() * 255).round().astype("uint8")
+    except (OSError, ValueError) as err:  # the dataset is not where the cells saw it: said on the figure
+        note = f" (ground truth not shown: {err})"
+    cols = len(sizes) + (truth is not None)
+    fig, axes = plt.subplots(2 * len(strategies), cols, figsize=(2.4 * cols, 2.4 * 2 * len(strategies)), squeeze=False)
+    for i, strat in enumerate(strategies):
+        for j in range(cols):
+            w = sizes[j - (truth is not None)] if j >= (truth is not None) else None
+            img = truth if w is None else grid.get((strat, w))
+            for k, ax in enumerate((axes[2 * i][j], axes[2 * i + 1][j])):
+                ax.axis("off")
+                if img is None:
+                    continue
+                h, wd = img.shape[:2]
+                ax.imshow(img if k == 0 else img[h * 3 // 8: h * 5 // 8, wd * 3 // 8: wd * 5 // 8])
+                if k == 0:
+                    ax.set_title("ground truth" if w is None else f"{strat}, W = {w}", fontsize=7)
+    fig.suptitle("first test view per world size (repeat 0), full and centre crop" + note, fontsize=8)
+    return fig
 
 
 # ----------------------------------------------------------------------------- markdown / html
@@ -436,6 +537,21 @@ def section_tables(data: dict) -> list[tuple[str, list[str]]]:
         ("psnr_sd", "sd (seeds)", ".2f"), ("ssim", "SSIM", ".4f"),
         ("steps_s", "training s", ".0f"), ("params_per_rank", "params/rank", ".3g"),
         ("peak_rss_mb", "peak RSS MiB", ".0f")])))
+    if t.get("capacity") or t.get("ranks"):
+        out.append(("Capacity: test PSNR against parameters per rank (ddp, W = 1)", _table(t["capacity"], [
+            ("budget", "budget", ""), ("params_per_rank", "params/rank", ".3g"), ("n", "n (seeds)", ""),
+            ("psnr_mean", "PSNR mean dB", ".2f"), ("psnr_sd", "sd", ".2f"),
+            ("db_per_doubling", "dB per doubling (from previous)", "+.2f"),
+            ("db_per_doubling_around", "dB per doubling (around)", "+.2f"), ("steps", "steps", ".0f"),
+            ("gain_last_max", f"gain over last {capacity.PLATEAU_FRACTION:.0%} of steps (max over seeds, val dB)",
+             "+.2f"), ("plateau", f"plateau (< {capacity.PLATEAU_GAIN_DB} dB)", ""),
+            ("constant_psnr", "constant-colour PSNR", ".2f")])))
+        out.append(("Quality against ranks (equal steps, equal rays per rank per step)", _table(t["ranks"], [
+            ("budget", "budget", ""), ("strategy", "strategy", ""), ("world_size", "W", ""), ("n", "n (seeds)", ""),
+            ("psnr_mean", "PSNR mean dB", ".2f"), ("psnr_sd", "sd", ".2f"),
+            ("db_per_doubling", "dB per doubling of ranks", "+.2f"), ("delta_vs_w1", "vs W = 1 dB", "+.2f"),
+            ("params_per_rank", "params/rank", ".3g"), ("source", "cell", "")])
+            + ["", "Targets:", *[f"- {v}" for v in t.get("verdicts", [])]]))
     sc, chk = t["scaling"], t["scaling_check"]
     if sc:
         inp = sc["inputs"]
@@ -481,12 +597,20 @@ def to_markdown(data: dict, figure_names: list[str]) -> str:
     s = data["study"]
     lines = [f"# Study `{s['name']}`", "", s.get("description") or "", "",
              f"Cells: {len(data['cells'])} ({', '.join(f'{v} {k}' for k, v in data['status'].items())}); "
-             f"repeats {s['repeats']}; timed: {s['timed']}; study directory `{data['study_dir']}`.", ""]
+             f"repeats {s['repeats']}; timed: {s['timed']}; study directory `{data['study_dir']}`.", "",
+             _timing_line(data.get("timing")), ""]
     for title, body in section_tables(data):
         lines += [f"## {title}", "", *body, ""]
     for name in figure_names:
         lines.append(f"![{name}]({name})")
     return "\n".join(lines) + "\n"
+
+
+def _timing_line(t: dict | None) -> str:
+    if not t or not t.get("first_cell_started"):
+        return "Wall time: no cell has run."
+    return (f"Wall time: cells from {t['first_cell_started']} to {t['last_cell_finished'] or '(running)'}; "
+            f"{t['cells_wall_s'] / 60:.1f} min in the cells, {t['waited_s'] / 60:.1f} min waiting for a quiet machine.")
 
 
 def _md_table_to_html(lines: list[str]) -> str:
@@ -508,7 +632,8 @@ def to_html(data: dict, figs: list[Path]) -> str:
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>study {html.escape(s['name'])}</title>",
              "<style>body{font-family:sans-serif;max-width:1200px;margin:auto}table{border-collapse:collapse;"
              "font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px}</style></head><body>",
-             f"<h1>Study {html.escape(s['name'])}</h1><p>{html.escape(s.get('description') or '')}</p>"]
+             f"<h1>Study {html.escape(s['name'])}</h1><p>{html.escape(s.get('description') or '')}</p>",
+             f"<p>{html.escape(_timing_line(data.get('timing')))}</p>"]
     for title, body in section_tables(data):
         parts.append(f"<h2>{html.escape(title)}</h2>{_md_table_to_html(body)}")
     parts.append("<h2>Figures</h2>")

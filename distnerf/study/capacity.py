@@ -1,0 +1,204 @@
+"""Does quality depend on capacity, and does it grow with the ranks? The capacity study's statistics.
+
+Two tables of a study (``conf/study/capacity.yaml``), built from the cells' summaries
+(:func:`distnerf.study.report.collect`):
+
+* **capacity curve** (:func:`capacity_rows`): the world-size-1 ``ddp`` cells, one row per
+  ``budget`` level (``model.max_params``): test PSNR mean and sample standard deviation over
+  the repeats (seeds), the gain in dB per doubling of parameters between neighbouring budgets
+  (``(PSNR_b - PSNR_a) / log2(params_b / params_a)``) and the plateau check of every repeat
+  (:func:`plateau_gain`): capacity limits quality where the curve still rises *at a plateau*.
+* **PSNR against ranks** (:func:`ranks_rows`): at each budget that has cells at W > 1, every
+  strategy's PSNR mean and sd against world size, with the gain per doubling of ranks from the
+  previous world size (``(PSNR_W - PSNR_V) / log2(W / V)``) and the difference to W = 1. The W = 1
+  point of ``ss`` is its own W = 1 cell when the study has one, else the ``ddp`` cell (one region
+  is one model: the same run).
+
+Targets (the capacity issue; printed met / missed, never rounded): the capacity curve rises by
+:data:`CAPACITY_TARGET_DB` per doubling around the ranks budget; ``ss`` joint gains
+:data:`JOINT_TARGET_DB` per doubling of ranks while ``ddp`` stays within
+:data:`DDP_BAND_DB` of W = 1.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+
+PLATEAU_FRACTION = 0.2  # a plateau: the last 20% of the steps ...
+PLATEAU_GAIN_DB = 0.2   # ... gain less than this much PSNR
+CAPACITY_TARGET_DB = 1.5  # dB per doubling of parameters around the chosen budget
+JOINT_TARGET_DB = 1.0     # dB per doubling of ranks, ss joint
+DDP_BAND_DB = 0.3         # ddp at every world size within this of W = 1
+
+
+def value_at(curve: list[tuple[float, float]], x: float) -> float:
+    """Linear interpolation of a curve of (x, y) points sorted by x at ``x`` (clamped to its ends).
+
+    Raises:
+        ValueError: an empty curve.
+    """
+    if not curve:
+        raise ValueError("value_at: the curve has no point")
+    if x <= curve[0][0]:
+        return curve[0][1]
+    for (x0, y0), (x1, y1) in zip(curve, curve[1:]):
+        if x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0) if x1 > x0 else y1
+    return curve[-1][1]
+
+
+def plateau_gain(curve: list[tuple[float, float]], fraction: float = PLATEAU_FRACTION) -> float | None:
+    """PSNR gained over the last ``fraction`` of a run's steps: ``y(N) - y((1 - fraction) N)``.
+
+    Args:
+        curve: (step, PSNR dB) points of one run (its validations), any order; N is the last step.
+        fraction: the share of the steps at the end (0.2: the last 20 %).
+    Returns:
+        the gain in dB (interpolated linearly between validations), or None when no point lies
+        at or before step ``(1 - fraction) N`` (the curve cannot tell).
+    """
+    pts = sorted((float(s), float(v)) for s, v in curve)
+    if not pts:
+        return None
+    start = (1.0 - fraction) * pts[-1][0]
+    if pts[0][0] > start:
+        return None
+    return pts[-1][1] - value_at(pts, start)
+
+
+def mean_sd(values) -> tuple[float | None, float | None, int]:
+    """(mean, sample standard deviation (n - 1), n) of the values that are not None; sd None when n < 2."""
+    vals = [float(v) for v in values if v is not None]
+    if not vals:
+        return None, None, 0
+    return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else None), len(vals)
+
+
+def per_doubling(x0: float, y0: float, x1: float, y1: float) -> float | None:
+    """Gain of y per doubling of x between two points: ``(y1 - y0) / log2(x1 / x0)`` (None if x0 == x1)."""
+    if not x0 or not x1 or x0 == x1 or y0 is None or y1 is None:
+        return None
+    return (y1 - y0) / math.log2(x1 / x0)
+
+
+def _ws(s: dict) -> int:
+    return int(s["values"].get("world_size") or 1)
+
+
+def capacity_rows(keys: dict) -> list[dict]:
+    """The capacity curve: one row per budget of the world-size-1 ``ddp`` cells, by parameters.
+
+    Args:
+        keys: {cell key: summary} with ``values``, ``n``, ``psnrs``, ``plateau_gains``,
+            ``parameters_per_rank``, ``constant_psnr``, ``steps`` (see ``report._summarise``).
+    Returns:
+        rows with ``budget``, ``params_per_rank``, ``psnr_mean``, ``psnr_sd``, ``n``, ``steps``,
+        ``gain_last_max`` (the largest repeat's plateau gain, dB), ``plateau`` (every repeat's gain
+        known and < :data:`PLATEAU_GAIN_DB`), ``constant_psnr``, ``db_per_doubling`` (from the
+        previous row; None on the first) and ``db_per_doubling_around`` (mean of the slopes on
+        both sides of the row, where they exist).
+    """
+    rows = []
+    for s in keys.values():
+        v = s["values"]
+        if not s.get("n") or v.get("strategy") not in (None, "ddp") or _ws(s) != 1 or v.get("budget") is None:
+            continue
+        mean, sd, n = mean_sd(s.get("psnrs", []))
+        gains = s.get("plateau_gains") or []
+        known = [g for g in gains if g is not None]
+        rows.append({"budget": v["budget"], "cell": s.get("key"), "params_per_rank": s.get("parameters_per_rank"),
+                     "psnr_mean": mean, "psnr_sd": sd, "n": n, "steps": s.get("steps"),
+                     "gain_last_max": max(known) if known else None,
+                     "plateau": bool(gains) and len(known) == len(gains) and max(known) < PLATEAU_GAIN_DB,
+                     "constant_psnr": s.get("constant_psnr")})
+    rows.sort(key=lambda r: r["params_per_rank"] or 0)
+    for prev, row in zip([None, *rows], rows):
+        row["db_per_doubling"] = None if prev is None else per_doubling(
+            prev["params_per_rank"], prev["psnr_mean"], row["params_per_rank"], row["psnr_mean"])
+    for i, row in enumerate(rows):
+        sides = [r["db_per_doubling"] for r in rows[i:i + 2] if r["db_per_doubling"] is not None]
+        row["db_per_doubling_around"] = statistics.fmean(sides) if sides else None
+    return rows
+
+
+def ranks_rows(keys: dict) -> list[dict]:
+    """PSNR against world size per strategy, at every budget with cells at W > 1.
+
+    Returns:
+        rows with ``budget``, ``strategy``, ``world_size``, ``psnr_mean``, ``psnr_sd``, ``n``,
+        ``source`` (the cell key, or the ddp cell standing in at W = 1), ``db_per_doubling`` (from
+        the previous world size of the same strategy, ``from_world_size``) and ``delta_vs_w1``; sorted by budget,
+        strategy, world size.
+    """
+    done = [s for s in keys.values() if s.get("n")]
+    budgets = sorted({s["values"].get("budget") for s in done if _ws(s) > 1})
+    rows = []
+    for budget in budgets:
+        at = [s for s in done if s["values"].get("budget") == budget]
+        for strategy in sorted({s["values"].get("strategy") for s in at if _ws(s) > 1}, key=str):
+            points = {}
+            for s in at:
+                if s["values"].get("strategy") == strategy:
+                    points[_ws(s)] = (s, s["key"])
+            if 1 not in points:
+                ddp1 = next((s for s in at if s["values"].get("strategy") == "ddp" and _ws(s) == 1
+                             and _same_but(s["values"], points[max(points)][0]["values"])), None)
+                if ddp1 is not None:
+                    points[1] = (ddp1, f"{ddp1['key']} (ddp: one model is one region)")
+            base, prev = None, None
+            for w in sorted(points):
+                s, source = points[w]
+                mean, sd, n = mean_sd(s.get("psnrs", []))
+                row = {"budget": budget, "strategy": strategy, "world_size": w, "psnr_mean": mean, "psnr_sd": sd,
+                       "n": n, "source": source, "params_per_rank": s.get("parameters_per_rank"),
+                       "from_world_size": None if prev is None else prev[0],
+                       "db_per_doubling": None if prev is None else per_doubling(prev[0], prev[1], w, mean),
+                       "delta_vs_w1": None if base is None or mean is None else mean - base}
+                if w == 1:
+                    base = mean
+                prev = (w, mean)
+                rows.append(row)
+    return rows
+
+
+def _same_but(a: dict, b: dict) -> bool:
+    """Two cells' axis values equal except strategy and world size."""
+    return all(a.get(k) == b.get(k) for k in set(a) | set(b) if k not in ("strategy", "world_size"))
+
+
+def verdicts(capacity: list[dict], ranks: list[dict]) -> list[str]:
+    """The targets, each 'met' or 'missed' with the figure (the capacity issue's three)."""
+    out = []
+    budgets = sorted({r["budget"] for r in ranks}, key=str)
+    for budget in budgets or [None]:
+        row = next((r for r in capacity if r["budget"] == budget), None)
+        if row is None:
+            continue
+        slope = row["db_per_doubling_around"]
+        out.append(f"capacity curve at budget {budget} ({_num(row['params_per_rank'])} parameters per rank): "
+                   f"{_fmt(slope, '+.2f')} dB per doubling of parameters (target >= {CAPACITY_TARGET_DB} dB): "
+                   f"{_met(slope is not None and slope >= CAPACITY_TARGET_DB)}")
+    for budget in budgets:
+        joint = [r for r in ranks if r["budget"] == budget and r["strategy"] == "ss_joint" and r["db_per_doubling"]
+                 is not None]
+        for r in joint:
+            out.append(f"ss joint at {budget}, W {r['from_world_size']} -> "
+                       f"{r['world_size']}: {r['db_per_doubling']:+.2f} dB per doubling of ranks (target >= "
+                       f"{JOINT_TARGET_DB} dB): {_met(r['db_per_doubling'] >= JOINT_TARGET_DB)}")
+        for r in ranks:
+            if r["budget"] == budget and r["strategy"] == "ddp" and r["delta_vs_w1"] is not None and r["world_size"] > 1:
+                out.append(f"ddp at {budget}, W = {r['world_size']}: {r['delta_vs_w1']:+.2f} dB from W = 1 (target "
+                           f"within +-{DDP_BAND_DB} dB): {_met(abs(r['delta_vs_w1']) <= DDP_BAND_DB)}")
+    return out
+
+
+def _met(ok: bool) -> str:
+    return "met" if ok else "MISSED"
+
+
+def _fmt(v, spec):
+    return "–" if v is None else format(v, spec)
+
+
+def _num(v):
+    return "–" if v is None else f"{v / 1e6:.3g} M"

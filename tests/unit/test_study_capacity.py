@@ -1,0 +1,85 @@
+"""The capacity study's statistics (distnerf.study.capacity) against hand-computed values, and a
+study's per-world-size levels (distnerf.study.plan)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+from omegaconf import OmegaConf
+
+from distnerf.schema import StudyConfig, section
+from distnerf.study import capacity, plan
+
+
+def test_the_plateau_detector_on_synthetic_curves():
+    # a saturating curve 30 (1 - exp(-s / 200)) validated every 100 steps up to 1000: the last 20 %
+    # (800 -> 1000) gains 30 (exp(-4) - exp(-5)) = 0.3474 dB
+    sat = [(s, 30 * (1 - math.exp(-s / 200))) for s in range(100, 1001, 100)]
+    assert capacity.plateau_gain(sat) == pytest.approx(30 * (math.exp(-4) - math.exp(-5)), abs=1e-12)
+    # slower: steps to 3000 -> 30 (exp(-12) - exp(-15)) ~ 1.7e-4 dB: a plateau
+    late = [(s, 30 * (1 - math.exp(-s / 200))) for s in range(300, 3001, 300)]
+    assert capacity.plateau_gain(late) < capacity.PLATEAU_GAIN_DB
+    # a straight line 20 + s / 100 validated at 0, 300, 700 and 1000: (1 - 0.2) N = 800 lies between 700
+    # and 1000, interpolated: 20 + 8 = 28; the gain is 30 - 28 = 2 (any order of the points)
+    line = [(1000, 30.0), (0, 20.0), (700, 27.0), (300, 23.0)]
+    assert capacity.plateau_gain(line) == pytest.approx(2.0)
+    assert capacity.plateau_gain([(900, 1.0), (1000, 2.0)]) is None  # nothing at or before step 800
+    assert capacity.plateau_gain([]) is None
+
+
+def test_mean_sd_and_gain_per_doubling_by_hand():
+    mean, sd, n = capacity.mean_sd([24.0, 25.0, None, 27.0])
+    assert (n, mean) == (3, pytest.approx(76 / 3))
+    assert sd == pytest.approx(math.sqrt(((24 - 76 / 3) ** 2 + (25 - 76 / 3) ** 2 + (27 - 76 / 3) ** 2) / 2))
+    assert capacity.mean_sd([25.0])[1] is None and capacity.mean_sd([]) == (None, None, 0)
+    assert capacity.per_doubling(1e6, 24.0, 4e6, 27.0) == pytest.approx(1.5)  # 3 dB over two doublings
+    assert capacity.per_doubling(2, 20.0, 2, 21.0) is None
+
+
+def summary(key, strategy, w, budget, psnrs, params, gains=(0.05, 0.1, 0.1), constant=11.0, steps=1000):
+    return {"key": key, "n": len(psnrs), "values": {"strategy": strategy, "world_size": w, "budget": budget},
+            "psnrs": list(psnrs), "parameters_per_rank": params, "plateau_gains": list(gains),
+            "constant_psnr": constant, "steps": steps}
+
+
+def test_capacity_and_ranks_tables_with_the_targets():
+    keys = {s["key"]: s for s in [
+        summary("ddp-w1-p1", "ddp", 1, "p1", [22.0, 22.2, 22.4], 1e6),
+        summary("ddp-w1-p2", "ddp", 1, "p2", [24.0, 24.0, 24.3], 2e6),
+        summary("ddp-w1-p4", "ddp", 1, "p4", [25.0, 25.2, 25.1], 4e6, gains=(0.1, 0.3, None)),
+        summary("ddp-w2-p2", "ddp", 2, "p2", [24.1, 24.2, 24.3], 2e6),
+        summary("ss_joint-w2-p2", "ss_joint", 2, "p2", [25.5, 25.0, 25.6], 2e6),
+        summary("ss_joint-w4-p2", "ss_joint", 4, "p2", [26.0, 26.1, 26.2], 2e6),
+    ]}
+    cap = capacity.capacity_rows(keys)
+    assert [r["budget"] for r in cap] == ["p1", "p2", "p4"]
+    assert cap[1]["psnr_mean"] == pytest.approx(24.1) and cap[1]["n"] == 3
+    assert cap[1]["db_per_doubling"] == pytest.approx(24.1 - 22.2)
+    assert cap[2]["db_per_doubling"] == pytest.approx(25.1 - 24.1)
+    assert cap[1]["db_per_doubling_around"] == pytest.approx((1.9 + 1.0) / 2)
+    assert cap[0]["db_per_doubling"] is None and cap[0]["db_per_doubling_around"] == pytest.approx(1.9)
+    assert cap[0]["plateau"] and not cap[2]["plateau"] and cap[2]["gain_last_max"] == pytest.approx(0.3)
+    ranks = capacity.ranks_rows(keys)
+    joint = [r for r in ranks if r["strategy"] == "ss_joint"]
+    assert [r["world_size"] for r in joint] == [1, 2, 4]
+    assert joint[0]["source"].startswith("ddp-w1-p2") and joint[0]["psnr_mean"] == pytest.approx(24.1)
+    assert joint[1]["db_per_doubling"] == pytest.approx(76.1 / 3 - 24.1)  # W 1 -> 2, one doubling
+    assert joint[2]["db_per_doubling"] == pytest.approx(26.1 - 76.1 / 3)
+    assert joint[2]["delta_vs_w1"] == pytest.approx(26.1 - 24.1)
+    ddp = [r for r in ranks if r["strategy"] == "ddp"]
+    assert [r["world_size"] for r in ddp] == [1, 2] and ddp[1]["delta_vs_w1"] == pytest.approx(0.1)
+    lines = capacity.verdicts(cap, ranks)
+    assert lines[0].startswith("capacity curve at budget p2") and lines[0].endswith("MISSED")  # 1.45 < 1.5
+    assert any("W 1 -> 2" in ln and ln.endswith(": met") for ln in lines)  # +1.27 dB
+    assert any("W 2 -> 4" in ln and ln.endswith("MISSED") for ln in lines)  # +0.73 dB
+    assert any(ln.startswith("ddp at p2, W = 2: +0.10") and ln.endswith(": met") for ln in lines)
+
+
+def test_a_world_size_level_adds_its_overrides_and_is_declared():
+    cfg = section(StudyConfig, OmegaConf.create({
+        "name": "t", "axes": {"strategy": ["ddp"], "world_size": [1, 2]},
+        "levels": {"world_size": {2: ["train.global_rays=4096"]}}}))
+    cells = {c.key: c for c in plan.expand(cfg)}
+    assert "train.global_rays=4096" in cells["ddp-w2"].overrides
+    assert not any(o.startswith("train.global_rays") for o in cells["ddp-w1"].overrides)
+    assert "train.global_rays" in plan.declared_keys(cfg)
