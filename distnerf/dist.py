@@ -17,6 +17,8 @@ calling line (NCCL would fail obscurely or hang on the first).
 from __future__ import annotations
 
 import datetime
+import inspect
+import logging
 import os
 import random
 import signal
@@ -27,6 +29,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.distributed as dist
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -85,7 +89,9 @@ def init_distributed(device: str = "auto", timeout_s: float = 600.0, setup_timeo
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     restart_count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
     backend = "cpu:gloo,cuda:nccl" if use_cuda else "gloo"
-    dev = torch.device("cuda", cuda_index(local_rank)) if use_cuda else torch.device("cpu")
+    local_world_size = int(os.environ["LOCAL_WORLD_SIZE"]) if "LOCAL_WORLD_SIZE" in os.environ else None
+    dev = torch.device("cuda", cuda_index(local_rank, local_world_size=local_world_size)) if use_cuda \
+        else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(dev)
     host_group = None
@@ -96,10 +102,12 @@ def init_distributed(device: str = "auto", timeout_s: float = 600.0, setup_timeo
         # connect ("Gloo connectFullMesh failed ... Connection refused")
         store, _, _ = next(dist.rendezvous("env://", timeout=timeout))
         store = dist.PrefixStore(f"distnerf/attempt_{restart_count}", store)
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout,
-                                device_id=dev if use_cuda else None)
+        bind = {"device_id": dev} if use_cuda and accepts(dist.init_process_group, "device_id") else {}
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout, **bind)
         # monitored_barrier is gloo's: on CUDA a gloo group of the same ranks beside NCCL
         host_group = dist.new_group(backend="gloo", timeout=timeout) if use_cuda else dist.group.WORLD
+        if use_cuda:
+            _check_distinct_devices(dev, rank, host_group)
     else:
         store = None
     return DistEnv(rank, world_size, local_rank, dev, backend, restart_count, store, host_group)
@@ -128,8 +136,15 @@ def end_setup(env: DistEnv, setup_timeout_s: float, timeout_s: float) -> None:
                                f"{str(err).strip().splitlines()[0][:400]}") from err
         raise
     step = datetime.timedelta(seconds=timeout_s)
+    setter = getattr(dist.distributed_c10d, "_set_pg_timeout", None)  # torch's setter of a live group's timeout
+    if setter is None:  # not in this torch: the set-up timeout stays (said once, not hidden)
+        if env.rank == 0:
+            log.warning("this torch (%s) cannot shorten a live group's timeout: collectives keep "
+                        "dist_setup_timeout_s=%g s instead of dist_timeout_s=%g s", torch.__version__,
+                        setup_timeout_s, timeout_s)
+        return
     for group in {id(g): g for g in (dist.group.WORLD, env.host_group)}.values():
-        dist.distributed_c10d._set_pg_timeout(step, group)  # torch's setter of a live group's timeout
+        setter(step, group)
 
 
 COLLECTIVE_FAILURES = ("Timed out", "timed out", "Connection closed by peer", "Connection reset by peer",
@@ -146,13 +161,74 @@ def collective_failure(err: BaseException) -> bool:
         t in str(err) for t in COLLECTIVE_FAILURES))
 
 
-def cuda_index(local_rank: int, visible: int | None = None) -> int:
+def cuda_index(local_rank: int, visible: int | None = None, local_world_size: int | None = None,
+               cuda_visible_devices: str | None = None) -> int:
     """The CUDA device of this process: ``LOCAL_RANK`` when that many devices are visible
-    (torchrun starting one rank per GPU of a node), else device 0 of the visible set (a
-    launcher that binds one GPU per task, e.g. ``srun --gpus-per-task=1``, leaves each
-    task a single visible device whatever its local rank)."""
+    (torchrun starting one rank per GPU of a node), or device 0 when the process sees one device
+    (a launcher that binds one GPU per task, e.g. ``srun --gpus-per-task=1``, whatever its local
+    rank; several ranks sharing that one device are caught after the rendezvous by
+    :func:`shared_devices`).
+
+    Raises:
+        ValueError: no device visible, or several visible but fewer than the local ranks
+            (``LOCAL_RANK`` or ``LOCAL_WORLD_SIZE`` >= the count: two ranks would share a GPU and
+            NCCL would fail later with a duplicate-GPU error); the message names ``LOCAL_RANK``,
+            ``LOCAL_WORLD_SIZE``, the visible count and ``CUDA_VISIBLE_DEVICES``.
+    """
     visible = torch.cuda.device_count() if visible is None else visible
-    return local_rank if local_rank < visible else 0
+    if cuda_visible_devices is None:
+        cuda_visible_devices = os.environ.get("CUDA_VISIBLE_DEVICES", "(unset)")
+    where = (f"LOCAL_RANK={local_rank}, LOCAL_WORLD_SIZE={local_world_size if local_world_size else '(unset)'}, "
+             f"{visible} visible CUDA device(s), CUDA_VISIBLE_DEVICES={cuda_visible_devices}")
+    if visible < 1:
+        raise ValueError(f"device=cuda but no CUDA device is visible to this process ({where})")
+    if visible == 1:
+        return 0
+    if local_rank >= visible or (local_world_size or 0) > visible:
+        raise ValueError(f"more local ranks than visible GPUs ({where}): start at most {visible} ranks per node "
+                         "(torchrun --nproc_per_node), or bind one GPU per task (srun --gpus-per-task=1)")
+    return local_rank
+
+
+def shared_devices(entries: list[tuple[int, str, str]]) -> list[list[int]]:
+    """Groups of ranks that hold the same GPU: ``entries`` are (rank, host name, device UUID) of every
+    rank; returns the groups (ranks in order) of more than one rank on one (host, UUID)."""
+    by_device: dict[tuple[str, str], list[int]] = {}
+    for rank, host, uuid in entries:
+        by_device.setdefault((host, uuid), []).append(rank)
+    return [sorted(r) for r in by_device.values() if len(r) > 1]
+
+
+def _check_distinct_devices(dev: torch.device, rank: int, host_group) -> None:
+    """After the rendezvous on CUDA: refuse when two ranks of a host hold one GPU (named)."""
+    import socket
+
+    mine = (rank, socket.gethostname(), str(torch.cuda.get_device_properties(dev).uuid))
+    entries = [None] * dist.get_world_size()
+    dist.all_gather_object(entries, mine, group=host_group)
+    shared = shared_devices(entries)
+    if shared:
+        raise ValueError(f"ranks {shared} hold the same GPU (rank {rank}: cuda:{dev.index} of "
+                         f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')}): give each rank its "
+                         "own device (one rank per visible GPU, or srun --gpus-per-task=1 with distinct GPUs)")
+
+
+def accepts(fn, keyword: str) -> bool:
+    """Whether callable ``fn`` takes ``keyword`` (its signature, not the torch version string:
+    version-dependent APIs are chosen by what the installed torch offers)."""
+    try:
+        return keyword in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def ddp_buffer_kwargs(ddp_cls) -> dict:
+    """DDP's keyword that turns off the buffer broadcast before every forward (the occupancy grids
+    are derived identically on every rank): ``forward_sync_buffers=False`` where the installed
+    torch has it (2.13), else the older ``broadcast_buffers=False`` (same effect)."""
+    if accepts(ddp_cls.__init__, "forward_sync_buffers"):
+        return {"forward_sync_buffers": False}
+    return {"broadcast_buffers": False}
 
 
 def shutdown(env: DistEnv) -> None:
@@ -226,11 +302,14 @@ def seed_everything(seed: int) -> None:
 
 
 def rng_state() -> dict:
-    """Random states of this process (torch, numpy, python; CUDA when present), as data only:
-    tensors, numbers and lists (a checkpoint loads them with ``weights_only=True``).
+    """Random states of this process (torch, numpy, python; its own CUDA device's when CUDA is
+    present), as data only: tensors, numbers and lists (a checkpoint loads them with
+    ``weights_only=True``).
 
     ``numpy``: ``{"keys": (624,) int64 tensor of the MT19937 key, "pos", "has_gauss",
-    "cached_gaussian"}``; ``python``: ``[version, [625 ints], gauss_next]``.
+    "cached_gaussian"}``; ``python``: ``[version, [625 ints], gauss_next]``; ``cuda_device``: the
+    (uint8) state of the current CUDA device only, so that a resume where the process sees fewer
+    GPUs (8 under torchrun, then one per task under ``srun --gpus-per-task=1``) restores it.
     """
     name, keys, pos, has_gauss, cached = np.random.get_state()
     assert name == "MT19937", name
@@ -240,20 +319,37 @@ def rng_state() -> dict:
                        "cached_gaussian": float(cached)},
              "python": [version, list(internal), gauss_next]}
     if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda_device"] = torch.cuda.get_rng_state(torch.cuda.current_device())
     return state
 
 
+def own_cuda_state(state: dict, device_index: int):
+    """The CUDA generator state of this process's device from a saved :func:`rng_state`, or None.
+
+    ``cuda_device`` (the device's own state); an older checkpoint's ``cuda`` list (every visible
+    device's, in device order) gives its entry ``device_index`` when the list has one, else its
+    first: the process that wrote it may have seen more devices than this one does.
+    """
+    if "cuda_device" in state:
+        return state["cuda_device"]
+    listed = state.get("cuda") or []
+    if not listed:
+        return None
+    return listed[device_index] if device_index < len(listed) else listed[0]
+
+
 def set_rng_state(state: dict) -> None:
-    """Restore :func:`rng_state`'s states."""
+    """Restore :func:`rng_state`'s states (CUDA: into the current device only, see :func:`own_cuda_state`)."""
     torch.set_rng_state(state["torch"])
     n = state["numpy"]
     np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
                          n["cached_gaussian"]))
     version, internal, gauss_next = state["python"]
     random.setstate((version, tuple(internal), gauss_next))
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if torch.cuda.is_available():
+        cuda = own_cuda_state(state, torch.cuda.current_device())
+        if cuda is not None:
+            torch.cuda.set_rng_state(cuda, torch.cuda.current_device())
 
 
 def _caller() -> str:
@@ -324,11 +420,12 @@ def all_gather(tensor: torch.Tensor) -> list[torch.Tensor]:
 
 
 def broadcast_object(env: DistEnv, obj, src: int = 0):
-    """``obj`` of rank ``src`` on every rank (identity without a process group or alone in it)."""
+    """``obj`` of rank ``src`` on every rank (identity without a process group or alone in it), through
+    the host (gloo) group: a pickled object never travels through NCCL."""
     if not env.has_peers:
         return obj
     box = [obj]
-    dist.broadcast_object_list(box, src=src)
+    dist.broadcast_object_list(box, src=src, group=env.host_group)
     return box[0]
 
 
@@ -350,15 +447,17 @@ def all_reduce_sum(env: DistEnv, values: torch.Tensor) -> torch.Tensor:
 
 
 def gather_objects(env: DistEnv, obj) -> list:
-    """List of every rank's ``obj`` (on every rank)."""
+    """List of every rank's ``obj`` (on every rank), through the host (gloo) group."""
     if not env.has_peers:
         return [obj]
     out = [None] * env.world_size
-    dist.all_gather_object(out, obj)
+    dist.all_gather_object(out, obj, group=env.host_group)
     return out
 
 
 def barrier(env: DistEnv) -> None:
-    """Wait for every rank (nothing to wait for alone)."""
+    """Wait for every rank (nothing to wait for alone), on the host (gloo) group: with a device
+    bound, the default group's barrier runs through NCCL, where a slow rank ends in NCCL's watchdog
+    instead of a gloo timeout that the trainer reports as a ``CollectiveFailure`` naming the step."""
     if env.has_peers:
-        dist.barrier()
+        dist.barrier(group=env.host_group)

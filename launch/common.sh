@@ -6,6 +6,10 @@
 #                           the ranks (DISTNERF_PREEMPT_SIGNAL) and the signal list torchrun forwards
 # distnerf_flight_recorder RUN_DIR   NCCL flight-recorder dumps into RUN_DIR/nccl_trace/ (GPU machines)
 # distnerf_head_node LIST   first host of a Slurm node list (the c10d rendezvous host)
+# distnerf_socket_ifname HOST   export GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME (each unless set) as the
+#                           interface that reaches HOST: the one holding HOST's address on HOST itself, else
+#                           the one the route to it leaves by. Every step uses gloo (flags, barriers):
+#                           on nodes with several interfaces a wrong pick stalls until the set-up timeout
 # distnerf_run CMD...       run CMD in the background, forward the preemption signal, SIGTERM and SIGINT
 #                           to it, wait for it; sets DISTNERF_RC (its exit status) and DISTNERF_SIGNAL
 #                           (PREEMPT/TERM/INT or empty). Another of USR1/USR2/HUP than PREEMPT_SIGNAL
@@ -43,6 +47,20 @@ distnerf_flight_recorder() {
   command -v nvidia-smi >/dev/null 2>&1 || return 0
   mkdir -p "${1:?run dir}/nccl_trace"
   export TORCH_NCCL_DEBUG_INFO_TEMP_FILE="${TORCH_NCCL_DEBUG_INFO_TEMP_FILE:-$1/nccl_trace/rank_}"
+}
+
+distnerf_socket_ifname() {
+  local host="${1:?host}" addr dev
+  addr="$(getent ahostsv4 "$host" 2>/dev/null | awk 'NR == 1 {print $1}')"
+  addr="${addr:-$host}"
+  dev="$(ip -o -4 addr show 2>/dev/null | awk -v a="$addr" 'index($4, a "/") == 1 {print $2; exit}')"
+  [ -n "$dev" ] || dev="$(ip -o route get "$addr" 2>/dev/null | sed -n 's/.* dev \([^ ]*\).*/\1/p')"
+  if [ -z "$dev" ]; then
+    echo "distnerf: no interface reaches $host ($addr): set GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME yourself" >&2
+    return 0
+  fi
+  export GLOO_SOCKET_IFNAME="${GLOO_SOCKET_IFNAME:-$dev}" NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-$dev}"
+  echo "distnerf: GLOO_SOCKET_IFNAME=$GLOO_SOCKET_IFNAME NCCL_SOCKET_IFNAME=$NCCL_SOCKET_IFNAME (the interface to $host)" >&2
 }
 
 distnerf_head_node() {

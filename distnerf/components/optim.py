@@ -11,6 +11,7 @@ from typing import Mapping
 
 import torch
 
+from ..dist import accepts
 from ..model.base import RadianceModel
 from ..schema import TrainLoopConfig, section
 
@@ -83,7 +84,8 @@ def build_optimizer(model: RadianceModel, cfg: Mapping) -> torch.optim.Optimizer
     for g in groups:
         g["base_lr"] = g["lr"]
     kwargs = {"betas": tuple(cfg.betas), "eps": float(cfg.eps)}
-    if cfg.fused and all(p.is_floating_point() for g in groups for p in g["params"]):
+    if cfg.fused and accepts(torch.optim.Adam.__init__, "fused") and all(
+            p.is_floating_point() for g in groups for p in g["params"]):
         kwargs["fused"] = True
     return LazyAdam(groups, **kwargs)
 

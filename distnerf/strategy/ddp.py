@@ -215,7 +215,7 @@ class DDPStrategy(Strategy):
         ddp = DistributedDataParallel(
             self.model,
             device_ids=[self.env.device.index] if self.env.device.type == "cuda" else None,
-            forward_sync_buffers=False,  # occupancy grids are derived identically on every rank
+            **D.ddp_buffer_kwargs(DistributedDataParallel),  # no buffer broadcast: occupancy is derived alike
             bucket_cap_mb=self.cfg.bucket_cap_mb,
             find_unused_parameters=self.cfg.find_unused_parameters,
             gradient_as_bucket_view=self.cfg.gradient_as_bucket_view,

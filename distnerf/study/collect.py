@@ -35,6 +35,18 @@ def _rows(run_dir: Path) -> list[dict]:
     return out
 
 
+def comm_totals(steps: list[dict]) -> dict:
+    """Bytes and calls summed over the logged steps, and each seconds key only where the run wrote it:
+    ``allreduce_s`` / ``exchange_s`` (gloo: the collective's duration) or ``allreduce_launch_s`` /
+    ``exchange_launch_s`` (NCCL: the launch only). A key no row has is absent, never a 0."""
+    comm = {k: sum(r.get(k, 0) or 0 for r in steps) for k in ("allreduce_bytes", "exchange_bytes", "allreduce_calls",
+                                                              "exchange_calls")}
+    for k in ("allreduce_s", "exchange_s", "allreduce_launch_s", "exchange_launch_s"):
+        if any(k in r for r in steps):
+            comm[k] = sum(r.get(k, 0.0) for r in steps)
+    return comm
+
+
 def cell_figures(run_dir: Path) -> dict:
     """Every figure of one cell the report uses (JSON-able).
 
@@ -54,11 +66,7 @@ def cell_figures(run_dir: Path) -> dict:
     phases["other"] = max(0.0, mean_step - sum(v or 0.0 for v in phases.values()))
     steps = [r for r in rows if "loss" in r]
     num_steps = steps[-1]["step"] if steps else 0
-    comm = {k: sum(r.get(k, 0) or 0 for r in steps) for k in ("allreduce_bytes", "exchange_bytes", "allreduce_calls",
-                                                              "exchange_calls")}
-    for k in ("allreduce_s", "exchange_s", "allreduce_launch_s", "exchange_launch_s"):
-        if any(k in r for r in steps):
-            comm[k] = sum(r.get(k, 0.0) for r in steps)
+    comm = comm_totals(steps)
     size = next((r for r in rows if r.get("event") == "model_size"), {})
     inputs = [r for r in rows if r.get("event") == "input_summary"]
     per_view = metrics.get("per_view", [])
@@ -74,7 +82,10 @@ def cell_figures(run_dir: Path) -> dict:
         "comm_bytes_per_step_median": median("comm_bytes"),
         "allreduce_bytes_per_step": comm["allreduce_bytes"] / num_steps if num_steps else None,
         "exchange_bytes_per_step": comm["exchange_bytes"] / num_steps if num_steps else None,
-        "exchange_s_per_step": comm.get("exchange_s", 0.0) / num_steps if num_steps else None,
+        # measured seconds only: a CUDA run writes the launch time (exchange_launch_s), never a 0 for the wait
+        "exchange_s_per_step": comm["exchange_s"] / num_steps if num_steps and "exchange_s" in comm else None,
+        "exchange_launch_s_per_step": (comm["exchange_launch_s"] / num_steps if num_steps and "exchange_launch_s"
+                                       in comm else None),
         "global_rays": cfg["train"]["global_rays"], "num_workers": cfg["sampler"].get("num_workers"),
         "sampler": cfg["sampler"]["name"], "strategy": cfg["strategy"]["name"],
         "training": cfg["strategy"].get("training"), "num_regions": (cfg["strategy"].get("num_regions")

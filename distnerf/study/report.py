@@ -111,7 +111,8 @@ def _summarise(reps: list[dict]) -> dict:
     if not done:
         return out
     for k in ("step_s_median", "psnr", "ssim", "global_rays_per_s", "input_stall_share", "exposed_comm_share",
-              "allreduce_bytes_per_step", "exchange_bytes_per_step", "exchange_s_per_step", "render_s_per_view_median",
+              "allreduce_bytes_per_step", "exchange_bytes_per_step", "exchange_s_per_step", "exchange_launch_s_per_step",
+              "render_s_per_view_median",
               "parameters_per_rank", "peak_rss_mb", "comm_total_s_median", "comm_hidden_s_median", "train_seconds",
               "comm_bytes_per_step_median"):
         out[k] = _median([d.get(k) for d in done])
@@ -164,9 +165,11 @@ def sync_rows(keys: dict) -> list[dict]:
         elif s["training"] == "joint":
             rows.append({"cell": key, "kind": "ss joint exchange", "world_size": s["world_size"],
                          "params_per_rank": s["parameters_per_rank"], "bytes_per_step": s["exchange_bytes_per_step"],
+                         # gloo: the blocking exchange's measured seconds; NCCL runs time only its launch,
+                         # so both shares stay None (not measured), never 0
                          "exposed_share": (s["exchange_s_per_step"] / s["step_s_median"]
                                            if s.get("exchange_s_per_step") is not None else None),
-                         "hidden_share_of_comm": 0.0})
+                         "hidden_share_of_comm": 0.0 if s.get("exchange_s_per_step") is not None else None})
     return sorted(rows, key=lambda r: (r["kind"], r["world_size"], r["cell"]))
 
 
