@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.timeouts import pytest_timeout_set_timer  # noqa: F401  (the hook: a hung test prints its children's stacks)
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 LEGO = SHARED_DATA / "nerf_synthetic_half" / "lego"

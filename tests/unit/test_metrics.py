@@ -1,6 +1,7 @@
 """Image metrics (distnerf.observe.metrics) and the optimizer helpers (distnerf.components.optim)."""
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -226,3 +227,33 @@ def test_rebuild_optimizer_keeps_state_of_unchanged_params():
     _train_step(model, new)
     assert "exp_avg" in new.state[model.density]
     assert int(new.state[mlp_params[0]]["step"]) == 3
+
+
+def test_an_exact_view_is_named_and_left_out_of_the_mean(tmp_path):
+    """The issue's case: six views of 22.5-24.6 dB and one whose rays all miss the scene (an exact, capped
+    100 dB render) must report the mean of the six (23.55 dB), not 34.35 dB."""
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    from distnerf.engine.evaluate import evaluate_run
+    from distnerf.observe.metrics import PSNR_MAX_DB
+
+    values = [22.5, 23.0, 23.4, 23.6, 24.2, 24.6]
+    rows = [{"name": f"r_{i}", "psnr": p, "ssim": 0.8, "lpips": None, "constant_psnr": 10.0, "num_rays": 4,
+             "seconds": 1.0, "rays_per_s": 4.0} for i, p in enumerate(values)]
+    rows.append({"name": "r_sky", "psnr": PSNR_MAX_DB, "ssim": 1.0, "lpips": None, "constant_psnr": PSNR_MAX_DB,
+                 "num_rays": 4, "seconds": 1.0, "rays_per_s": 4.0})
+    scene = SimpleNamespace(height=2, width=2, cameras=SimpleNamespace(sizes=None), background=(1.0, 1.0, 1.0),
+                            source="s", transform=None)
+    cfg = OmegaConf.create({"eval": {"lpips": False, "downscale": 1, "num_views": None}, "model": {"appearance": "none"}})
+    strategy = SimpleNamespace(is_main=True)
+    out = evaluate_run(cfg, torch.nn.Linear(1, 1), strategy, tmp_path, 5,
+                       lambda *a: {"rows": rows, "scene": scene, "fusion_timing": None})
+    assert out["psnr"] == pytest.approx(sum(values) / 6) and out["ssim"] == pytest.approx(0.8)
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["perfect_views"] == ["r_sky"] and metrics["num_scored_views"] == 6
+    assert "left out" in metrics["protocol"]["psnr"]
+    every = evaluate_run(cfg, torch.nn.Linear(1, 1), strategy, tmp_path, 5,
+                         lambda *a: {"rows": rows[-1:], "scene": scene, "fusion_timing": None})
+    assert every["psnr"] == PSNR_MAX_DB  # every view exact: their mean, named
