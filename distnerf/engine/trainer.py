@@ -174,6 +174,7 @@ class Trainer:
                 self._stop_collapsed(flags)
             if flags.over_budget or flags.signal:  # every rank leaves at this step
                 stop_reason = "time_budget" if flags.over_budget else "signal"
+                self.timer.cancel_step()  # the begun step is not taken: no record of it
                 break
             if flags.at_mark:  # some rank passed a time mark: everyone saves at this step
                 with self.timer.phase("checkpoint"):

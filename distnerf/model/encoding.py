@@ -54,13 +54,14 @@ class HashEncoding(nn.Module):
     Args:
         num_levels: L. features_per_level: F. log2_table_size: log2 T.
         table_size: T itself, any positive integer (``model.max_params``), instead of 2^log2_table_size.
-        base_resolution: N_min. max_resolution: N_max.
+        base_resolution: N_min. max_resolution: N_max. (Defaults: ``model=ngp``'s, in
+        :class:`distnerf.schema.NGPModelConfig`.)
     Shapes: points (P, 3) in [0, 1] -> (P, L * F), dtype of the table.
     """
 
-    def __init__(self, num_levels: int = 16, features_per_level: int = 2,
-                 log2_table_size: int = 19, base_resolution: int = 16,
-                 max_resolution: int = 2048, dtype=torch.float32, table_size: int | None = None):
+    def __init__(self, num_levels: int, features_per_level: int, log2_table_size: int, base_resolution: int,
+                 max_resolution: int, dtype=torch.float32, table_size: int | None = None):
+        # no defaults here: the model's (distnerf.schema.NGPModelConfig) are the only ones
         super().__init__()
         self.num_levels, self.features_per_level = num_levels, features_per_level
         growth = math.exp((math.log(max_resolution) - math.log(base_resolution)) / max(num_levels - 1, 1))
