@@ -96,7 +96,7 @@ def capacity_rows(keys: dict) -> list[dict]:
         ``gain_last_max`` (the largest repeat's plateau gain, dB), ``plateau`` (every repeat's gain
         known and < :data:`PLATEAU_GAIN_DB`), ``constant_psnr``, ``db_per_doubling`` (from the
         previous row; None on the first) and ``db_per_doubling_around`` (mean of the slopes on
-        both sides of the row, where they exist).
+        both sides of the row, where they exist); empty with fewer than two budgets.
     """
     rows = []
     for s in keys.values():
@@ -111,6 +111,8 @@ def capacity_rows(keys: dict) -> list[dict]:
                      "gain_last_max": max(known) if known else None,
                      "plateau": bool(gains) and len(known) == len(gains) and max(known) < PLATEAU_GAIN_DB,
                      "constant_psnr": s.get("constant_psnr")})
+    if len(rows) < 2:  # one budget: no curve
+        return []
     rows.sort(key=lambda r: r["params_per_rank"] or 0)
     for prev, row in zip([None, *rows], rows):
         row["db_per_doubling"] = None if prev is None else per_doubling(

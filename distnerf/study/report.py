@@ -104,7 +104,7 @@ def _flag_differences(study_dir: Path, cells: list[dict], declared: list[str]) -
 
 def _summarise(reps: list[dict]) -> dict:
     done = [r["figures"] for r in reps if r["status"] == "done"]
-    out = {"values": reps[0]["values"], "n": len(done), "repeats": len(reps),
+    out = {"key": reps[0]["key"], "values": reps[0]["values"], "n": len(done), "repeats": len(reps),
            "contended": sum(r["contended"] for r in reps), "threads_per_rank": reps[0].get("threads_per_rank"),
            "undeclared": sorted({d["key"] for r in reps
                                                                                 for d in r.get("undeclared", [])})}

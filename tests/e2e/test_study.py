@@ -105,7 +105,8 @@ def test_report_figures_open_and_the_html_links_them(smoke):
     root, _ = smoke
     out = root / "report"
     names = json.loads((out / "report.json").read_text())["figures"]
-    assert set(names) == {"breakdown.png", "sync.png", "inference.png", "input.png", "quality.png", "scaling.png"}
+    assert set(names) == {"breakdown.png", "sync.png", "inference.png", "input.png", "quality.png", "scaling.png",
+                          "ranks.png", "ranks_views.png"}  # one budget: quality against ranks, no capacity curve
     html = (out / "report.html").read_text()
     for name in names:
         with Image.open(out / name) as im:
