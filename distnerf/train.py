@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from . import dist as D
-from .config import resolve_run_dir, setup_logging
+from .config import RunDirBusy, release_run_dir, resolve_run_dir, setup_logging
 from .data import DatasetError
 from .schema import ConfigError, validate
 from .engine.trainer import NonFiniteLoss, Trainer
@@ -42,6 +42,7 @@ def run(cfg: DictConfig) -> dict:
     stop = D.StopRequest().install()  # SIGUSR1/SIGTERM: all ranks stop at one step and checkpoint
     env = D.init_distributed(cfg.device, cfg.dist_timeout_s, cfg.dist_setup_timeout_s)
     beacon = ProgressBeacon(env.store, env.rank, env.world_size, cfg.dist_progress_s).start()  # step and phase, for hang reports
+    run_dir = None
     try:
         run_dir = resolve_run_dir(cfg, env)
         setup_logging(env, run_dir, cfg.logger.level)
@@ -63,6 +64,8 @@ def run(cfg: DictConfig) -> dict:
         log.error(msg)
         raise CollectiveFailure(msg) from err
     finally:
+        if run_dir is not None:
+            release_run_dir(run_dir)
         beacon.stop()  # joined before the process group goes
         D.shutdown(env)
         stop.uninstall()
@@ -72,7 +75,7 @@ def run(cfg: DictConfig) -> dict:
 def main(cfg: DictConfig) -> None:
     try:
         run(cfg)
-    except (NonFiniteLoss, ConfigError, DatasetError) as err:  # the message is the whole story: no traceback
+    except (NonFiniteLoss, ConfigError, DatasetError, RunDirBusy) as err:  # the message is the whole story
         raise SystemExit(f"distnerf: {err}") from None
 
 

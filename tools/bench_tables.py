@@ -577,8 +577,23 @@ def study_characterization(res: Results) -> list[str]:
     return out[:-1]
 
 
+def study_capacity(res: Results) -> list[str]:
+    """The capacity study's report (conf/study/capacity.yaml; its committed report.json): wall time, the
+    capacity curve, quality against ranks and the targets."""
+    sys.path.insert(0, str(ROOT))
+    from distnerf.study.report import section_tables, timing_line
+
+    data = res.json("study_capacity/report.json")
+    out = [timing_line(data.get("timing")), ""]
+    for title, body in section_tables(data):
+        if title.startswith(("Capacity", "Quality against ranks")):
+            out += [f"#### {title}", "", *body, ""]
+    return out[:-1]
+
+
 TABLES = {
     "exits": exits,
+    "study_capacity": study_capacity,
     "soak": soak,
     "study_characterization": study_characterization,
     "lego_quality": lego_quality,

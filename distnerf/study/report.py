@@ -30,6 +30,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import os
 import statistics
 from pathlib import Path
 
@@ -74,7 +75,7 @@ def collect(study_dir: Path) -> dict:
                "mem_available_mb": (record.get("load") or {}).get("mem_available_mb"),
                "waited_s": record.get("waited_s"), "wall_s": record.get("wall_s"), "rc": record.get("rc"),
                "started": record.get("started"), "finished": record.get("finished"),
-               "threads_per_rank": record.get("threads_per_rank")}
+               "threads_per_rank": record.get("threads_per_rank"), "cpu_count": record.get("cpu_count")}
         if row["status"] == "done":
             row["figures"] = cell_figures(run_dir)
         cells.append(row)
@@ -106,6 +107,7 @@ def _summarise(reps: list[dict]) -> dict:
     done = [r["figures"] for r in reps if r["status"] == "done"]
     out = {"key": reps[0]["key"], "values": reps[0]["values"], "n": len(done), "repeats": len(reps),
            "contended": sum(r["contended"] for r in reps), "threads_per_rank": reps[0].get("threads_per_rank"),
+           "cpu_count": reps[0].get("cpu_count"),
            "undeclared": sorted({d["key"] for r in reps
                                                                                 for d in r.get("undeclared", [])})}
     if not done:
@@ -226,7 +228,7 @@ def scaling_inputs(keys: dict) -> tuple[scaling.Measured | None, list[dict], dic
     m = scaling.Measured(compute_s_per_ray=compute / base["global_rays"], global_rays=base["global_rays"],
                          rays_per_rank=base["global_rays"],
                          device=f"measured: the world-size-1 cell {plan.cell_key(base['values'])} "
-                                f"({keys_threads(base):g} threads per rank)",
+                                f"({keys_threads(base):g} cores per rank)",
                          render_s_per_ray=(base["render_s_per_view_median"] or 0.0) / max(base["render_rays_per_view"]
                                                                                            or 1, 1),
                          render_rays=base["render_rays_per_view"] or 0)
@@ -269,8 +271,13 @@ def scaling_inputs(keys: dict) -> tuple[scaling.Measured | None, list[dict], dic
 
 
 def keys_threads(s: dict) -> float:
-    """Threads per rank of a cell (its study record): the size of its 'device' on a CPU."""
-    return s.get("threads_per_rank") or 1.0
+    """Cores per rank of a cell, the size of its 'device' on a CPU: its threads per rank (study
+    record), at most the machine's cores shared by its ranks (4 one-thread ranks on 2 cores get
+    half a core each; the record's ``cpu_count``, else this machine's)."""
+    threads = s.get("threads_per_rank") or 1.0
+    cores = s.get("cpu_count") or os.cpu_count() or 1
+    return min(float(threads), cores / max(int(s.get("world_size") or (s.get("values") or {}).get("world_size")
+                                                  or 1), 1))
 
 
 def build(study_dir: Path) -> dict:
@@ -601,7 +608,7 @@ def to_markdown(data: dict, figure_names: list[str]) -> str:
     lines = [f"# Study `{s['name']}`", "", s.get("description") or "", "",
              f"Cells: {len(data['cells'])} ({', '.join(f'{v} {k}' for k, v in data['status'].items())}); "
              f"repeats {s['repeats']}; timed: {s['timed']}; study directory `{data['study_dir']}`.", "",
-             _timing_line(data.get("timing")), ""]
+             timing_line(data.get("timing")), ""]
     for title, body in section_tables(data):
         lines += [f"## {title}", "", *body, ""]
     for name in figure_names:
@@ -609,7 +616,7 @@ def to_markdown(data: dict, figure_names: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _timing_line(t: dict | None) -> str:
+def timing_line(t: dict | None) -> str:
     if not t or not t.get("first_cell_started"):
         return "Wall time: no cell has run."
     return (f"Wall time: cells from {t['first_cell_started']} to {t['last_cell_finished'] or '(running)'}; "
@@ -636,7 +643,7 @@ def to_html(data: dict, figs: list[Path]) -> str:
              "<style>body{font-family:sans-serif;max-width:1200px;margin:auto}table{border-collapse:collapse;"
              "font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px}</style></head><body>",
              f"<h1>Study {html.escape(s['name'])}</h1><p>{html.escape(s.get('description') or '')}</p>",
-             f"<p>{html.escape(_timing_line(data.get('timing')))}</p>"]
+             f"<p>{html.escape(timing_line(data.get('timing')))}</p>"]
     for title, body in section_tables(data):
         parts.append(f"<h2>{html.escape(title)}</h2>{_md_table_to_html(body)}")
     parts.append("<h2>Figures</h2>")

@@ -224,7 +224,8 @@ def run_local(cfg, study_dir: Path, cells: list[Cell], log=print) -> dict:
                    *cell.overrides, "train.progress=false"]
         record = {"cell": cell.id, "key": cell.key, "values": cell.values, "repeat": cell.repeat,
                   "status": "running", "launcher": "local", "command": command, "timed": cell.timed,
-                  "threads_per_rank": threads_per_rank(cfg, cell), "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                  "threads_per_rank": threads_per_rank(cfg, cell), "cpu_count": os.cpu_count(),
+                  "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
                   **quiet}
         write_record(run_dir, record)
         start = time.monotonic()
