@@ -147,8 +147,8 @@ def make_batch(spec: BatchSpec, scene: SceneData, flat_rgb: torch.Tensor | FileP
     flat_np, jitter_seed = draw_indices(spec, flat_rgb.shape[0] // (h * w), h, w, step,
                                         pixel_table(scene.mask, scene.source))
     flat = torch.from_numpy(flat_np)
-    if device is not None and device.type != "cpu":
-        flat = flat.to(device)
+    if device is not None and device.type != "cpu":  # from pinned memory, not blocking the host
+        flat = flat.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else flat.to(device)
     image, pixel = flat // (h * w), flat % (h * w)
     v, u = pixel // w, pixel % w
     rays = generate_rays(scene.cameras, image, u, v, scene.near, scene.far, scene.ndc)

@@ -116,10 +116,13 @@ class BoxFilter:
 
     def __init__(self, aabb):
         self.aabb = torch.as_tensor(aabb, dtype=torch.float32).reshape(2, 3)
+        self._on_device: dict[torch.device, torch.Tensor] = {}  # the box on each device, copied once
 
     def __call__(self, rays) -> torch.Tensor:
         """(R,) bool: ray ``origins + t * directions`` meets the box for some t in [near, far]."""
-        box = self.aabb.to(rays.origins.device)
+        box = self._on_device.get(rays.origins.device)
+        if box is None:  # the first batch on this device: one copy, not a blocking one every step
+            box = self._on_device.setdefault(rays.origins.device, self.aabb.to(rays.origins.device))
         inv = 1.0 / rays.directions  # +-inf for axis-parallel rays is what the slab test wants
         t0, t1 = (box[0] - rays.origins) * inv, (box[1] - rays.origins) * inv
         t_in = torch.minimum(t0, t1).nan_to_num(nan=-float("inf")).amax(dim=-1)

@@ -87,6 +87,24 @@ def _group_region(group: dict) -> int:
     return int(group["name"].split("/", 1)[0][len("region"):])
 
 
+def regions_crossed(crossing: torch.Tensor) -> dict:
+    """How many regions a ray crosses (what segment fusion composites per ray).
+
+    Args:
+        crossing: (R, K) bool, ray r crosses region k (the regions' own boxes, not enlarged).
+    Returns:
+        ``regions_crossed_mean``: the mean count over rays crossing at least one region;
+        ``regions_crossed_share``: {count: share of those rays} for counts 1..K.
+    """
+    counts = crossing.sum(1)
+    hit = counts[counts > 0]
+    if hit.numel() == 0:
+        return {"regions_crossed_mean": None, "regions_crossed_share": {}}
+    shares = torch.bincount(hit, minlength=crossing.shape[1] + 1)[1:].double() / hit.numel()
+    return {"regions_crossed_mean": float(hit.double().mean()),
+            "regions_crossed_share": {str(k + 1): float(v) for k, v in enumerate(shares.tolist())}}
+
+
 class SSStrategy(Strategy):
     """``strategy=ss``.
 
@@ -178,7 +196,9 @@ class SSStrategy(Strategy):
                             None if self.joint else scene.aabb)  # independent: the whole ray in the box
         crossing = self.partition.ray_crossings(rays.origins, rays.directions, rays.near, rays.far)
         return {**stats, "num_rays": num_rays, "num_cameras": len(scene),
-                "miss_every_region": float((~crossing.any(1)).float().mean())}
+                "miss_every_region": float((~crossing.any(1)).float().mean()),
+                **regions_crossed(self.partition.ray_crossings(rays.origins, rays.directions, rays.near, rays.far,
+                                                               enlarged=False))}
 
     def _log_regions(self) -> None:
         """The start-up table: per region, sampled rays crossing it, cameras seeing it, cost, owner."""
@@ -270,7 +290,9 @@ class SSStrategy(Strategy):
             context = sum(p.numel() for n, p in sub.named_parameters() if n.startswith("context_"))
             regions[str(k)] = {"owner": self.env.rank, "parameters": sum(p.numel() for p in sub.parameters()),
                                "context_parameters": context, **super().parameter_report(sub)}
-        return {"regions": regions}
+        crossed = {k: self.region_stats[k] for k in ("regions_crossed_mean", "regions_crossed_share")
+                   if self.region_stats and k in self.region_stats}
+        return {"regions": regions, **crossed}
 
     def wrap(self, model: nn.Module) -> nn.Module:
         self.model = self.wrapped = model.to(self.env.device)  # no DDP: nothing is all-reduced

@@ -92,6 +92,9 @@ def cell_figures(run_dir: Path) -> dict:
                                                                     or report["world_size"])
         if cfg["strategy"]["name"] == "ss" else 1,
         "parameters_per_rank": size.get("parameters_per_rank"), "parameters_total": size.get("parameters_total"),
+        # ss: regions a training ray crosses (the partition's start-up sample): what fusion composites per ray
+        "regions_crossed_mean": next((r["regions_crossed_mean"] for r in size.get("ranks", [])
+                                      if r.get("regions_crossed_mean") is not None), None),
         "peak_rss_mb": size.get("peak_rss_mb"), "peak_device_memory_mb": size.get("peak_device_memory_mb"),
         "input_wait_share_run": inputs[-1]["input_wait_share"] if inputs else None,
         "psnr": metrics["psnr"], "ssim": metrics["ssim"], "test_views": len(per_view),

@@ -116,7 +116,7 @@ def _summarise(reps: list[dict]) -> dict:
               "allreduce_bytes_per_step", "exchange_bytes_per_step", "exchange_s_per_step", "exchange_launch_s_per_step",
               "render_s_per_view_median",
               "parameters_per_rank", "peak_rss_mb", "comm_total_s_median", "comm_hidden_s_median", "train_seconds",
-              "comm_bytes_per_step_median"):
+              "comm_bytes_per_step_median", "regions_crossed_mean"):
         out[k] = _median([d.get(k) for d in done])
     psnrs = [d["psnr"] for d in done if d.get("psnr") is not None]  # repeats of other seeds: a sample
     out["psnrs"] = psnrs
@@ -255,7 +255,11 @@ def scaling_inputs(keys: dict) -> tuple[scaling.Measured | None, list[dict], dic
         share = fused["fusion_share"]
         per_view = fused["render_s_per_view_median"] * ((share.get("routing") or 0) + (share.get("exchange_composite")
                                                                                           or 0))
-        m.fusion_s_per_ray_region = per_view / max(fused["render_rays_per_view"] or 1, 1) / fused["num_regions"]
+        crossed = fused.get("regions_crossed_mean")  # measured: the regions a ray crosses, not every region
+        m.measured_regions = fused["num_regions"]
+        m.regions_crossed = crossed
+        m.fusion_s_per_ray_region = per_view / max(fused["render_rays_per_view"] or 1, 1) / (crossed or
+                                                                                           fused["num_regions"])
     check = []
     if host:
         base_threads = keys_threads(base)

@@ -34,6 +34,7 @@ reports the check as not run.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 INTERCONNECTS = {
@@ -55,8 +56,10 @@ ASSUMPTIONS = [
     "collectives follow the ring alpha-beta model (Thakur et al. 2005) at the interconnect's bandwidth per "
     "rank and latency; NVLink only up to 8 GPUs (one node)",
     "ss: one region per rank (K = N); joint exchange C floats per ray and region, measured at 2 ranks",
-    "fusion: routing and compositing seconds per ray and region as measured; the single model's render "
-    "seconds per ray divide among the ranks",
+    "fusion: routing and compositing seconds per ray and crossed region as measured; a ray crosses "
+    "1 + (c_K - 1) sqrt(N / K) regions at N (c_K: the measured mean at K regions; a ray through a 2-D "
+    "ground-plane grid of N cells crosses O(sqrt N)), N when the crossings were not measured; the single "
+    "model's render seconds per ray divide among the ranks",
     "input sampling is hidden by the pipelined sampler (its stall is not modelled)",
 ]
 
@@ -78,6 +81,8 @@ class Measured:
         rays_per_rank: r, the per-rank batch weak scaling keeps (0: ``global_rays``, the
             batch of one rank at world size 1).
         device: where ``compute_s_per_ray`` comes from (printed with the predictions).
+        regions_crossed, measured_regions: c_K, the measured mean number of regions a ray crosses at K
+            regions (:func:`crossed_regions` extrapolates it); None: not measured (every region).
     """
     compute_s_per_ray: float
     global_rays: int
@@ -89,6 +94,8 @@ class Measured:
     render_rays: int = 0
     rays_per_rank: int = 0
     device: str = "measured: one rank of the study's world-size-1 cell on this machine"
+    regions_crossed: float | None = None  # c_K: mean regions a ray crosses at measured_regions (None: not measured)
+    measured_regions: int = 0             # K of that measurement
 
 
 def allreduce_s(nbytes: float, n: int, bw: float, lat: float) -> float:
@@ -99,6 +106,15 @@ def allreduce_s(nbytes: float, n: int, bw: float, lat: float) -> float:
 def allgather_s(total_bytes: float, n: int, bw: float, lat: float) -> float:
     """Ring all-gather of ``total_bytes`` in all: (n-1)/n * total/bw + (n-1) lat (0 for n = 1)."""
     return 0.0 if n <= 1 else (n - 1) / n * total_bytes / bw + (n - 1) * lat
+
+
+def crossed_regions(m: Measured, n: int) -> float:
+    """Regions a ray crosses at ``n`` regions: ``1 + (c_K - 1) sqrt(n / K)`` from the measured mean c_K at
+    K regions (a ray through a 2-D grid of n cells crosses O(sqrt n) of them), at most n; ``n`` when the
+    crossings were not measured."""
+    if m.regions_crossed is None or not m.measured_regions:
+        return float(n)
+    return min(float(n), 1.0 + (m.regions_crossed - 1.0) * math.sqrt(n / m.measured_regions))
 
 
 def predict(m: Measured, n: int, bw: float, lat: float, mode: str = "weak") -> dict:
@@ -120,7 +136,7 @@ def predict(m: Measured, n: int, bw: float, lat: float, mode: str = "weak") -> d
     exposed = m.exposed_fraction * allreduce_s(m.grad_bytes, n, bw, lat)
     exchange = allgather_s(m.exchange_bytes_per_ray_region * per_rank * n * n, n, bw, lat)
     single = m.render_s_per_ray * m.render_rays
-    fused = (single / n + m.fusion_s_per_ray_region * m.render_rays * n
+    fused = (single / n + m.fusion_s_per_ray_region * m.render_rays * crossed_regions(m, n)
              + allgather_s(m.exchange_bytes_per_ray_region * m.render_rays * n, n, bw, lat))
     return {"world_size": n, "rays_per_rank": per_rank,
             "ddp": {"step_s": compute + exposed + sync, "exposed_comm_s": exposed, "compute_s": compute},

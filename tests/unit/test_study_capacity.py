@@ -83,3 +83,23 @@ def test_a_world_size_level_adds_its_overrides_and_is_declared():
     assert "train.global_rays=4096" in cells["ddp-w2"].overrides
     assert not any(o.startswith("train.global_rays") for o in cells["ddp-w1"].overrides)
     assert "train.global_rays" in plan.declared_keys(cfg)
+
+
+def test_the_regions_a_ray_crosses_and_their_extrapolation_by_hand():
+    import torch
+
+    from distnerf.strategy.ss import regions_crossed
+    from distnerf.study import scaling
+
+    crossing = torch.tensor([[1, 0, 0], [1, 1, 0], [0, 0, 0], [1, 1, 1], [0, 1, 0]], dtype=torch.bool)
+    got = regions_crossed(crossing)  # 4 rays cross something: counts 1, 2, 3, 1
+    assert got["regions_crossed_mean"] == pytest.approx(7 / 4)
+    assert got["regions_crossed_share"] == {"1": 0.5, "2": 0.25, "3": 0.25}
+    assert regions_crossed(torch.zeros(2, 2, dtype=torch.bool))["regions_crossed_mean"] is None
+    m = scaling.Measured(compute_s_per_ray=1e-6, global_rays=1, regions_crossed=1.5, measured_regions=2)
+    assert scaling.crossed_regions(m, 2) == pytest.approx(1.5)
+    assert scaling.crossed_regions(m, 512) == pytest.approx(1 + 0.5 * 16)  # sqrt(512 / 2) = 16
+    assert scaling.crossed_regions(scaling.Measured(1e-6, 1), 512) == 512  # not measured: every region
+    m.fusion_s_per_ray_region, m.render_rays, m.render_s_per_ray = 1e-7, 100, 1e-5
+    pred = scaling.predict(m, 512, 1e9, 0.0)
+    assert pred["fused_render_s"] == pytest.approx(1e-5 * 100 / 512 + 1e-7 * 100 * 9)  # no exchange bytes
