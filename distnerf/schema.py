@@ -315,6 +315,8 @@ class TrainLoopConfig:
     eps: float = positive(1.0e-15)
     fused: bool = True                  # fused Adam kernel
     bf16: bool = False                  # bf16 autocast (CUDA only)
+    deterministic: bool = False         # torch.use_deterministic_algorithms: CUDA's scatter_add_/index_add_ take
+                                        # their deterministic kernels (slower), an op without one raises; see README
     log_every: int = positive(50)
     val_every: int = bounded(0, 0)      # steps between validations (0: off)
     val_views: int = positive(2)

@@ -15,8 +15,10 @@ sampler, model, strategy.wrap, optimizer, checkpoint) -> fit -> evaluate.
 from __future__ import annotations
 
 import logging
+import os
 
 import hydra
+import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import record
 
@@ -39,6 +41,10 @@ class CollectiveFailure(RuntimeError):
 @record  # under torchrun a rank's exception (with traceback) goes to its error file and the agent's summary
 def run(cfg: DictConfig) -> dict:
     cfg = validate(cfg)  # schemas: distnerf/schema.py (errors name the key, the value, what is allowed)
+    was_deterministic = torch.are_deterministic_algorithms_enabled()
+    if cfg.train.deterministic:  # before any CUDA work: cuBLAS reads its workspace setting at start
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
     stop = D.StopRequest().install()  # SIGUSR1/SIGTERM: all ranks stop at one step and checkpoint
     env = D.init_distributed(cfg.device, cfg.dist_timeout_s, cfg.dist_setup_timeout_s)
     beacon = ProgressBeacon(env.store, env.rank, env.world_size, cfg.dist_progress_s).start()  # step and phase, for hang reports
@@ -67,6 +73,7 @@ def run(cfg: DictConfig) -> dict:
         if run_dir is not None:
             release_run_dir(run_dir)
         beacon.stop()  # joined before the process group goes
+        torch.use_deterministic_algorithms(was_deterministic)
         D.shutdown(env)
         stop.uninstall()
 
