@@ -18,6 +18,8 @@
 #   ddp_trace      1-rank torchrun (NCCL; gloo with --cpu) strategy=ddp profiler=trace, then
 #                  `python -m distnerf.profile report RUN`: step time, phase shares, rays/s, comm
 #   ss_trace       the same with strategy=ss strategy.num_regions=2
+#   paths          what users run, 30 steps each with evaluation: ss (segment fusion), ss joint, bf16
+#                  (experiment=gpu; CUDA only), sampler=device: status, PSNR, rays/s, peak memory
 #   hta_overlap    HolisticTraceAnalysis communication/computation overlap of the two kernel traces
 #   sync_debug     torch.cuda.set_sync_debug_mode("warn") over a few training steps of each model
 #                  (GPU_CHECK_SYNC_MODELS, default "grid ngp nerf"): warnings per step and where
@@ -235,6 +237,38 @@ def quality_section(run, rc, seconds, dataset):
     write("lego_quality", out)
 
 
+def path_run(name, run, rc, seconds, what):
+    """One of the user paths (section "paths"): status, steps, PSNR, step time, peak memory."""
+    f = SECT / "paths.json"
+    body = json.loads(f.read_text()) if f.exists() else {"runs": {}}
+    out = {"what": what, "run_dir": run, "rc": rc, "seconds": seconds}
+    m = Path(run) / "metrics.json"
+    rows = [json.loads(x) for x in (Path(run) / "metrics.jsonl").read_text().splitlines() if x.strip()] \
+        if (Path(run) / "metrics.jsonl").exists() else []
+    steps = [r for r in rows if "rays_per_s" in r]
+    size = next((r for r in rows if r.get("event") == "model_size"), {})
+    if rc != 0 or not m.exists():
+        out["status"] = status_of(rc, "training") if rc != 0 else f"failed: no {m}"
+    else:
+        metrics = json.loads(m.read_text())
+        out.update(status="ok", psnr=metrics.get("psnr"), steps=steps[-1]["step"] if steps else None,
+                   rays_per_s_median=statistics.median(r["rays_per_s"] for r in steps[1:] or steps) if steps else None,
+                   peak_rss_mb=size.get("peak_rss_mb"), peak_device_memory_mb=size.get("peak_device_memory_mb"),
+                   eval_rays_per_s=metrics.get("eval_rays_per_s"), fusion_timing=metrics.get("fusion_timing"))
+    body["runs"][name] = out
+    bad = [k for k, v in body["runs"].items() if not str(v["status"]).startswith(("ok", "skipped"))]
+    body["status"] = "ok" if not bad else "failed: " + ", ".join(bad)
+    write("paths", body)
+
+
+def path_skipped(name, what, reason):
+    f = SECT / "paths.json"
+    body = json.loads(f.read_text()) if f.exists() else {"runs": {}, "status": "ok"}
+    body["runs"][name] = {"what": what, "status": f"skipped: {reason}"}
+    body.setdefault("status", "ok")
+    write("paths", body)
+
+
 def sync_debug(mode, models, steps, overrides):
     """A few training steps of each model with torch.cuda.set_sync_debug_mode("warn"): every
     implicit host sync of a CUDA op warns; the warnings are recorded per step and location."""
@@ -293,6 +327,8 @@ def sync_debug(mode, models, steps, overrides):
             "outside_steps": len(per_step.get(None, [])),
             "by_location": {k: dict(sorted(v.items(), key=lambda kv: -kv[1])) for k, v in by_loc.items()},
             "first_messages": sorted({m for _, _, m in events})[:5]}
+    if original is not None:  # the step tag off again: nothing after this section sees it
+        trainer_mod.Trainer.train_step = original
     errors = [f"{m}: {v['error']}" for m, v in out["models"].items() if v["error"]]
     if errors:
         out["status"] = "failed: " + "; ".join(errors)
@@ -365,6 +401,10 @@ if __name__ == "__main__":
         nsys_section(int(args[0]), float(args[1]), args[2], args[3])
     elif cmd == "skipped":
         skipped(args[0], args[1])
+    elif cmd == "path":
+        path_run(args[0], args[1], int(args[2]), float(args[3]), args[4])
+    elif cmd == "path_skipped":
+        path_skipped(args[0], args[1], args[2])
     elif cmd == "merge":
         merge(args[0], args[1], args[2].split(), float(args[3]), float(args[4]))
 PY
@@ -376,7 +416,7 @@ since() { awk -v a="$1" -v b="$(now)" 'BEGIN{printf "%.2f", b - a}'; }
 limit() { local left=$((DEADLINE - $(date +%s) - 5)); [ "$left" -lt 15 ] && { echo 0; return; }
           [ "$1" -lt "$left" ] && echo "$1" || echo "$left"; }
 banner() { echo; echo "=== $1 ($(($(date +%s) - T0)) s of $BUDGET s)"; }
-ORDER="env cuda_tests lego_quality ddp_trace ss_trace hta_overlap sync_debug sync_counter nsys"
+ORDER="env cuda_tests lego_quality ddp_trace ss_trace paths hta_overlap sync_debug sync_counter nsys"
 COMMON=(train.progress=false train.ckpt_every=-1 logger.wandb.mode=disabled device=$DEVICE)
 if [ "$MODE" = cpu ]; then
   DATA=(experiment=smoke); DATA_NAME="built-in scene (experiment=smoke; --cpu)"
@@ -422,6 +462,25 @@ for strat in ddp ss; do
   rc=$?; secs=$(since "$s"); rrc=1
   if [ $rc = 0 ]; then timeout -k 5 60 "$PY" -m distnerf.profile report "$run" | head -40; rrc=${PIPESTATUS[0]}; fi
   helper report ${strat}_trace "$run" "$rc" "$secs" "$rrc"
+done
+
+# what users run, each short: ss with evaluation (segment fusion), ss joint, bf16 (experiment=gpu), sampler=device
+banner paths
+rm -f "$SECT/paths.json"
+PATH_STEPS=(train.max_steps=30 eval.num_views=1 eval.lpips=false train.log_every=5)
+[ "$MODE" = cpu ] && PATH_STEPS=(train.max_steps=8 eval.num_views=1 eval.lpips=false train.log_every=2)
+for p in ss_fusion ss_joint bf16 sampler_device; do
+  case $p in
+    ss_fusion) what="strategy=ss, 2 regions, evaluated through segment fusion"; extra=(strategy=ss strategy.num_regions=2);;
+    ss_joint) what="strategy=ss strategy.training=joint, 2 regions, evaluated"; extra=(strategy=ss strategy.training=joint strategy.num_regions=2);;
+    bf16) what="experiment=gpu (bf16 autocast, 8192 rays)"; extra=(experiment=gpu);;
+    sampler_device) what="sampler=device (batches built on the device)"; extra=(sampler=device);;
+  esac
+  if [ $p = bf16 ] && [ "$CUDA" != 1 ]; then helper path_skipped $p "$what" "bf16 autocast needs CUDA"; continue; fi
+  t=$(limit 60); if [ "$t" = 0 ]; then helper path_skipped $p "$what" "time budget of $BUDGET s spent"; continue; fi
+  run="$RUNS/path_$p"; rm -rf "$run"; s=$(now)
+  timeout -k 15 "$t" "${TORCHRUN[@]}" "${DATA[@]}" "${extra[@]}" "${COMMON[@]}" "${PATH_STEPS[@]}" run_dir="$run"
+  helper path $p "$run" "$?" "$(since "$s")" "$what"
 done
 helper hta
 

@@ -12,7 +12,7 @@ import torch
 
 from tests.conftest import REPO
 
-SECTIONS = ["env", "cuda_tests", "lego_quality", "ddp_trace", "ss_trace", "hta_overlap", "sync_debug",
+SECTIONS = ["env", "cuda_tests", "lego_quality", "ddp_trace", "ss_trace", "paths", "hta_overlap", "sync_debug",
             "sync_counter", "nsys"]
 NEED_GPU = {"hta_overlap", "sync_debug", "nsys"}
 
@@ -37,6 +37,9 @@ def test_gpu_check_cpu_mode_writes_every_section(tmp_path):
         else:
             assert status == "ok", (name, status, proc.stdout[-3000:])
     assert sections["env"]["cuda_available"] is False and sections["env"]["dev_shm_free_mb"] is not None
+    paths = sections["paths"]["runs"]  # what users run: fusion, joint, sampler=device; bf16 needs CUDA
+    assert [paths[p]["status"] for p in ("ss_fusion", "ss_joint", "sampler_device")] == ["ok"] * 3, paths
+    assert paths["bf16"]["status"].startswith("skipped: ") and paths["ss_fusion"]["psnr"] > 0
     assert sections["cuda_tests"]["failed"] == 0 and sections["cuda_tests"]["skipped"] >= 1
     quality = sections["lego_quality"]
     assert quality["step"] == 20 and 0 < quality["psnr"] < 60 and quality["eval_rays_per_s"] > 0
