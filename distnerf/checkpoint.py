@@ -92,22 +92,68 @@ def step_dir(root: Path, step: int) -> Path:
     return Path(root) / f"step_{step:08d}"
 
 
+class CheckpointWriteError(RuntimeError):
+    """A file could not be written (disk full, a file-size limit, permissions): the message names
+    the file and the cause; nothing partial is left under the file's name."""
+
+
+def _write_failed(path: Path, tmp: Path, err: BaseException) -> CheckpointWriteError:
+    tmp.unlink(missing_ok=True)  # the partial file goes: nothing torn stays beside the real ones
+    text = str(err).strip()
+    cause = getattr(err, "strerror", None) or (text.splitlines()[0] if text else type(err).__name__)
+    return CheckpointWriteError(f"could not write {path}: {cause}")
+
+
+class _RecordingWriter:
+    """A file's ``write`` that keeps the OS error of a failed write (EFBIG, ENOSPC), which
+    ``torch.save`` would otherwise report only as a position mismatch."""
+
+    def __init__(self, f):
+        self.f, self.error = f, None
+
+    def write(self, data):
+        try:
+            return self.f.write(data)
+        except OSError as err:
+            self.error = err
+            raise
+
+    def flush(self):
+        return self.f.flush()
+
+
 def atomic_torch_save(obj, path: Path) -> None:
-    """``torch.save`` to ``path.tmp`` then rename (no partial file under ``path``)."""
+    """``torch.save`` to ``path.tmp`` then rename (no partial file under ``path``).
+
+    Raises:
+        CheckpointWriteError: the write failed (names ``path`` and the cause; the temp file is removed).
+    """
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    out = None
+    try:
+        with open(tmp, "wb") as f:
+            out = _RecordingWriter(f)
+            torch.save(obj, out)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as err:  # torch's writer turns a failed write into a RuntimeError ("unexpected
+        raise _write_failed(path, tmp, out.error if out is not None and out.error else err) from err  # pos"): the OS's
 
 
 def atomic_write_text(path: Path, text: str) -> None:
+    """``text`` into ``path.tmp``, fsync, rename. Raises CheckpointWriteError as :func:`atomic_torch_save`."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as err:
+        raise _write_failed(path, tmp, err) from err
 
 
 def file_digest(path: Path) -> str:

@@ -23,6 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from . import dist as D
+from .checkpoint import CheckpointWriteError
 from .config import RunDirBusy, release_run_dir, resolve_run_dir, setup_logging
 from .data import DatasetError
 from .schema import ConfigError, validate
@@ -82,7 +83,7 @@ def run(cfg: DictConfig) -> dict:
 def main(cfg: DictConfig) -> None:
     try:
         run(cfg)
-    except (NonFiniteLoss, ConfigError, DatasetError, RunDirBusy) as err:  # the message is the whole story
+    except (NonFiniteLoss, ConfigError, DatasetError, RunDirBusy, CheckpointWriteError) as err:  # the message says it all
         raise SystemExit(f"distnerf: {err}") from None
 
 

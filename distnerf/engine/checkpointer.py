@@ -61,15 +61,36 @@ class Checkpointer:
         if at_mark:
             self.marks.pop(0)
         d = ckpt.step_dir(self.root, step)
-        d.mkdir(parents=True, exist_ok=True)
-        self.strategy.save_model_state(d, model, optimizer, {"step": step, "train_seconds": train_seconds})
-        # the next batch is the one of `step` even when a stop came after drawing it (signal, time budget)
-        ckpt.atomic_torch_save({"rng": D.rng_state(), "rank": self.env.rank,
-                                "sampler": {**sampler.state_dict(), "next_step": step}},
-                               d / ckpt.rank_file(self.env.rank))
-        self.strategy.barrier()  # every rank's files are complete before the manifest commits them
+        failed = None
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            self.strategy.save_model_state(d, model, optimizer, {"step": step, "train_seconds": train_seconds})
+            # the next batch is the one of `step` even when a stop came after drawing it (signal, time budget)
+            ckpt.atomic_torch_save({"rng": D.rng_state(), "rank": self.env.rank,
+                                    "sampler": {**sampler.state_dict(), "next_step": step}},
+                                   d / ckpt.rank_file(self.env.rank))
+        except (ckpt.CheckpointWriteError, OSError) as err:
+            failed = str(err)
+        # every rank's files are complete (or failed) before the manifest commits them: every rank learns
+        # of a failure here (no rank is left waiting in a barrier for a writer that died)
+        failures = [(r, e) for r, e in enumerate(D.gather_objects(self.env, failed)) if e]
+        if not failures and self.env.is_main:
+            try:
+                ckpt.write_manifest(d, step, self.env.world_size, self.hashes, self.strategy.manifest_extra())
+            except ckpt.CheckpointWriteError as err:
+                failures = [(self.env.rank, str(err))]
+        failures = D.broadcast_object(self.env, failures)
+        if failures:
+            if self.env.is_main:
+                import shutil
+
+                shutil.rmtree(d, ignore_errors=True)  # never committed (no manifest): removed, not mistaken for one
+            last = ckpt.latest(self.root)
+            raise ckpt.CheckpointWriteError(
+                f"checkpoint {d} not committed: " + "; ".join(f"rank {r}: {e}" for r, e in failures)
+                + (f". The last committed checkpoint, {last}, is intact: resume=true continues from it"
+                   if last is not None else ". No earlier checkpoint was committed"))
         if self.env.is_main:
-            ckpt.write_manifest(d, step, self.env.world_size, self.hashes, self.strategy.manifest_extra())
             ckpt.prune(self.root, self.cfg.keep_checkpoints)
         return d
 

@@ -43,7 +43,7 @@ import numpy.lib.format as npy_format
 import torch
 
 from ..checkpoint import exclusive_lock
-from ..data.base import SceneData
+from ..data.base import DatasetError, SceneData
 from ..data.images import ImageList
 
 log = logging.getLogger("distnerf")
@@ -161,6 +161,10 @@ def write_pixel_cache(scene: SceneData, cache_dir: str | Path) -> Path:
     return path
 
 
+class PixelCacheWriteError(DatasetError):
+    """The pixel cache could not be written (names the file and the cause)."""
+
+
 def ensure_pixel_file(path: Path, build: Callable[[Path], None], num_images: int, what: str) -> None:
     """Make ``path`` a valid cache file of ``num_images`` images, building it if needed.
 
@@ -169,6 +173,9 @@ def ensure_pixel_file(path: Path, build: Callable[[Path], None], num_images: int
         build: ``build(tmp)`` writes the complete file at ``tmp`` and fsyncs it.
         num_images: N expected in the file.
         what: the images, for log messages.
+    Raises:
+        PixelCacheWriteError: the file could not be written (disk full, a file-size limit); the
+            temporary file is removed, so no partial cache is ever mapped.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     sweep_stale(path.parent)  # torn temporaries of dead writers (live writers' are kept)
@@ -190,6 +197,10 @@ def ensure_pixel_file(path: Path, build: Callable[[Path], None], num_images: int
             if problem is not None:
                 raise RuntimeError(f"the pixel cache just written at {tmp} {problem}")
             os.replace(tmp, path)
+        except OSError as err:  # disk full, a file-size limit: named, and nothing partial is kept or mapped
+            raise PixelCacheWriteError(f"could not write the pixel cache {path} ({what}): "
+                                       f"{err.strerror or err}; nothing partial was kept. Free space in "
+                                       f"{path.parent}, or train without sampler.cache_dir") from err
         finally:
             tmp.unlink(missing_ok=True)
         log.info("pixel cache %s built in %.1f s", path, time.monotonic() - start)
