@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> dict:
         model, step = load_renderer(cfg, run_dir, scene, env)
         metrics = evaluate_run(cfg, model, strategy, out_dir, step, make_eval_split(cfg, model, strategy))
         render_videos(cfg, model, strategy, scene, out_dir, env)
-        return metrics
+        return {k: v for k, v in metrics.items() if k not in ("scene", "rows")}
     finally:
         D.shutdown(env)
 

@@ -268,6 +268,9 @@ class WandbConfig:
     project: str = "distnerf"
     name: Optional[str] = None  # null: the run directory's name
     id: Optional[str] = None    # null: stable per run directory (restarts continue one run)
+    group: Optional[str] = None     # W&B run group; null: the strategy (ddp, ss_independent, ss_joint); studies: study-<name>
+    job_type: Optional[str] = None  # null: train; studies: the cell's strategy
+    log_images: bool = True         # validation and test panels (ground truth | prediction | depth), rank 0
 
 
 @dataclass

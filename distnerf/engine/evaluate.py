@@ -209,6 +209,21 @@ def evaluate_views(model, scene: SceneData, views: list[int], chunk: int, device
     return rows
 
 
+def image_panels(scene: SceneData, rows: list[dict], render_dir: Path, prefix: str) -> dict:
+    """{``<prefix>/<view name>``: (H, 3W, 3) uint8 panel}: ground truth | prediction | depth of each row's
+    view, the prediction and depth read from the PNGs :func:`evaluate_views` wrote in ``render_dir``."""
+    out = {}
+    for r in rows:
+        stem = Path(render_dir) / f"{r['view']:03d}_{r['name']}"
+        rgb = iio.imread(f"{stem}_rgb.png")[..., :3]
+        depth = iio.imread(f"{stem}_depth.png")
+        depth = np.repeat(depth[..., None], 3, axis=-1) if depth.ndim == 2 else depth[..., :3]
+        truth = (scene.image(r["view"]).numpy() * 255).round().astype(np.uint8)
+        h = min(truth.shape[0], rgb.shape[0], depth.shape[0])
+        out[f"{prefix}/{r['name']}"] = np.concatenate([truth[:h], rgb[:h], depth[:h]], axis=1)
+    return out
+
+
 def select_views(num_available: int, num_views: int | None) -> list[int]:
     """All views (``num_views`` None or <= 0), else ``num_views`` evenly spaced ones
     (e.g. 25 of lego's 200 test views: r_0, r_8, ...)."""
@@ -269,7 +284,11 @@ def appearance_protocol(cfg, model) -> str:
 
 def evaluate_run(cfg, model, strategy, out_dir: Path, step: int, eval_split) -> dict:
     """Shared by training and ``distnerf.render``: evaluate the test split, write
-    ``out_dir/metrics.json`` (main rank) and renders under ``out_dir/test/``."""
+    ``out_dir/metrics.json`` (main rank) and renders under ``out_dir/test/``.
+
+    Returns:
+        ``psnr``, ``ssim``, ``lpips`` (the means), ``scene`` (the evaluated split) and ``rows`` (per view).
+    """
     eval_cfg = cfg.eval
     lpips = LPIPS() if eval_cfg.lpips else None
     downscale = eval_cfg.downscale
@@ -312,4 +331,4 @@ def evaluate_run(cfg, model, strategy, out_dir: Path, step: int, eval_split) -> 
         (Path(out_dir) / "metrics.json").write_text(json.dumps(metrics, indent=1, allow_nan=False))
         log.info("test: PSNR %.2f dB, SSIM %.4f over %d views (%dx%d)", metrics["psnr"], metrics["ssim"],
                  len(rows), scene.height, scene.width)
-    return {k: metrics[k] for k in ("psnr", "ssim", "lpips")}
+    return {**{k: metrics[k] for k in ("psnr", "ssim", "lpips")}, "scene": scene, "rows": rows}

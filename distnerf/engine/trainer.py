@@ -30,9 +30,19 @@ from ..model import contracted
 from ..schema import ConfigError, validate
 from ..strategy.base import StepAgreement, StepStats, Strategy
 from .checkpointer import Checkpointer
-from .evaluate import check_appearance_protocol, evaluate_run, make_eval_split
+from .evaluate import check_appearance_protocol, evaluate_run, image_panels, make_eval_split
 
 log = logging.getLogger("distnerf")
+TEST_PANELS = 4  # test views logged to W&B as panels at the end (ground truth | prediction | depth)
+
+
+def peak_rss_mb() -> float | None:
+    """This process's peak resident memory (``VmHWM``, MiB), None where /proc is not there."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(ln.split()[1]) / 1024 for ln in f if ln.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        return None
 
 
 class NonFiniteLoss(RuntimeError):
@@ -131,8 +141,10 @@ class Trainer:
             return NullLogger()
         loggers = [JsonlLogger(self.run_dir / "metrics.jsonl", self.step if resumed else None)]
         if self.cfg.logger.wandb.mode != "disabled":
-            loggers.append(WandbLogger(self.cfg.logger.wandb, self.run_dir,
-                                       OmegaConf.to_container(self.cfg, resolve=True), resumed))
+            label = "ddp" if self.cfg.strategy.name == "ddp" else f"ss_{self.cfg.strategy.training}"
+            config = {**OmegaConf.to_container(self.cfg, resolve=True), "world_size": self.env.world_size,
+                      "strategy_label": label}
+            loggers.append(WandbLogger(self.cfg.logger.wandb, self.run_dir, config, resumed, label))
         return MultiLogger(loggers)
 
     # ----------------------------------------------------------------- loop
@@ -186,7 +198,7 @@ class Trainer:
             step_seconds = done - start
             self.train_seconds += step_seconds
             if self.step % log_every == 0 or self.step == max_steps:
-                self._log_step(out, batch, flags.valid_rays, step_seconds, progress)
+                self._log_step(out, batch, flags.valid_rays, agreed.mine.valid_rays, step_seconds, progress)
             if progress is not None:
                 progress.update(1)
             if val_every and self.step % val_every == 0:
@@ -258,11 +270,9 @@ class Trainer:
         context tables) and the process's peak resident memory (``VmHWM``), on CUDA peak device memory."""
         row = {"parameters": sum(p.numel() for p in self.model.parameters()),
                **self.strategy.parameter_report(self.model)}
-        try:
-            with open("/proc/self/status") as f:
-                row["peak_rss_mb"] = next(int(ln.split()[1]) / 1024 for ln in f if ln.startswith("VmHWM:"))
-        except (OSError, StopIteration):
-            pass
+        peak = peak_rss_mb()
+        if peak is not None:
+            row["peak_rss_mb"] = peak
         if self.device.type == "cuda":
             row["peak_device_memory_mb"] = torch.cuda.max_memory_allocated(self.device) / 2**20
         return row
@@ -292,7 +302,7 @@ class Trainer:
 
         return tqdm(total=max_steps, initial=self.step, dynamic_ncols=True, desc="train")
 
-    def _log_step(self, out, batch, global_valid, step_seconds, progress):
+    def _log_step(self, out, batch, global_valid, local_valid, step_seconds, progress):
         target = batch.rgb[out["ray_index"]] if "ray_index" in out else batch.rgb  # ss: (ray, region) rows
         mse = float(((out["rgb"].detach().float() - target) ** 2).mean()) if len(target) else 0.0
         row = {"step": self.step, "loss": mse, "psnr": -10 * math.log10(max(mse, 1e-10)),
@@ -308,22 +318,40 @@ class Trainer:
         grid_res = getattr(self.model, "resolution", None)
         if grid_res is not None:
             row["grid_resolution"] = grid_res
+        if self.env.has_peers:  # every rank's own figures, gathered to one row (rank imbalance in one W&B run)
+            mine = {**self.timer.rank_figures(self.cfg.train.log_every), "peak_rss_mb": peak_rss_mb(),
+                    "rays_per_s": float(local_valid) / max(step_seconds, 1e-9)}
+            for r, figs in enumerate(self.strategy.gather(mine)):
+                row.update({f"rank{r}/{k}": v for k, v in figs.items()})
         self.logger.log(row)
         if progress is not None:
             progress.set_postfix(loss=f"{mse:.4f}", psnr=f"{row['psnr']:.2f}", rays_s=f"{row['rays_per_s']:.0f}")
 
     # ----------------------------------------------------------------- evaluation
+    @property
+    def _image_panels(self) -> bool:
+        """Validation and test panels go to W&B (the same answer on every rank: it decides who writes PNGs)."""
+        return self.cfg.logger.wandb.mode != "disabled" and self.cfg.logger.wandb.log_images
+
     def validate(self) -> None:
         start = time.perf_counter()
-        res = make_eval_split(self.cfg, self.model, self.strategy)("val", self.cfg.train.val_views, 1, None, None)
+        out_dir = self.run_dir / "val" / f"step_{self.step:08d}" if self._image_panels else None
+        res = make_eval_split(self.cfg, self.model, self.strategy)("val", self.cfg.train.val_views, 1, out_dir, None)
         psnrs = [r["psnr"] for r in res["rows"]]
         self.logger.log({"step": self.step, "val_psnr": sum(psnrs) / len(psnrs),
                          "val_seconds": time.perf_counter() - start})
+        if out_dir is not None and self.env.is_main:
+            self.logger.log_images(self.step, image_panels(res["scene"], res["rows"], out_dir, "val"))
 
     def evaluate(self) -> dict:
-        """Test-split PSNR/SSIM(/LPIPS); renders under ``RUN/test/``; ``metrics.json`` on rank 0."""
-        return evaluate_run(self.cfg, self.model, self.strategy, self.run_dir, self.step,
-                            make_eval_split(self.cfg, self.model, self.strategy))
+        """Test-split PSNR/SSIM(/LPIPS); renders under ``RUN/test/``; ``metrics.json`` on rank 0; with W&B
+        images, the first :data:`TEST_PANELS` test views as panels."""
+        metrics = evaluate_run(self.cfg, self.model, self.strategy, self.run_dir, self.step,
+                               make_eval_split(self.cfg, self.model, self.strategy))
+        if self._image_panels and self.env.is_main:
+            scene, rows = metrics.pop("scene"), metrics.pop("rows")
+            self.logger.log_images(self.step, image_panels(scene, rows[:TEST_PANELS], self.run_dir / "test", "test"))
+        return {k: v for k, v in metrics.items() if k not in ("scene", "rows")}
 
     def close(self) -> None:
         self.sampler.close()

@@ -367,6 +367,21 @@ class StepProfiler:
                 out[key] = float(np.median(values))
         return out
 
+    def rank_figures(self, n: int) -> dict:
+        """This rank's medians over its last ``n`` steps, in milliseconds (W&B's per-rank panels):
+        ``step_ms``, ``input_wait_ms``, ``forward_ms``, ``backward_ms``, ``exposed_comm_ms``,
+        ``optimizer_ms``, and ``peak_memory_mb`` where recorded."""
+        recent = list(self._recent)[-max(n, 1):]
+        out = {}
+        for key in ("step_s", "input_wait", "forward", "backward", "exposed_comm", "optimizer"):
+            values = [r[key] for r in recent if r.get(key) is not None]
+            if values:
+                out[f"{key.removesuffix('_s')}_ms"] = 1e3 * float(np.median(values))
+        peaks = [r["peak_memory_mb"] for r in recent if r.get("peak_memory_mb") is not None]
+        if peaks:
+            out["peak_memory_mb"] = float(max(peaks))
+        return out
+
     # ----------------------------------------------------------------- output
     def summary(self) -> dict:
         out = summarize(self.records, self.skip_steps)

@@ -18,6 +18,9 @@ class NullLogger:
     def log(self, row: dict) -> None:
         pass
 
+    def log_images(self, step: int, images: dict) -> None:
+        pass
+
     def close(self) -> None:
         pass
 
@@ -44,6 +47,9 @@ class JsonlLogger:
     def log(self, row: dict) -> None:
         self.file.write(json.dumps(row) + "\n")
 
+    def log_images(self, step: int, images: dict) -> None:
+        pass  # the images are the PNGs of RUN/val/ and RUN/test/
+
     def close(self) -> None:
         self.file.close()
 
@@ -51,13 +57,16 @@ class JsonlLogger:
 class WandbLogger:
     """W&B run (``logger.wandb``: :class:`distnerf.schema.WandbConfig`; ``mode`` offline by default)."""
 
-    def __init__(self, cfg, run_dir: Path, config: dict, resume: bool):
+    def __init__(self, cfg, run_dir: Path, config: dict, resume: bool, strategy_label: str = "ddp"):
+        """``strategy_label``: ``ddp``, ``ss_independent`` or ``ss_joint``, the default group (W&B's
+        grouping then puts a ddp-vs-ss comparison side by side); ``job_type`` defaults to ``train``."""
         import wandb
 
         cfg = section(WandbConfig, cfg)
         self.wandb = wandb
         self.run = wandb.init(project=cfg.project, mode=cfg.mode, dir=str(run_dir), config=config,
-                              name=cfg.name or run_dir.name, id=cfg.id or _stable_id(run_dir), resume="allow")  # restarts continue one run
+                              name=cfg.name or run_dir.name, id=cfg.id or _stable_id(run_dir), resume="allow",
+                              group=cfg.group or strategy_label, job_type=cfg.job_type or "train")  # restarts continue one run
         # both axes usable in the UI: training step (default x) and training wall time
         self.run.define_metric("step")
         self.run.define_metric("train_seconds")
@@ -66,6 +75,10 @@ class WandbLogger:
     def log(self, row: dict) -> None:
         step = row.get("step")
         self.run.log({k: v for k, v in row.items() if isinstance(v, (int, float))}, step=step)
+
+    def log_images(self, step: int, images: dict) -> None:
+        """``images``: {key: (H, W, 3) uint8 array}, one W&B image panel each at ``step``."""
+        self.run.log({k: self.wandb.Image(v, caption=k) for k, v in images.items()}, step=step)
 
     def close(self) -> None:
         self.run.finish()
@@ -84,6 +97,10 @@ class MultiLogger:
     def log(self, row: dict) -> None:
         for logger in self.loggers:
             logger.log(row)
+
+    def log_images(self, step: int, images: dict) -> None:
+        for logger in self.loggers:
+            logger.log_images(step, images)
 
     def close(self) -> None:
         for logger in self.loggers:

@@ -21,7 +21,9 @@ then ``-r<repeat>``; run order interleaves repeats (every cell's ``r0``, then ev
 ``r1``, ...), so a slow drift of the machine spreads over all cells alike. Repeat ``r``
 trains with ``seed=<study seed + r>`` (``vary_seed``, the default): a new initialisation and
 new ray streams, so the quality of a cell's repeats is a sample with a spread, where one
-seed gives n copies of one figure (the timing spread alone).
+seed gives n copies of one figure (the timing spread alone). A cell that logs to W&B does so in the
+group ``study-<name>``, job type its strategy, run name its id: W&B's grouping and parallel
+coordinates compare the cells of a study directly.
 """
 from __future__ import annotations
 
@@ -165,6 +167,9 @@ def expand(cfg) -> list[Cell]:
             key = cell_key(values)
             # the repeat's seed: a different initialisation and ray stream per repeat (vary_seed), or one seed
             overrides.append(f"seed={int(cfg.seed) + (repeat if cfg.vary_seed else 0)}")
+            # W&B (when a cell logs there): one group per study, the strategy as job type, the cell as the run
+            overrides += [f"logger.wandb.group=study-{cfg.name}", f"logger.wandb.job_type={values.get('strategy', 'train')}",
+                          f"logger.wandb.name={key}-r{repeat}"]
             cells.append(Cell(id=f"{key}-r{repeat}", key=key, values={a: values.get(a) for a in AXES},
                               repeat=repeat, world_size=int(values.get("world_size", 1)),
                               overrides=tuple(overrides), timed=bool(cfg.timed)))
@@ -189,4 +194,5 @@ def declared_keys(cfg) -> list[str]:
                 keys.add(ov.lstrip("+~").split("=", 1)[0].split("@", 1)[0])
     if cfg.vary_seed and cfg.repeats > 1:
         keys.add("seed")  # the repeats' seeds
+    keys.update({"logger.wandb.job_type", "logger.wandb.name"})  # each cell's W&B run
     return sorted(keys)

@@ -26,11 +26,13 @@ def test_product_ids_overrides_and_interleaved_repeats():
     joint2 = cells[3]
     assert joint2.world_size == 2 and joint2.key == "ss_joint-w2-s5"
     assert joint2.overrides == ("experiment=smoke", "strategy=ss", "strategy.training=joint", "train.max_steps=5",
-                                "seed=0")
-    assert cells[7].overrides[-1] == "seed=1"  # the second repeat: another initialisation and ray stream
-    assert plan.declared_keys(cfg) == ["env.world_size", "seed", "strategy", "strategy.training", "train.max_steps"]
+                                "seed=0", "logger.wandb.group=study-t", "logger.wandb.job_type=ss_joint",
+                                "logger.wandb.name=ss_joint-w2-s5-r0")
+    assert cells[7].overrides[-4] == "seed=1"  # the second repeat: another initialisation and ray stream
+    assert plan.declared_keys(cfg) == ["env.world_size", "logger.wandb.job_type", "logger.wandb.name", "seed",
+                                       "strategy", "strategy.training", "train.max_steps"]
     one_seed = plan.expand(study(repeats=2, axes={"budget": ["s5"]}, vary_seed=False, seed=7))
-    assert {c.overrides[-1] for c in one_seed} == {"seed=7"}
+    assert {c.overrides[-4] for c in one_seed} == {"seed=7"}
 
 
 def test_cells_and_exclude_select_from_the_product():
