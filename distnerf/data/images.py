@@ -280,6 +280,35 @@ class ImageList:
         with ThreadPoolExecutor(max_workers=num_threads) as pool:
             list(pool.map(load_into, range(1, len(self))))  # re-raises a worker's exception
 
+    def verify(self, num_threads: int | None = None) -> None:
+        """Check every file without decoding its pixels (``sampler.source=files`` decodes them only when
+        a batch draws them): it exists, Pillow reads its header, its chunks are whole (``Image.verify``:
+        a truncated PNG or JPEG fails here) and its size is image 0's. A damaged file is named before
+        training instead of at the step that first draws it.
+
+        Raises:
+            MissingDatasetFile, DatasetError: prefixed with ``label(index)``.
+        """
+        def check(index: int):
+            path = self.paths[index]
+            try:
+                with Image.open(path) as im:
+                    size = im.size
+                    im.verify()
+                return size
+            except FileNotFoundError as err:
+                raise MissingDatasetFile(f"{self.label(index)}: {err}") from err
+            except (OSError, SyntaxError, ValueError) as err:  # Pillow's errors for a damaged file
+                raise DatasetError(f"{self.label(index)}: cannot read image {path}: {err}") from err
+
+        num_threads = num_threads or min(16, os.cpu_count() or 1)
+        with ThreadPoolExecutor(max_workers=num_threads) as pool:
+            sizes = list(pool.map(check, range(len(self))))
+        for index, size in enumerate(sizes):
+            if size != sizes[0]:
+                raise DatasetError(f"{self.label(index)}: image {self.paths[index]} is {size[0]}x{size[1]} but "
+                                   f"{self.paths[0]} is {sizes[0][0]}x{sizes[0][1]}")
+
     def decode_all(self, num_threads: int | None = None) -> np.ndarray:
         """All images in one (N, H', W', 3) float32 array in RAM (see :meth:`decode_into`)."""
         shape, first = self.first()

@@ -29,11 +29,13 @@ _SOURCES: dict[int, tuple] = {}  # id(meta tensor) -> (weakref to it, ImageList)
 class FileSource:
     """The ``pixels`` hook of ``load_scene`` for ``sampler.source=files``.
 
-    Decodes image 0 once (to learn the decoded size) and returns a (N, H, W, 3) float32
+    Checks every file (:meth:`~distnerf.data.images.ImageList.verify`: present, whole, one size),
+    decodes image 0 once (to learn the decoded size) and returns a (N, H, W, 3) float32
     ``meta`` tensor that :func:`flat_pixels` maps back to the image list.
     """
 
     def __call__(self, images: ImageList) -> torch.Tensor:
+        images.verify()  # a damaged file is named now, not at the step that first draws it
         shape, _ = images.first()
         tensor = torch.empty(shape, dtype=torch.float32, device="meta")
         _SOURCES[id(tensor)] = (weakref.ref(tensor, lambda _, key=id(tensor): _SOURCES.pop(key, None)), images)

@@ -390,3 +390,25 @@ def test_load_scene_registry(tmp_path, monkeypatch):
         load_scene({"name": "tanks", "root": "x"}, "train")
     with pytest.raises(ValueError, match="dataset.root is required"):
         load_scene({"name": "llff"}, "train")
+
+
+@pytest.mark.parametrize("damage, pattern", [
+    ("truncate", r"frame 1: cannot read image .*r_1\.png"),
+    ("garbage", r"frame 1: cannot read image .*r_1\.png"),
+    ("size", r"frame 1: image .*r_1\.png is 8x5 but .*r_0\.png is 8x6"),
+])
+def test_file_backed_sampling_names_a_damaged_image_before_training(tmp_path, damage, pattern):
+    """sampler.source=files decodes an image only when a batch draws it: the load still checks every
+    file, so a damaged one in the middle is named at start, not at the step that first draws it."""
+    from distnerf.sampler.files import FileSource
+
+    make_blender(tmp_path)
+    bad = tmp_path / "train" / "r_1.png"
+    if damage == "truncate":
+        bad.write_bytes(bad.read_bytes()[:len(bad.read_bytes()) // 2])
+    elif damage == "garbage":
+        bad.write_bytes(b"\x89PNG\r\n\x1a\n" + b"not a png" * 10)
+    else:
+        write_rgba(bad, height=5)
+    with pytest.raises(DatasetError, match=pattern):
+        load_blender(tmp_path, "train", pixels=FileSource())
