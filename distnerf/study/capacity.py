@@ -106,7 +106,8 @@ def capacity_rows(keys: dict) -> list[dict]:
         mean, sd, n = mean_sd(s.get("psnrs", []))
         gains = s.get("plateau_gains") or []
         known = [g for g in gains if g is not None]
-        rows.append({"budget": v["budget"], "cell": s.get("key"), "params_per_rank": s.get("parameters_per_rank"),
+        params = s.get("parameters_per_rank")
+        rows.append({"budget": v["budget"], "cell": s.get("key"), "params_per_rank": None if params is None else float(params),
                      "psnr_mean": mean, "psnr_sd": sd, "n": n, "steps": s.get("steps"),
                      "gain_last_max": max(known) if known else None,
                      "plateau": bool(gains) and len(known) == len(gains) and max(known) < PLATEAU_GAIN_DB,
@@ -152,7 +153,8 @@ def ranks_rows(keys: dict) -> list[dict]:
                 s, source = points[w]
                 mean, sd, n = mean_sd(s.get("psnrs", []))
                 row = {"budget": budget, "strategy": strategy, "world_size": w, "psnr_mean": mean, "psnr_sd": sd,
-                       "n": n, "source": source, "params_per_rank": s.get("parameters_per_rank"),
+                       "n": n, "source": source, "params_per_rank": (None if s.get("parameters_per_rank") is None
+                                                                      else float(s["parameters_per_rank"])),
                        "from_world_size": None if prev is None else prev[0],
                        "db_per_doubling": None if prev is None else per_doubling(prev[0], prev[1], w, mean),
                        "delta_vs_w1": None if base is None or mean is None else mean - base}
@@ -161,6 +163,20 @@ def ranks_rows(keys: dict) -> list[dict]:
                 prev = (w, mean)
                 rows.append(row)
     return rows
+
+
+def annotate_equal_total(ranks: list[dict], curve: list[dict], tolerance: float = 0.15) -> None:
+    """Beside each row of :func:`ranks_rows`, the one-rank ``ddp`` cell of the capacity curve whose
+    parameters are W times the row's per rank (within ``tolerance``): ``single_equal_total_psnr`` (its
+    mean) and ``vs_single_equal_total`` (the row's PSNR minus it): the ranks' extra capacity given to
+    one model instead, at one rank's rays per step. None where the curve has no such budget."""
+    for row in ranks:
+        want = (row.get("params_per_rank") or 0) * row["world_size"]
+        match = next((c for c in curve if want and c["params_per_rank"]
+                      and abs(c["params_per_rank"] - want) <= tolerance * want), None)
+        row["single_equal_total_psnr"] = match["psnr_mean"] if match else None
+        row["vs_single_equal_total"] = (row["psnr_mean"] - match["psnr_mean"]
+                                        if match and row["psnr_mean"] is not None else None)
 
 
 def _same_but(a: dict, b: dict) -> bool:

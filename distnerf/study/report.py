@@ -290,6 +290,7 @@ def build(study_dir: Path) -> dict:
     tables = {"breakdown": breakdown_rows(keys), "sync": sync_rows(keys), "inference": inference_rows(keys),
               "input": input_rows(keys), "quality": quality_rows(keys),
               "capacity": capacity.capacity_rows(keys), "ranks": capacity.ranks_rows(keys)}
+    capacity.annotate_equal_total(tables["ranks"], tables["capacity"])
     tables["verdicts"] = capacity.verdicts(tables["capacity"], tables["ranks"])
     m, check, host = scaling_inputs(keys)
     tables["scaling"] = scaling.scaling_table(m) if m else None
@@ -425,6 +426,11 @@ def figures(data: dict, out_dir: Path) -> list[Path]:
             rs = [r for r in rows if r["budget"] == budget and r["strategy"] == strat]
             ax.errorbar([r["world_size"] for r in rs], [r["psnr_mean"] for r in rs],
                         yerr=[r["psnr_sd"] or 0.0 for r in rs], fmt="o-", capsize=3, label=f"{strat} ({budget})")
+        ref = sorted({(r["world_size"], r["single_equal_total_psnr"]) for r in rows
+                      if r.get("single_equal_total_psnr") is not None})
+        if ref:
+            ax.plot([w for w, _ in ref], [p for _, p in ref], "k--", lw=1,
+                    label="ddp at one rank with W x the parameters (capacity curve)")
         ax.set_xscale("log", base=2)
         ax.set(xlabel="world size (ranks; ss: one region per rank)", ylabel="test PSNR (dB), mean +- sd over seeds",
                title="quality against ranks at equal parameters per rank")
@@ -464,12 +470,14 @@ def _views_figure(plt, data: dict, rows: list[dict]):
     by_key = {c["key"]: c for c in data["cells"] if c["repeat"] == 0 and c["status"] == "done"}
     strategies = sorted({r["strategy"] for r in rows}, key=str)
     sizes = sorted({r["world_size"] for r in rows})
-    grid = {}
+    grid, stand_in = {}, set()
     for r in rows:
         key = r["source"].split(" ", 1)[0]
         found = sorted((study_dir / "cells" / by_key[key]["id"] / "test").glob("*_rgb.png")) if key in by_key else []
         if found:
             grid[(r["strategy"], r["world_size"])] = iio.imread(found[0])
+            if r["strategy"] != "ddp" and key.startswith("ddp"):
+                stand_in.add((r["strategy"], r["world_size"]))
     if not grid:
         return None
     truth, note = None, ""
@@ -495,7 +503,8 @@ def _views_figure(plt, data: dict, rows: list[dict]):
                 h, wd = img.shape[:2]
                 ax.imshow(img if k == 0 else img[h * 3 // 8: h * 5 // 8, wd * 3 // 8: wd * 5 // 8])
                 if k == 0:
-                    ax.set_title("ground truth" if w is None else f"{strat}, W = {w}", fontsize=7)
+                    ax.set_title("ground truth" if w is None else f"{strat}, W = {w}"
+                                 + (" (the ddp cell)" if (strat, w) in stand_in else ""), fontsize=7)
     fig.suptitle("first test view per world size (repeat 0), full and centre crop" + note, fontsize=8)
     return fig
 
@@ -564,7 +573,9 @@ def section_tables(data: dict) -> list[tuple[str, list[str]]]:
             ("budget", "budget", ""), ("strategy", "strategy", ""), ("world_size", "W", ""), ("n", "n (seeds)", ""),
             ("psnr_mean", "PSNR mean dB", ".2f"), ("psnr_sd", "sd", ".2f"),
             ("db_per_doubling", "dB per doubling of ranks", "+.2f"), ("delta_vs_w1", "vs W = 1 dB", "+.2f"),
-            ("params_per_rank", "params/rank", ".3g"), ("source", "cell", "")])
+            ("single_equal_total_psnr", "one rank, W x the params (dB)", ".2f"),
+            ("vs_single_equal_total", "vs that", "+.2f"), ("params_per_rank", "params/rank", ".3g"),
+            ("source", "cell", "")])
             + ["", "Targets:", *[f"- {v}" for v in t.get("verdicts", [])]]))
     sc, chk = t["scaling"], t["scaling_check"]
     if sc:

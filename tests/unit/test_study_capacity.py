@@ -103,3 +103,14 @@ def test_the_regions_a_ray_crosses_and_their_extrapolation_by_hand():
     m.fusion_s_per_ray_region, m.render_rays, m.render_s_per_ray = 1e-7, 100, 1e-5
     pred = scaling.predict(m, 512, 1e9, 0.0)
     assert pred["fused_render_s"] == pytest.approx(1e-5 * 100 / 512 + 1e-7 * 100 * 9)  # no exchange bytes
+
+
+def test_each_ranks_row_is_set_beside_the_single_model_of_equal_total_parameters():
+    curve = [{"params_per_rank": 1.0e6, "psnr_mean": 25.0}, {"params_per_rank": 2.05e6, "psnr_mean": 26.0}]
+    ranks = [{"world_size": 1, "params_per_rank": 1e6, "psnr_mean": 25.0},
+             {"world_size": 2, "params_per_rank": 1e6, "psnr_mean": 27.5},
+             {"world_size": 4, "params_per_rank": 1e6, "psnr_mean": 28.0}]
+    capacity.annotate_equal_total(ranks, curve)
+    assert ranks[1]["single_equal_total_psnr"] == 26.0 and ranks[1]["vs_single_equal_total"] == pytest.approx(1.5)
+    assert ranks[0]["vs_single_equal_total"] == 0.0
+    assert ranks[2]["single_equal_total_psnr"] is None  # no 4 M cell on the curve
