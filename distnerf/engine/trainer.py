@@ -319,6 +319,7 @@ class Trainer:
         if grid_res is not None:
             row["grid_resolution"] = grid_res
         if self.env.has_peers:  # every rank's own figures, gathered to one row (rank imbalance in one W&B run)
+            self.timer.mark("step_sync")  # a collective between steps: what a hang report names while it waits
             mine = {**self.timer.rank_figures(self.cfg.train.log_every), "peak_rss_mb": peak_rss_mb(),
                     "rays_per_s": float(local_valid) / max(step_seconds, 1e-9)}
             for r, figs in enumerate(self.strategy.gather(mine)):
