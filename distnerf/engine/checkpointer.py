@@ -8,6 +8,7 @@ and reads the model files (``model.pt`` under ``ddp``, one file per region under
 from __future__ import annotations
 
 import logging
+import shutil
 from pathlib import Path
 
 import torch
@@ -82,8 +83,6 @@ class Checkpointer:
         failures = D.broadcast_object(self.env, failures)
         if failures:
             if self.env.is_main:
-                import shutil
-
                 shutil.rmtree(d, ignore_errors=True)  # never committed (no manifest): removed, not mistaken for one
             last = ckpt.latest(self.root)
             raise ckpt.CheckpointWriteError(
