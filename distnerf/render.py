@@ -30,85 +30,18 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import torch
-from omegaconf import OmegaConf
 
-from . import checkpoint as ckpt
 from . import dist as D
 from .config import setup_logging
 from .data import load_scene
 from .data.camera_path import fly_through, orbit, path_cameras
 from .data.images import undecoded
 from .engine.evaluate import evaluate_run, make_eval_split, render_image
-from .model import build_model
-from .schema import ConfigError, RenderConfig, validate
+from .engine.runs import find_checkpoint, load_renderer, load_run_config, load_weights  # noqa: F401  (export, tools)
+from .schema import ConfigError
 from .strategy import build_strategy
 
 log = logging.getLogger("distnerf")
-
-
-def load_run_config(argv: list[str]):
-    """(config, run_dir) from ``run_dir=PATH`` and overrides on the command line.
-
-    Raises:
-        ValueError: no ``run_dir=``; FileNotFoundError: no ``config.yaml`` in it.
-    """
-    cli = OmegaConf.from_dotlist(argv)
-    run_dir = cli.get("run_dir")
-    if not run_dir:
-        raise ValueError("usage: python -m distnerf.render run_dir=PATH [key=value ...]")
-    path = Path(run_dir) / "config.yaml"
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: not a distnerf run directory (no config.yaml)")
-    try:
-        cfg = validate(OmegaConf.merge(OmegaConf.load(path), cli), root=RenderConfig)
-    except ConfigError as err:
-        raise ConfigError(f"{path} with {' '.join(argv)}: {err}") from None
-    return cfg, Path(run_dir).resolve()
-
-
-def find_checkpoint(cfg, run_dir: Path) -> tuple[Path, dict]:
-    """The checkpoint to render (``cfg.checkpoint`` or the newest committed) and its verified manifest."""
-    found = Path(cfg.checkpoint) if cfg.checkpoint else ckpt.latest(run_dir / "checkpoints")
-    if found is None:
-        broken = ckpt.damaged(run_dir / "checkpoints")
-        if broken:  # committed, then damaged: say which file, not "no checkpoint"
-            raise ckpt.CheckpointError(f"{run_dir / 'checkpoints'}: no usable checkpoint; the newest: {broken[-1]}")
-        raise FileNotFoundError(f"{run_dir / 'checkpoints'}: no committed checkpoint to render")
-    return found, ckpt.read_manifest(found, verify=True)
-
-
-def load_weights(cfg, run_dir: Path):
-    """Model state and step: ``cfg.weights`` (an export) or the newest checkpoint."""
-    if cfg.weights:
-        blob = ckpt.load_file(cfg.weights)
-        return blob["model"], int(blob["step"])
-    found, manifest = find_checkpoint(cfg, run_dir)
-    if manifest["strategy"] != "ddp":
-        raise ValueError(f"{found}: a {manifest['strategy']} checkpoint has no single {ckpt.MODEL_FILE}; "
-                         f"render it through its fusion stage (python -m distnerf.render run_dir=...)")
-    state = ckpt.load_file(found / ckpt.MODEL_FILE)
-    return state["model"], int(state["step"])
-
-
-def load_renderer(cfg, run_dir: Path, scene, env):
-    """(module that renders rays, step): the model, or the fusion stage of an ``ss`` run."""
-    if cfg.strategy.name == "ss":
-        from .strategy.fused import load_fused, region_states
-
-        if cfg.weights:  # a fused export: every region's sub-model in one file
-            blob = ckpt.load_file(cfg.weights)
-            partition, state, step = blob["partition"], blob["regions"].__getitem__, int(blob["step"])
-        else:
-            found, manifest = find_checkpoint(cfg, run_dir)
-            partition, state, step = manifest["partition"], region_states(found), int(manifest["step"])
-        fused = load_fused(partition, state, OmegaConf.to_container(cfg.model, resolve=True), cfg.strategy,
-                           scene.aabb, scene.background, cfg.fusion or cfg.strategy.fusion, env)
-        return fused, step
-    state, step = load_weights(cfg, run_dir)
-    model = build_model(cfg.model, scene.aabb, scene.background)
-    model.load_state_dict(state)
-    return model.to(env.device).eval(), step
 
 
 VIDEO_SUFFIXES = (".gif", ".mp4", ".mkv", ".mov", ".avi")

@@ -351,6 +351,16 @@ class EvalConfig:
 
 
 @dataclass
+class ViewerConfig:
+    """The web viewer (``python -m distnerf.view``; ``viewer.enabled=true`` on training: live, rank 0)."""
+    enabled: bool = False               # training serves the viewer from rank 0, rendering the current model
+    port: int = bounded(7007, 1, 65535)  # HTTP/websocket port (viser); forward it with ssh -L 7007:localhost:7007
+    max_render_share: float = bounded(0.15, 0, 1, low_open=True)  # live: rendering takes at most this share of
+                                        # wall time (training keeps >= 1 - share; nerfstudio's default 0.15)
+    max_resolution: int = positive(512)  # longest image side of a still frame (moving: lower, by render speed)
+
+
+@dataclass
 class TrainConfig:
     """The root of ``conf/train.yaml``."""
     dataset: Any = MISSING
@@ -361,6 +371,7 @@ class TrainConfig:
     profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
     train: TrainLoopConfig = field(default_factory=TrainLoopConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    viewer: ViewerConfig = field(default_factory=ViewerConfig)
     run_dir: Optional[str] = None       # one directory for all ranks; null: runs/<timestamp> chosen by rank 0
     resume: bool = False                # continue from the newest committed checkpoint in run_dir
     seed: int = 0
@@ -436,7 +447,7 @@ class StudyConfig:
 
 
 PREFIX = {SamplerConfig: "sampler.", TrainLoopConfig: "train.", EvalConfig: "eval.", ProfilerConfig: "profiler.",
-          LoggerConfig: "logger.", TraceConfig: "profiler.trace."}
+          LoggerConfig: "logger.", TraceConfig: "profiler.trace.", ViewerConfig: "viewer."}
 PREFIX.update({schema: f"{group}." for group, options in {
     "dataset": (SyntheticDataset, BlenderDataset, LLFFDataset, ColmapDataset, NerfstudioDataset),
     "model": (GridModelConfig, NeRFModelConfig, NGPModelConfig),

@@ -12,5 +12,11 @@ quiet() { grep -v "^WARNING: Location" || true; }  # this machine's pip mirrors 
 if [ -n "$TORCH_SPEC" ]; then
   python -m pip install -q "$TORCH_SPEC" 2>&1 | quiet
 fi
-python -m pip install -q -e ".[test,profile,colmap]" 2>&1 | quiet
+python -m pip install -q -e ".[test,profile,colmap,viewer]" 2>&1 | quiet
+# the viewer's browser test (tests/e2e/test_viewer.py) drives Debian's chromium; installed only when missing
+if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+  SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
+  { $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium chromium-driver; } \
+    >/dev/null 2>&1 || echo "setup_env: could not install chromium (tests/e2e/test_viewer.py will skip)" >&2
+fi
 python -c "import torch, distnerf; print('torch', torch.__version__, '| distnerf ready')"

@@ -114,6 +114,7 @@ class Trainer:
                                     self.model)  # always-on step breakdown (+ traces with profiler=trace)
         self.timer = self.profiler.steps
         self.logger = self._make_logger(resume_from is not None)
+        self.viewer = self._make_viewer()
         if resume_from is not None:
             self.logger.log({"step": self.step, "event": "resumed", "checkpoint": resume_from.name,
                              "torchrun_restart": self.env.restart_count})
@@ -135,6 +136,14 @@ class Trainer:
         """Write ``step_N/`` for the current step (collective; :meth:`Checkpointer.save`)."""
         return self.checkpointer.save(self.step, self.train_seconds, self.model, self.optimizer, self.sampler,
                                       at_mark)
+
+    def _make_viewer(self):
+        """``viewer.enabled``: the live web viewer, served by the main rank (see :class:`LiveViewer`)."""
+        if not (self.cfg.viewer.enabled and self.env.is_main):
+            return None
+        from .viewer import LiveViewer
+
+        return LiveViewer(self.cfg, self.strategy, self.train_scene)
 
     def _make_logger(self, resumed: bool):
         if not self.env.is_main:
@@ -207,6 +216,8 @@ class Trainer:
             if self.checkpointer.due(self.step):
                 self.timer.mark("checkpoint")  # its barrier waits for every rank
                 self.save_checkpoint()
+            if self.viewer is not None:  # between steps, in this thread: the model is not changing
+                self.viewer.after_step(self.model, self.step, float(flags.valid_rays) / max(step_seconds, 1e-9))
         return self._finish(stop_reason, progress, segment_start)
 
     def _stop_nonfinite(self, flags: StepStats) -> None:
@@ -357,3 +368,6 @@ class Trainer:
     def close(self) -> None:
         self.sampler.close()
         self.logger.close()
+        if self.viewer is not None:
+            self.viewer.close()
+            self.viewer = None

@@ -198,6 +198,11 @@ class Strategy:
         """The module that renders evaluation views (``ss``: the fusion stage)."""
         return model
 
+    def live_view_model(self, model: nn.Module) -> nn.Module:
+        """The module the live viewer (one process, between training steps) renders with: it must
+        run no collective, as the other ranks are not rendering. Default: :meth:`inference_model`."""
+        return self.inference_model(model)
+
     @property
     def writes_renders(self) -> bool:
         """Whether this rank writes the PNGs of the views it renders."""

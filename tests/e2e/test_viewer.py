@@ -1,0 +1,231 @@
+"""``distnerf.view`` in a real browser (issue 27, part 1): headless Debian chromium driven by
+playwright opens the viser page of a tiny ``ddp`` run and of a tiny ``ss`` run.
+
+Each case sets the browser's camera through the server's Python API (viser's client camera
+handle) to a test camera, waits for the full-resolution frame the server pushed, and checks:
+
+* the frame equals ``distnerf.render``'s rendering of the same camera (``render_frames`` on a
+  model loaded separately by ``load_renderer``; ``ss``: through its fusion stage), PSNR >= 30 dB
+  (the two differ only by float rounding of the focal length derived from the field of view);
+* the page's screenshot is not blank and its centre crop matches the frame: the page shows the
+  frame stretched to the canvas (a 40 px frame magnified ~10x, linear filtering), so the
+  canvas screenshot is box-filtered back to the frame's size and compared at PSNR >= 25 dB
+  (magnification then minification blurs edges by about a pixel; a wrong or stale frame is
+  far below);
+* after the camera is moved through the API a new frame arrives, differs from the first (below
+  28 dB: more than the agreement tolerance) and matches ``distnerf.render`` of the new pose;
+* ``ss`` with the region tint: each covered pixel moves towards its region's colour, and the
+  tinted frame shows at least two regions.
+
+Screenshots and frames are kept under the test's tmp dir and copied to ``$DISTNERF_ARTIFACTS``
+(default ``tests/artifacts/viewer``); the path is printed. Skipped only without chromium.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import REPO, free_port, run_cli
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
+                                reason=f"no chromium at {CHROMIUM} (apt-get install chromium; tools/setup_env.sh does)")
+# software WebGL (SwiftShader) in a container without a GPU; no sandbox as root
+CHROMIUM_ARGS = ["--no-sandbox", "--use-angle=swiftshader", "--enable-unsafe-swiftshader", "--ignore-gpu-blocklist"]
+VIEWPORT = 600  # the GUI panel (bottom right) and the software-WebGL notice (top left) stay off the centre
+SIZE = 40  # the smoke scene's test views are 40 x 40: frames at that size match distnerf.render's camera
+COMMON = ["experiment=smoke", "train.progress=false", "sampler=sync", "eval.enabled=false", "device=cpu"]
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    mse = float(np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)) / 255.0 ** 2
+    return 10 * np.log10(1.0 / max(mse, 1e-12))
+
+
+def artifacts_dir() -> Path:
+    path = Path(os.environ.get("DISTNERF_ARTIFACTS", REPO / "tests" / "artifacts")) / "viewer"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, synthetic_cache):
+    root = tmp_path_factory.mktemp("viewer_runs")
+    cache = f"dataset.cache_dir={synthetic_cache}"
+    run_cli([sys.executable, "-m", "distnerf.train", *COMMON, f"run_dir={root / 'ddp'}", cache,
+             "train.max_steps=60", "train.ckpt_every=0"])
+    run_cli([sys.executable, "-m", "distnerf.train", *COMMON, f"run_dir={root / 'ss'}", cache, "strategy=ss",
+             "strategy.num_regions=2", "train.max_steps=20", "train.ckpt_every=0"])
+    return root
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+class Session:
+    """A RunViewer serving in a thread and a headless chromium page on it."""
+
+    def __init__(self, run_dir: Path, playwright):
+        from distnerf import dist as D
+        from distnerf.view import RunViewer, view_config
+
+        self.port = free_port()
+        cfg, run = view_config([f"run_dir={run_dir}", f"port={self.port}", f"viewer.max_resolution={SIZE}",
+                                "device=cpu"])
+        self.cfg, self.run, self.env = cfg, run, D.init_distributed("cpu")
+        self.viewer = RunViewer(cfg, run, self.env)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.viewer.serve, args=(self.stop,), daemon=True)
+        self.thread.start()
+        self.browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        self.page = self.browser.new_page(viewport={"width": VIEWPORT, "height": VIEWPORT}, device_scale_factor=1)
+        self.page.goto(f"http://localhost:{self.port}")
+        server = self.viewer.server
+        self.state = wait_for(lambda: next(iter(server.clients().values()), None), 60, "the page to connect")
+        wait_for(lambda: self.state.frame is not None, 60, "a first frame")
+        server.show_overlays(False)  # frustums and boxes are drawn over the frame
+
+    def look(self, c2w: np.ndarray, fov: float):
+        """Set the browser's camera (OpenGL c2w) through viser's API; the full frame rendered for it."""
+        from distnerf.engine.viewer import viser_from_c2w
+
+        wxyz, position = viser_from_c2w(c2w)
+        camera, before = self.state.client.camera, self.viewer.server.frames_rendered
+        with self.state.client.atomic():
+            camera.fov = fov
+            camera.position = position
+            camera.wxyz = wxyz
+        return wait_for(lambda: (self.state.frame if self.viewer.server.frames_rendered > before
+                                 and self.state.frame.full and np.allclose(self.state.frame.c2w, c2w, atol=1e-4)
+                                 else None), 60, "the frame of the camera set")
+
+    def screenshot(self, path: Path, frame) -> np.ndarray:
+        """The canvas as shown (after the page drew ``frame``), box-filtered to the frame's size."""
+        from PIL import Image
+
+        time.sleep(1.0)  # the browser decodes and draws the pushed PNG
+        self.page.locator("canvas").first.screenshot(path=str(path))
+        shot = np.asarray(Image.open(path).convert("RGB"))
+        h, w = frame.image.shape[:2]
+        return np.asarray(Image.fromarray(shot).resize((w, h), Image.BOX))
+
+    def close(self):
+        self.browser.close()
+        self.stop.set()
+        self.thread.join(timeout=30)
+        self.viewer.close()
+
+
+def reference(session: Session, c2w: np.ndarray) -> np.ndarray:
+    """``distnerf.render``'s frame of test camera 0's intrinsics at pose ``c2w``: (H, W, 3) uint8."""
+    from distnerf.engine.runs import load_renderer
+    from distnerf.render import render_frames
+    from distnerf.strategy import build_strategy
+
+    scene = session.viewer.scene
+    model, _ = load_renderer(session.cfg, session.run, scene, session.env)
+    strategy = build_strategy(session.cfg.strategy, session.env)
+    return render_frames(model, strategy, scene, torch.as_tensor(c2w[None], dtype=torch.float32),
+                         session.cfg.eval.chunk, session.env.device)[0]
+
+
+def check_view(session: Session, tmp_path: Path, name: str):
+    """Frame vs distnerf.render, screenshot vs frame, then a camera move; returns (frame, reference)."""
+    from PIL import Image
+
+    cams = session.viewer.scene.cameras
+    assert cams.size(0) == (SIZE, SIZE) and float(cams.cx[0]) == SIZE / 2 == float(cams.cy[0])
+    fov = float(2 * np.arctan(0.5 * SIZE / float(cams.fy[0])))
+    c2w = cams.c2w[0].double().numpy()
+    frame = session.look(c2w, fov)
+    assert frame.image.shape == (SIZE, SIZE, 3)
+    ref = reference(session, frame.c2w)
+    assert psnr(frame.image, ref) >= 30.0, f"viewer frame vs distnerf.render: {psnr(frame.image, ref):.1f} dB"
+    shot = session.screenshot(tmp_path / f"{name}_screenshot.png", frame)
+    assert shot.std() > 2.0, "blank screenshot"
+    crop = slice(SIZE * 3 // 8, SIZE * 5 // 8)  # the centre 150 x 150 px (the GUI panel and notice lie outside)
+    shot_db = psnr(shot[crop, crop], frame.image[crop, crop])
+    assert shot_db >= 25.0, f"screenshot centre vs frame: {shot_db:.1f} dB"
+    Image.fromarray(frame.image).save(tmp_path / f"{name}_frame.png")
+    # move: the camera half-way round the object and closer to it (the scene is object-centred at the origin)
+    closer = cams.c2w[len(cams) // 2].double().numpy().copy()
+    closer[:, 3] *= 0.5
+    moved = session.look(closer, fov)
+    moved_db = psnr(moved.image, frame.image)
+    print(f"viewer {name}: moved frame vs first {moved_db:.1f} dB")
+    assert moved_db < 28.0, f"the frame did not change with the camera ({moved_db:.1f} dB vs the first)"
+    moved_ref = psnr(moved.image, reference(session, moved.c2w))
+    assert moved_ref >= 30.0, f"moved frame vs distnerf.render: {moved_ref:.1f} dB"
+    moved_shot = session.screenshot(tmp_path / f"{name}_moved_screenshot.png", moved)
+    assert psnr(moved_shot[crop, crop], moved.image[crop, crop]) >= 25.0
+    for f in tmp_path.glob(f"{name}_*.png"):
+        shutil.copy(f, artifacts_dir() / f.name)
+    print(f"viewer {name}: frame/render {psnr(frame.image, ref):.1f} dB, screenshot/frame {shot_db:.1f} dB; "
+          f"artifacts in {artifacts_dir()}")
+    return frame, ref
+
+
+@pytest.fixture
+def playwright():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        yield p
+
+
+def test_viewer_ddp_run_in_browser(runs, tmp_path, playwright):
+    session = Session(runs / "ddp", playwright)
+    try:
+        assert "step 60" in session.viewer.server.status.content
+        check_view(session, tmp_path, "ddp")
+    finally:
+        session.close()
+
+
+def test_viewer_ss_run_fused_with_region_tint(runs, tmp_path, playwright):
+    from distnerf.engine.viewer import REGION_COLOURS
+
+    session = Session(runs / "ss", playwright)
+    try:
+        server = session.viewer.server
+        assert server.partition is not None and len(server.partition) == 2
+        frame, _ = check_view(session, tmp_path, "ss")
+        cams = session.viewer.scene.cameras
+        # a test camera looking along the boundary between the two regions, so both are in view
+        part = server.partition
+        axis = int(np.argmax((part.boxes[0, 1] < part.bounds[1]).numpy() | (part.boxes[0, 0] > part.bounds[0]).numpy()))
+        k = int(torch.argmin(cams.c2w[:, axis, 2].abs()))  # the viewing direction is -Z of c2w
+        ref = reference(session, cams.c2w[k].double().numpy())
+        server.tint.value = True  # the page's checkbox, set from the server
+        server.invalidate()
+        tinted = session.look(cams.c2w[k].double().numpy(), frame.fov_y)  # rendered after the tint was set
+        session.screenshot(tmp_path / "ss_tint_screenshot.png", tinted)
+        shutil.copy(tmp_path / "ss_tint_screenshot.png", artifacts_dir() / "ss_tint_screenshot.png")
+        # tinted = (1 - a/2) ref + a/2 colour: recover each strongly covered pixel's colour, nearest region colour
+        diff = tinted.image.astype(np.float64) - ref.astype(np.float64)
+        moved = np.abs(diff).max(axis=-1) > 8
+        assert moved.mean() > 0.05, "the tint changed almost nothing"
+        seen = set()
+        for y, x in zip(*np.nonzero(moved)):
+            direction = diff[y, x] / np.linalg.norm(diff[y, x])
+            towards = REGION_COLOURS.astype(np.float64) - ref[y, x]
+            cos = towards @ direction / np.maximum(np.linalg.norm(towards, axis=1), 1e-9)
+            seen.add(int(np.argmax(cos[:2])) if cos[:2].max() > 0.9 else -1)
+        assert {0, 1} <= seen, f"regions seen in the tint: {sorted(seen)}"
+    finally:
+        session.close()
