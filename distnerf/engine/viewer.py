@@ -437,4 +437,7 @@ class LiveViewer:
         return spent
 
     def close(self) -> None:
+        wall = time.perf_counter() - self.start
+        log.info("viewer: %d frames rendered in %.2f s, %.1f%% of %.1f s (viewer.max_render_share=%.2f)",
+                 self.server.frames_rendered, self.render_s, 100 * self.render_s / max(wall, 1e-9), wall, self.share)
         self.server.stop()

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -229,3 +230,85 @@ def test_viewer_ss_run_fused_with_region_tint(runs, tmp_path, playwright):
         assert {0, 1} <= seen, f"regions seen in the tint: {sorted(seen)}"
     finally:
         session.close()
+
+
+def test_viewer_waits_for_a_checkpoint_then_follows_the_run(runs, tmp_path):
+    """A run dir without a committed checkpoint: the page and the log say it waits; the checkpoint
+    appearing later is loaded by the next poll, without a restart (no browser needed)."""
+    from distnerf import dist as D
+    from distnerf.view import RunViewer, view_config
+
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(runs / "ddp" / "config.yaml", run / "config.yaml")
+    cfg, run_dir = view_config([f"run_dir={run}", f"port={free_port()}", "device=cpu"])
+    viewer = RunViewer(cfg, run_dir, D.init_distributed("cpu"))
+    try:
+        assert viewer.poll() is False and viewer.model is None
+        assert "waiting for a committed checkpoint" in viewer.server.status.content
+        shutil.copytree(runs / "ddp" / "checkpoints", run / "checkpoints")
+        shutil.copy(runs / "ddp" / "metrics.jsonl", run / "metrics.jsonl")
+        assert viewer.poll() is True and viewer.step == 60
+        assert "step 60" in viewer.server.status.content and "training rays/s" in viewer.server.status.content
+    finally:
+        viewer.close()
+
+
+def test_viewer_port_in_use_is_a_clear_error(runs):
+    """A taken port fails before viser starts, naming the port (the CLI prints it and exits)."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        proc = subprocess.run([sys.executable, "-m", "distnerf.view", f"run_dir={runs / 'ddp'}", f"port={port}",
+                               "device=cpu"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and f"viewer port {port}" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_live_viewer_during_training(tmp_path, synthetic_cache, playwright):
+    """``viewer.enabled=true`` on ``distnerf.train``: the page shows the live step and a frame of
+    the model being trained; rendering stays within ``viewer.max_render_share`` of wall time."""
+    import re
+    import signal
+
+    port = free_port()
+    args = [sys.executable, "-m", "distnerf.train", *COMMON, f"run_dir={tmp_path / 'run'}",
+            f"dataset.cache_dir={synthetic_cache}", "train.max_steps=100000", "train.ckpt_every=0",
+            "viewer.enabled=true", f"viewer.port={port}", f"viewer.max_resolution={SIZE}"]
+    proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"})
+    browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    try:
+        page = browser.new_page(viewport={"width": VIEWPORT, "height": VIEWPORT}, device_scale_factor=1)
+        deadline = time.monotonic() + 60
+        while True:  # the server comes up once training has built its model
+            try:
+                page.goto(f"http://localhost:{port}")
+                break
+            except Exception:  # noqa: BLE001  (connection refused until then)
+                assert proc.poll() is None and time.monotonic() < deadline, "training ended or no server"
+                time.sleep(0.5)
+        steps = []
+        for _ in range(2):  # two readings of the live step: it advances
+            page.wait_for_function("document.body.innerText.includes('live')", timeout=60_000)
+            steps.append(int(re.search(r"live\s+step (\d+)", page.inner_text("body")).group(1)))
+            time.sleep(3.0)
+        steps.append(int(re.search(r"live\s+step (\d+)", page.inner_text("body")).group(1)))
+        page.locator("canvas").first.screenshot(path=str(tmp_path / "live_screenshot.png"))
+        shutil.copy(tmp_path / "live_screenshot.png", artifacts_dir() / "live_screenshot.png")
+        from PIL import Image
+
+        shot = np.asarray(Image.open(tmp_path / "live_screenshot.png").convert("RGB")).astype(np.float64)
+        centre = shot[VIEWPORT * 3 // 8:VIEWPORT * 5 // 8, VIEWPORT * 3 // 8:VIEWPORT * 5 // 8]
+        assert centre.std() > 2.0, "no frame in the live page's centre"
+        assert steps[-1] > steps[0], f"the live step did not advance: {steps}"
+    finally:
+        browser.close()
+        proc.send_signal(signal.SIGTERM)  # training stops at the next step with a checkpoint
+        out = proc.communicate(timeout=120)[0]
+    share = re.search(r"viewer: (\d+) frames rendered in [\d.]+ s, ([\d.]+)% of", out)
+    assert share is not None, out[-3000:]
+    assert int(share.group(1)) >= 1 and float(share.group(2)) <= 15.0 + 2.0, share.group(0)  # + one frame's slack
+    print(f"live viewer: {share.group(0)}; steps seen {steps}")
