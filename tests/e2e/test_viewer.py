@@ -203,6 +203,12 @@ def test_viewer_ddp_run_in_browser(runs, tmp_path, playwright):
     try:
         assert "step 60" in session.viewer.server.status.content
         check_view(session, tmp_path, "ddp")
+        # the tab closes: its client leaves no state behind, and the server keeps serving
+        server = session.viewer.server
+        server.invalidate()
+        session.page.close()
+        wait_for(lambda: not server.clients(), 30, "the closed page's client to be dropped")
+        assert session.thread.is_alive()
     finally:
         session.close()
 
