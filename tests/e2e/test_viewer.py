@@ -14,6 +14,7 @@ handle) to a test camera, waits for the full-resolution frame the server pushed,
   far below);
 * after the camera is moved through the API a new frame arrives, differs from the first (below
   28 dB: more than the agreement tolerance) and matches ``distnerf.render`` of the new pose;
+* ``ddp``: the opacity output is grey and unlike rgb; a closed tab's client is dropped;
 * ``ss`` with the region tint: each covered pixel moves towards its region's colour, and the
   tinted frame shows at least two regions.
 
@@ -202,9 +203,15 @@ def test_viewer_ddp_run_in_browser(runs, tmp_path, playwright):
     session = Session(runs / "ddp", playwright)
     try:
         assert "step 60" in session.viewer.server.status.content
-        check_view(session, tmp_path, "ddp")
-        # the tab closes: its client leaves no state behind, and the server keeps serving
+        frame, _ = check_view(session, tmp_path, "ddp")
+        # the opacity output of the first view: grey, and where the model is dense
         server = session.viewer.server
+        server.output.value = "opacity"
+        opacity = session.look(session.viewer.scene.cameras.c2w[0].double().numpy(), frame.fov_y)
+        img = opacity.image.astype(np.float64)
+        assert np.allclose(img[..., 0], img[..., 2]) and np.allclose(img[..., 0], img[..., 1])
+        assert psnr(opacity.image, frame.image) < 20.0, "the opacity output looks like rgb"
+        # the tab closes: its client leaves no state behind, and the server keeps serving
         server.invalidate()
         session.page.close()
         wait_for(lambda: not server.clients(), 30, "the closed page's client to be dropped")
