@@ -253,7 +253,8 @@ class ImageList:
         image = self.decode(0)
         return (len(self),) + image.shape, image
 
-    def decode_into(self, out, first: np.ndarray | None = None, num_threads: int | None = None) -> None:
+    def decode_into(self, out, first: np.ndarray | None = None, num_threads: int | None = None,
+                    progress: Callable[[int], None] | None = None) -> None:
         """Decodes every image into ``out[index]``; at most ``num_threads`` decoded images in RAM.
 
         Args:
@@ -262,6 +263,8 @@ class ImageList:
             first: image 0 when already decoded (from :meth:`first`).
             num_threads: decoding threads (default ``min(16, cpu count)``); Pillow
                 releases the GIL while decoding.
+            progress: called with the number of images decoded so far (1 .. N, in order), from
+                this thread (e.g. a progress bar); None: silent.
 
         Raises:
             FileNotFoundError, DatasetError: from :meth:`decode`; DatasetError when an
@@ -277,8 +280,12 @@ class ImageList:
             out[index] = image
 
         num_threads = num_threads or min(16, os.cpu_count() or 1)
+        if progress is not None:
+            progress(1)
         with ThreadPoolExecutor(max_workers=num_threads) as pool:
-            list(pool.map(load_into, range(1, len(self))))  # re-raises a worker's exception
+            for done, _ in enumerate(pool.map(load_into, range(1, len(self))), start=2):  # re-raises a worker's exception
+                if progress is not None:
+                    progress(done)
 
     def verify(self, num_threads: int | None = None) -> None:
         """Check every file without decoding its pixels (``sampler.source=files`` decodes them only when

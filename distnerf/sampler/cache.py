@@ -63,10 +63,13 @@ class PixelCache:
         cache_dir: directory of the cache files (created if needed).
         num_threads: decoding threads while building (default ``min(16, cpu count)``);
             at most this many decoded images are in RAM at once.
+        progress_every_s: while building, a log line every this many seconds (images done,
+            images/s, ETA; a tqdm bar instead when stderr is a terminal), so a set of thousands
+            of frames never sits at start without output.
     """
 
-    def __init__(self, cache_dir: str | Path, num_threads: int | None = None):
-        self.cache_dir, self.num_threads = Path(cache_dir), num_threads
+    def __init__(self, cache_dir: str | Path, num_threads: int | None = None, progress_every_s: float = 10.0):
+        self.cache_dir, self.num_threads, self.progress_every_s = Path(cache_dir), num_threads, progress_every_s
 
     def path_for(self, images: ImageList) -> Path:
         """The cache file of ``images`` (no decoding; one ``stat`` per image file)."""
@@ -78,8 +81,8 @@ class PixelCache:
 
         def build(tmp: Path) -> None:
             shape, first = images.first()
-            with NpyWriter(tmp, shape) as out:
-                images.decode_into(out, first, self.num_threads)
+            with NpyWriter(tmp, shape) as out, DecodeProgress(len(images), self.progress_every_s) as progress:
+                images.decode_into(out, first, self.num_threads, progress)
 
         path = self.path_for(images)
         ensure_pixel_file(path, build, len(images), f"{len(images)} images from {Path(images.paths[0]).parent}")
@@ -87,6 +90,51 @@ class PixelCache:
 
     def __repr__(self) -> str:
         return f"PixelCache({str(self.cache_dir)!r})"
+
+
+class DecodeProgress:
+    """Progress of a cache build: ``progress(done)`` after each decoded image.
+
+    On a terminal, a tqdm bar (images/s, ETA); otherwise (Slurm logs, pipes) a log line every
+    ``every_s`` seconds, with tqdm's own meter text (``done/total [elapsed<ETA, rate]``), and
+    one at the end.
+
+    Args:
+        total: images to decode. every_s: seconds between log lines (> 0).
+    """
+
+    def __init__(self, total: int, every_s: float = 10.0):
+        import sys
+
+        from tqdm import tqdm
+
+        self.total, self.every_s, self._tqdm = int(total), float(every_s), tqdm
+        self.bar = tqdm(total=self.total, unit="img", desc="pixel cache", dynamic_ncols=True) \
+            if sys.stderr.isatty() else None
+        self.start = self._next = time.monotonic()
+        self._next += self.every_s
+        self.done = 0
+
+    def meter(self) -> str:
+        return self._tqdm.format_meter(self.done, self.total, time.monotonic() - self.start, unit="img",
+                                       bar_format="{n_fmt}/{total_fmt} images [{elapsed}<{remaining}, {rate_fmt}]")
+
+    def __call__(self, done: int) -> None:
+        if self.bar is not None:
+            self.bar.update(done - self.done)
+        self.done = done
+        if self.bar is None and time.monotonic() >= self._next:
+            log.info("pixel cache: decoded %s", self.meter())
+            self._next = time.monotonic() + self.every_s
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.close()
+        if exc[0] is None:
+            log.info("pixel cache: decoded %s", self.meter())
 
 
 class NpyWriter:

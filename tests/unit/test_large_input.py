@@ -1,0 +1,49 @@
+"""Input larger than memory (issue 30): the pixel cache decodes a replicated Blender set image by image
+into a file, with progress lines, and reading every pixel through the map adds no anonymous memory."""
+import importlib.util
+import logging
+
+import numpy as np
+import pytest
+
+from tests.conftest import LEGO, REPO
+from distnerf.data import load_scene
+from distnerf.data.images import undecoded
+from distnerf.sampler.cache import PixelCache, cached_file
+
+
+def _tool():
+    spec = importlib.util.spec_from_file_location("bench_large_input", REPO / "tools" / "bench_large_input.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def rss_anon_mib() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(ln.split()[1]) / 1024 for ln in f if ln.startswith("RssAnon:"))
+
+
+@pytest.mark.skipif(not LEGO.is_dir(), reason="needs ../shared/data (nerf_synthetic_half/lego)")
+def test_replicated_set_decodes_into_a_mapped_cache_without_anonymous_memory(tmp_path, caplog):
+    tool = _tool()
+    frames = tool.replicate_blender(LEGO, tmp_path / "large", copies=3)
+    assert frames == 300
+    cfg = {"name": "blender", "root": str(tmp_path / "large")}
+    listed = load_scene(cfg, "train", pixels=undecoded)
+    assert len(listed) == 300
+    before = rss_anon_mib()
+    with caplog.at_level(logging.INFO, logger="distnerf"):
+        scene = load_scene(cfg, "train", pixels=PixelCache(tmp_path / "cache", num_threads=2, progress_every_s=0.0))
+    decoded_mib = scene.images.numel() * 4 / 2 ** 20  # 300 x 400 x 400 x 3 float32: 549 MiB
+    assert decoded_mib > 500 and cached_file(scene.images) is not None
+    total = float(scene.images.sum(dtype=np.float64) if isinstance(scene.images, np.ndarray)
+                  else scene.images.double().sum())  # every page read through the map
+    grown = rss_anon_mib() - before
+    # decoded into RAM the split would add ~decoded_mib of anonymous memory; mapped, the pages are the
+    # page cache's (RssFile). A bound of a tenth leaves room for the allocator and the reading's chunks
+    assert grown < 0.1 * decoded_mib, (grown, decoded_mib)
+    assert total > 0
+    lines = [r.getMessage() for r in caplog.records if "pixel cache: decoded" in r.getMessage()]
+    assert len(lines) >= 2 and lines[-1].startswith("pixel cache: decoded 300/300"), lines
+    assert "img/s" in lines[-1]
