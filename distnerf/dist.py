@@ -17,7 +17,6 @@ calling line (NCCL would fail obscurely or hang on the first).
 from __future__ import annotations
 
 import datetime
-import gc
 import inspect
 import logging
 import os
@@ -62,20 +61,6 @@ class DistEnv:
         return self.distributed and self.world_size > 1
 
 
-def _import_group_defaults() -> None:
-    """Import, before the default group exists, the torch module whose functions take
-    ``group=group.WORLD`` as a default argument (``torch.distributed.nn.functional``).
-
-    Python evaluates defaults at import: imported while a group exists (torch's optimizers
-    import it lazily through ``torch._dynamo``), its functions hold that group for the life of
-    the process, ``destroy_process_group`` cannot free it, and its gloo threads run into
-    interpreter exit (see :func:`shutdown`). Imported first, the defaults hold ``None``."""
-    try:
-        import torch.distributed.nn.functional  # noqa: F401
-    except ImportError:  # a torch without it: nothing binds the group
-        pass
-
-
 def init_distributed(device: str = "auto", timeout_s: float = 600.0, setup_timeout_s: float | None = None) -> DistEnv:
     """Join the process group when launched by torchrun.
 
@@ -118,7 +103,6 @@ def init_distributed(device: str = "auto", timeout_s: float = 600.0, setup_timeo
         store, _, _ = next(dist.rendezvous("env://", timeout=timeout))
         store = dist.PrefixStore(f"distnerf/attempt_{restart_count}", store)
         bind = {"device_id": dev} if use_cuda and accepts(dist.init_process_group, "device_id") else {}
-        _import_group_defaults()
         dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout, **bind)
         # monitored_barrier is gloo's: on CUDA a gloo group of the same ranks beside NCCL
         host_group = dist.new_group(backend="gloo", timeout=timeout) if use_cuda else dist.group.WORLD
@@ -247,49 +231,9 @@ def ddp_buffer_kwargs(ddp_cls) -> dict:
     return {"broadcast_buffers": False}
 
 
-BACKEND_THREADS = ("pt_gloo_runloop", "gloo_tcp_loop")
-"""Thread names of a live gloo process group (its work loops and its transport's event loop)."""
-
-
-def backend_threads() -> list[str]:
-    """Names of this process's threads that belong to a live gloo process group (Linux
-    ``/proc/self/task/*/comm``; an empty list elsewhere)."""
-    names = []
-    try:
-        for task in os.listdir("/proc/self/task"):
-            with open(f"/proc/self/task/{task}/comm") as f:
-                name = f.read().strip()
-            if name.startswith(BACKEND_THREADS):
-                names.append(name)
-    except OSError:
-        return []
-    return sorted(names)
-
-
 def shutdown(env: DistEnv) -> None:
-    """Destroy the process groups and drop ``env``'s reference to them, so that the backends'
-    threads are joined now, while the interpreter is fully alive.
-
-    ``destroy_process_group`` unregisters a group, but the group (and gloo's work threads)
-    lives on while anything references it: a DDP wrapper's reducer, ``env.host_group``. Such a
-    group is destroyed only at interpreter exit, where a gloo thread that drops the last
-    reference to a collective's tensor (one made in Python, e.g. by ``broadcast_object_list``)
-    takes the GIL during finalisation and aborts the process, after the run's results were
-    written: "terminate called without an active exception", SIGABRT (pytorch/pytorch#179291).
-    Callers therefore drop their trainer and strategy first (and :func:`init_distributed`
-    imports torch's module that binds the group as a default argument before the group
-    exists); a group that still survives is logged here, naming its threads.
-    """
     if env.distributed and dist.is_initialized():
         dist.destroy_process_group()
-    env.host_group = None
-    if env.distributed:
-        gc.collect()  # a trainer left in a reference cycle holds the DDP wrapper, hence the group
-        left = backend_threads()
-        if left:
-            log.warning("rank %d: a process group outlived destroy_process_group (threads %s still run): something "
-                        "still references it (a DDP wrapper?); the process may abort at exit", env.rank,
-                        ", ".join(left))
 
 
 PREEMPT_SIGNALS = ("USR1", "USR2", "HUP")

@@ -49,7 +49,7 @@ def run(cfg: DictConfig) -> dict:
     stop = D.StopRequest().install()  # SIGUSR1/SIGTERM: all ranks stop at one step and checkpoint
     env = D.init_distributed(cfg.device, cfg.dist_timeout_s, cfg.dist_setup_timeout_s)
     beacon = ProgressBeacon(env.store, env.rank, env.world_size, cfg.dist_progress_s).start()  # step and phase, for hang reports
-    run_dir = trainer = strategy = None
+    run_dir = None
     try:
         run_dir = resolve_run_dir(cfg, env)
         setup_logging(env, run_dir, cfg.logger.level)
@@ -74,7 +74,6 @@ def run(cfg: DictConfig) -> dict:
         if run_dir is not None:
             release_run_dir(run_dir)
         beacon.stop()  # joined before the process group goes
-        trainer = strategy = None  # their DDP wrapper holds the process group: freed before it is destroyed
         torch.use_deterministic_algorithms(was_deterministic)
         D.shutdown(env)
         stop.uninstall()

@@ -66,8 +66,6 @@ class ProgressBeacon:
         if self._thread is not None:
             self._thread.join(timeout=2 * self.interval_s)
             self._thread = None
-        stopped = (None, "stopped", time.time())
-        self.source = lambda: stopped  # let go of the trainer (it holds the DDP wrapper, hence the group)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):

@@ -117,9 +117,6 @@ def test_ddp_alone_in_its_group_does_no_collective(tmp_path, synthetic_cache, wo
     assert "traceback" not in res, res.get("traceback")
     assert res["step"] == 6 and len(res["per_step"]) == 6
     calls = [n for n, _ in res["per_step"]]
-    # the gloo group's threads were joined at shutdown, not left to interpreter exit (where one that drops a
-    # collective's tensor aborts the process: dist.shutdown's docstring)
-    assert res["threads_after_shutdown"] == [], res["threads_after_shutdown"]
     if world_size == 1:
         assert calls == [0] * 6, res["per_step"]
         assert res["wrapped"] != "DistributedDataParallel"

@@ -46,12 +46,6 @@ def profiled_runs(tmp_path_factory, synthetic_cache):
     return {"ddp": ddp, "single": single, "single_b": single_b, "train_log": proc.stderr, "report": report}
 
 
-def test_ddp_run_frees_its_process_group_before_exit(profiled_runs):
-    """dist.shutdown: the DDP wrapper (its reducer holds the group) and every other reference are gone by the
-    end of a torchrun run, so gloo's threads are joined before interpreter exit (dist.shutdown's docstring)."""
-    assert "outlived destroy_process_group" not in profiled_runs["train_log"], profiled_runs["train_log"][-3000:]
-
-
 @pytest.mark.parametrize("which", ["ddp", "single"])
 def test_unattributed_share_at_most_5_percent(profiled_runs, which):
     run = profiled_runs[which]

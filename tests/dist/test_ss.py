@@ -47,13 +47,6 @@ def ss_runs(tmp_path_factory, synthetic_cache):
     return {"straight": straight, "resumed": resumed, "log": log, "one_rank_log": one}
 
 
-def test_ss_run_frees_its_process_group_before_exit(ss_runs):
-    """dist.shutdown: every reference to the gloo group (strategy, trainer, hang-report beacon) is gone by the
-    end of the run, so the group's threads are joined before interpreter exit, where one of them could abort
-    the process after its results were written."""
-    assert "outlived destroy_process_group" not in ss_runs["log"], ss_runs["log"][-3000:]
-
-
 def test_partition_saved_and_routing_reported(ss_runs):
     part = json.loads((ss_runs["straight"] / "partition.json").read_text())
     assert len(part["boxes"]) == 4 and part["overlap"] == 0.15

@@ -90,7 +90,6 @@ def grad_worker(rank: int, world_size: int, port: int, out_dir: str, num_rays: i
         torch.save({"grads": grads, "params": params, "occupancy": model.occupancy.binary.clone(), "comm": comm},
                    Path(out_dir) / f"rank_{rank}.pt")
     finally:
-        strategy = model = wrapped = None  # the DDP wrapper holds the group: dropped before it is destroyed
         D.shutdown(env)
 
 
@@ -136,7 +135,6 @@ def trainer_worker(rank: int, world_size: int, port: int, run_dir: str, override
     except Exception:  # noqa: BLE001 - reported to the test
         result["traceback"] = traceback.format_exc()
     finally:
-        trainer = None  # the DDP wrapper holds the group: dropped before it is destroyed
         D.shutdown(env)
     torch.save(result, Path(run_dir) / f"result_rank_{rank}.pt")
 
@@ -184,7 +182,5 @@ def counting_worker(rank: int, world_size: int, port: int, run_dir: str, overrid
     except Exception:  # noqa: BLE001 - reported to the test
         result["traceback"] = traceback.format_exc()
     finally:
-        trainer = None  # the DDP wrapper holds the group: dropped before it is destroyed
         D.shutdown(env)
-    result["threads_after_shutdown"] = D.backend_threads()  # none: the group was joined
     torch.save(result, Path(run_dir) / f"result_rank_{rank}.pt")
