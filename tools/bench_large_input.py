@@ -107,10 +107,10 @@ class RssWatch(threading.Thread):
     def __init__(self, root: int, interval_s: float = 0.5):
         super().__init__(daemon=True)
         self.root, self.interval_s, self.peaks, self.samples = root, interval_s, {}, 0
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     def run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        while not self._halt.wait(self.interval_s):
             for pid in descendants(self.root):
                 role = self.peaks.get(pid, (None,))[0] or process_role(pid)
                 mib = rss_anon_mib(pid)
@@ -119,7 +119,7 @@ class RssWatch(threading.Thread):
             self.samples += 1
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
         self.join()
 
 
