@@ -79,14 +79,18 @@ def resolve_run_dir(cfg: DictConfig, env: D.DistEnv) -> Path:
 
 def setup_logging(env: D.DistEnv, run_dir: Path | None, level: str = "INFO", log_name: str = "train.log") -> None:
     """Rank 0: console at ``level`` plus ``RUN/<log_name>``; other ranks: warnings and
-    errors on the console, prefixed with the rank."""
+    errors on the console, prefixed with the rank, and the records logged with
+    ``extra={"every_rank": True}`` (work that one rank does for all, e.g. building the pixel cache: its
+    progress must show whichever rank builds)."""
     root = logging.getLogger("distnerf")
     root.handlers.clear()
     root.propagate = False
     fmt = logging.Formatter(f"%(asctime)s [rank {env.rank}] %(levelname)s %(message)s", "%H:%M:%S")
     console = logging.StreamHandler(sys.stderr)
     console.setFormatter(fmt)
-    console.setLevel(level if env.is_main else logging.WARNING)
+    console.setLevel(level)
+    if not env.is_main:
+        console.addFilter(lambda r: r.levelno >= logging.WARNING or getattr(r, "every_rank", False))
     root.addHandler(console)
     root.setLevel(level)
     if env.is_main and run_dir is not None:

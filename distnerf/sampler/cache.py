@@ -49,6 +49,7 @@ from ..data.images import ImageList
 log = logging.getLogger("distnerf")
 
 FORMAT_VERSION = 1  # bump when the decoded content of a recipe changes
+EVERY_RANK = {"every_rank": True}  # log extra: on the console of whichever rank builds (distnerf.config.setup_logging)
 _MAPPED: dict[int, tuple] = {}  # id(tensor) -> (weakref to the tensor, cache file)
 
 
@@ -124,7 +125,7 @@ class DecodeProgress:
             self.bar.update(done - self.done)
         self.done = done
         if self.bar is None and time.monotonic() >= self._next:
-            log.info("pixel cache: decoded %s", self.meter())
+            log.info("pixel cache: decoded %s", self.meter(), extra=EVERY_RANK)
             self._next = time.monotonic() + self.every_s
 
     def __enter__(self):
@@ -134,7 +135,7 @@ class DecodeProgress:
         if self.bar is not None:
             self.bar.close()
         if exc[0] is None:
-            log.info("pixel cache: decoded %s", self.meter())
+            log.info("pixel cache: decoded %s", self.meter(), extra=EVERY_RANK)
 
 
 class NpyWriter:
@@ -236,7 +237,7 @@ def ensure_pixel_file(path: Path, build: Callable[[Path], None], num_images: int
         if path.exists():
             log.warning("pixel cache %s %s: rebuilding it", path, problem)
             path.unlink()
-        log.info("building the pixel cache %s (%s, decoded image by image)", path, what)
+        log.info("building the pixel cache %s (%s, decoded image by image)", path, what, extra=EVERY_RANK)
         start = time.monotonic()
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         try:
@@ -251,7 +252,7 @@ def ensure_pixel_file(path: Path, build: Callable[[Path], None], num_images: int
                                        f"{path.parent}, or train without sampler.cache_dir") from err
         finally:
             tmp.unlink(missing_ok=True)
-        log.info("pixel cache %s built in %.1f s", path, time.monotonic() - start)
+        log.info("pixel cache %s built in %.1f s", path, time.monotonic() - start, extra=EVERY_RANK)
 
 
 def check_pixel_file(path: str | Path, num_images: int | None = None) -> str | None:
