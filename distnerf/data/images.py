@@ -280,12 +280,11 @@ class ImageList:
             out[index] = image
 
         num_threads = num_threads or min(16, os.cpu_count() or 1)
-        if progress is not None:
-            progress(1)
+        progress = progress or (lambda done: None)
+        progress(1)
         with ThreadPoolExecutor(max_workers=num_threads) as pool:
             for done, _ in enumerate(pool.map(load_into, range(1, len(self))), start=2):  # re-raises a worker's exception
-                if progress is not None:
-                    progress(done)
+                progress(done)
 
     def verify(self, num_threads: int | None = None) -> None:
         """Check every file without decoding its pixels (``sampler.source=files`` decodes them only when

@@ -32,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import sys
 import time
 import warnings
 import weakref
@@ -105,15 +106,13 @@ class DecodeProgress:
     """
 
     def __init__(self, total: int, every_s: float = 10.0):
-        import sys
-
         from tqdm import tqdm
 
         self.total, self.every_s, self._tqdm = int(total), float(every_s), tqdm
         self.bar = tqdm(total=self.total, unit="img", desc="pixel cache", dynamic_ncols=True) \
             if sys.stderr.isatty() else None
-        self.start = self._next = time.monotonic()
-        self._next += self.every_s
+        self.start = time.monotonic()
+        self._next = self.start + self.every_s
         self.done = 0
 
     def meter(self) -> str:

@@ -2,9 +2,10 @@
 into a file, with progress lines, and reading every pixel through the map adds no anonymous memory."""
 import importlib.util
 import logging
+import os
 
-import numpy as np
 import pytest
+import torch
 
 from tests.conftest import LEGO, REPO
 from distnerf.data import load_scene
@@ -19,11 +20,6 @@ def _tool():
     return mod
 
 
-def rss_anon_mib() -> float:
-    with open("/proc/self/status") as f:
-        return next(int(ln.split()[1]) / 1024 for ln in f if ln.startswith("RssAnon:"))
-
-
 @pytest.mark.skipif(not LEGO.is_dir(), reason="needs ../shared/data (nerf_synthetic_half/lego)")
 def test_replicated_set_decodes_into_a_mapped_cache_without_anonymous_memory(tmp_path, caplog):
     tool = _tool()
@@ -32,14 +28,13 @@ def test_replicated_set_decodes_into_a_mapped_cache_without_anonymous_memory(tmp
     cfg = {"name": "blender", "root": str(tmp_path / "large")}
     listed = load_scene(cfg, "train", pixels=undecoded)
     assert len(listed) == 300
-    before = rss_anon_mib()
+    before = tool.rss_anon_mib(os.getpid())
     with caplog.at_level(logging.INFO, logger="distnerf"):
         scene = load_scene(cfg, "train", pixels=PixelCache(tmp_path / "cache", num_threads=2, progress_every_s=0.0))
     decoded_mib = scene.images.numel() * 4 / 2 ** 20  # 300 x 400 x 400 x 3 float32: 549 MiB
     assert decoded_mib > 500 and cached_file(scene.images) is not None
-    total = float(scene.images.sum(dtype=np.float64) if isinstance(scene.images, np.ndarray)
-                  else scene.images.double().sum())  # every page read through the map
-    grown = rss_anon_mib() - before
+    total = float(scene.images.sum(dtype=torch.float64))  # every page read through the map
+    grown = tool.rss_anon_mib(os.getpid()) - before
     # decoded into RAM the split would add ~decoded_mib of anonymous memory; mapped, the pages are the
     # page cache's (RssFile). A bound of a tenth leaves room for the allocator and the reading's chunks
     assert grown < 0.1 * decoded_mib, (grown, decoded_mib)
