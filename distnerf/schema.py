@@ -25,6 +25,48 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 # ints of `[[-2,-2,-1],[2,2,1]]` inside nested float lists); their loaders check the shape
 
 
+DEFAULT_MAX_STEPS = 1000
+"""``train.max_steps`` when it is null and no time budget is set (the README main job's length)."""
+
+
+def describe_schedule(max_steps, max_minutes, decay, decay_steps, warmup_steps, schedule_steps,
+                      upsample_steps=None, occupancy_every=None) -> str:
+    """The training schedule's rule, resolved for these ``train`` values (and the model's stage
+    steps and occupancy cadence, where the model has them), as one line: the value of
+    ``train.schedule`` (``--cfg job --resolve``). What computes it: :mod:`distnerf.components.schedule`.
+
+    Without a time budget (``max_minutes`` 0) everything follows the step; with one, ``p``, the
+    fraction of the budget elapsed: ``lr x decay ** p``, grid stage ``i`` at step
+    ``upsample_steps[i]`` or ``p >= upsample_steps[i] / schedule_steps``, whichever first.
+    Warm-up and the occupancy refresh count steps in both."""
+    warm = f"; linear warm-up over {warmup_steps} steps" if warmup_steps else ""
+    occ = f"; occupancy refresh every {occupancy_every} steps" if occupancy_every else ""
+    stages = list(upsample_steps) if upsample_steps else []
+    if not max_minutes or float(max_minutes) <= 0:
+        limit = DEFAULT_MAX_STEPS if max_steps is None else int(max_steps)
+        at = f"; grid stages at steps {stages}" if stages else ""
+        return f"steps (stop at step {limit}): lr x {float(decay):g} ** (step / {float(decay_steps):g}){warm}{at}{occ}"
+    fractions = [round(int(s) / float(schedule_steps), 4) for s in stages]
+    at = f"; grid stages at steps {stages} or p >= {fractions}, whichever first" if stages else ""
+    stop = "" if max_steps is None else f" or step {int(max_steps)}"
+    return (f"time budget (stop after {float(max_minutes):g} min of training{stop}; p = the fraction elapsed, "
+            f"agreed across ranks): lr x {float(decay):g} ** p{warm}{at}{occ}")
+
+
+def _schedule_resolver(*, _parent_, _root_) -> str:
+    """``train.schedule``: :func:`describe_schedule` of the ``train`` node holding it and, when
+    the root has one, the ``model`` beside it (a ``train`` section alone: the steps rule only)."""
+    t = _parent_
+    model = _root_.get("model") if _root_ is not _parent_ else None
+    model = model if isinstance(model, DictConfig) else {}
+    return describe_schedule(t.get("max_steps"), t.get("max_minutes"), t.get("decay"), t.get("decay_steps"),
+                             t.get("warmup_steps"), t.get("schedule_steps"), model.get("upsample_steps"),
+                             model.get("occupancy_every"))
+
+
+OmegaConf.register_new_resolver("distnerf_schedule", _schedule_resolver, replace=True)
+
+
 class ConfigError(ValueError):
     """A config key is unknown, missing, of the wrong type or out of range (the message names it)."""
 
@@ -308,12 +350,21 @@ class ProfilerConfig:
 @dataclass
 class TrainLoopConfig:
     global_rays: int = positive(4096)   # rays per step over all ranks
-    max_steps: int = positive(1000)
+    # null: 1000 steps without a time budget, no step limit with one (the budget stops the run)
+    max_steps: Optional[int] = positive(None)
     max_minutes: float = bounded(0.0, 0)  # training-time budget (evaluation excluded); 0: none
     lr: float = positive(1.0e-3)        # base lr; models scale it per parameter group
-    decay: float = bounded(0.1, 0, 1, low_open=True)  # lr(step) = lr * decay ** (step / decay_steps)
+    # Schedules (the rule, once: distnerf/components/schedule.py). No time budget: by step,
+    # lr = lr * decay ** (step / decay_steps), grid stages at model.upsample_steps. With max_minutes > 0:
+    # by p = the fraction of the budget elapsed (agreed across ranks, saved in checkpoints):
+    # lr = lr * decay ** p, and grid stage i at step upsample_steps[i] or p >= upsample_steps[i] /
+    # schedule_steps, whichever first. Warm-up and occupancy refresh: steps, in both.
+    # `python -m distnerf.train --cfg job --resolve` prints the resolved rule (schedule).
+    decay: float = bounded(0.1, 0, 1, low_open=True)
     decay_steps: float = positive(1500.0)
     warmup_steps: int = bounded(0, 0)
+    schedule_steps: float = positive(1000.0)  # the run length model.upsample_steps are written for
+    schedule: str = "${distnerf_schedule:}"   # read-only: the resolved rule (describe_schedule)
     betas: List[float] = items([0.9, 0.999])
     eps: float = positive(1.0e-15)
     fused: bool = True                  # fused Adam kernel

@@ -1,9 +1,5 @@
-"""Adam with per-group learning rates and an exponential-decay schedule; lazy (row-wise)
+"""Adam with per-group learning rates (set by the schedule, :mod:`.schedule`); lazy (row-wise)
 updates for parameters with sparse gradients.
-
-The schedule is a pure function of the step, so it needs no state of its own to
-resume: ``lr(step) = base * decay ** (step / decay_steps)`` after a linear warm-up
-(NeRF uses 5e-4 decayed by 0.1 over 250k steps).
 """
 from __future__ import annotations
 
@@ -14,16 +10,7 @@ import torch
 from ..dist import accepts
 from ..model.base import RadianceModel
 from ..schema import TrainLoopConfig, section
-
-
-def lr_factor(step: int, cfg: Mapping) -> float:
-    """Multiplier of every group's base learning rate at ``step`` (``cfg``: the ``train`` config)."""
-    cfg = section(TrainLoopConfig, cfg)
-    warmup = cfg.warmup_steps
-    factor = cfg.decay ** (step / cfg.decay_steps)
-    if warmup > 0 and step < warmup:
-        factor *= (step + 1) / warmup
-    return factor
+from .schedule import Clock, lr_factor
 
 
 class LazyAdam(torch.optim.Adam):
@@ -106,9 +93,10 @@ def rebuild_optimizer(old: torch.optim.Optimizer, model: RadianceModel, cfg: Map
     return new
 
 
-def set_lr(optimizer: torch.optim.Optimizer, step: int, cfg: Mapping) -> float:
-    """Apply the schedule for ``step``; returns the factor."""
-    factor = lr_factor(step, cfg)
+def set_lr(optimizer: torch.optim.Optimizer, clock: Clock | int, cfg: Mapping) -> float:
+    """Apply the schedule's learning rate at ``clock`` (:func:`.schedule.lr_factor`; an int: the
+    step, no budget); returns the factor."""
+    factor = lr_factor(clock, cfg)
     for g in optimizer.param_groups:
         g["lr"] = g["base_lr"] * factor
     return factor

@@ -19,6 +19,7 @@ from ..model.base import RadianceModel
 from ..schema import TrainLoopConfig, section
 from .loss import photometric_sse
 from .optim import build_optimizer, rebuild_optimizer, set_lr
+from .schedule import Clock, budgeted, stage_step
 
 Phase = Callable[[str], ContextManager]
 
@@ -33,8 +34,8 @@ class TrainStep:
 
     Args:
         model: the (unwrapped) radiance model; its ``param_groups`` give the optimizer groups.
-        optim_cfg: ``train`` config: ``lr``, ``decay``, ``decay_steps``, ``warmup_steps``,
-            ``eps``, ``fused`` (:mod:`.optim`) and ``bf16``.
+        optim_cfg: ``train`` config: ``lr``, the schedule (``decay``, ``decay_steps``, ``warmup_steps``,
+            ``max_minutes``, ``schedule_steps``: :mod:`.schedule`), ``eps``, ``fused`` (:mod:`.optim`) and ``bf16``.
         phase: ``phase(name)`` context manager timing ``backward``, ``regularizer`` and
             ``optimizer`` (the trainer's step breakdown); default: no timing.
     """
@@ -43,17 +44,20 @@ class TrainStep:
         self.model, self.cfg, self.phase = model, section(TrainLoopConfig, optim_cfg), phase
         self.optimizer = build_optimizer(model, optim_cfg)
 
-    def prepare(self, step: int) -> bool:
-        """Model schedule (grid upsampling, occupancy refresh) and learning rate of ``step``.
+    def prepare(self, step: int, budget_fraction: float | None = None) -> bool:
+        """Model schedule (grid upsampling, occupancy refresh) and learning rate of ``step``
+        (:mod:`.schedule`: by step, or by ``budget_fraction``, the agreed fraction of the time
+        budget elapsed, when the config sets ``train.max_minutes``).
 
         Returns:
             True when the model replaced parameter tensors (the optimizer was rebuilt, keeping
             the state of unchanged tensors; a data-parallel wrapper must be rebuilt too).
         """
-        replaced = bool(self.model.update_state(step))
+        clock = Clock(step, budget_fraction if budgeted(self.cfg) else None)
+        replaced = bool(self.model.update_state(step, stage_step(clock, self.cfg)))
         if replaced:
             self.optimizer = rebuild_optimizer(self.optimizer, self.model, self.cfg)
-        set_lr(self.optimizer, step, self.cfg)
+        set_lr(self.optimizer, clock, self.cfg)
         return replaced
 
     def forward(self, module: torch.nn.Module, batch) -> tuple[dict, torch.Tensor]:

@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from .. import checkpoint as ckpt
 from .. import dist as D
+from ..components.schedule import budgeted, step_limit
 from ..components.step import TrainStep
 from ..data import load_scene
 from ..data.images import undecoded
@@ -98,6 +99,8 @@ class Trainer:
         hashes.update(ckpt.config_hashes({"sampler": batch_config(cfg.sampler)}, ("sampler",)))
         self.checkpointer = Checkpointer(self.run_dir / "checkpoints", cfg.train, strategy, hashes)
         self.step, self.train_seconds = 0, 0.0
+        self.budget_fraction: float | None = 0.0 if budgeted(cfg.train) else None  # the schedule's p, agreed
+        self._prepared: tuple[int, float | None] = (-1, None)  # (step, the fraction its prepare read)
         resume_from = self.checkpointer.find_resume(cfg.resume)
         state = strategy.load_model_state(resume_from, self.model) if resume_from is not None else None
         self.wrapped = strategy.wrap(self.model)
@@ -105,6 +108,8 @@ class Trainer:
         if state is not None:
             self.step_fn.optimizer.load_state_dict(state["optimizer"])
             self.step, self.train_seconds = int(state["step"]), float(state["train_seconds"])
+            if self.budget_fraction is not None:
+                self.budget_fraction = self._resumed_fraction(state)
             self.checkpointer.restore_rank(resume_from, self.sampler, self.step)
             if self.env.is_main:
                 log.info("resumed from %s at step %d", resume_from, self.step)
@@ -119,6 +124,7 @@ class Trainer:
             self.logger.log({"step": self.step, "event": "resumed", "checkpoint": resume_from.name,
                              "torchrun_restart": self.env.restart_count})
         if self.env.is_main:
+            log.info("schedule: %s", cfg.train.schedule)
             log.info("global batch %d rays: %s; lr %.3g (per-group multipliers from the model; not scaled "
                      "with the world size since the global batch is fixed)", cfg.train.global_rays,
                      strategy.describe_batch(cfg.train.global_rays), cfg.train.lr)
@@ -135,7 +141,27 @@ class Trainer:
     def save_checkpoint(self, at_mark: bool = False) -> Path:
         """Write ``step_N/`` for the current step (collective; :meth:`Checkpointer.save`)."""
         return self.checkpointer.save(self.step, self.train_seconds, self.model, self.optimizer, self.sampler,
-                                      at_mark)
+                                      at_mark, self._fraction_for(self.step))
+
+    def _fraction_for(self, step: int) -> float | None:
+        """The budget fraction the schedule reads at ``step`` (what a run resumed there must read):
+        the one ``prepare`` used if it already ran for that step (a save inside the step, or after a
+        stop that did not take it), else the latest agreed one."""
+        prepared_step, fraction = self._prepared
+        return fraction if prepared_step == step else self.budget_fraction
+
+    def _resumed_fraction(self, state: dict) -> float:
+        """The budget fraction a resumed run starts from: the checkpoint's agreed one, rescaled
+        when the budget changed (``budget_minutes``); from its training seconds when the run it
+        comes from had no budget."""
+        saved, minutes = state.get("budget_fraction"), state.get("budget_minutes")
+        if saved is None or not minutes:
+            return self._fraction_of(self.train_seconds)
+        return float(saved) * float(minutes) / float(self.cfg.train.max_minutes)
+
+    def _fraction_of(self, seconds: float) -> float:
+        """``seconds`` of training as a fraction of the time budget (``train.max_minutes`` > 0)."""
+        return seconds / (60.0 * self.cfg.train.max_minutes)
 
     def _make_viewer(self):
         """``viewer.enabled``: the live web viewer, served by the main rank (see :class:`LiveViewer`)."""
@@ -164,7 +190,8 @@ class Trainer:
         with self.timer.phase("copy"):
             batch = self.sampler.to_device(batch)
         with self.timer.phase("model_update"):
-            if self.step_fn.prepare(step):  # parameters replaced: the wrapper is rebuilt too
+            self._prepared = (step, self.budget_fraction)
+            if self.step_fn.prepare(step, self.budget_fraction):  # parameters replaced: the wrapper is rebuilt too
                 self.wrapped = self.strategy.rewrap()
         with self.timer.phase("forward"):
             out, sse = self.step_fn.forward(self.wrapped, batch)
@@ -175,13 +202,17 @@ class Trainer:
         local = StepStats(valid_rays=batch.valid.sum(), nonfinite=~torch.isfinite(sse.detach()),
                           over_budget=float(0 < self.cfg.train.max_minutes * 60.0 <= self.train_seconds),
                           at_mark=float(self.checkpointer.mark_passed(self.train_seconds)),
-                          signal=float(self.stop.requested), collapsed=float(bool(self.model.collapsed())))
+                          signal=float(self.stop.requested), collapsed=float(bool(self.model.collapsed())),
+                          train_seconds=self.train_seconds)
         with self.timer.phase("step_sync"):
-            return self.strategy.reduce_step_stats(local)
+            agreed = self.strategy.reduce_step_stats(local)
+        if self.budget_fraction is not None:  # the mean over ranks: the same float everywhere (one all-reduce)
+            self.budget_fraction = self._fraction_of(agreed.total.train_seconds / self.env.world_size)
+        return agreed
 
     def fit(self) -> dict:
         """Train until ``train.max_steps``, the time budget or a stop signal, then evaluate the test split."""
-        max_steps, log_every, val_every = self.cfg.train.max_steps, self.cfg.train.log_every, self.cfg.train.val_every
+        max_steps, log_every, val_every = step_limit(self.cfg.train), self.cfg.train.log_every, self.cfg.train.val_every
         progress, stop_reason, segment_start = self._progress(max_steps), "max_steps", self.train_seconds
         while self.step < max_steps:
             start = time.perf_counter()
@@ -306,12 +337,13 @@ class Trainer:
                  [round(s.get("peak_rss_mb", float("nan"))) for s in sizes])
         self.logger.log(row)
 
-    def _progress(self, max_steps: int):
+    def _progress(self, max_steps: float):
         if not self.env.is_main or not self.cfg.train.progress:
             return None
         from tqdm import tqdm
 
-        return tqdm(total=max_steps, initial=self.step, dynamic_ncols=True, desc="train")
+        return tqdm(total=None if math.isinf(max_steps) else max_steps, initial=self.step, dynamic_ncols=True,
+                    desc="train")
 
     def _log_step(self, out, batch, global_valid, local_valid, step_seconds, progress):
         target = batch.rgb[out["ray_index"]] if "ray_index" in out else batch.rgb  # ss: (ray, region) rows
@@ -320,6 +352,7 @@ class Trainer:
                "rays_per_s": global_valid / max(step_seconds, 1e-9), "samples_per_ray":
                out.get("num_samples", 0) / max(len(batch.rgb), 1), "lr": self.optimizer.param_groups[0]["lr"],
                "train_seconds": self.train_seconds,
+               **({} if self.budget_fraction is None else {"budget_fraction": self.budget_fraction}),
                **{f"time_{k}": v for k, v in self.timer.pop().items()}, **self.strategy.comm_stats(),
                **self.timer.recent_figures(self.cfg.train.log_every)}
         for key, name in (("num_density_samples", "density_samples_per_ray"),

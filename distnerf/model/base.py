@@ -64,9 +64,11 @@ class RadianceModel(nn.Module):
         """
         return 0.0
 
-    def update_state(self, step: int) -> bool:
+    def update_state(self, step: int, stage_step: int | None = None) -> bool:
         """Non-gradient updates before training step ``step`` (occupancy grid,
-        resolution changes). Deterministic given the parameters, so that identical
+        resolution changes). ``stage_step``: the step the stage changes (e.g. grid
+        upsampling) compare with, the schedule's clock (:func:`distnerf.components.schedule.stage_step`;
+        default ``step``). Deterministic given the parameters, so that identical
         replicas stay identical. Returns True when parameter tensors were replaced
         (the caller must rebuild optimizer state and any wrapper)."""
         return False

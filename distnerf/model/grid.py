@@ -459,12 +459,18 @@ class GridModel(MarchingModel):
         self.grid_resolution.fill_(resolution)
         self.update_occupancy()
 
-    def update_state(self, step: int) -> bool:
+    def update_state(self, step: int, stage_step: int | None = None) -> bool:
+        """Move to the next resolution once ``stage_step`` (default ``step``) reaches the current
+        stage's entry of ``upsample_steps`` (one stage per call: the stage is read from the
+        current resolution, so a model restored at any stage goes on from it); refresh the
+        occupancy grid every ``occupancy_every`` steps of ``step``."""
+        stage_step = step if stage_step is None else stage_step
+        stage = max(i for i, r in enumerate(self.resolutions) if r == self.resolution) \
+            if self.resolution in self.resolutions else len(self.resolutions) - 1
         replaced = False
-        for i, at in enumerate(self.upsample_steps):
-            if step == at and self.resolution != self.resolutions[i + 1]:
-                self.upsample(self.resolutions[i + 1])
-                replaced = True
+        if stage < len(self.upsample_steps) and stage_step >= self.upsample_steps[stage]:
+            self.upsample(self.resolutions[stage + 1])
+            replaced = True
         if step > 0 and step % self.occupancy_every == 0:
             self.update_occupancy()
         return replaced

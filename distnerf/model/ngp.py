@@ -125,7 +125,7 @@ class NGPModel(MarchingModel):
         return self._colour(geo, self.dir_encoding(viewdirs)[ray_indices], ray_indices, image_ids, viewdirs.shape[0])
 
     @torch.no_grad()
-    def update_state(self, step: int) -> bool:
+    def update_state(self, step: int, stage_step: int | None = None) -> bool:
         if step > 0 and step % self.occupancy_every == 0:
             centers = self.occupancy.cell_centers()
             sigma = torch.cat([self._geometry(c, contracted=True)[0] for c in centers.split(65536)])

@@ -29,7 +29,8 @@ class StepStats:
     back); after the reduction each field is a float, the sum over ranks: the number of
     valid rays, and how many ranks saw a non-finite loss, passed the time budget, passed a
     checkpoint time mark, got a stop signal or hold a model whose occupancy grid emptied. Any non-zero flag acts on every rank at the
-    same step.
+    same step. ``train_seconds``: the rank's training seconds so far (summed: the time budget's
+    schedule reads their mean, the same float on every rank).
     """
 
     valid_rays: float
@@ -38,6 +39,7 @@ class StepStats:
     at_mark: float = 0.0
     signal: float = 0.0
     collapsed: float = 0.0
+    train_seconds: float = 0.0
 
     def host_values(self) -> list[float]:
         """The fields as host floats, in field order. The tensor fields are read back in
@@ -177,7 +179,8 @@ class Strategy:
         """Write the model and optimizer into ``ckpt_dir`` (before the manifest).
 
         Replicas are identical under ``ddp``: the main rank writes one ``model.pt``.
-        ``meta``: ``step`` and ``train_seconds``.
+        ``meta``: ``step``, ``train_seconds``, ``budget_fraction`` (the schedule's, or None) and
+        ``budget_minutes`` (the budget it is a fraction of).
         """
         if self.env.is_main:
             ckpt.atomic_torch_save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), **meta},

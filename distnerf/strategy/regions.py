@@ -109,8 +109,8 @@ class RegionModels(RadianceModel):
         out["num_samples"] = num_samples
         return out
 
-    def update_state(self, step: int) -> bool:
-        return any([m.update_state(step) for m in self.models])  # a list: every sub-model updates
+    def update_state(self, step: int, stage_step: int | None = None) -> bool:
+        return any([m.update_state(step, stage_step) for m in self.models])  # a list: every sub-model updates
 
     def collapsed(self) -> list[str]:
         """Every sub-model's emptied parts when *all* of them emptied; empty otherwise (one region

@@ -357,8 +357,10 @@ class SSStrategy(Strategy):
         step, seconds = {int(st["step"]) for st in states}, {float(st["train_seconds"]) for st in states}
         if len(step) != 1:
             raise ckpt.CheckpointError(f"{ckpt_dir}: region files of different steps {sorted(step)}")
+        fractions = [st["budget_fraction"] for st in states if st.get("budget_fraction") is not None]
         return {"optimizer": merge_optimizer_states([st["optimizer"] for st in states]), "step": step.pop(),
-                "train_seconds": max(seconds)}
+                "train_seconds": max(seconds), "budget_fraction": max(fractions) if fractions else None,
+                "budget_minutes": states[0].get("budget_minutes")}
 
     def manifest_extra(self) -> dict:
         return {"strategy": self.name, "training": self.training, "partition": self.partition.to_dict(),

@@ -85,20 +85,32 @@ def _ws(s: dict) -> int:
     return int(s["values"].get("world_size") or 1)
 
 
+CURVE_AXES = ("budget", "strategy", "world_size")
+"""The axes a capacity curve or a PSNR-against-ranks row varies; every other axis (scene, sampler, ...)
+is its *context*: cells of different contexts are never compared."""
+
+
+def context(values: dict) -> str:
+    """The context label of a cell's axis values: its levels on the axes outside
+    :data:`CURVE_AXES` (``"sampler=pipelined, scene=lego"``; empty when there are none)."""
+    return ", ".join(f"{k}={values[k]}" for k in sorted(values) if k not in CURVE_AXES and values[k] is not None)
+
+
 def capacity_rows(keys: dict) -> list[dict]:
-    """The capacity curve: one row per budget of the world-size-1 ``ddp`` cells, by parameters.
+    """The capacity curve: one row per budget of the world-size-1 ``ddp`` cells, by parameters, one
+    curve per :func:`context` that has at least two budgets.
 
     Args:
         keys: {cell key: summary} with ``values``, ``n``, ``psnrs``, ``plateau_gains``,
             ``parameters_per_rank``, ``constant_psnr``, ``steps`` (see ``report._summarise``).
     Returns:
-        rows with ``budget``, ``params_per_rank``, ``psnr_mean``, ``psnr_sd``, ``n``, ``steps``,
+        rows with ``context``, ``budget``, ``params_per_rank``, ``psnr_mean``, ``psnr_sd``, ``n``, ``steps``,
         ``gain_last_max`` (the largest repeat's plateau gain, dB), ``plateau`` (every repeat's gain
         known and < :data:`PLATEAU_GAIN_DB`), ``constant_psnr``, ``db_per_doubling`` (from the
         previous row; None on the first) and ``db_per_doubling_around`` (mean of the slopes on
         both sides of the row, where they exist); empty with fewer than two budgets.
     """
-    rows = []
+    curves: dict[str, list[dict]] = {}
     for s in keys.values():
         v = s["values"]
         if not s.get("n") or v.get("strategy") not in (None, "ddp") or _ws(s) != 1 or v.get("budget") is None:
@@ -107,37 +119,44 @@ def capacity_rows(keys: dict) -> list[dict]:
         gains = s.get("plateau_gains") or []
         known = [g for g in gains if g is not None]
         params = s.get("parameters_per_rank")
-        rows.append({"budget": v["budget"], "cell": s.get("key"), "params_per_rank": None if params is None else float(params),
-                     "psnr_mean": mean, "psnr_sd": sd, "n": n, "steps": s.get("steps"),
-                     "gain_last_max": max(known) if known else None,
-                     "plateau": bool(gains) and len(known) == len(gains) and max(known) < PLATEAU_GAIN_DB,
-                     "constant_psnr": s.get("constant_psnr")})
-    if len(rows) < 2:  # one budget: no curve
-        return []
-    rows.sort(key=lambda r: r["params_per_rank"] or 0)
-    for prev, row in zip([None, *rows], rows):
-        row["db_per_doubling"] = None if prev is None else per_doubling(
-            prev["params_per_rank"], prev["psnr_mean"], row["params_per_rank"], row["psnr_mean"])
-    for i, row in enumerate(rows):
-        sides = [r["db_per_doubling"] for r in rows[i:i + 2] if r["db_per_doubling"] is not None]
-        row["db_per_doubling_around"] = statistics.fmean(sides) if sides else None
-    return rows
+        curves.setdefault(context(v), []).append({
+            "context": context(v), "budget": v["budget"], "cell": s.get("key"),
+            "params_per_rank": None if params is None else float(params),
+            "psnr_mean": mean, "psnr_sd": sd, "n": n, "steps": s.get("steps"),
+            "gain_last_max": max(known) if known else None,
+            "plateau": bool(gains) and len(known) == len(gains) and max(known) < PLATEAU_GAIN_DB,
+            "constant_psnr": s.get("constant_psnr")})
+    out = []
+    for label in sorted(curves):
+        rows = curves[label]
+        if len({r["budget"] for r in rows}) < 2:  # one budget in this context: no curve
+            continue
+        rows.sort(key=lambda r: r["params_per_rank"] or 0)
+        for prev, row in zip([None, *rows], rows):
+            row["db_per_doubling"] = None if prev is None else per_doubling(
+                prev["params_per_rank"], prev["psnr_mean"], row["params_per_rank"], row["psnr_mean"])
+        for i, row in enumerate(rows):
+            sides = [r["db_per_doubling"] for r in rows[i:i + 2] if r["db_per_doubling"] is not None]
+            row["db_per_doubling_around"] = statistics.fmean(sides) if sides else None
+        out.extend(rows)
+    return out
 
 
 def ranks_rows(keys: dict) -> list[dict]:
-    """PSNR against world size per strategy, at every budget with cells at W > 1.
+    """PSNR against world size per strategy, at every budget and :func:`context` with cells at W > 1
+    (cells of different scenes or samplers are never compared).
 
     Returns:
-        rows with ``budget``, ``strategy``, ``world_size``, ``psnr_mean``, ``psnr_sd``, ``n``,
+        rows with ``context``, ``budget``, ``strategy``, ``world_size``, ``psnr_mean``, ``psnr_sd``, ``n``,
         ``source`` (the cell key, or the ddp cell standing in at W = 1), ``db_per_doubling`` (from
         the previous world size of the same strategy, ``from_world_size``) and ``delta_vs_w1``; sorted by budget,
         strategy, world size.
     """
     done = [s for s in keys.values() if s.get("n")]
-    budgets = sorted({s["values"].get("budget") for s in done if _ws(s) > 1})
+    groups = sorted({(context(s["values"]), s["values"].get("budget")) for s in done if _ws(s) > 1}, key=str)
     rows = []
-    for budget in budgets:
-        at = [s for s in done if s["values"].get("budget") == budget]
+    for label, budget in groups:
+        at = [s for s in done if s["values"].get("budget") == budget and context(s["values"]) == label]
         for strategy in sorted({s["values"].get("strategy") for s in at if _ws(s) > 1}, key=str):
             points = {}
             for s in at:
@@ -152,7 +171,7 @@ def ranks_rows(keys: dict) -> list[dict]:
             for w in sorted(points):
                 s, source = points[w]
                 mean, sd, n = mean_sd(s.get("psnrs", []))
-                row = {"budget": budget, "strategy": strategy, "world_size": w, "psnr_mean": mean, "psnr_sd": sd,
+                row = {"context": label, "budget": budget, "strategy": strategy, "world_size": w, "psnr_mean": mean, "psnr_sd": sd,
                        "n": n, "source": source, "params_per_rank": (None if s.get("parameters_per_rank") is None
                                                                       else float(s["parameters_per_rank"])),
                        "from_world_size": None if prev is None else prev[0],
@@ -187,25 +206,24 @@ def _same_but(a: dict, b: dict) -> bool:
 def verdicts(capacity: list[dict], ranks: list[dict]) -> list[str]:
     """The targets, each 'met' or 'missed' with the figure (the capacity issue's three)."""
     out = []
-    budgets = sorted({r["budget"] for r in ranks}, key=str)
-    for budget in budgets or [None]:
-        row = next((r for r in capacity if r["budget"] == budget), None)
-        if row is None:
-            continue
-        slope = row["db_per_doubling_around"]
-        out.append(f"capacity curve at budget {budget} ({_num(row['params_per_rank'])} parameters per rank): "
-                   f"{_fmt(slope, '+.2f')} dB per doubling of parameters (target >= {CAPACITY_TARGET_DB} dB): "
-                   f"{_met(slope is not None and slope >= CAPACITY_TARGET_DB)}")
-    for budget in budgets:
-        joint = [r for r in ranks if r["budget"] == budget and r["strategy"] == "ss_joint" and r["db_per_doubling"]
-                 is not None]
-        for r in joint:
-            out.append(f"ss joint at {budget}, W {r['from_world_size']} -> "
-                       f"{r['world_size']}: {r['db_per_doubling']:+.2f} dB per doubling of ranks (target >= "
-                       f"{JOINT_TARGET_DB} dB): {_met(r['db_per_doubling'] >= JOINT_TARGET_DB)}")
-        for r in ranks:
-            if r["budget"] == budget and r["strategy"] == "ddp" and r["delta_vs_w1"] is not None and r["world_size"] > 1:
-                out.append(f"ddp at {budget}, W = {r['world_size']}: {r['delta_vs_w1']:+.2f} dB from W = 1 (target "
+    groups = sorted({(r.get("context", ""), r["budget"]) for r in ranks}, key=str)
+    for label, budget in groups or [("", None)]:
+        where = f"{budget}" + (f" ({label})" if label else "")
+        row = next((r for r in capacity if r["budget"] == budget and r.get("context", "") == label), None)
+        if row is not None:
+            slope = row["db_per_doubling_around"]
+            out.append(f"capacity curve at budget {where} ({_num(row['params_per_rank'])} parameters per rank): "
+                       f"{_fmt(slope, '+.2f')} dB per doubling of parameters (target >= {CAPACITY_TARGET_DB} dB): "
+                       f"{_met(slope is not None and slope >= CAPACITY_TARGET_DB)}")
+        at = [r for r in ranks if r["budget"] == budget and r.get("context", "") == label]
+        for r in at:
+            if r["strategy"] == "ss_joint" and r["db_per_doubling"] is not None:
+                out.append(f"ss joint at {where}, W {r['from_world_size']} -> "
+                           f"{r['world_size']}: {r['db_per_doubling']:+.2f} dB per doubling of ranks (target >= "
+                           f"{JOINT_TARGET_DB} dB): {_met(r['db_per_doubling'] >= JOINT_TARGET_DB)}")
+        for r in at:
+            if r["strategy"] == "ddp" and r["delta_vs_w1"] is not None and r["world_size"] > 1:
+                out.append(f"ddp at {where}, W = {r['world_size']}: {r['delta_vs_w1']:+.2f} dB from W = 1 (target "
                            f"within +-{DDP_BAND_DB} dB): {_met(abs(r['delta_vs_w1']) <= DDP_BAND_DB)}")
     return out
 

@@ -422,10 +422,11 @@ def figures(data: dict, out_dir: Path) -> list[Path]:
     rows = t.get("ranks") or []
     if rows:
         fig, ax = plt.subplots(figsize=(6.5, 4.2))
-        for (budget, strat) in sorted({(r["budget"], r["strategy"]) for r in rows}, key=str):
-            rs = [r for r in rows if r["budget"] == budget and r["strategy"] == strat]
+        for (label, budget, strat) in sorted({(r.get("context", ""), r["budget"], r["strategy"]) for r in rows}, key=str):
+            rs = [r for r in rows if r["budget"] == budget and r["strategy"] == strat and r.get("context", "") == label]
             ax.errorbar([r["world_size"] for r in rs], [r["psnr_mean"] for r in rs],
-                        yerr=[r["psnr_sd"] or 0.0 for r in rs], fmt="o-", capsize=3, label=f"{strat} ({budget})")
+                        yerr=[r["psnr_sd"] or 0.0 for r in rs], fmt="o-", capsize=3,
+                        label=f"{strat} ({budget}{', ' + label if label else ''})")
         ref = sorted({(r["world_size"], r["single_equal_total_psnr"]) for r in rows
                       if r.get("single_equal_total_psnr") is not None})
         if ref:
@@ -468,6 +469,9 @@ def _views_figure(plt, data: dict, rows: list[dict]):
 
     study_dir = Path(data["study_dir"])
     by_key = {c["key"]: c for c in data["cells"] if c["repeat"] == 0 and c["status"] == "done"}
+    labels = [r.get("context", "") for r in rows]  # one scene's views: the context with the most rows
+    shown = max(dict.fromkeys(labels), key=labels.count) if labels else ""
+    rows = [r for r in rows if r.get("context", "") == shown]
     strategies = sorted({r["strategy"] for r in rows}, key=str)
     sizes = sorted({r["world_size"] for r in rows})
     grid, stand_in = {}, set()
@@ -481,7 +485,7 @@ def _views_figure(plt, data: dict, rows: list[dict]):
     if not grid:
         return None
     truth, note = None, ""
-    first = next(iter(by_key.values()))
+    first = by_key.get(rows[0]["source"].split(" ", 1)[0]) or next(iter(by_key.values()))
     try:
         cfg = OmegaConf.load(study_dir / "cells" / first["id"] / "config.yaml")
         scene = load_scene(cfg.dataset, "test")
@@ -562,7 +566,7 @@ def section_tables(data: dict) -> list[tuple[str, list[str]]]:
         ("peak_rss_mb", "peak RSS MiB", ".0f")])))
     if t.get("capacity") or t.get("ranks"):
         out.append(("Capacity: test PSNR against parameters per rank (ddp, W = 1)", _table(t["capacity"], [
-            ("budget", "budget", ""), ("params_per_rank", "params/rank", ".3g"), ("n", "n (seeds)", ""),
+            ("context", "context", ""), ("budget", "budget", ""), ("params_per_rank", "params/rank", ".3g"), ("n", "n (seeds)", ""),
             ("psnr_mean", "PSNR mean dB", ".2f"), ("psnr_sd", "sd", ".2f"),
             ("db_per_doubling", "dB per doubling (from previous)", "+.2f"),
             ("db_per_doubling_around", "dB per doubling (around)", "+.2f"), ("steps", "steps", ".0f"),
@@ -570,7 +574,8 @@ def section_tables(data: dict) -> list[tuple[str, list[str]]]:
              "+.2f"), ("plateau", f"plateau (< {capacity.PLATEAU_GAIN_DB} dB)", ""),
             ("constant_psnr", "constant-colour PSNR", ".2f")])))
         out.append(("Quality against ranks (equal steps, equal rays per rank per step)", _table(t["ranks"], [
-            ("budget", "budget", ""), ("strategy", "strategy", ""), ("world_size", "W", ""), ("n", "n (seeds)", ""),
+            ("context", "context", ""), ("budget", "budget", ""), ("strategy", "strategy", ""), ("world_size", "W", ""),
+            ("n", "n (seeds)", ""),
             ("psnr_mean", "PSNR mean dB", ".2f"), ("psnr_sd", "sd", ".2f"),
             ("db_per_doubling", "dB per doubling of ranks", "+.2f"), ("delta_vs_w1", "vs W = 1 dB", "+.2f"),
             ("single_equal_total_psnr", "one rank, W x the params (dB)", ".2f"),

@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from distnerf.components.optim import build_optimizer, lr_factor, rebuild_optimizer, set_lr
+from distnerf.components.optim import build_optimizer, rebuild_optimizer, set_lr
+from distnerf.components.schedule import lr_factor
 from distnerf.model.grid import GridModel
 from distnerf.observe.metrics import LPIPS, alexnet_lpips, psnr, ssim
 

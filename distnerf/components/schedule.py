@@ -1,0 +1,92 @@
+"""Training schedules: the learning rate and the model's stage changes (grid upsampling), keyed
+to the step, or to the time budget when one is set.
+
+The rule (stated once; ``train`` config, :class:`distnerf.schema.TrainLoopConfig`):
+
+* **No time budget** (``train.max_minutes = 0``): everything follows the step.
+  ``lr(step) = lr * decay ** (step / decay_steps)`` after a linear warm-up of ``warmup_steps``
+  (NeRF: 5e-4 decayed by 0.1 over 250k steps); the grid moves to its next resolution at
+  ``model.upsample_steps``.
+* **A time budget** (``train.max_minutes > 0``): the schedule follows ``p``, the fraction of the
+  budget elapsed: the mean of the ranks' training seconds (evaluation excluded) over the budget,
+  agreed in the step's all-reduce (so every rank reads the same ``p`` at the same step) and saved
+  in checkpoints (a resumed run continues from it).
+
+  - ``lr(p) = lr * decay ** p``: the learning rate falls by ``decay`` over the whole budget, as
+    DVGO (Sun et al., CVPR 2022: 0.1 over its 20k iterations) and Plenoxels decay over their run;
+    a step-keyed ``decay_steps`` sized for one run length decays 10x per 1500 steps whatever
+    the budget (lego, 10 minutes, ~4500 steps: 1000x, hence BENCHMARKS' tuned decay_steps=4000).
+  - the grid's stage ``i`` starts at step ``upsample_steps[i]`` or once
+    ``p >= upsample_steps[i] / schedule_steps``, whichever comes first: the stages keep the step
+    counts the coarse grids need to fit on a long budget, and a short budget (fewer steps than
+    ``schedule_steps``, the run length the step schedule was written for) is not left with the
+    final resolution for a sliver of it. Implemented as the stage clock
+    ``max(step, floor(p * schedule_steps))``.
+  - warm-up and the occupancy refresh stay in steps: warm-up exists for Adam's first moments,
+    and the occupancy grid goes stale with parameter updates, that is per step.
+
+The functions are pure (clock in, factor out), so a schedule needs no state of its own beyond
+``p``, which the trainer saves.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping
+
+from ..schema import DEFAULT_MAX_STEPS, TrainLoopConfig, section
+
+
+@dataclass(frozen=True)
+class Clock:
+    """Where training is.
+
+    Attributes:
+        step: training steps taken (int, >= 0).
+        budget_fraction: ``p`` in [0, inf): the agreed fraction of ``train.max_minutes``
+            elapsed (it passes 1 only on the step that stops the run); None without a budget.
+    """
+
+    step: int
+    budget_fraction: float | None = None
+
+
+def budgeted(cfg: Mapping) -> bool:
+    """Whether ``cfg`` (the ``train`` config) sets a time budget (``max_minutes > 0``)."""
+    return float(section(TrainLoopConfig, cfg).max_minutes) > 0
+
+
+def step_limit(cfg: Mapping) -> float:
+    """The step the loop stops at: ``max_steps``; when it is null, 1000 without a time budget
+    and no limit (``inf``) with one (the budget stops the run)."""
+    cfg = section(TrainLoopConfig, cfg)
+    if cfg.max_steps is not None:
+        return int(cfg.max_steps)
+    return math.inf if budgeted(cfg) else DEFAULT_MAX_STEPS
+
+
+def lr_factor(clock: Clock | int, cfg: Mapping) -> float:
+    """Multiplier of every group's base learning rate at ``clock`` (an int: the step, no budget).
+
+    ``decay ** (step / decay_steps)`` without a budget, ``decay ** p`` with one; times the
+    linear warm-up ``(step + 1) / warmup_steps`` during the first ``warmup_steps`` steps.
+    """
+    clock = clock if isinstance(clock, Clock) else Clock(int(clock))
+    cfg = section(TrainLoopConfig, cfg)
+    if clock.budget_fraction is None:
+        factor = cfg.decay ** (clock.step / cfg.decay_steps)
+    else:
+        factor = cfg.decay ** min(max(clock.budget_fraction, 0.0), 1.0)
+    if cfg.warmup_steps > 0 and clock.step < cfg.warmup_steps:
+        factor *= (clock.step + 1) / cfg.warmup_steps
+    return factor
+
+
+def stage_step(clock: Clock | int, cfg: Mapping) -> int:
+    """The step the model's stage changes read (``model.upsample_steps`` are compared with it):
+    the step without a budget, ``max(step, floor(p * schedule_steps))`` with one."""
+    clock = clock if isinstance(clock, Clock) else Clock(int(clock))
+    if clock.budget_fraction is None:
+        return clock.step
+    cfg = section(TrainLoopConfig, cfg)
+    return max(clock.step, math.floor(max(clock.budget_fraction, 0.0) * cfg.schedule_steps))

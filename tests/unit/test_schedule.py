@@ -1,0 +1,154 @@
+"""Schedules keyed to the step or to the time budget (distnerf/components/schedule.py).
+
+Expected values are computed by hand from the rule the schema states, not by the module.
+"""
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from distnerf.components.schedule import Clock, lr_factor, stage_step, step_limit
+from distnerf.model.grid import GridModel
+from distnerf.schema import DEFAULT_MAX_STEPS, TrainLoopConfig, describe_schedule
+
+REPO = Path(__file__).resolve().parents[2]
+AABB = torch.tensor([[-1.0, -1.0, -1.0], [1.0, 1.0, 1.0]])
+
+
+def _train(**kw) -> dict:
+    return {**TrainLoopConfig().__dict__, **kw}
+
+
+def test_without_a_budget_the_learning_rate_follows_the_step():
+    cfg = _train(decay=0.1, decay_steps=1500.0, warmup_steps=0)
+    assert lr_factor(0, cfg) == pytest.approx(1.0)
+    assert lr_factor(1500, cfg) == pytest.approx(0.1)
+    assert lr_factor(750, cfg) == pytest.approx(0.1 ** 0.5)
+    # a budget fraction passed without max_minutes is not read: the clock says "no budget"
+    assert lr_factor(Clock(1500, None), cfg) == pytest.approx(0.1)
+
+
+def test_with_a_budget_the_learning_rate_falls_by_decay_over_the_budget_whatever_the_steps():
+    cfg = _train(decay=0.1, decay_steps=1500.0, warmup_steps=0, max_minutes=10.0)
+    assert lr_factor(Clock(4570, 0.0), cfg) == pytest.approx(1.0)
+    assert lr_factor(Clock(100, 0.5), cfg) == pytest.approx(0.1 ** 0.5)
+    assert lr_factor(Clock(9000, 1.0), cfg) == pytest.approx(0.1)
+    assert lr_factor(Clock(9001, 1.3), cfg) == pytest.approx(0.1)  # the stopping step: clamped at 1
+
+
+def test_warm_up_counts_steps_in_both_schedules():
+    for cfg, clock in ((_train(warmup_steps=10, decay_steps=1e12), 4),
+                       (_train(warmup_steps=10, max_minutes=1.0), Clock(4, 0.0))):
+        assert lr_factor(clock, cfg) == pytest.approx(5 / 10)
+
+
+def test_stage_clock_is_the_step_or_the_budget_fraction_times_schedule_steps_whichever_is_later():
+    cfg = _train(max_minutes=2.0, schedule_steps=1000.0)
+    assert stage_step(Clock(50, None), cfg) == 50
+    assert stage_step(Clock(50, 0.25), cfg) == 250  # a slow run: p leads
+    assert stage_step(Clock(700, 0.25), cfg) == 700  # a fast run: the step leads
+    assert stage_step(Clock(3, 0.2009), cfg) == 200  # floor(200.9)
+
+
+def test_step_limit():
+    assert step_limit(_train(max_steps=None)) == DEFAULT_MAX_STEPS
+    assert step_limit(_train(max_steps=None, max_minutes=5.0)) == math.inf
+    assert step_limit(_train(max_steps=30, max_minutes=5.0)) == 30
+
+
+def test_grid_moves_one_stage_per_call_from_the_stage_clock_and_refreshes_occupancy_by_step():
+    model = GridModel(AABB, torch.ones(3), resolutions=[8, 12, 16], upsample_steps=[200, 600], color="sh",
+                     occupancy_every=1000)
+    assert model.resolution == 8
+    assert not model.update_state(5, 150)
+    assert model.update_state(5, 650) and model.resolution == 12  # the clock passed both: one stage now
+    assert model.update_state(6, 650) and model.resolution == 16  # and the next on the next call
+    assert not model.update_state(7, 10_000) and model.resolution == 16
+    # the step schedule (no stage clock): stage i at step upsample_steps[i], as before
+    plain = GridModel(AABB, torch.ones(3), resolutions=[8, 12, 16], upsample_steps=[200, 600], color="sh",
+                     occupancy_every=1000)
+    assert not plain.update_state(199) and plain.update_state(200) and plain.resolution == 12
+
+
+def test_the_resolved_rule_names_the_budget_and_stage_fractions():
+    budget = describe_schedule(None, 10, 0.1, 1500, 0, 1000, [200, 600], 8)
+    assert "0.1 ** p" in budget and "[0.2, 0.6]" in budget and "every 8 steps" in budget
+    steps = describe_schedule(None, 0, 0.1, 1500, 0, 1000, [200, 600], 8)
+    assert f"stop at step {DEFAULT_MAX_STEPS}" in steps and "step / 1500" in steps
+
+
+def test_cfg_job_shows_the_resolved_schedule():
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-m", "distnerf.train", "--cfg", "job", "--resolve", "train.max_minutes=10"],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    line = next(l for l in out.stdout.splitlines() if l.strip().startswith("schedule:"))
+    assert "time budget" in line
+
+
+def _bench_syncs():
+    sys.path.insert(0, str(REPO / "tools"))
+    spec = importlib.util.spec_from_file_location("bench_syncs", REPO / "tools" / "bench_syncs.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_a_resumed_time_budgeted_run_continues_the_uninterrupted_one_bit_exactly(tmp_path):
+    """The real Trainer of one CPU process under a 1-minute budget whose clock is set by hand
+    (6 s of training a step, so p grows 0.1 a step and the grid's stages, at p >= 0.2 and 0.6,
+    come at steps 3 and 7). Run A trains 8 steps; run B trains 4, checkpoints, and a new trainer
+    resumed from it trains 4 more: the learning rates and the parameters are A's bit for bit."""
+    from distnerf import dist as D
+
+    bench = _bench_syncs()
+    overrides = ["model=grid", "sampler=sync", "train.max_minutes=1", "train.warmup_steps=0",
+                 "model.resolutions=[8,12,16]", "model.upsample_steps=[200,600]", "train.schedule_steps=1000"]
+
+    def steps(trainer, until, lrs):
+        while trainer.step < until:
+            bench.run_step(trainer)
+            trainer.train_seconds += 6.0  # what fit() adds: here a fixed clock
+            lrs.append(trainer.optimizer.param_groups[0]["lr"])
+
+    def state(trainer):
+        return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+
+    trainer, env = bench.build_trainer(overrides, tmp_path / "a")
+    try:
+        lrs_a = []
+        steps(trainer, 8, lrs_a)
+        final_a, resolution_a = state(trainer), trainer.model.resolution
+    finally:
+        trainer.close()
+        D.shutdown(env)
+    base = lrs_a[0]
+    # step s's prepare reads p agreed at step s - 1's end: train_seconds then was 6 (s - 1), p = (s - 1) / 10
+    assert lrs_a[1:] == pytest.approx([base * 0.1 ** ((s - 1) / 10) for s in range(1, 8)])
+    assert resolution_a == 16
+
+    trainer, env = bench.build_trainer(overrides, tmp_path / "b")
+    try:
+        lrs_b = []
+        steps(trainer, 4, lrs_b)
+        trainer.save_checkpoint()
+    finally:
+        trainer.close()
+        D.shutdown(env)
+    trainer, env = bench.build_trainer([*overrides, "resume=true"], tmp_path / "b")
+    try:
+        assert trainer.step == 4 and trainer.budget_fraction == pytest.approx(0.3)
+        steps(trainer, 8, lrs_b)
+        final_b = state(trainer)
+    finally:
+        trainer.close()
+        D.shutdown(env)
+    assert lrs_b == lrs_a
+    assert final_a.keys() == final_b.keys()
+    assert all(torch.equal(final_a[k], final_b[k]) for k in final_a)
