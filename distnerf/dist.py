@@ -461,3 +461,18 @@ def barrier(env: DistEnv) -> None:
     instead of a gloo timeout that the trainer reports as a ``CollectiveFailure`` naming the step."""
     if env.has_peers:
         dist.barrier(group=env.host_group)
+
+
+def timing_event():
+    """A CUDA timing event recorded now on the current stream: the marks around a collective that
+    time it on the device (NCCL's host calls return at launch). Read after a synchronisation with
+    :func:`event_seconds`."""
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
+
+
+def event_seconds(start, end) -> float:
+    """Seconds between two :func:`timing_event` marks, waiting for ``end`` to complete."""
+    end.synchronize()
+    return start.elapsed_time(end) / 1000.0

@@ -76,9 +76,9 @@ def choices_of(schema: type, key: str) -> tuple:
     return next(f for f in dataclasses.fields(schema) if f.name == key).metadata["choices"]
 
 
-def choice(default, *allowed):
-    """A field whose value must be one of ``allowed`` (checked by :func:`validate`)."""
-    return field(default=default, metadata={"choices": tuple(allowed)})
+def choice(*allowed):
+    """A field whose value must be one of ``allowed`` (checked by :func:`validate`); the first is the default."""
+    return field(default=allowed[0], metadata={"choices": tuple(allowed)})
 
 
 def bounded(default, low=None, high=None, *, low_open: bool = False):
@@ -106,7 +106,7 @@ class DatasetConfig:
 class SyntheticDataset(DatasetConfig):
     """The built-in procedural scene (generated on first use into ``cache_dir``; no download)."""
     name: str = "synthetic"
-    kind: str = choice("objects", "objects", "city_small", "city")  # city_small / city: aerial, for spatial segmentation
+    kind: str = choice("objects", "city_small", "city")  # city_small / city: aerial, for spatial segmentation
     resolution: Optional[int] = positive(None)          # image width, pixels (objects: square; cities: height 3/4 of it); null: the kind's (synthetic/scenes.py DEFAULT_RESOLUTION)
     appearance_jitter: bool = True                      # cities: per-image exposure and white balance (ignored by objects)
     downscale: int = positive(1)
@@ -148,7 +148,7 @@ class CaptureDataset(DatasetConfig):
     downscale: int = positive(1)        # images_<downscale>/ when present, else images shrunk by it
     holdout: int = positive(8)          # without split lists: test = sorted-by-name images 0, holdout, 2*holdout...
     normalize: bool = True              # +Y up, content centred, robust extent 1 (SceneData.transform records it)
-    orient: str = choice("vertical", "vertical", "up", "none")  # up axis: normal of the cameras' right vectors
+    orient: str = choice("vertical", "up", "none")  # up axis: normal of the cameras' right vectors
                                         # (aerial too) / their mean up vector (nerfstudio's "up")
     background: List[float] = items([0.0, 0.0, 0.0])
     near: Optional[float] = None        # null: per camera, from the sparse points it sees (or the scene box)
@@ -184,12 +184,32 @@ class ModelConfig:
     max_params: Optional[int] = positive(None)
     # per-training-image appearance (model/appearance.py): embedding = NeRF-W's GLO code fed to the colour
     # network | affine = a per-image 3x3 + bias colour transform (any colour model, SH included)
-    appearance: str = choice("none", "none", "embedding", "affine")
+    appearance: str = choice("none", "embedding", "affine")
     appearance_dim: int = positive(32)  # embedding: code width D
 
 
 @dataclass
-class GridModelConfig(ModelConfig):
+class MarchedModelConfig(ModelConfig):
+    """The keys of every model rendered by packed ray marching (``grid``, ``ngp``: model/marching.py)."""
+    occupancy_threshold: float = bounded(1.0e-3, 0)  # cells below this opacity are skipped
+    color_threshold: float = bounded(1.0e-3, 0)      # a sample with a smaller weight gets no colour (still attenuates)
+    termination: float = bounded(1.0e-4, 0, 1)       # early ray termination below this transmittance
+    eval_round_steps: int = positive(64)             # evaluation marches rays in rounds of this many steps
+    train_round_steps: int = bounded(0, 0)           # N: training marches in rounds too (no density behind the
+                                                     # termination point; 3 host syncs more per round); 0: one pass
+    distortion_loss_weight: float = bounded(0.0, 0)  # mip-NeRF 360's distortion loss (Eq. 15) on the weights; 0: off
+    contraction: str = choice("none", "mipnerf360")  # mipnerf360: unbounded, the box is the unit region (infinity-norm contraction)
+    # rays end where they go below this height (+y up, scene units): the ground of an aerial capture,
+    # under which nothing is visible (Mega-NeRF's ray altitude range); null: no floor
+    min_altitude: Optional[float] = None
+    # training renders each ray over a random background colour (Instant-NGP's trick): for opaque captures
+    # (no alpha: every pixel sees something), where a ray that is not absorbed must not fit; not with alpha
+    # targets composited on dataset.background (Blender), and not in ss joint training's compositing
+    random_background: bool = False
+
+
+@dataclass
+class GridModelConfig(MarchedModelConfig):
     """Voxel grid (DVGO / Plenoxels style): the CPU-practical default on every machine."""
     name: str = "grid"
     resolutions: List[int] = items([64, 128, 160])   # vertices per axis, coarse to fine
@@ -199,19 +219,14 @@ class GridModelConfig(ModelConfig):
     viewdir_frequencies: int = bounded(4, 0)
     step_ratio: float = positive(0.5)                # march step = this x the smallest voxel edge
     alpha_init: float = bounded(1.0e-3, 0, 1, low_open=True)
-    occupancy_threshold: float = bounded(1.0e-3, 0)  # cells below this opacity are skipped
     occupancy_every: int = positive(8)               # training steps between occupancy refreshes
     tv_weight: float = bounded(1.0e-5, 0)
     tighten_aabb: bool = True
-    color: str = choice("sh", "sh", "mlp")           # sh: spherical-harmonic colour grid | mlp: features + tiny MLP
+    color: str = choice("sh", "mlp")           # sh: spherical-harmonic colour grid | mlp: features + tiny MLP
     sh_degree: int = bounded(1, 0, 3)
-    color_threshold: float = bounded(1.0e-3, 0)      # a sample with a smaller weight gets no colour (still attenuates)
-    termination: float = bounded(1.0e-4, 0, 1)       # early ray termination below this transmittance
-    eval_round_steps: int = positive(64)             # evaluation marches rays in rounds of this many steps
-    train_round_steps: int = bounded(0, 0)           # N: training marches in rounds too (no density behind the
-                                                     # termination point; 3 host syncs more per round); 0: one pass
-    distortion_loss_weight: float = bounded(0.0, 0)  # mip-NeRF 360's distortion loss (Eq. 15) on the weights; 0: off
-    contraction: str = choice("none", "none", "mipnerf360")  # mipnerf360: unbounded, the box is the unit region (infinity-norm contraction)
+    # contracted (model.contraction): one marching step starts at opacity alpha_init in the shell too (the initial density
+    # divided by the shell's world length per step), instead of r^2 times as opaque there
+    shell_alpha_init: bool = False
     sparse_grad: bool = True                         # sparse colour-row gradients + lazy Adam (off under ddp, W > 1)
 
 
@@ -228,7 +243,7 @@ class NeRFModelConfig(ModelConfig):
 
 
 @dataclass
-class NGPModelConfig(ModelConfig):
+class NGPModelConfig(MarchedModelConfig):
     """Instant-NGP style multiresolution hash grid, pure PyTorch."""
     name: str = "ngp"
     num_levels: int = positive(16)
@@ -239,14 +254,7 @@ class NGPModelConfig(ModelConfig):
     hidden_width: int = positive(64)
     num_steps: int = positive(512)            # march steps across the scene box's diagonal
     occupancy_resolution: int = positive(64)
-    occupancy_threshold: float = bounded(1.0e-3, 0)
     occupancy_every: int = positive(16)
-    color_threshold: float = bounded(1.0e-3, 0)
-    termination: float = bounded(1.0e-4, 0, 1)
-    eval_round_steps: int = positive(64)
-    train_round_steps: int = bounded(0, 0)
-    distortion_loss_weight: float = bounded(0.0, 0)
-    contraction: str = choice("none", "none", "mipnerf360")  # mipnerf360: unbounded, the box is the unit region (infinity-norm contraction)
 
 
 # ----------------------------------------------------------------------------- strategy
@@ -262,7 +270,7 @@ class DDPStrategyConfig(StrategyConfig):
     bucket_cap_mb: float = positive(25.0)
     find_unused_parameters: bool = False
     gradient_as_bucket_view: bool = True
-    compression: str = choice("none", "none", "fp16", "bf16")  # dtype gradients travel in
+    compression: str = choice("none", "fp16", "bf16")  # dtype gradients travel in
     sparse_min_numel: Optional[int] = 1_000_000  # buckets this large travel as (index, value) pairs; null: dense
     sparse_max_density: float = bounded(0.25, 0, 1)  # ... when at most this share of their entries is non-zero
 
@@ -271,7 +279,7 @@ class DDPStrategyConfig(StrategyConfig):
 class SSStrategyConfig(StrategyConfig):
     """Spatial segmentation: one sub-scene model per region, no gradient all-reduce."""
     name: str = "ss"
-    partition: str = choice("grid", "grid", "balanced")  # grid: ground-plane grid | balanced: k-d split of a density fit
+    partition: str = choice("grid", "balanced")  # grid: ground-plane grid | balanced: k-d split of a density fit
     num_regions: Optional[int] = None     # null: the world size; else a multiple of it
     grid: Optional[List[int]] = None      # cells per axis [nx, ny, nz] (product = num_regions); null: longest axes
     overlap: float = bounded(0.15, 0)     # enlarge each region by this fraction of its size per side
@@ -279,8 +287,8 @@ class SSStrategyConfig(StrategyConfig):
     balance_steps: int = positive(100)    # balanced: steps of the coarse density fit
     balance_resolution: int = positive(32)
     balance_rays: int = positive(2048)
-    training: str = choice("independent", "independent", "joint")  # joint: exact compositing (NeRF-XL style)
-    fusion: str = choice("segment", "segment", "blend")  # evaluation: exact segment compositing | blend
+    training: str = choice("independent", "joint")  # joint: exact compositing (NeRF-XL style)
+    fusion: str = choice("segment", "blend")  # evaluation: exact segment compositing | blend
     color_threshold: float = bounded(1.0e-3, 0)  # fusion: segment-local weight below which no colour
     blend_power: float = positive(2.0)           # blend: inverse-distance weight exponent
 
@@ -289,24 +297,24 @@ class SSStrategyConfig(StrategyConfig):
 @dataclass
 class SamplerConfig:
     """Ray batches; every kind draws bitwise the same batches (a performance setting)."""
-    name: str = choice("pipelined", "sync", "pipelined", "device")
-    policy: str = choice("uniform", "uniform", "per_image")  # uniform over all pixels | a few images per step
+    name: str = choice("pipelined", "sync", "device")
+    policy: str = choice("uniform", "per_image")  # uniform over all pixels | a few images per step
     images_per_step: int = positive(4)        # policy=per_image
     filter: Optional[Any] = None              # e.g. {kind: box, aabb: [[-1,-1,-1],[1,1,1]]}: rays missing it are invalid
-    source: str = choice("memory", "memory", "files")  # files: each batch decodes the images it draws
+    source: str = choice("memory", "files")  # files: each batch decodes the images it draws
     cache_dir: Optional[str] = None           # decoded pixels memory-mapped there (built once, shared)
     num_workers: int = positive(2)            # pipelined: worker processes per rank
     prefetch: int = positive(4)               # pipelined: batches built ahead
-    start_method: str = choice("forkserver", "forkserver", "spawn")
+    start_method: str = choice("forkserver", "spawn")
     timeout_s: float = positive(300.0)        # longest wait for one batch from a live worker
     max_device_fraction: float = bounded(0.5, 0, 1, low_open=True)  # device: share of free device memory
-    fallback: str = choice("pipelined", "sync", "pipelined")  # device: used when the pixels do not fit
+    fallback: str = choice("pipelined", "sync")  # device: used when the pixels do not fit
 
 
 # ----------------------------------------------------------------------------- logger, profiler
 @dataclass
 class WandbConfig:
-    mode: str = choice("offline", "offline", "online", "disabled")
+    mode: str = choice("offline", "online", "disabled")
     project: str = "distnerf"
     name: Optional[str] = None  # null: the run directory's name
     id: Optional[str] = None    # null: stable per run directory (restarts continue one run)
@@ -317,7 +325,7 @@ class WandbConfig:
 
 @dataclass
 class LoggerConfig:
-    level: str = choice("INFO", "DEBUG", "INFO", "WARNING", "ERROR")
+    level: str = choice("INFO", "DEBUG", "WARNING", "ERROR")
     wandb: WandbConfig = field(default_factory=WandbConfig)
 
 
@@ -395,7 +403,7 @@ class EvalConfig:
     # test views of a model with model.appearance (never indexed by a test id): mean = the mean training
     # code | fit_left_half = NeRF-W's protocol: a code fitted on each view's left half (weights frozen),
     # PSNR/SSIM/LPIPS on its right half
-    appearance: str = choice("mean", "mean", "fit_left_half")
+    appearance: str = choice("mean", "fit_left_half")
     appearance_steps: int = positive(64)      # fit_left_half: Adam steps per view
     appearance_rays: int = positive(4096)     # fit_left_half: left-half rays per step (seeded per view)
     appearance_lr: float = positive(1.0e-2)   # fit_left_half: Adam learning rate of the code
@@ -426,7 +434,7 @@ class TrainConfig:
     run_dir: Optional[str] = None       # one directory for all ranks; null: runs/<timestamp> chosen by rank 0
     resume: bool = False                # continue from the newest committed checkpoint in run_dir
     seed: int = 0
-    device: str = choice("auto", "auto", "cpu", "cuda")  # the backend follows: nccl on CUDA, gloo on CPU
+    device: str = choice("auto", "cpu", "cuda")  # the backend follows: nccl on CUDA, gloo on CPU
     dist_timeout_s: float = positive(600.0)  # collective timeout of the training steps
     dist_setup_timeout_s: float = positive(7200.0)  # rendezvous and collectives before the first step (decoding,
                                                     # caches, the partition's fit); a monitored barrier ends it
@@ -453,7 +461,7 @@ class RenderConfig(TrainConfig):
 class StudyLoadConfig:
     """Waiting for a quiet machine before each timed cell."""
     max_load: Optional[float] = positive(None)  # start a timed cell once the load is below this; null: never wait
-    measure: str = choice("instant", "instant", "loadavg")  # instant: busy cores over sample_s (/proc/stat) |
+    measure: str = choice("instant", "loadavg")  # instant: busy cores over sample_s (/proc/stat) |
                                                 # loadavg: the 1-minute load average (decays for minutes after a cell)
     sample_s: float = positive(2.0)
     wait_s: float = bounded(900.0, 0)           # longest wait; past it the cell starts and is marked contended
@@ -492,7 +500,7 @@ class StudyConfig:
     timed: bool = True                          # wait for a quiet machine before each cell (see load)
     threads: Optional[int] = positive(None)     # OMP threads per rank; null: CPU count // world size
     cell_timeout_s: float = positive(7200.0)    # a cell running longer is stopped and failed
-    launcher: str = choice("local", "local", "slurm")
+    launcher: str = choice("local", "slurm")
     load: StudyLoadConfig = field(default_factory=StudyLoadConfig)
     slurm: StudySlurmConfig = field(default_factory=StudySlurmConfig)
 

@@ -33,6 +33,7 @@ from .data import load_scene
 from .data.images import undecoded
 from .engine.runs import load_renderer, load_run_config
 from .engine.viewer import ViewerServer, thumbnail
+from .observe.logger import read_metrics_log
 from .schema import ConfigError
 from .strategy.partition import Partition
 
@@ -49,12 +50,7 @@ def read_metrics(run_dir: Path) -> dict:
     except (OSError, ValueError, KeyError, TypeError):
         pass
     try:
-        with open(run_dir / "metrics.jsonl", "rb") as f:
-            f.seek(0, 2)
-            f.seek(max(0, f.tell() - 65536))
-            lines = f.read().decode(errors="replace").splitlines()
-        rows = [json.loads(line) for line in lines[1:] + lines[:1] if line.startswith("{") and line.endswith("}")]
-        rates = [r["rays_per_s"] for r in rows if isinstance(r, dict) and "rays_per_s" in r]
+        rates = [r["rays_per_s"] for r in read_metrics_log(run_dir, partial_tail=True, tail_bytes=65536) if "rays_per_s" in r]
         if rates:
             found["rays_per_s"] = float(rates[-1])
     except (OSError, ValueError):

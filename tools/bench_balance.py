@@ -21,13 +21,13 @@ Not timed itself (the runs were, through ``../shared/tools/quiet``); the figures
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
 from bench_common import RESULTS, start_meta, write_result
+from distnerf.observe.logger import read_metrics_log  # noqa: E402
 
 
 def region_table(run: Path) -> dict:
@@ -49,7 +49,7 @@ def region_table(run: Path) -> dict:
 
 
 def rank_table(run: Path) -> dict:
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows = read_metrics_log(run)
     prof = next(r for r in rows if r.get("event") == "profile_summary")
     size = next(r for r in rows if r.get("event") == "model_size")
     world = len(size["ranks"])

@@ -29,6 +29,7 @@ import tempfile
 from pathlib import Path
 
 from bench_common import default_out, start_meta, write_result
+from distnerf.observe.logger import read_metrics_log  # noqa: E402
 
 LEGO = "../shared/data/nerf_synthetic_half/lego"
 
@@ -42,7 +43,7 @@ def run(nproc: int, run_dir: Path, overrides: list[str], threads: int) -> list[d
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics_log(run_dir)
     return [r for r in rows if "loss" in r]  # step rows only (not end-of-run summaries)
 
 

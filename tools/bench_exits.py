@@ -12,7 +12,6 @@ the count of clean runs, as JSON with a ``meta`` block.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -22,6 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import ROOT, start_meta, write_result  # noqa: E402
+from distnerf.observe.logger import read_metrics_log  # noqa: E402
 
 ABORTS = ("terminate called", "Aborted", "core dumped", "SIGABRT", "Segmentation fault", "SIGSEGV")
 
@@ -36,8 +36,7 @@ def one_run(run: Path, overrides: list[str]) -> dict:
                              "experiment=smoke", "train.progress=false", *overrides], cwd=ROOT, env=env,
                             stdout=out, stderr=subprocess.STDOUT).returncode
     text = log.read_text(errors="replace")
-    rows = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()] \
-        if (run / "metrics.jsonl").exists() else []
+    rows = read_metrics_log(run)
     resumed = [r["step"] for r in rows if r.get("event") == "resumed"]
     restarts = text.count("will restart worker group")  # the agent's line when a rank failed
     aborts = sorted({a for a in ABORTS if a in text})

@@ -5,6 +5,13 @@
 #   rounds      training marches in rounds and stops each ray at its termination point (opt-in)
 #   dist001     rounds + mip-NeRF 360's distortion loss, weight 0.01
 #   dist01      rounds + distortion loss, weight 0.1
+#   floor       rays end where they go below the box's floor (model.min_altitude=-0.5: under the ground
+#               nothing is visible; without it, 63% of the samples and 65% of the weight lay behind the box)
+#   shellfloor  floor + every marching step starts at opacity alpha_init in the contracted shell too
+#               (model.shell_alpha_init=true: the shell's steps otherwise start r^2 times as opaque)
+#   floorrand   floor + a random background colour per training ray (model.random_background=true: the
+#               capture is opaque, so light a ray does not absorb must not fit)
+#   aerial      floor + shell_alpha_init + random_background
 #   [CELLS="before rounds ..."] tools/bench_march.sh STEPS NAME [hydra overrides...]
 # e.g. OMP_NUM_THREADS=2 ../shared/tools/quiet -- tools/bench_march.sh 300 march_city_small dataset.kind=city_small
 # copies each run's metrics.json / metrics.jsonl to bench/results/NAME/CELL/ with a meta.json entry (command,
@@ -20,6 +27,10 @@ declare -A CELL=(
   [rounds]="model.train_round_steps=64"
   [dist001]="model.train_round_steps=64 model.distortion_loss_weight=0.01"
   [dist01]="model.train_round_steps=64 model.distortion_loss_weight=0.1"
+  [floor]="model.train_round_steps=0 model.min_altitude=-0.5"
+  [shellfloor]="model.train_round_steps=0 model.min_altitude=-0.5 model.shell_alpha_init=true"
+  [floorrand]="model.train_round_steps=0 model.min_altitude=-0.5 model.random_background=true"
+  [aerial]="model.train_round_steps=0 model.min_altitude=-0.5 model.shell_alpha_init=true model.random_background=true"
 )
 for cell in ${CELLS:-before rounds dist001 dist01}; do
   out="bench/${name}_${cell}"

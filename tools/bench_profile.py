@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from bench_common import default_out, start_meta, write_result
+from distnerf.observe.logger import read_metrics_log  # noqa: E402
 
 LEGO = "../shared/data/nerf_synthetic_half/lego"
 COMMON = ["train.progress=false", "train.ckpt_every=-1", "logger.wandb.mode=disabled"]
@@ -51,7 +52,7 @@ def train(cmd_prefix: list[str], run_dir: Path, overrides: list[str]) -> subproc
 
 
 def step_times(run_dir: Path) -> list[float]:
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics_log(run_dir)
     seconds = [r["train_seconds"] for r in rows if "loss" in r]
     return [b - a for a, b in zip(seconds, seconds[1:])]
 

@@ -70,6 +70,7 @@ from pathlib import Path
 
 import torch
 from bench_common import default_out, start_meta, write_result
+from distnerf.observe.logger import read_metrics_log  # noqa: E402
 
 DATASETS = {
     "lego": ["dataset=blender", "dataset.root=../shared/data/nerf_synthetic_half/lego"],
@@ -99,7 +100,7 @@ def train_run(args, kind: str, run_dir: Path) -> list[dict]:
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-4000:]}")
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return read_metrics_log(run_dir)
 
 
 def load_average() -> float:

@@ -450,7 +450,11 @@ def city_unbounded(res: Results) -> list[str]:
 
 
 MARCH_CELLS = (("before", "one pass (train_round_steps=0)", "0"), ("rounds", "rounds of 64", "0"),
-               ("dist001", "rounds of 64", "0.01"), ("dist01", "rounds of 64", "0.1"))
+               ("dist001", "rounds of 64", "0.01"), ("dist01", "rounds of 64", "0.1"),
+               ("floor", "one pass, rays end at the floor (min_altitude=-0.5)", "0"),
+               ("shellfloor", "one pass, floor, shell steps start at alpha_init (shell_alpha_init)", "0"),
+               ("floorrand", "one pass, floor, random background per training ray", "0"),
+               ("aerial", "one pass, floor, shell_alpha_init, random background", "0"))
 
 
 def march(res: Results, name: str) -> list[str]:
@@ -616,6 +620,7 @@ TABLES = {
     "city_unbounded": city_unbounded,
     "city_balance": city_balance,
     "march_city_small": lambda res: march(res, "march_city_small"),
+    "march_city_small_floor": lambda res: march(res, "march_city_small_floor"),
     "city_small_regions": regions_series,
     "lego_regression": lambda res: regression(res, "lego_regression", "lego"),
     "fern_regression": lambda res: regression(res, "fern_regression", "fern"),

@@ -24,7 +24,7 @@ from ..components.schedule import budgeted, step_limit
 from ..components.step import TrainStep
 from ..data import load_scene
 from ..data.images import undecoded
-from ..observe.logger import JsonlLogger, MultiLogger, NullLogger, WandbLogger
+from ..observe.logger import METRICS_LOG, JsonlLogger, MultiLogger, NullLogger, WandbLogger
 from ..observe.profiler import RunProfiler, log_profile_summaries
 from ..sampler import batch_config, build_sampler, pixel_source
 from ..model import contracted
@@ -174,7 +174,7 @@ class Trainer:
     def _make_logger(self, resumed: bool):
         if not self.env.is_main:
             return NullLogger()
-        loggers = [JsonlLogger(self.run_dir / "metrics.jsonl", self.step if resumed else None)]
+        loggers = [JsonlLogger(self.run_dir / METRICS_LOG, self.step if resumed else None)]
         if self.cfg.logger.wandb.mode != "disabled":
             label = "ddp" if self.cfg.strategy.name == "ddp" else f"ss_{self.cfg.strategy.training}"
             config = {**OmegaConf.to_container(self.cfg, resolve=True), "world_size": self.env.world_size,

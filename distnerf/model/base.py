@@ -23,6 +23,9 @@ class RadianceModel(nn.Module):
     #: whether some parameters receive sparse COO gradients (only the rows a step touched);
     #: a strategy that all-reduces dense gradient buckets sets it to False before wrapping.
     sparse_grad: bool = False
+    #: height (+y, scene units) below which rays end (``model.min_altitude``), or None; read by
+    #: strategies that route whole rays to regions (they must end where the model ends them)
+    min_altitude: float | None = None
 
     def __init__(self, aabb: torch.Tensor, background: torch.Tensor):
         super().__init__()

@@ -46,6 +46,10 @@ from .appearance import LR_SCALE, build_appearance
 from .encoding import PositionalEncoding
 from .marching import MarchingModel
 
+SHELL_SCALE_CAP = 64.0
+"""Largest world length of a contracted unit step (``r^2``, ``r`` = 8 box units) that the initial
+density compensates (:meth:`GridModel._even_shell_density_`)."""
+
 def trilinear_corners(x: torch.Tensor, resolution: int):
     """Corner rows and weights of trilinear interpolation on an x-major vertex table.
 
@@ -187,7 +191,7 @@ class GridModel(MarchingModel):
         self.resolutions, self.upsample_steps = list(resolutions), list(upsample_steps)
         self.step_ratio, self.occupancy_threshold = step_ratio, occupancy_threshold
         self.occupancy_every, self.color_threshold = occupancy_every, color_threshold
-        self.init_contraction(c.contraction)
+        self.init_contraction(c.contraction, c.min_altitude, c.random_background)
         # a contracted grid covers all of space: its box stays the doubled box (never tightened)
         self.tv_weight = tv_weight
         self.tighten_aabb = tighten_aabb and focus_aabb is None and self.contraction_aabb is None
@@ -222,6 +226,28 @@ class GridModel(MarchingModel):
         self.register_buffer("grid_resolution", torch.tensor(n))
         self.occupancy = OccupancyGrid(self.grid_aabb, n, contraction_aabb=self.contraction_aabb)
         assert torch.equal(self.occupancy.aabb, self.grid_aabb), "one contracted range for tables and occupancy"
+        if self.contraction_aabb is not None and c.shell_alpha_init:
+            self._even_shell_density_()
+
+    @torch.no_grad()
+    def _even_shell_density_(self) -> None:
+        """Start every marching step at opacity ``alpha_init``, in the contracted shell too.
+
+        A unit step of the contracted spacing spans ``world_step_scale`` (``r^2``) world units in
+        the shell, so a density even in world units starts a shell step ``r^2`` times as opaque
+        as one in the box: on an aerial capture whose cameras sit in the shell, the air in front
+        of the scene and the shell behind its ground started as fog that the first steps
+        painted the images on. Each vertex's raw density is lowered so that ``sigma x scale`` is
+        the box's ``sigma`` (``softplus(raw + shift) = softplus(shift) / scale``); the scale is
+        capped at :data:`SHELL_SCALE_CAP` (beyond ``r`` = 8 box units, the sky's far shell keeps
+        raw densities from which a few steps reach opacity)."""
+        for table, _, n, box in self._tables():
+            axis = [torch.linspace(float(box[0, a]), float(box[1, a]), n) for a in range(3)]
+            vertices = torch.stack(torch.meshgrid(*axis, indexing="ij"), dim=-1).reshape(-1, 3)
+            scale = world_step_scale(vertices, self.contraction_aabb.cpu()).clamp(max=SHELL_SCALE_CAP)
+            target = F.softplus(torch.tensor(self.density_shift)) / scale
+            raw = torch.log(torch.expm1(target)) - self.density_shift
+            table.copy_(raw.view_as(table).to(table))
 
     # ---------------------------------------------------------------- state
     @property

@@ -31,7 +31,7 @@ from ..renderer.contraction import contract, ray_breaks, to_spacing
 from ..renderer.marching import render_segment
 from ..renderer.occupancy import OccupancyGrid, march
 from ..renderer.packed import distortion_loss
-from ..renderer.samples import clip_to_box
+from ..renderer.samples import clip_to_box, far_above_altitude
 from .base import RadianceModel
 
 
@@ -54,9 +54,12 @@ class MarchingModel(RadianceModel):
     train_round_steps: int = 0
     distortion_loss_weight: float = 0.0
 
-    def init_contraction(self, contraction: str) -> None:
+    def init_contraction(self, contraction: str, min_altitude: float | None = None,
+                         random_background: bool = False) -> None:
         """Register ``contraction_aabb``: the unit region of a contracted field ((2, 3) float32
-        buffer, the scene box) for ``contraction='mipnerf360'``, None for ``'none'``.
+        buffer, the scene box) for ``contraction='mipnerf360'``, None for ``'none'``; keep
+        ``min_altitude`` (rays end below it: :meth:`ray_far`) and ``random_background``
+        (:meth:`forward`).
 
         Raises:
             ValueError: an unknown contraction.
@@ -64,6 +67,17 @@ class MarchingModel(RadianceModel):
         if contraction not in ("none", "mipnerf360"):
             raise ValueError(f"model.contraction: unknown contraction {contraction!r} (none | mipnerf360)")
         self.register_buffer("contraction_aabb", self.aabb.clone() if contraction == "mipnerf360" else None)
+        self.min_altitude = None if min_altitude is None else float(min_altitude)
+        self.random_background = bool(random_background)
+
+    def ray_far(self, rays: RayBundle) -> torch.Tensor:
+        """(R,) float where each ray's field ends: ``rays.far`` (``inf`` for a contracted field,
+        whose sky is content), cut where the ray goes below ``min_altitude`` when set
+        (:func:`~distnerf.renderer.samples.far_above_altitude`)."""
+        far = rays.far if self.contraction_aabb is None else torch.full_like(rays.far, float("inf"))
+        if self.min_altitude is None:
+            return far
+        return far_above_altitude(rays.origins, rays.directions, far, self.min_altitude)
 
     def marching_box(self) -> torch.Tensor:
         """(2, 3) float32 box outside which the field is empty (never sampled); unused by a
@@ -147,14 +161,20 @@ class MarchingModel(RadianceModel):
                               in_front=in_front, step_size=step_size, round_steps=self.round_steps())
 
     def forward(self, rays: RayBundle, generator: torch.Generator | None = None) -> dict:
-        """Render rays over ``[near, far]`` (``[near, inf)`` when contracted) with the background
+        """Render rays over ``[near, far]`` (``[near, inf)`` when contracted; ended below
+        ``min_altitude``: :meth:`ray_far`) with the background (in training with
+        ``random_background``: a uniform random colour per ray, drawn from ``generator``)
         (see :class:`RadianceModel`). In training with ``distortion_loss_weight > 0`` the outputs
         hold ``distortion_loss`` (R,) float: that weight times each ray's distortion loss
         (:meth:`ray_distortion`), which the photometric loss adds per ray."""
         step_size = self.step_size()
-        far = rays.far if self.contraction_aabb is None else torch.full_like(rays.far, float("inf"))
+        far = self.ray_far(rays)
         anchor = self.sample_anchor(rays, step_size, generator)
-        out = self.render_segment(rays, rays.near, far, anchor, self.background, step_size)
+        background = self.background
+        if self.random_background and self.training:  # an opaque capture: unabsorbed light must not fit
+            background = torch.rand(len(rays), 3, generator=generator, device=rays.origins.device,
+                                    dtype=rays.origins.dtype)
+        out = self.render_segment(rays, rays.near, far, anchor, background, step_size)
         samples, weights = out.pop("samples"), out.pop("weights")
         if self.distortion_loss_weight > 0 and torch.is_grad_enabled():
             out["distortion_loss"] = self.distortion_loss_weight * self.ray_distortion(rays, anchor, samples, weights)

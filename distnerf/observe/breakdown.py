@@ -27,9 +27,13 @@ all-reduce and returns, and ``backward()`` returns only after DDP has waited for
 every bucket. So the time backward spent *inside* hooks plus the time between the
 last hook's return and backward's return is communication backward had to wait
 for; the rest of each bucket's (launch, completion) span ran hidden behind
-backward's computation. On CUDA the host does not wait for NCCL inside backward,
-so this host figure is not recorded there (``exposed_comm`` is None); the report
-takes GPU overlap from the traces (HolisticTraceAnalysis).
+backward's computation. On CUDA the host does not wait for NCCL inside backward; the
+hook's CUDA events give each bucket's all-reduce span on the GPU timeline instead
+(:func:`gpu_comm_figures`): backward's computation has ended when the last bucket is
+launched (every gradient is then reduced-ready), so the communication after that
+launch is exposed and is moved from ``backward`` (whose GPU span waited for it) to
+``exposed_comm``. Without those events (a strategy that records none) ``exposed_comm`` is
+None on CUDA; the traces (HolisticTraceAnalysis) give kernel-level overlap either way.
 
 NeRF figures per step: rays/s (this rank's valid rays over its step time),
 samples per ray after empty-space skipping, field evaluations (samples the model
@@ -72,6 +76,43 @@ def interval_union(spans) -> float:
     if cur_end is not None:
         total += cur_end - cur_start
     return total
+
+
+def exposed_after_last_launch(spans) -> tuple[float, float]:
+    """GPU-timeline communication figures of one step's buckets.
+
+    Args:
+        spans: ``(launch, end)`` seconds of each bucket's all-reduce on one timeline (the
+            launch: when its gradients were ready; the end: the collective's completion).
+    Returns:
+        (exposed_s, total_s): ``total`` = the union of the spans; ``exposed`` = the part of that
+        union after the last launch (when the last bucket is ready, backward's computation is
+        done, so later communication is waited for, not hidden).
+    """
+    if not spans:
+        return 0.0, 0.0
+    compute_end = max(a for a, _ in spans)
+    tail = [(max(a, compute_end), b) for a, b in spans if b > compute_end]
+    return interval_union(tail), interval_union(spans)
+
+
+def gpu_comm_figures(comm: dict | None, step_mark, seconds) -> dict | None:
+    """Resolve a CUDA step's bucket events (:meth:`CommStats.take_step` ``events``) after the
+    step's synchronisation.
+
+    Args:
+        comm: the strategy's step_comm, or None. step_mark: the step's start event.
+        seconds: ``seconds(a, b)`` between two events (``_CudaClock.seconds``).
+    Returns:
+        None without events; else ``spans`` (seconds from the step start), ``bucket_s`` (each
+        bucket's duration), ``exposed_s`` and ``total_s`` (:func:`exposed_after_last_launch`).
+    """
+    events = (comm or {}).get("events") or []
+    if not events:
+        return None
+    spans = [(seconds(step_mark, a), seconds(step_mark, b)) for a, b, _ in events]
+    exposed, total = exposed_after_last_launch(spans)
+    return {"spans": spans, "bucket_s": [b - a for a, b in spans], "exposed_s": exposed, "total_s": total}
 
 
 def exposed_communication(comm: dict | None, backward_end: float) -> tuple[float, float, float]:
@@ -300,8 +341,16 @@ class StepProfiler:
             children = sum(v for k, v in rec.items() if k.startswith("forward."))
             if children > 0:
                 rec["forward.other"] = max(0.0, rec["forward"] - children)
-        if self.cuda:
-            rec["exposed_comm"] = None  # not measurable from the host on CUDA (see module docstring)
+        gpu = gpu_comm_figures(comm, self._step_mark, self.clock.seconds) if self.cuda else None
+        if gpu is not None:  # the hook's CUDA events (module docstring)
+            exposed = min(gpu["exposed_s"], rec["backward"])
+            rec["backward"] -= exposed
+            rec["exposed_comm"] = exposed
+            rec["comm_total_s"], rec["comm_hidden_s"] = gpu["total_s"], max(0.0, gpu["total_s"] - exposed)
+            rec["comm_bucket_ms"] = [round(1e3 * s, 4) for s in gpu["bucket_s"]]
+            comm = {**comm, "spans": gpu["spans"], "timing": "duration"}
+        elif self.cuda:
+            rec["exposed_comm"] = None if comm is not None else 0.0  # no events: not measurable from the host
         elif comm is not None and "backward" in self._host_edges:
             exposed, total, hidden = exposed_communication(comm, self._host_edges["backward"][1])
             exposed = min(exposed, rec["backward"])

@@ -25,6 +25,49 @@ class NullLogger:
         pass
 
 
+METRICS_LOG = "metrics.jsonl"
+"""The run's training log under ``RUN/``: one JSON object per line (:class:`JsonlLogger`)."""
+
+
+def read_metrics_log(run_dir: Path, partial_tail: bool = False, tail_bytes: int | None = None) -> list[dict]:
+    """The rows of ``RUN/metrics.jsonl`` (:data:`METRICS_LOG`), in order; [] when there is none.
+
+    Args:
+        run_dir: the run directory.
+        partial_tail: the run may still be writing: a last line without its newline is left
+            out instead of refused (a reader following a live run).
+        tail_bytes: read only the file's last this many bytes (the rows whose lines lie whole in
+            them: a poller of a long run), or None: all of it.
+    Raises:
+        ValueError: a line that is not JSON (naming the file and the line): the run did not end
+            cleanly, or the file is not a distnerf log.
+    """
+    path = Path(run_dir) / METRICS_LOG
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, 2)
+            start = 0 if tail_bytes is None else max(0, size - tail_bytes)
+            f.seek(start)
+            text = f.read().decode()
+    except FileNotFoundError:
+        return []
+    lines = text.split("\n")
+    if start > 0:
+        lines = lines[1:]  # the first line may begin before the tail
+    if partial_tail and lines and lines[-1]:
+        lines = lines[:-1]  # written up to here so far
+    rows = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            raise ValueError(f"{path}: line {number} is not JSON ({line[:80]!r}): the run did not end cleanly") \
+                from None
+    return rows
+
+
 class JsonlLogger:
     """Appends rows to ``path``. On resume from step ``k`` rows with ``step > k`` are
     dropped first, so the file never holds duplicate steps."""

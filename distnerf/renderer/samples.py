@@ -40,6 +40,28 @@ def clip_to_box(origins: torch.Tensor, directions: torch.Tensor, near: torch.Ten
     return torch.maximum(t_min, near), torch.minimum(t_max, far)
 
 
+def far_above_altitude(origins: torch.Tensor, directions: torch.Tensor, far: torch.Tensor,
+                       min_altitude: float) -> torch.Tensor:
+    """End each ray where it goes below ``min_altitude`` (Mega-NeRF's ray altitude range, its
+    lower bound: in an aerial capture nothing below the ground is visible, so a ray leaves the
+    field where it crosses the ground plane instead of marching on under it).
+
+    The scene frame is +y up (:mod:`distnerf.data.normalize`); heights in its units.
+
+    Args:
+        origins, directions: (R, 3) float (directions need not be unit). far: (R,) float
+            ray-parameter bounds (``inf``: no bound). min_altitude: float height of the floor.
+    Returns:
+        (R,) float ``min(far, t_floor)`` with ``t_floor`` the ray parameter where a ray going
+        down reaches ``y = min_altitude``; rays going up or level keep ``far``. A ray that
+        starts below the floor going down gets a negative bound (an empty segment).
+    """
+    dy = directions[:, 1]
+    down = dy < 0
+    t_floor = (min_altitude - origins[:, 1]) / torch.where(down, dy, torch.ones_like(dy))
+    return torch.where(down, torch.minimum(far, t_floor.to(far.dtype)), far)
+
+
 def stratified_samples(near: torch.Tensor, far: torch.Tensor, num_samples: int,
                        perturb: bool, generator: torch.Generator | None = None):
     """Stratified samples in ``[near, far]`` (NeRF Eq. 2).

@@ -10,9 +10,12 @@ the dist helpers skip their collectives there too).
 Timing. On gloo (CPU) a bucket's future completes when its all-reduce is done, so the
 hook's (launch, completion) span is a duration and bus bandwidth follows from it. On
 NCCL the future completes when the collective is queued on its stream: the host clock
-measures the launch only, so those seconds are reported as ``allreduce_launch_s``, no
-bus bandwidth is derived, and the communication time comes from the trace report
-(``profiler=trace``: HTA's kernel-level computation/communication overlap).
+measures the launch only (reported as ``allreduce_launch_s``). The device times it: the
+hook records a CUDA event on the current stream when it launches a bucket, and its
+``fut.then`` callback records another (the callback's stream waits on the collective), so
+each pair spans the bucket's all-reduce on the GPU timeline. The step breakdown resolves
+them at its one end-of-step synchronisation (:func:`distnerf.observe.breakdown.gpu_comm_figures`):
+per-bucket durations, communication time, bus bandwidth and the exposed share.
 
 Sparse buckets. A voxel-grid table's gradient touches few rows per step; a bucket of at
 least ``sparse_min_numel`` entries with at most ``sparse_max_density`` of them non-zero
@@ -59,6 +62,7 @@ class CommStats:
     def _clear_step(self):
         self.step_in_hook, self.step_last_return, self.step_bytes = 0.0, None, 0
         self.step_spans: list[tuple[float, float]] = []
+        self.step_events: list[list] = []  # CUDA: [launch event, completion event, bytes] per bucket
 
     def record(self, seconds: float, nbytes: int, start: float | None = None):
         self.seconds += seconds
@@ -78,7 +82,8 @@ class CommStats:
         """This step's hook timings (see the class docstring); cleared afterwards."""
         out = {"in_hook_s": self.step_in_hook, "last_return": self.step_last_return,
                "spans": list(self.step_spans), "bytes": self.step_bytes,
-               "timing": "launch" if self.launch_only else "duration"}
+               "timing": "launch" if self.launch_only else "duration",
+               "events": [tuple(e) for e in self.step_events if e[1] is not None]}
         self._clear_step()
         return out
 
@@ -174,9 +179,14 @@ def _allreduce_bucket(state, bucket):
     wire = buffer if state.wire_dtype is None else buffer.to(state.wire_dtype)
     nbytes = wire.numel() * wire.element_size()
     wire.div_(D.world_size())
+    events = [D.timing_event(), None, nbytes] if buffer.is_cuda else None  # the launch, on the bucket's stream
+    if events is not None:
+        state.stats.step_events.append(events)
     fut = D.all_reduce_(wire, async_op=True).get_future()
 
     def done(f):
+        if events is not None:  # the callback's stream waits on the collective: its completion on the GPU
+            events[1] = D.timing_event()
         state.stats.record(time.perf_counter() - start, nbytes, start)
         result = f.value()[0]
         if result is not buffer:

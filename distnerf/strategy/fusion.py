@@ -99,6 +99,7 @@ class FusedRenderer(nn.Module):
         first = self.models[0]
         self.register_buffer("background", (first.background if background is None else background).clone().float())
         self.color_threshold, self.blend_power = color_threshold, blend_power
+        self.min_altitude = first.min_altitude  # rays end at the sub-models' floor
         step_size = first.step_size()
         self.hierarchical = step_size is None
         if not self.hierarchical:
@@ -154,8 +155,8 @@ class FusedRenderer(nn.Module):
     @torch.no_grad()
     def forward(self, rays: RayBundle, generator=None) -> dict:
         start = self._clock()
-        if self.partition.unbounded:  # the outer regions' segments reach the sky
-            rays = to_infinity(rays)
+        if self.partition.unbounded:  # the outer regions' segments reach the sky (or end at the floor)
+            rays = to_infinity(rays, self.min_altitude)
         out = self._blend(rays) if self.fusion == "blend" else self._segment(rays)
         self.timing["total_s"] += self._clock() - start
         return out

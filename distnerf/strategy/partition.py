@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from ..renderer.samples import clip_to_box
+from ..renderer.samples import clip_to_box, far_above_altitude
 
 
 @dataclass
@@ -166,10 +166,16 @@ class Partition:
             raise ValueError(f"{path}: not a distnerf partition file ({err})") from err
 
 
-def to_infinity(rays):
+def to_infinity(rays, min_altitude: float | None = None):
     """The rays (a :class:`~distnerf.data.rays.RayBundle`) with ``far = inf``: the segments
-    of an :attr:`Partition.unbounded` partition reach the sky (contracted sub-models)."""
-    return dataclasses.replace(rays, far=torch.full_like(rays.far, float("inf")))
+    of an :attr:`Partition.unbounded` partition reach the sky (contracted sub-models); with
+    ``min_altitude``, ``far`` is where a ray goes below it (the sub-models' floor,
+    :func:`~distnerf.renderer.samples.far_above_altitude`), so rays are routed and cut
+    where the sub-models end them."""
+    far = torch.full_like(rays.far, float("inf"))
+    if min_altitude is not None:
+        far = far_above_altitude(rays.origins, rays.directions, far, min_altitude)
+    return dataclasses.replace(rays, far=far)
 
 
 def _check_count(num_regions: int) -> None:

@@ -10,6 +10,7 @@ import time
 import torch
 from torch import nn
 
+from .. import dist as D
 from ..data.rays import RayBundle
 from ..model.base import RadianceModel
 from ..sampler.policy import BoxFilter
@@ -23,16 +24,18 @@ class RegionRayFilter:
     Args:
         boxes: (B, 2, 3) region boxes in the rays' space (faces may be +-inf).
         to_infinity: test the rays from ``near`` to infinity (contracted sub-models ignore ``far``).
+        min_altitude: with ``to_infinity``, the rays end where they go below it (the sub-models'
+            ``model.min_altitude``), or None.
     """
 
-    def __init__(self, boxes, to_infinity: bool = False):
+    def __init__(self, boxes, to_infinity: bool = False, min_altitude: float | None = None):
         self.filters = [BoxFilter(b) for b in torch.as_tensor(boxes, dtype=torch.float32).reshape(-1, 2, 3)]
-        self.to_infinity = to_infinity
+        self.to_infinity, self.min_altitude = to_infinity, min_altitude
 
     def __call__(self, rays: RayBundle) -> torch.Tensor:
         """(R,) bool."""
         if self.to_infinity:
-            rays = to_infinity(rays)
+            rays = to_infinity(rays, self.min_altitude)
         keep = self.filters[0](rays)
         for f in self.filters[1:]:
             keep = keep | f(rays)
@@ -82,7 +85,7 @@ class RegionModels(RadianceModel):
         keys = ("rgb", "depth", "opacity", "rgb_coarse", "distortion_loss")
         parts: dict[str, list] = {k: [] for k in keys + ("ray_index", "loss_weight")}
         num_samples = 0
-        routed = to_infinity(rays) if self.unbounded else rays
+        routed = to_infinity(rays, self.models[0].min_altitude) if self.unbounded else rays
         if self.blocks and len(rays) % len(self.models):
             raise ValueError(f"a block batch of {len(rays)} rays does not split into {len(self.models)} region blocks")
         size = len(rays) // len(self.models) if self.blocks else len(rays)
@@ -148,13 +151,16 @@ class JointRegionModels(RegionModels):
             raise ValueError(f"one process needs all {len(partition)} regions, got {self.regions}")
 
     def forward(self, rays: RayBundle, generator=None) -> dict:
-        if self.unbounded:  # the outer regions' segments reach the sky
-            rays = to_infinity(rays)
+        if self.unbounded:  # the outer regions' segments reach the sky (or end at the floor)
+            rays = to_infinity(rays, self.models[0].min_altitude)
         seg = render_segments(self.models, self.regions, self.all_boxes, rays, generator)
         values = seg["values"]
         if self.distributed:  # the one exchange of a step: C floats per ray and region
             start = time.perf_counter()
+            marks = D.timing_event() if values.is_cuda else None  # on the device: the all-gather's span
             values = GatherSegments.apply(values)
+            if marks is not None:  # NCCL: the current stream waited on the collective
+                self.exchange.setdefault("events", []).append((marks, D.timing_event()))
             self.exchange["seconds"] += time.perf_counter() - start
             self.exchange["bytes"] += seg["values"].numel() * seg["values"].element_size()
             self.exchange["calls"] += 1

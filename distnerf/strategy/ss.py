@@ -122,6 +122,7 @@ class SSStrategy(Strategy):
         self.training = self.cfg.training
         self.joint = self.training == "joint"
         self.seed = 0
+        self.min_altitude: float | None = None
 
     # -- set-up -----------------------------------------------------------------
     def prepare(self, scene, run_dir: Path, seed: int, model_cfg: dict) -> None:
@@ -133,6 +134,7 @@ class SSStrategy(Strategy):
                 whose K regions do not split evenly over the world size.
         """
         self.seed = int(seed)
+        self.min_altitude = model_cfg.get("min_altitude")  # the sub-models' floor: rays are routed to it
         num = self.cfg.num_regions or self.env.world_size
         path = Path(run_dir) / "partition.json"
         if path.exists():
@@ -228,7 +230,8 @@ class SSStrategy(Strategy):
         if self.joint:
             return None
         boxes = self.partition.extents(enlarged=True)
-        return tuple(RegionRayFilter(boxes[k], to_infinity=self.partition.unbounded) for k in self.my_regions)
+        return tuple(RegionRayFilter(boxes[k], to_infinity=self.partition.unbounded, min_altitude=self.min_altitude)
+                     for k in self.my_regions)
 
     def rays_per_rank(self, global_rays: int) -> int:
         """Joint: ``global_rays`` (every rank the same batch); independent: ``global_rays / K``
@@ -314,9 +317,13 @@ class SSStrategy(Strategy):
         ex = getattr(self.model, "exchange", None)
         if not ex:
             return {}
-        # on CUDA the host clock around an NCCL all-gather measures its launch only: named so
+        # on CUDA the host clock around an NCCL all-gather measures its launch only: named so; the
+        # device's span comes from the CUDA events around it (resolved here, after the steps' syncs)
         seconds_key = "exchange_launch_s" if self.env.device.type == "cuda" else "exchange_s"
         out = {seconds_key: ex["seconds"], "exchange_bytes": ex["bytes"], "exchange_calls": ex["calls"]}
+        events = ex.pop("events", None)
+        if events:
+            out["exchange_s"] = sum(D.event_seconds(a, b) for a, b in events)
         ex.update(seconds=0.0, bytes=0, calls=0)
         return out
 

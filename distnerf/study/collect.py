@@ -15,6 +15,7 @@ from pathlib import Path
 
 import yaml
 
+from ..observe.logger import read_metrics_log
 from ..observe.report import build_report
 
 BREAKDOWN = ("input_wait", "copy", "forward", "backward", "exposed_comm", "step_sync", "optimizer", "unattributed")
@@ -23,16 +24,7 @@ BREAKDOWN = ("input_wait", "copy", "forward", "backward", "exposed_comm", "step_
 
 
 def _rows(run_dir: Path) -> list[dict]:
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            raise ValueError(f"{path}: a line is not JSON ({line[:80]!r}): the run did not end cleanly") from None
-    return out
+    return read_metrics_log(run_dir)
 
 
 def comm_totals(steps: list[dict]) -> dict:

@@ -315,7 +315,7 @@ def test_unpicklable_ray_filter_is_a_clear_error(scene):
 def test_build_sampler_kinds_and_errors(scene):
     assert isinstance(build_sampler({"name": "sync"}, scene, R, 0, 0, "cpu"), SyncSampler)
     assert isinstance(build_sampler({"name": "device"}, scene, R, 0, 0, "cpu"), DeviceSampler)
-    with pytest.raises(ValueError, match=r"sampler.name='bogus' is not one of \['sync', 'pipelined', 'device'\]"):
+    with pytest.raises(ValueError, match=r"sampler.name='bogus' is not one of \['pipelined', 'sync', 'device'\]"):
         build_sampler({"name": "bogus"}, scene, R, 0, 0, "cpu")
     with pytest.raises(ValueError, match="sampler.policy"):
         build_sampler({"name": "sync", "policy": "nope"}, scene, R, 0, 0, "cpu")

@@ -1,0 +1,130 @@
+"""Priors for aerial (large, opaque, unbounded) captures, each against values computed here:
+
+* ``model.min_altitude``: rays end where they go below the floor (Mega-NeRF's ray altitude range,
+  lower bound): the ray parameter where ``o_y + t d_y`` reaches the floor, and a field whose only
+  content lies under the floor;
+* ``model.shell_alpha_init``: a contracted grid starts every marching step at opacity
+  ``alpha_init``, in the shell as in the box (``1 - exp(-sigma dt scale)`` from the contraction's
+  own step scale);
+* ``model.random_background``: training renders unabsorbed light over a random colour per ray.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from distnerf.data.rays import RayBundle
+from distnerf.model.grid import SHELL_SCALE_CAP, GridModel
+from distnerf.renderer.contraction import world_step_scale
+from distnerf.renderer.samples import far_above_altitude
+from distnerf.strategy.partition import grid_partition, to_infinity
+from distnerf.strategy.regions import RegionRayFilter
+
+AABB = torch.tensor([[-4.0, 0.0, -4.0], [4.0, 2.0, 4.0]])
+BG = torch.tensor([0.25, 0.5, 0.875])
+
+
+def _rays(origins, directions) -> RayBundle:
+    o = torch.tensor(origins, dtype=torch.float32)
+    d = torch.tensor(directions, dtype=torch.float32)
+    n = o.shape[0]
+    return RayBundle(origins=o, directions=d, viewdirs=d / d.norm(dim=-1, keepdim=True),
+                     near=torch.full((n,), 0.1), far=torch.full((n,), 50.0))
+
+
+def test_far_is_where_a_ray_going_down_crosses_the_floor():
+    o = torch.tensor([[0.0, 10.0, 0.0], [1.0, 10.0, 2.0], [0.0, 10.0, 0.0], [0.0, 10.0, 0.0], [0.0, -1.0, 0.0]])
+    d = torch.tensor([[0.0, -1.0, 0.0], [2.0, -4.0, 0.0], [0.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, -1.0, 0.0]])
+    far = torch.tensor([math.inf, math.inf, 7.0, math.inf, 5.0])
+    out = far_above_altitude(o, d, far, 0.5)
+    assert out[0] == pytest.approx(9.5)  # 10 - 9.5 = 0.5
+    assert out[1] == pytest.approx(9.5 / 4)  # directions need not be unit: t in their units
+    assert out[2] == 7.0 and math.isinf(out[3])  # up, level: unchanged
+    assert out[4] < 0  # starts under the floor going down: an empty segment
+    assert far_above_altitude(o[:1], d[:1], torch.tensor([3.0]), 0.5) == pytest.approx(3.0)  # far first
+
+
+def _ground_model(min_altitude):
+    """A contracted 16^3 grid, opaque under y = 0.5 (in the box and the shell), clear above."""
+    torch.manual_seed(0)
+    model = GridModel(AABB, BG, resolutions=[16], upsample_steps=[], color="sh", contraction="mipnerf360",
+                      min_altitude=min_altitude, tv_weight=0.0)
+    with torch.no_grad():
+        n = model.resolution
+        ys = torch.linspace(float(model.grid_aabb[0, 1]), float(model.grid_aabb[1, 1]), n)
+        # the tables' y coordinate of each vertex (x-major: index = (x n + y) n + z), in contracted space
+        y = ys.view(1, n, 1).expand(n, n, n).reshape(-1)
+        model.density.copy_(torch.where(y < 0.5, 20.0, -20.0).view_as(model.density))
+        model.update_occupancy()
+    return model.eval()
+
+
+def test_a_floor_hides_what_is_under_it_and_leaves_rays_going_up_alone():
+    rays = _rays([[0.3, 6.0, 0.2], [0.3, 6.0, 0.2], [-1.0, 1.5, 0.5]],
+                 [[0.1, -1.0, 0.05], [0.6, -0.5, -0.3], [0.2, 0.7, 0.1]])
+    with torch.no_grad():
+        free, floored = _ground_model(None)(rays), _ground_model(-0.5)(rays)
+        above = _ground_model(0.6)(rays)
+    assert (free["opacity"][:2] > 0.99).all()  # without a floor the rays going down meet the content
+    assert (above["opacity"][:2] < 1e-3).all()  # ended at y = 0.6, above all of it: the background shows
+    assert torch.allclose(above["rgb"][:2], BG.expand(2, 3), atol=1e-3)
+    assert above["num_samples"] < free["num_samples"]
+    # rays going up never cross the floor: the same render with or without one
+    assert torch.equal(free["rgb"][2], above["rgb"][2]) and torch.equal(free["rgb"][2], floored["rgb"][2])
+
+
+def test_ss_routes_rays_where_the_sub_models_end_them():
+    part = grid_partition(AABB.double(), 2, [1, 2, 1], overlap=0.0)  # split in y: a low and a high region
+    part.unbounded = True
+    low = part.extents()[0]
+    assert float(low[1, 1]) == pytest.approx(1.0)  # the low region: y < 1 (to -inf: its face is the box's)
+    rays = _rays([[0.0, 6.0, 0.0]], [[0.0, -1.0, 0.0]])
+    assert math.isinf(float(to_infinity(rays).far[0]))
+    assert float(to_infinity(rays, 1.5).far[0]) == pytest.approx(4.5)
+    # a ray going straight down crosses the low region unless it ends above it
+    assert RegionRayFilter(low, to_infinity=True)(rays).item()
+    assert not RegionRayFilter(low, to_infinity=True, min_altitude=1.5)(rays).item()
+    assert RegionRayFilter(low, to_infinity=True, min_altitude=0.5)(rays).item()
+
+
+def _step_opacity(model, n):
+    box = model.grid_aabb
+    axis = [torch.linspace(float(box[0, a]), float(box[1, a]), n) for a in range(3)]
+    vertices = torch.stack(torch.meshgrid(*axis, indexing="ij"), dim=-1).reshape(-1, 3)
+    sigma = model.densities(model.density.detach().view(-1))
+    scale = world_step_scale(vertices, model.contraction_aabb)
+    return 1.0 - torch.exp(-sigma * model.step_size() * scale), scale
+
+
+def test_every_step_starts_at_alpha_init_up_to_the_cap_and_plain_shells_start_denser():
+    even = GridModel(AABB, torch.ones(3), resolutions=[16], upsample_steps=[], color="sh", contraction="mipnerf360",
+                     shell_alpha_init=True, alpha_init=1e-3)
+    alpha, scale = _step_opacity(even, 16)
+    capped = scale <= SHELL_SCALE_CAP
+    assert (scale[capped] > 1).any() and (~capped).any()  # the check reaches into the shell and past the cap
+    assert torch.allclose(alpha[capped], torch.full_like(alpha[capped], 1e-3), rtol=1e-3)
+    assert (alpha[~capped] > 1e-3).all()  # the far shell: a denser start, by scale / cap
+    plain = GridModel(AABB, torch.ones(3), resolutions=[16], upsample_steps=[], color="sh", contraction="mipnerf360",
+                      alpha_init=1e-3)
+    alpha_plain, _ = _step_opacity(plain, 16)
+    inner = scale == 1
+    assert torch.allclose(alpha_plain[inner], alpha[inner])  # the box is as before
+    shell = capped & (scale > 4)
+    assert (alpha_plain[shell] > 3.9e-3).all()  # r^2 times as opaque without it
+
+
+def test_training_renders_unabsorbed_light_over_a_random_colour_per_ray():
+    model = _ground_model(0.6)  # the rays going down end above all content: nothing absorbs them
+    model.random_background = True
+    rays = _rays([[0.3, 6.0, 0.2]] * 64, [[0.1, -1.0, 0.05]] * 64)
+    with torch.no_grad():
+        evaluated = model(rays)["rgb"]
+        model.train()
+        first = model(rays, torch.Generator().manual_seed(3))["rgb"]
+        again = model(rays, torch.Generator().manual_seed(3))["rgb"]
+        other = model(rays, torch.Generator().manual_seed(4))["rgb"]
+    assert torch.allclose(evaluated, BG.expand(64, 3), atol=1e-3)  # evaluation: the scene's background
+    assert torch.equal(first, again) and not torch.allclose(first, other)  # drawn from the step's generator
+    assert first.std(0).min() > 0.2 and ((first >= 0) & (first <= 1)).all()  # uniform colours: sd 0.29
