@@ -9,6 +9,7 @@ such as ``run_dir``) or of the environment fingerprint ``profile/env.json``
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -17,8 +18,10 @@ import yaml
 from .breakdown import PHASES
 from .report import build_report
 
-# keys that never change what is measured (bookkeeping, output locations, console)
-IGNORED = ("run_dir", "resume", "train.progress", "logger.", "dataset.cache_dir")
+# keys that never change what is measured (bookkeeping, output locations, console; train.schedule is a
+# description derived from keys compared on their own)
+IGNORED = ("run_dir", "resume", "train.progress", "logger.", "dataset.cache_dir", "train.schedule")
+ABSENT = "<absent>"
 
 
 class UndeclaredDifference(ValueError):
@@ -55,13 +58,38 @@ def _declared(key: str, vary: list[str]) -> bool:
     return any(key == v or key.startswith(v.rstrip(".") + ".") for v in vary)
 
 
+def schema_default(key: str, settings: dict):
+    """The schema's default (:mod:`distnerf.schema`) of a flattened config key, for the option
+    ``settings`` names in its group (``model.name`` for ``model.min_altitude``); :data:`ABSENT`
+    when the schema declares no such key."""
+    from ..schema import GROUPS, PREFIX
+
+    group = key.split(".", 1)[0]
+    if group in GROUPS:
+        schema = GROUPS[group].get(settings.get(f"{group}.name"))
+        name = key[len(group) + 1:]
+    else:
+        schema = next((s for s, p in PREFIX.items() if key.startswith(p) and "." not in key[len(p):]), None)
+        name = key[len(PREFIX[schema]):] if schema is not None else key
+    found = {f.name: f for f in dataclasses.fields(schema)}.get(name) if schema is not None else None
+    if found is None:
+        return ABSENT
+    if found.default is not dataclasses.MISSING:
+        return found.default
+    return found.default_factory() if found.default_factory is not dataclasses.MISSING else ABSENT
+
+
 def setting_differences(a: dict, b: dict, vary: list[str]) -> tuple[list, list]:
-    """(declared, undeclared) differences: lists of (key, value_a, value_b)."""
+    """(declared, undeclared) differences: lists of (key, value_a, value_b). A key one run's
+    config lacks (written before the key existed) differs only where the other run's value is
+    not the schema's default (:func:`schema_default`)."""
     declared, undeclared = [], []
     for key in sorted(set(a) | set(b)):
         if any(key == i or (i.endswith(".") and key.startswith(i)) for i in IGNORED):
             continue
-        va, vb = a.get(key, "<absent>"), b.get(key, "<absent>")
+        va, vb = a.get(key, ABSENT), b.get(key, ABSENT)
+        if (va == ABSENT and vb == schema_default(key, b)) or (vb == ABSENT and va == schema_default(key, a)):
+            continue
         if va != vb:
             (declared if _declared(key, vary) else undeclared).append((key, va, vb))
     return declared, undeclared

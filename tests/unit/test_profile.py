@@ -174,3 +174,19 @@ def test_a_cancelled_step_leaves_no_record():
     prof.cancel_step()
     assert prof.end_step(1, 10, 100, None) is None
     assert [r["step"] for r in prof.records] == [0]
+
+
+def test_a_key_added_later_at_its_default_is_no_difference():
+    """A run written before a key existed lacks it: no difference where the other run holds the
+    schema's default (GridModelConfig: min_altitude None, shell_alpha_init False); a real value
+    still differs, and the derived train.schedule is never compared."""
+    from distnerf.observe.compare import setting_differences
+
+    old = {"model.name": "grid", "model.resolutions": [64, 128], "train.schedule": "steps (stop at step 100)"}
+    new = {**old, "model.min_altitude": None, "model.shell_alpha_init": False, "train.schedule": "steps (other)"}
+    assert setting_differences(old, new, []) == ([], [])
+    assert setting_differences(new, old, []) == ([], [])
+    changed = {**new, "model.shell_alpha_init": True}
+    assert setting_differences(old, changed, []) == ([], [("model.shell_alpha_init", "<absent>", True)])
+    assert setting_differences(old, changed, ["model.shell_alpha_init"])[0] == [
+        ("model.shell_alpha_init", "<absent>", True)]
