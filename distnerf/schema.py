@@ -37,8 +37,8 @@ def describe_schedule(max_steps, max_minutes, decay, decay_steps, warmup_steps, 
 
     Without a time budget (``max_minutes`` 0) everything follows the step; with one, ``p``, the
     fraction of the budget elapsed: ``lr x decay ** p``, grid stage ``i`` at step
-    ``upsample_steps[i]`` or ``p >= upsample_steps[i] / schedule_steps``, whichever first.
-    Warm-up and the occupancy refresh count steps in both."""
+    ``upsample_steps[i]`` (with ``schedule_steps`` set, also at ``p >= upsample_steps[i] /
+    schedule_steps``, whichever first). Warm-up and the occupancy refresh count steps in both."""
     warm = f"; linear warm-up over {warmup_steps} steps" if warmup_steps else ""
     occ = f"; occupancy refresh every {occupancy_every} steps" if occupancy_every else ""
     stages = list(upsample_steps) if upsample_steps else []
@@ -46,8 +46,11 @@ def describe_schedule(max_steps, max_minutes, decay, decay_steps, warmup_steps, 
         limit = DEFAULT_MAX_STEPS if max_steps is None else int(max_steps)
         at = f"; grid stages at steps {stages}" if stages else ""
         return f"steps (stop at step {limit}): lr x {float(decay):g} ** (step / {float(decay_steps):g}){warm}{at}{occ}"
-    fractions = [round(int(s) / float(schedule_steps), 4) for s in stages]
-    at = f"; grid stages at steps {stages} or p >= {fractions}, whichever first" if stages else ""
+    if schedule_steps is None:
+        at = f"; grid stages at steps {stages}" if stages else ""
+    else:
+        fractions = [round(int(s) / float(schedule_steps), 4) for s in stages]
+        at = f"; grid stages at steps {stages} or p >= {fractions}, whichever first" if stages else ""
     stop = "" if max_steps is None else f" or step {int(max_steps)}"
     return (f"time budget (stop after {float(max_minutes):g} min of training{stop}; p = the fraction elapsed, "
             f"agreed across ranks): lr x {float(decay):g} ** p{warm}{at}{occ}")
@@ -365,13 +368,15 @@ class TrainLoopConfig:
     # Schedules (the rule, once: distnerf/components/schedule.py). No time budget: by step,
     # lr = lr * decay ** (step / decay_steps), grid stages at model.upsample_steps. With max_minutes > 0:
     # by p = the fraction of the budget elapsed (agreed across ranks, saved in checkpoints):
-    # lr = lr * decay ** p, and grid stage i at step upsample_steps[i] or p >= upsample_steps[i] /
-    # schedule_steps, whichever first. Warm-up and occupancy refresh: steps, in both.
+    # lr = lr * decay ** p; grid stages at their steps (or, with schedule_steps, also at p >= upsample_steps[i] /
+    # schedule_steps, whichever first). Warm-up and occupancy refresh: steps, in both.
     # `python -m distnerf.train --cfg job --resolve` prints the resolved rule (schedule).
     decay: float = bounded(0.1, 0, 1, low_open=True)
     decay_steps: float = positive(1500.0)
     warmup_steps: int = bounded(0, 0)
-    schedule_steps: float = positive(1000.0)  # the run length model.upsample_steps are written for
+    # null: grid stages by step under a budget too (see components/schedule.py for the measurement);
+    # N: also at p >= upsample_steps[i] / N, whichever first (N: the run length upsample_steps are written for)
+    schedule_steps: Optional[float] = positive(None)
     schedule: str = "${distnerf_schedule:}"   # read-only: the resolved rule (describe_schedule)
     betas: List[float] = items([0.9, 0.999])
     eps: float = positive(1.0e-15)

@@ -53,6 +53,7 @@ def test_stage_clock_is_the_step_or_the_budget_fraction_times_schedule_steps_whi
     assert stage_step(Clock(50, 0.25), cfg) == 250  # a slow run: p leads
     assert stage_step(Clock(700, 0.25), cfg) == 700  # a fast run: the step leads
     assert stage_step(Clock(3, 0.2009), cfg) == 200  # floor(200.9)
+    assert stage_step(Clock(50, 0.25), _train(max_minutes=2.0)) == 50  # the default: stages by step
 
 
 def test_step_limit():
@@ -78,6 +79,8 @@ def test_grid_moves_one_stage_per_call_from_the_stage_clock_and_refreshes_occupa
 def test_the_resolved_rule_names_the_budget_and_stage_fractions():
     budget = describe_schedule(None, 10, 0.1, 1500, 0, 1000, [200, 600], 8)
     assert "0.1 ** p" in budget and "[0.2, 0.6]" in budget and "every 8 steps" in budget
+    by_step = describe_schedule(None, 10, 0.1, 1500, 0, None, [200, 600], 8)
+    assert "0.1 ** p" in by_step and "grid stages at steps [200, 600];" in by_step and "p >=" not in by_step
     steps = describe_schedule(None, 0, 0.1, 1500, 0, 1000, [200, 600], 8)
     assert f"stop at step {DEFAULT_MAX_STEPS}" in steps and "step / 1500" in steps
 

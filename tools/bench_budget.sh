@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The README's lego line as written, at a time budget (issue 28 item 1: the schedules follow
+# train.max_minutes): one process, no other override than the budget and the test views scored.
+#   OMP_NUM_THREADS=2 ../shared/tools/quiet --log bench/results/quiet_issue28.jsonl -- tools/bench_budget.sh MINUTES VIEWS
+# -> bench/results/lego_budget/<MINUTES>min/{metrics.json,metrics.jsonl} with a meta.json entry
+set -euo pipefail
+. "$(dirname "$0")/bench_record.sh"  # run_and_record
+minutes="$1"; views="$2"
+out="bench/lego_budget_${minutes}min"
+rm -rf "$out"
+run_and_record bench/results/lego_budget "${minutes}min" "$out" python -m distnerf.train dataset=blender \
+  dataset.root=../shared/data/nerf_synthetic_half/lego train.max_minutes="$minutes" eval.num_views="$views" \
+  run_dir="$out" train.progress=false logger.wandb.mode=disabled
