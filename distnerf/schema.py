@@ -223,6 +223,10 @@ class GridModelConfig(MarchedModelConfig):
     step_ratio: float = positive(0.5)                # march step = this x the smallest voxel edge
     alpha_init: float = bounded(1.0e-3, 0, 1, low_open=True)
     occupancy_every: int = positive(8)               # training steps between occupancy refreshes
+    # at the final resolution (the last of `resolutions`, with two or more), cells below this opacity are skipped instead
+    # of occupancy_threshold: the semi-transparent fog the coarse stages grow in free air is pruned once the surfaces
+    # have formed (Instant-NGP's threshold of 0.01); null: occupancy_threshold at every stage
+    occupancy_threshold_final: Optional[float] = bounded(None, 0, 1)
     tv_weight: float = bounded(1.0e-5, 0)
     tighten_aabb: bool = True
     color: str = choice("sh", "mlp")           # sh: spherical-harmonic colour grid | mlp: features + tiny MLP

@@ -12,6 +12,9 @@
 #   floorrand   floor + a random background colour per training ray (model.random_background=true: the
 #               capture is opaque, so light a ray does not absorb must not fit)
 #   aerial      floor + shell_alpha_init + random_background
+#   prune       at the grid's final stage cells below opacity 0.01 per step are empty (model.occupancy_threshold_final:
+#               the coarse stages' fog in free air pruned once the surfaces have formed)
+#   floorprune  floor + prune;  floorprune03: floor + prune at opacity 0.03
 #   [CELLS="before rounds ..."] tools/bench_march.sh STEPS NAME [hydra overrides...]
 # e.g. OMP_NUM_THREADS=2 ../shared/tools/quiet -- tools/bench_march.sh 300 march_city_small dataset.kind=city_small
 # copies each run's metrics.json / metrics.jsonl to bench/results/NAME/CELL/ with a meta.json entry (command,
@@ -31,6 +34,9 @@ declare -A CELL=(
   [shellfloor]="model.train_round_steps=0 model.min_altitude=-0.5 model.shell_alpha_init=true"
   [floorrand]="model.train_round_steps=0 model.min_altitude=-0.5 model.random_background=true"
   [aerial]="model.train_round_steps=0 model.min_altitude=-0.5 model.shell_alpha_init=true model.random_background=true"
+  [prune]="model.train_round_steps=0 model.occupancy_threshold_final=0.01"
+  [floorprune]="model.train_round_steps=0 model.min_altitude=-0.5 model.occupancy_threshold_final=0.01"
+  [floorprune03]="model.train_round_steps=0 model.min_altitude=-0.5 model.occupancy_threshold_final=0.03"
 )
 for cell in ${CELLS:-before rounds dist001 dist01}; do
   out="bench/${name}_${cell}"

@@ -154,6 +154,8 @@ class GridModel(MarchingModel):
             resolution (a distance in world, or NDC, units).
         alpha_init: initial opacity of one step of the final resolution.
         occupancy_threshold / occupancy_every: empty-space skipping.
+        occupancy_threshold_final: the threshold at the final resolution, or None
+            (:meth:`current_occupancy_threshold`).
         color_threshold: samples with a smaller compositing weight get no colour.
         termination: transmittance below which a ray stops (early ray termination).
         sparse_grad: the colour-feature tables get sparse row gradients (only the rows a
@@ -190,6 +192,7 @@ class GridModel(MarchingModel):
                              f"resolution change of model.resolutions ({list(resolutions)})")
         self.resolutions, self.upsample_steps = list(resolutions), list(upsample_steps)
         self.step_ratio, self.occupancy_threshold = step_ratio, occupancy_threshold
+        self.occupancy_threshold_final = c.occupancy_threshold_final
         self.occupancy_every, self.color_threshold = occupancy_every, color_threshold
         self.init_contraction(c.contraction, c.min_altitude, c.random_background)
         # a contracted grid covers all of space: its box stays the doubled box (never tightened)
@@ -437,18 +440,31 @@ class GridModel(MarchingModel):
         box, dilated by one cell.
         """
         n, step_size = self.resolution, self.step_size()
+        threshold = self.current_occupancy_threshold()
         if self.focus is None:
             corner_max = F.max_pool3d(self.density.detach().view(1, 1, n, n, n), 2, stride=1)[0, 0]
             alpha = 1.0 - torch.exp(-self.densities(corner_max) * step_size * self._step_scale(n - 1))
             self.occupancy.aabb.copy_(self.grid_aabb)  # the voxels' box (set_from_alpha refreshes the caches)
-            self.occupancy.set_from_alpha(alpha, self.occupancy_threshold, dilation=0)
+            self.occupancy.set_from_alpha(alpha, threshold, dilation=0)
             return
         if self.occupancy.resolution != n:
             self.occupancy.resize(self.grid_aabb, n)
         sigma = self.densities(self.raw_density(self.occupancy.cell_centers(), contracted=True))
         scale = self._step_scale(n)
         alpha = 1.0 - torch.exp(-sigma * step_size * (scale.reshape(-1) if torch.is_tensor(scale) else scale))
-        self.occupancy.set_from_alpha(alpha.view(n, n, n), self.occupancy_threshold, dilation=1)
+        self.occupancy.set_from_alpha(alpha.view(n, n, n), threshold, dilation=1)
+
+    def current_occupancy_threshold(self) -> float:
+        """Opacity of one marching step below which a cell is empty now: ``occupancy_threshold_final``
+        at the final resolution (with two or more resolutions and the key set), else
+        ``occupancy_threshold``. The coarse stages start every cell at ``alpha_init``, so their
+        threshold must not exceed it; by the final stage the surfaces have formed and the
+        semi-transparent fog grown in free air can be pruned (Instant-NGP, Mueller et al. 2022,
+        Sec. 4: density threshold 0.01)."""
+        if self.occupancy_threshold_final is not None and len(self.resolutions) > 1 \
+                and self.resolution == self.resolutions[-1]:
+            return float(self.occupancy_threshold_final)
+        return float(self.occupancy_threshold)
 
     def _step_scale(self, m: int) -> torch.Tensor | float:
         """(m, m, m) world length of a unit marching step at the centres of m^3 cells over
