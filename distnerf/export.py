@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 from .checkpoint import SCENE_TRANSFORM_FILE, atomic_torch_save
 from .render import find_checkpoint, load_run_config, load_weights
 from .schema import ConfigError
-from .strategy.fused import region_states
+from .strategy.ss_loading import region_states
 
 
 def main(argv: list[str] | None = None) -> Path:

@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         print("WARNING: runs differ in undeclared settings; see the top of the comparison", file=sys.stderr)
     sys.stdout.write(text)
     if args.out:
-        from .checkpoint import atomic_write_text
+        from .fileio import atomic_write_text
 
         atomic_write_text(args.out, text)
     return 0

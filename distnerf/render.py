@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from . import dist as D
-from .config import setup_logging
+from .rundir import setup_logging
 from .data import load_scene
 from .data.camera_path import fly_through, orbit, path_cameras
 from .data.images import undecoded

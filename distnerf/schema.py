@@ -193,7 +193,7 @@ class ModelConfig:
 
 @dataclass
 class MarchedModelConfig(ModelConfig):
-    """The keys of every model rendered by packed ray marching (``grid``, ``ngp``: model/marching.py)."""
+    """The keys of every model rendered by packed ray marching (``grid``, ``ngp``: model/marched.py)."""
     occupancy_threshold: float = bounded(1.0e-3, 0)  # cells below this opacity are skipped
     color_threshold: float = bounded(1.0e-3, 0)      # a sample with a smaller weight gets no colour (still attenuates)
     termination: float = bounded(1.0e-4, 0, 1)       # early ray termination below this transmittance

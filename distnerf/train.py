@@ -24,7 +24,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from . import dist as D
 from .checkpoint import CheckpointWriteError
-from .config import RunDirBusy, release_run_dir, resolve_run_dir, setup_logging
+from .rundir import RunDirBusy, release_run_dir, resolve_run_dir, setup_logging
 from .data import DatasetError
 from .schema import ConfigError, validate
 from .engine.trainer import NonFiniteLoss, Trainer

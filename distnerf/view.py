@@ -28,7 +28,7 @@ from omegaconf import OmegaConf
 
 from . import checkpoint as ckpt
 from . import dist as D
-from .config import setup_logging
+from .rundir import setup_logging
 from .data import load_scene
 from .data.images import undecoded
 from .engine.runs import load_renderer, load_run_config

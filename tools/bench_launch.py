@@ -117,7 +117,7 @@ def _ckpt_worker(strategy: str, repeats: int, out: Path, root: Path) -> None:
 
     from distnerf import checkpoint as ckpt
     from distnerf import dist as D
-    from distnerf.config import resolve_run_dir
+    from distnerf.rundir import resolve_run_dir
     from distnerf.engine.trainer import Trainer
     from distnerf.strategy import build_strategy
 

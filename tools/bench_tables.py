@@ -454,7 +454,10 @@ MARCH_CELLS = (("before", "one pass (train_round_steps=0)", "0"), ("rounds", "ro
                ("floor", "one pass, rays end at the floor (min_altitude=-0.5)", "0"),
                ("shellfloor", "one pass, floor, shell steps start at alpha_init (shell_alpha_init)", "0"),
                ("floorrand", "one pass, floor, random background per training ray", "0"),
-               ("aerial", "one pass, floor, shell_alpha_init, random background", "0"))
+               ("aerial", "one pass, floor, shell_alpha_init, random background", "0"),
+               ("prune", "one pass, final-stage occupancy threshold 0.01", "0"),
+               ("floorprune", "one pass, floor, final-stage occupancy threshold 0.01", "0"),
+               ("floorprune03", "one pass, floor, final-stage occupancy threshold 0.03", "0"))
 
 
 def march(res: Results, name: str) -> list[str]:
@@ -464,8 +467,7 @@ def march(res: Results, name: str) -> list[str]:
     figures = {}
     for cell, marching, weight in MARCH_CELLS:
         if not (res.root / f"{name}/{cell}/metrics.json").is_file():
-            out.append(row(cell, marching, weight, "not run", "", "", ""))
-            continue
+            continue  # a cell this invocation did not run
         m = res.json(f"{name}/{cell}/metrics.json")
         log = [r for r in res.jsonl(f"{name}/{cell}/metrics.jsonl") if "samples_per_ray" in r]
         tail = [r for r in log if r["step"] > m["step"] - 50]
@@ -621,6 +623,7 @@ TABLES = {
     "city_balance": city_balance,
     "march_city_small": lambda res: march(res, "march_city_small"),
     "march_city_small_floor": lambda res: march(res, "march_city_small_floor"),
+    "march_city_small_prune": lambda res: march(res, "march_city_small_prune"),
     "city_small_regions": regions_series,
     "lego_regression": lambda res: regression(res, "lego_regression", "lego"),
     "fern_regression": lambda res: regression(res, "fern_regression", "fern"),

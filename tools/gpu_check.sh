@@ -195,7 +195,11 @@ def report_section(name, run, rc, seconds, report_rc):
                cpu_overlap=r.get("cpu_overlap"), collectives=r.get("collectives"), hta=r.get("hta"),
                telemetry=r.get("telemetry"), telemetry_nvml=r.get("telemetry_nvml"),
                top_ops={k: v.get("ops", [])[:8] for k, v in (r.get("top_ops") or {}).items()},
-               traces=r.get("traces"), report_md=str(Path(run) / "profile" / "report.md"))
+               traces=r.get("traces"), report_md=str(Path(run) / "profile" / "report.md"),
+               # the DDP hook's / joint exchange's CUDA-event figures (NCCL): medians over the steps
+               comm={k: (overall.get(k) or {}).get("median") for k in
+                     ("comm_total_s", "comm_hidden_s", "bus_bandwidth_gbps", "comm_bytes", "exposed_comm",
+                      "exchange_s")})
     write(name, out)
 
 

@@ -77,7 +77,7 @@ def load_renderer(cfg, run_dir: Path, scene, env):
         env: this process's :class:`~distnerf.dist.DistEnv`.
     """
     if cfg.strategy.name == "ss":
-        from ..strategy.fused import load_fused, region_states
+        from ..strategy.ss_loading import load_fused, region_states
 
         if cfg.weights:  # a fused export: every region's sub-model in one file
             blob = ckpt.load_file(cfg.weights)

@@ -25,12 +25,12 @@ from ..components.step import TrainStep
 from ..data import load_scene
 from ..data.images import undecoded
 from ..observe.logger import METRICS_LOG, JsonlLogger, MultiLogger, NullLogger, WandbLogger
-from ..observe.profiler import RunProfiler, log_profile_summaries
+from ..observe.run_profiler import RunProfiler, log_profile_summaries
 from ..sampler import batch_config, build_sampler, pixel_source
 from ..model import contracted
 from ..schema import ConfigError, validate
 from ..strategy.base import StepAgreement, StepStats, Strategy
-from .checkpointer import Checkpointer
+from .checkpoint_cadence import Checkpointer
 from .evaluate import check_appearance_protocol, evaluate_run, image_panels, make_eval_split
 
 log = logging.getLogger("distnerf")
@@ -214,6 +214,7 @@ class Trainer:
         """Train until ``train.max_steps``, the time budget or a stop signal, then evaluate the test split."""
         max_steps, log_every, val_every = step_limit(self.cfg.train), self.cfg.train.log_every, self.cfg.train.val_every
         progress, stop_reason, segment_start = self._progress(max_steps), "max_steps", self.train_seconds
+        loop_start = time.perf_counter()
         while self.step < max_steps:
             start = time.perf_counter()
             self.timer.begin_step()
@@ -249,7 +250,7 @@ class Trainer:
                 self.save_checkpoint()
             if self.viewer is not None:  # between steps, in this thread: the model is not changing
                 self.viewer.after_step(self.model, self.step, float(flags.valid_rays) / max(step_seconds, 1e-9))
-        return self._finish(stop_reason, progress, segment_start)
+        return self._finish(stop_reason, progress, segment_start, time.perf_counter() - loop_start)
 
     def _stop_nonfinite(self, flags: StepStats) -> None:
         msg = f"non-finite loss at step {self.step} on {int(flags.nonfinite)} rank(s); stopping without saving"
@@ -273,8 +274,9 @@ class Trainer:
                f"stopping without saving")
         self._stop_without_saving(TrainingCollapse(msg), {"event": "occupancy_collapse", "parts": mine})
 
-    def _finish(self, stop_reason: str, progress, segment_start: float) -> dict:
-        """After the loop: profile summaries, the final checkpoint, the test split."""
+    def _finish(self, stop_reason: str, progress, segment_start: float, loop_wall_s: float) -> dict:
+        """After the loop (``loop_wall_s``: its wall seconds in this process, validation, checkpoints
+        and the live viewer's frames included): profile summaries, the final checkpoint, the test split."""
         if progress is not None:
             progress.close()
         self.timer.mark("evaluate")  # final checkpoint, summaries and the test split (hang reports)
@@ -283,8 +285,9 @@ class Trainer:
         sizes = self.strategy.gather(self._model_size())  # collective: every rank's parameters and peak memory
         if self.env.is_main:
             log_profile_summaries(summaries, self.logger, self.step)
-            log.info("training stopped at step %d (%s) after %.1f s of training", self.step, stop_reason,
-                     self.train_seconds)
+            log.info("training stopped at step %d (%s) after %.1f s of training (%.1f s of wall time in the loop "
+                     "this session: validation, checkpoints and the viewer included)", self.step, stop_reason,
+                     self.train_seconds, loop_wall_s)
             self._log_input_summary(self.train_seconds - segment_start)
             self._log_model_size(sizes)
         if self.checkpointer.final_wanted(stop_reason):

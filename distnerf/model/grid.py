@@ -16,7 +16,7 @@ contiguous floats per corner; the backward is a scatter, or sparse rows).
   where a sample's compositing weight exceeds ``color_threshold`` (DVGO's "fast colour
   threshold").
 * Rendering: packed samples, early ray termination and the colour threshold of
-  :class:`~distnerf.model.marching.MarchingModel`, marching ``grid_aabb`` with a step of
+  :class:`~distnerf.model.marched.MarchingModel`, marching ``grid_aabb`` with a step of
   ``step_ratio`` x the smallest voxel edge.
 * Empty space is skipped with an occupancy grid derived from the density (the voxels
   themselves, from their largest corner density; :meth:`GridModel.update_occupancy`).
@@ -44,7 +44,7 @@ from ..renderer.occupancy import OccupancyGrid
 from ..schema import GridModelConfig, section
 from .appearance import LR_SCALE, build_appearance
 from .encoding import PositionalEncoding
-from .marching import MarchingModel
+from .marched import MarchingModel
 
 SHELL_SCALE_CAP = 64.0
 """Largest world length of a contracted unit step (``r^2``, ``r`` = 8 box units) that the initial

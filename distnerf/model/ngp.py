@@ -7,7 +7,7 @@ the first is log-density) -> colour MLP (2 x 64) on the geometry features and th
 encoded view direction. Empty space is skipped by an occupancy grid refreshed every
 ``occupancy_every`` steps from the density at cell centres (deterministic, so
 replicas agree), with uniform marching steps inside the box (packed samples, early ray
-termination and the colour threshold of :class:`~distnerf.model.marching.MarchingModel`).
+termination and the colour threshold of :class:`~distnerf.model.marched.MarchingModel`).
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from ..renderer.occupancy import OccupancyGrid, normalize_points
 from ..schema import NGPModelConfig, section
 from .appearance import LR_SCALE, build_appearance
 from .encoding import HashEncoding, PositionalEncoding
-from .marching import MarchingModel
+from .marched import MarchingModel
 
 
 class NGPModel(MarchingModel):

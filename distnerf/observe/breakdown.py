@@ -440,7 +440,7 @@ class StepProfiler:
 
     def write(self, path: Path, extra: dict | None = None) -> dict:
         """Write ``{"rank", "world_size", "device", "summary", "steps", **extra}`` atomically."""
-        from ..checkpoint import atomic_write_text
+        from ..fileio import atomic_write_text
 
         data = {"rank": self.rank, "world_size": self.world_size, "device": "cuda" if self.cuda else "cpu",
                 "clock": "cuda events" if self.cuda else "host perf_counter", "phases": list(PHASES),

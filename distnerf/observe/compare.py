@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 
 from .breakdown import PHASES
-from .report import build_report
+from .run_report import build_report
 
 # keys that never change what is measured (bookkeeping, output locations, console; train.schedule is a
 # description derived from keys compared on their own)

@@ -47,7 +47,7 @@ from .occupancy import grid_edges, grid_index
 from .packed import PackedSamples, accumulate, render_transmittance
 
 #: ``(origins, directions, anchor, t_lo, t_hi, max_intervals=None) -> PackedSamples``, e.g.
-#: :meth:`~distnerf.model.marching.MarchingModel.marcher` (``max_intervals``: see
+#: :meth:`~distnerf.model.marched.MarchingModel.marcher` (``max_intervals``: see
 #: :func:`~distnerf.renderer.occupancy.march`)
 Marcher = Callable[..., PackedSamples]
 

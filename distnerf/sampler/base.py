@@ -6,7 +6,7 @@ Deterministic by step: the batch of global step ``k`` of stream ``s`` is a pure
 function of ``(seed, s, k)`` through ``numpy.random.SeedSequence([seed, s, k])``.
 A batch may also be made of *blocks*, one per stream of a tuple of streams (``ss``: one
 block per region the rank trains, the stream being the region): each block is the batch
-its stream alone would give, and the jitter seed comes from :data:`JITTER_STREAM`, so
+its stream alone would give, and the jitter seed comes from :data:`~distnerf.seeds.JITTER_STREAM`, so
 it depends on ``(seed, k)`` only and a block does not depend on which rank draws it.
 Every implementation (``sync``, ``pipelined`` with any number of workers,
 ``device``) calls :func:`make_batch`, so a performance setting never changes what
@@ -24,11 +24,10 @@ import torch
 from ..data.base import SceneData
 from ..data.rays import RayBundle, generate_rays
 from ..schema import SamplerConfig
+from ..seeds import JITTER_STREAM
 from .files import FilePixels
 from .policy import PixelTable, draw_pixels, pixel_table
 
-JITTER_STREAM = 1 << 29
-"""The stream of the jitter seed of a block batch (never a rank's or a region's ray stream)."""
 
 RayFilter = Callable[[RayBundle], torch.Tensor]
 """A ray filter hook: ``fn(rays) -> (R,) bool`` mask of the rays that count in the loss."""

@@ -43,14 +43,14 @@ import numpy as np
 import numpy.lib.format as npy_format
 import torch
 
-from ..checkpoint import exclusive_lock
+from ..fileio import exclusive_lock
 from ..data.base import DatasetError, SceneData
 from ..data.images import ImageList
 
 log = logging.getLogger("distnerf")
 
 FORMAT_VERSION = 1  # bump when the decoded content of a recipe changes
-EVERY_RANK = {"every_rank": True}  # log extra: on the console of whichever rank builds (distnerf.config.setup_logging)
+EVERY_RANK = {"every_rank": True}  # log extra: on the console of whichever rank builds (distnerf.rundir.setup_logging)
 _MAPPED: dict[int, tuple] = {}  # id(tensor) -> (weakref to the tensor, cache file)
 
 

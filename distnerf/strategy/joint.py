@@ -5,7 +5,7 @@ Legend: R rays, K regions, m regions of this rank, C values per segment.
 Every rank draws the same ray batch (the sampler's shared stream). Each region's
 sub-model covers only its own (non-enlarged) region box and renders only its own
 segment of every ray: the ray is clipped to the box, and the sub-model renders it
-without background (:meth:`~distnerf.model.marching.MarchingModel.render_segment`),
+without background (:meth:`~distnerf.model.marched.MarchingModel.render_segment`),
 returning the segment's colour ``C_k = sum_i T^k_i alpha_i c_i``, transmittance
 ``T_k = prod_i (1 - alpha_i)`` (the transmittance behind its last sample, whatever the
 colour threshold dropped) and depth. The per-ray
@@ -40,9 +40,10 @@ import torch
 
 from .. import dist as D
 from ..data.rays import RayBundle
-from ..model.marching import MarchingModel
+from ..model.marched import MarchingModel
 from ..renderer import samples
 from ..renderer.segments import composite_segments, segment_entries
+from ..seeds import region_seed
 
 
 class GatherSegments(torch.autograd.Function):
@@ -78,7 +79,7 @@ def region_generator(generator: torch.Generator | None, region: int, device) -> 
     """A jitter generator of region ``region`` derived from the step's generator."""
     if generator is None:
         return None
-    return torch.Generator(device).manual_seed((int(generator.initial_seed()) * 1000003 + 7919 * region) % 2**62)
+    return torch.Generator(device).manual_seed(region_seed(generator.initial_seed(), region))
 
 
 def render_segments(models, regions: list[int], boxes: torch.Tensor, rays: RayBundle, generator=None) -> dict:

@@ -151,7 +151,7 @@ class Partition:
                    d.get("world_size"), bool(d.get("unbounded", False)))  # older files: neither key
 
     def save(self, path: Path) -> None:
-        from ..checkpoint import atomic_write_text
+        from ..fileio import atomic_write_text
 
         atomic_write_text(Path(path), json.dumps(self.to_dict(), indent=1))
 

@@ -52,6 +52,7 @@ from .. import dist as D
 from ..model import build_model, contracted
 from ..components.optim import merge_optimizer_states, split_optimizer_state
 from ..model.base import RadianceModel
+from ..seeds import LOAD_STREAM, SHARED_STREAM, region_seed
 from .base import StepAgreement, StepStats, Strategy
 from .density import estimate_density
 from .fusion import FusedRenderer
@@ -61,9 +62,7 @@ from .regions import JointRegionModels, RegionModels, RegionRayFilter
 
 log = logging.getLogger("distnerf")
 
-SHARED_STREAM = 1 << 30  # the ray stream every rank draws under joint training
 PARTITIONS = ("grid", "balanced")
-LOAD_STREAM = 1 << 21  # the ray stream of the start-up load estimate (never a rank's training stream)
 
 
 def training_ray_sample(scene, num_rays: int, seed: int):
@@ -260,7 +259,7 @@ class SSStrategy(Strategy):
         models = {}
         for k in self.my_regions:  # initialised from (seed, region): the same on whichever rank holds it
             with torch.random.fork_rng(devices=[]):
-                torch.manual_seed((self.seed * 1000003 + 7919 * (k + 1)) % 2**62)
+                torch.manual_seed(region_seed(self.seed, k + 1))
                 models[k] = self.build_region_model(model_cfg, scene.aabb, scene.background, k, len(scene))
         if self.joint:
             return JointRegionModels(models, self.partition, scene.background, self.env.distributed)

@@ -1,6 +1,6 @@
 """The figures of one finished cell, read from its run directory (no re-computation).
 
-Sources: ``profile/rank_*.json`` through :func:`distnerf.observe.report.build_report` (the
+Sources: ``profile/rank_*.json`` through :func:`distnerf.observe.run_report.build_report` (the
 step breakdown, medians after the skipped warm-up steps), ``metrics.jsonl`` (communication
 bytes, the model-size and input events, the PSNR-against-time curve), ``metrics.json`` (test
 quality, per-view render seconds, the fusion stage's timing) and ``config.yaml``.
@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 
 from ..observe.logger import read_metrics_log
-from ..observe.report import build_report
+from ..observe.run_report import build_report
 
 BREAKDOWN = ("input_wait", "copy", "forward", "backward", "exposed_comm", "step_sync", "optimizer", "unattributed")
 """The stacked phases of the study's breakdown (the others, e.g. ``model_update``,

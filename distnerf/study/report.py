@@ -36,7 +36,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from ..checkpoint import atomic_write_text
+from ..fileio import atomic_write_text
 from ..observe.compare import load_settings, setting_differences
 from . import capacity, plan, runner, scaling
 from .collect import BREAKDOWN, cell_figures

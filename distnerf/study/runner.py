@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 
 from .. import checkpoint as ckpt
+from ..fileio import atomic_write_text
 from .plan import Cell
 
 REPO = Path(__file__).resolve().parents[2]
@@ -56,7 +57,7 @@ def read_record(run_dir: Path) -> dict | None:
 
 def write_record(run_dir: Path, record: dict) -> None:
     Path(run_dir).mkdir(parents=True, exist_ok=True)
-    ckpt.atomic_write_text(Path(run_dir) / RECORD, json.dumps(record, indent=1))
+    atomic_write_text(Path(run_dir) / RECORD, json.dumps(record, indent=1))
 
 
 def finished(run_dir: Path) -> bool:

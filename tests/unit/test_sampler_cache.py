@@ -22,7 +22,7 @@ from PIL import Image
 import distnerf.data.images as images_module
 from distnerf.data import load_scene
 from distnerf.sampler import BatchSpec, PipelinedSampler, PixelCache, SyncSampler
-from distnerf.checkpoint import exclusive_lock
+from distnerf.fileio import exclusive_lock
 from distnerf.sampler.cache import cached_file, open_pixel_cache
 from tests.conftest import FERN, REPO, run_cli, torchrun
 

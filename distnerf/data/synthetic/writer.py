@@ -33,7 +33,7 @@ from typing import Optional
 import imageio.v3 as iio
 import numpy as np
 
-from distnerf.checkpoint import exclusive_lock
+from distnerf.fileio import exclusive_lock
 from distnerf.data.synthetic.formats import write_city
 from distnerf.data.synthetic.scenes import SceneSpec, build_scene, image_size, split_counts
 from distnerf.data.synthetic.tracer import render_view
@@ -121,7 +121,7 @@ def ensure_scene(cache_dir: str | os.PathLike, kind: str = "objects",
     marker is written last, and the dir is renamed to its final name in one atomic
     ``os.rename``; concurrent callers (several ranks) therefore never see a half-written
     scene, and they serialise on an ``flock`` of ``cache_dir/.<name>.lock``
-    (:func:`distnerf.checkpoint.exclusive_lock`): the first generates, the others wait and
+    (:func:`distnerf.fileio.exclusive_lock`): the first generates, the others wait and
     use its copy, so the scene is rendered once however many ranks start. A root without
     the marker (not made by this function) is replaced.
 

@@ -82,7 +82,7 @@ class RunProfiler:
                                   max_records=cfg.max_step_records)
         self.env = environment_fingerprint(device, world_size)
         if rank == 0:
-            from ..checkpoint import atomic_write_text
+            from ..fileio import atomic_write_text
 
             atomic_write_text(self.dir / "env.json", json.dumps(self.env, indent=1))
         self.telemetry = Telemetry(device, cfg.telemetry_interval_s).start() if cfg.telemetry else None
@@ -123,7 +123,7 @@ class RunProfiler:
                         "self_device_us": getattr(e, "self_device_time_total", 0.0)})
         ops.sort(key=lambda o: o["self_device_us" if key == "self_device_time_total" else "self_cpu_us"],
                  reverse=True)
-        from ..checkpoint import atomic_write_text
+        from ..fileio import atomic_write_text
 
         atomic_write_text(self.dir / f"ops_rank_{self.rank}.json",
                           json.dumps({"sort": key, "ops": ops[: self.trace_cfg.top_ops]}, indent=1))

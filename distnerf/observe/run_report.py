@@ -250,7 +250,7 @@ def plot_breakdown(report: dict, path: Path) -> None:
 def write_report(run_dir: Path) -> dict:
     """Build the report and write ``report.md``, ``report.json``, ``breakdown.png`` under
     ``RUN/profile``; returns the report dict (its ``files`` entry lists the paths)."""
-    from ..checkpoint import atomic_write_text
+    from ..fileio import atomic_write_text
 
     report = build_report(run_dir)
     out = Path(run_dir) / "profile"
