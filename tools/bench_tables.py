@@ -457,7 +457,8 @@ MARCH_CELLS = (("before", "one pass (train_round_steps=0)", "0"), ("rounds", "ro
                ("aerial", "one pass, floor, shell_alpha_init, random background", "0"),
                ("prune", "one pass, final-stage occupancy threshold 0.01", "0"),
                ("floorprune", "one pass, floor, final-stage occupancy threshold 0.01", "0"),
-               ("floorprune03", "one pass, floor, final-stage occupancy threshold 0.03", "0"))
+               ("floorprune03", "one pass, floor, final-stage occupancy threshold 0.03", "0"),
+               ("floorprune_time", "floorprune for before's training seconds (train.max_minutes=11.18)", "0"))
 
 
 def march(res: Results, name: str) -> list[str]:
