@@ -317,6 +317,37 @@ def main_job(res: Results) -> list[str]:
     return out
 
 
+def viewer(res: Results) -> list[str]:
+    """tools/bench_viewer.py: training with the live viewer off / on with one client, and frame time."""
+    out = header("engine", "viewer", "runs", "training rays/s (loop wall, median)", "per-step rays/s (median)",
+                 "frames pushed", "render share of the loop", "chromium CPU s (reniced)", "slower than off")
+    lines = [""]
+    for name, label in (("viewer/live_full_frames.json", "full-size live frames (before)"),
+                        ("viewer/live.json", "live frames capped at 0.5 s")):
+        if not (res.root / name).is_file():
+            continue
+        d = res.json(name)
+        on = [r for r in d["rows"] if r["viewer"]]
+        for key, cell in (("off", "off"), ("on", "on, one client")):
+            sm = d["summary"][key]
+            runs = [r for r in d["rows"] if r["viewer"] == (key == "on")]
+            frames = " / ".join(str(r["frames"]) for r in runs) if key == "on" else "-"
+            share = " / ".join(f"{r['render_share_pct']:.1f}%" for r in runs) if key == "on" else "-"
+            cpu = " / ".join(f"{r['chromium_cpu_s']:.0f}" for r in runs) if key == "on" else "-"
+            slower = f"**{d['summary']['slowdown_pct']:.1f}%**" if key == "on" else ""
+            out.append(row(label, cell, sm["n"], f"{sm['loop_rays_per_s_median']:.0f}",
+                           f"{sm['step_rays_per_s_median']:.0f}", frames, share, cpu, slower))
+        if name == "viewer/live.json":
+            lines.append(f"Target (training <= 10% slower with one client): "
+                         f"**{'met' if d['summary']['slowdown_pct'] <= 10 else 'missed'}** "
+                         f"({d['summary']['slowdown_pct']:.1f}%).")
+    if (res.root / "viewer/frame.json").is_file():
+        f = res.json("viewer/frame.json")
+        lines.append(f"Still frame {f['size']}x{f['size']} of `{f['run_dir']}` (step {f['step']}): "
+                     f"**{f['seconds_median']:.2f} s** median of {f['frames']} ({f['rays_per_s_median']:,.0f} rays/s).")
+    return out + lines
+
+
 def syncs(res: Results) -> list[str]:
     """tools/bench_syncs.py: host syncs of one training step, before and after issue 14."""
     d = res.json("syncs/syncs.json")
@@ -613,6 +644,7 @@ TABLES = {
     "ss_eq_detail": ss_eq_detail,
     "memory": memory,
     "main_job": main_job,
+    "viewer": viewer,
     "syncs": syncs,
     "eval_memory": eval_memory,
     "timing_overhead": timing_overhead,

@@ -114,6 +114,15 @@ def frame_size(aspect: float, max_side: int, pixels: float | None = None) -> tup
     return max(int(round(h)), 1), max(int(round(w)), 1)
 
 
+def frame_pixels(moving: bool, rays_per_s: float, max_pixels: float | None = None) -> float | None:
+    """The pixel budget of a frame: what ``rays_per_s`` renders in :data:`MOVING_FRAME_S` while the
+    camera moves, else none (a full frame), capped at ``max_pixels`` when given."""
+    pixels = rays_per_s * MOVING_FRAME_S if moving else None
+    if max_pixels is not None:
+        pixels = max_pixels if pixels is None else min(pixels, max_pixels)
+    return pixels
+
+
 def render_view(renderer, scene: SceneData, cameras: Cameras, chunk: int, device, point_chunk=None) -> dict:
     """Render camera 0 of ``cameras`` in ``scene``'s frame (near/far, NDC) with ``renderer``
     (:func:`~distnerf.engine.evaluate.render_image`, as ``distnerf.render`` does).
@@ -330,7 +339,8 @@ class ViewerServer:
                 due.append(state)
         return due
 
-    def render_pending(self, renderer, step: int, max_seconds: float | None = None, refresh: bool = True) -> float:
+    def render_pending(self, renderer, step: int, max_seconds: float | None = None, refresh: bool = True,
+                       max_pixels: float | None = None) -> float:
         """Render and push a frame to every client that needs one; returns the seconds spent.
 
         Args:
@@ -338,6 +348,8 @@ class ViewerServer:
             step: the model's training step (shown on the page, kept in :class:`Frame`).
             max_seconds: stop starting frames once this much time has been spent (None: no limit).
             refresh: a new ``step`` makes every client's frame due (False: only moved cameras).
+            max_pixels: at most about this many pixels a frame (live mode: what the measured render
+                speed renders in :data:`LIVE_FRAME_S`), or None (a still frame is full size).
         """
         if refresh and step != self.step:
             self.step = step
@@ -346,17 +358,16 @@ class ViewerServer:
         for state in self.due():
             if max_seconds is not None and time.perf_counter() - start >= max_seconds:
                 break
-            self._render_one(renderer, state, step)
+            self._render_one(renderer, state, step, max_pixels)
         return time.perf_counter() - start
 
-    def _render_one(self, renderer, state: _ClientState, step: int) -> None:
+    def _render_one(self, renderer, state: _ClientState, step: int, max_pixels: float | None = None) -> None:
         camera = state.client.camera
         stamp, wxyz, position, fov = camera.update_timestamp, camera.wxyz.copy(), camera.position.copy(), camera.fov
         canvas_h, canvas_w = max(camera.image_height, 1), max(camera.image_width, 1)
         moving = time.time() - stamp < STILL_S
         max_side = min(self.max_resolution, max(canvas_h, canvas_w))
-        height, width = frame_size(canvas_w / canvas_h, max_side,
-                                   self.rays_per_s * MOVING_FRAME_S if moving else None)
+        height, width = frame_size(canvas_w / canvas_h, max_side, frame_pixels(moving, self.rays_per_s, max_pixels))
         c2w = c2w_from_viser(wxyz, position)
         cameras = pinhole(c2w, fov, height, width)
         begin = time.perf_counter()
@@ -366,7 +377,7 @@ class ViewerServer:
         image = colourise(out, self.output.value, regions)
         seconds = time.perf_counter() - begin
         self.rays_per_s = 0.5 * self.rays_per_s + 0.5 * height * width / max(seconds, 1e-6)
-        full = not moving
+        full = not moving and (height, width) == frame_size(canvas_w / canvas_h, max_side)
         if state.client.client_id not in self.clients():  # disconnected meanwhile: nothing to send or keep
             return
         # PNG for still frames (exact pixels), JPEG while moving (small); queued, never awaited
@@ -388,6 +399,7 @@ def thumbnail(image) -> np.ndarray:
 
 
 LIVE_REFRESH_S = 1.0  # live: a still view is re-rendered with the current model at most this often
+LIVE_FRAME_S = 0.5    # live: a frame has as many pixels as the measured render speed allows in this time
 
 
 class LiveViewer:
@@ -398,7 +410,10 @@ class LiveViewer:
     the current model (``strategy.live_view_model``) as long as rendering has taken at most
     ``viewer.max_render_share`` of the wall time since the viewer started (an estimate of the
     next frame's cost included), and re-renders a still view at most every
-    :data:`LIVE_REFRESH_S` seconds. Frames are queued to the browsers, never awaited.
+    :data:`LIVE_REFRESH_S` seconds. A frame has at most as many pixels as the measured render
+    speed renders in :data:`LIVE_FRAME_S` (up to ``viewer.max_resolution``), so no single frame
+    stalls training for long: an early model, whose grid is still all fog, renders slowly.
+    Frames are queued to the browsers, never awaited.
 
     Args:
         cfg: the run's config (``viewer``, ``eval.chunk``/``point_chunk``).
@@ -429,7 +444,10 @@ class LiveViewer:
         if not refresh and not self.server.due():
             return 0.0
         count = self.server.frames_rendered
-        spent = self.server.render_pending(self.strategy.live_view_model(model), step, allowed, refresh)
+        # a frame no longer than LIVE_FRAME_S at the measured speed: training never stalls for a whole
+        # full-size frame of an early (slow, still foggy) model
+        spent = self.server.render_pending(self.strategy.live_view_model(model), step, allowed, refresh,
+                                           max_pixels=self.server.rays_per_s * LIVE_FRAME_S)
         self.render_s += spent
         if self.server.frames_rendered > count:
             self.last_frame_s = spent / (self.server.frames_rendered - count)

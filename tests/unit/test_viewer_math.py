@@ -8,7 +8,8 @@ import torch
 
 pytest.importorskip("viser")
 
-from distnerf.engine.viewer import (MIN_PIXELS, REGION_COLOURS, c2w_from_viser, colourise, frame_size,  # noqa: E402
+from distnerf.engine.viewer import (MIN_PIXELS, MOVING_FRAME_S, REGION_COLOURS, c2w_from_viser, colourise,  # noqa: E402
+                                    frame_pixels, frame_size,
                                     pinhole, viser_from_c2w)
 
 
@@ -55,3 +56,15 @@ def test_tint_moves_covered_pixels_towards_their_region_colour():
         assert np.allclose(img[y, x], 0.5 * 127.5 + 0.5 * REGION_COLOURS[k], atol=1)
     depth = colourise(out, "depth")
     assert depth.shape == (2, 2, 3) and depth.dtype == np.uint8
+
+
+def test_frame_pixels_budget_and_live_cap():
+    """A still frame is full size unless capped (live mode); a moving one gets what the measured
+    speed renders in MOVING_FRAME_S; the cap wins when smaller."""
+    assert frame_pixels(False, 50_000.0) is None
+    assert frame_pixels(True, 50_000.0) == pytest.approx(50_000.0 * MOVING_FRAME_S)
+    assert frame_pixels(False, 50_000.0, max_pixels=25_000.0) == 25_000.0
+    assert frame_pixels(True, 50_000.0, max_pixels=1_000.0) == 1_000.0
+    assert frame_pixels(True, 50_000.0, max_pixels=1e9) == pytest.approx(50_000.0 * MOVING_FRAME_S)
+    h, w = frame_size(1.0, 512, frame_pixels(False, 20_000.0, max_pixels=20_000.0 * 0.5))
+    assert h * w <= 10_000 * 1.01 and h == w
