@@ -31,7 +31,8 @@ def main(argv: list[str] | None = None) -> int:
     cmp_.add_argument("--out", type=Path, help="also write the Markdown here")
     args = parser.parse_args(argv)
 
-    from .observe import compare, report
+    from .observe import compare
+    from .observe import run_report as report
 
     try:
         if args.command == "report":
