@@ -26,6 +26,9 @@ class RadianceModel(nn.Module):
     #: height (+y, scene units) below which rays end (``model.min_altitude``), or None; read by
     #: strategies that route whole rays to regions (they must end where the model ends them)
     min_altitude: float | None = None
+    #: what ``model.max_params`` derived when the model was sized to it (:func:`distnerf.model.budget.fit_budget`'s
+    #: report), set by :func:`distnerf.model.build_model`; None otherwise
+    budget: dict | None = None
 
     def __init__(self, aabb: torch.Tensor, background: torch.Tensor):
         super().__init__()

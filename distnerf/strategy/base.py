@@ -127,10 +127,10 @@ class Strategy:
 
         return build_model(model_cfg, scene.aabb, scene.background, num_images=len(scene))
 
-    def parameter_report(self, model: nn.Module) -> dict:
-        """What ``model.max_params`` derived for this rank's model (``budget``), when set."""
-        budget = getattr(model, "budget", None)
-        return {} if budget is None else {"budget": budget}
+    def parameter_report(self, model) -> dict:
+        """What ``model.max_params`` derived for this rank's model (a
+        :class:`~distnerf.model.base.RadianceModel`'s ``budget``), when set."""
+        return {} if model.budget is None else {"budget": model.budget}
 
     def wrap(self, model: nn.Module) -> nn.Module:
         """Place ``model`` on the device and return the module whose forward trains it."""
