@@ -327,7 +327,6 @@ def viewer(res: Results) -> list[str]:
         if not (res.root / name).is_file():
             continue
         d = res.json(name)
-        on = [r for r in d["rows"] if r["viewer"]]
         for key, cell in (("off", "off"), ("on", "on, one client")):
             sm = d["summary"][key]
             runs = [r for r in d["rows"] if r["viewer"] == (key == "on")]
