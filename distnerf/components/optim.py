@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Mapping
 
 import torch
+from torch.optim.adam import adam as adam_update
 
 from ..dist import accepts
 from ..model.base import RadianceModel
@@ -39,26 +40,43 @@ class LazyAdam(torch.optim.Adam):
                     p.grad = None  # the dense update below skips it
         loss = super().step(closure)
         for group, p, grad in sparse:
-            self._lazy_update(group, p, grad.coalesce())
+            self._lazy_update(group, p, _coalesced(grad))
             p.grad = grad
         return loss
 
     def _lazy_update(self, group: dict, p: torch.Tensor, grad: torch.Tensor) -> None:
+        """Adam on the rows of ``grad`` (coalesced): the rows of the value and both moments are
+        gathered, updated by ``torch.optim.adam.adam`` (Adam's own function (the fused kernel when the optimizer is
+        fused: one pass), and written back."""
         beta1, beta2 = group["betas"]
         state = self.state[p]
         if not state:
             state["step"] = torch.tensor(0.0, dtype=torch.float32, device=p.device)
             state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
             state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-        state["step"] += 1
-        t = float(state["step"])
         rows, values = grad.indices()[0], grad.values()
-        m = state["exp_avg"].index_select(0, rows).mul_(beta1).add_(values, alpha=1 - beta1)
-        v = state["exp_avg_sq"].index_select(0, rows).mul_(beta2).addcmul_(values, values, value=1 - beta2)
+        value = p.index_select(0, rows)
+        m = state["exp_avg"].index_select(0, rows)
+        v = state["exp_avg_sq"].index_select(0, rows)
+        fused = bool(group.get("fused")) and p.device.type in ("cpu", "cuda")
+        adam_update([value], [values], [m], [v], [], [state["step"]], foreach=False, fused=fused,
+                              amsgrad=False, beta1=beta1, beta2=beta2, lr=group["lr"], weight_decay=0.0,
+                              eps=group["eps"], maximize=False)  # increments state["step"]
+        p.index_copy_(0, rows, value)
         state["exp_avg"].index_copy_(0, rows, m)
         state["exp_avg_sq"].index_copy_(0, rows, v)
-        denom = (v / (1 - beta2 ** t)).sqrt_().add_(group["eps"])
-        p.index_add_(0, rows, m.div_(denom), alpha=-group["lr"] / (1 - beta1 ** t))
+
+
+def _coalesced(grad: torch.Tensor) -> torch.Tensor:
+    """``grad`` coalesced: as is when its row indices are already strictly increasing (what
+    :func:`~distnerf.model.grid.sparse_table_grad` makes; autograd's accumulation drops the
+    flag, and ``coalesce`` would sort again), else ``grad.coalesce()``."""
+    if grad.is_coalesced():
+        return grad
+    rows = grad._indices()
+    if rows.shape[0] == 1 and (rows.shape[1] < 2 or bool((rows[0, 1:] > rows[0, :-1]).all())):
+        return torch.sparse_coo_tensor(rows, grad._values(), grad.shape, is_coalesced=True, check_invariants=False)
+    return grad.coalesce()
 
 
 def build_optimizer(model: RadianceModel, cfg: Mapping) -> torch.optim.Optimizer:

@@ -34,6 +34,7 @@ contiguous floats per corner; the backward is a scatter, or sparse rows).
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -94,17 +95,46 @@ class _Interpolate(torch.autograd.Function):
         if ctx.needs_input_grad[2]:
             raise NotImplementedError("gradient w.r.t. interpolation weights is not needed here")
         if ctx.sparse and index.numel() * 4 < num_rows:  # few rows touched: sparse beats a dense zero fill
-            rows, inverse = torch.unique(index.reshape(-1), return_inverse=True)
-            contrib = (weights[..., None] * grad_out[:, None, :].to(weights.dtype)).reshape(-1, channels)
-            values = grad_out.new_zeros(rows.shape[0], channels).index_add_(0, inverse, contrib.to(grad_out.dtype))
-            grad = torch.sparse_coo_tensor(rows[None], values, (num_rows, channels), is_coalesced=True,
-                                           check_invariants=False)  # rows are unique and sorted
-            return grad, None, None, None
+            return sparse_table_grad(index, weights, grad_out, num_rows), None, None, None
         flat = (index[..., None] * channels + torch.arange(channels, device=index.device)).reshape(-1)
         contrib = (weights[..., None] * grad_out[:, None, :].to(weights.dtype)).reshape(-1)
         grad_table = torch.zeros(num_rows * channels, dtype=grad_out.dtype, device=grad_out.device)
         grad_table.scatter_add_(0, flat, contrib.to(grad_out.dtype))
         return grad_table.view(num_rows, channels), None, None, None
+
+
+def sparse_table_grad(index: torch.Tensor, weights: torch.Tensor, grad_out: torch.Tensor,
+                      num_rows: int) -> torch.Tensor:
+    """The gradient of a vertex table under :func:`interpolate`, as a sparse COO tensor of the
+    touched rows only.
+
+    ``grad[r] = sum over (p, k) with index[p, k] = r of weights[p, k] * grad_out[p]``, computed as
+    one sparse-times-dense product: the corner references are sorted by row (one sort of the P x 8
+    row numbers), which gives the touched rows (sorted, unique) and a CSR matrix ``S`` (rows x P)
+    holding the weights, so that ``grad_rows = S @ grad_out``. On the CPU this is about twice as fast
+    as ``torch.unique`` with an ``index_add_`` of the (P x 8, C) contributions, which serialises on
+    repeated rows.
+
+    Args:
+        index, weights: (P, 8) long rows and float weights of the corners
+            (:func:`trilinear_corners`). grad_out: (P, C) float gradient of the interpolated values.
+        num_rows: V, rows of the table.
+    Returns:
+        (V, C) sparse COO tensor, coalesced (rows sorted and unique), dtype of ``grad_out``.
+    """
+    channels = grad_out.shape[1]
+    sorted_rows, order = index.reshape(-1).sort()
+    rows, counts = torch.unique_consecutive(sorted_rows, return_counts=True)
+    crow = counts.new_zeros(rows.shape[0] + 1)
+    torch.cumsum(counts, 0, out=crow[1:])
+    with warnings.catch_warnings():  # torch says once per process that its CSR layout is in beta
+        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+        by_row = torch.sparse_csr_tensor(crow, order.div(8, rounding_mode="floor"),
+                                         weights.reshape(-1)[order].to(grad_out.dtype),
+                                         size=(rows.shape[0], grad_out.shape[0]), check_invariants=False)
+    values = (by_row @ grad_out).reshape(rows.shape[0], channels)
+    return torch.sparse_coo_tensor(rows[None], values, (num_rows, channels), is_coalesced=True,
+                                   check_invariants=False)
 
 
 def spherical_harmonics(dirs: torch.Tensor, degree: int) -> torch.Tensor:
@@ -551,9 +581,10 @@ def total_variation_grad_(grid: torch.Tensor, weight: float, grad: torch.Tensor)
         n = grid.shape[axis]
         if n < 2:
             continue
-        diff = grid.narrow(axis, 1, n - 1) - grid.narrow(axis, 0, n - 1)
-        value = value + diff.pow(2).mean()
-        diff.mul_(2.0 * weight / diff.numel())
-        grad.narrow(axis, 1, n - 1).add_(diff)
-        grad.narrow(axis, 0, n - 1).sub_(diff)
+        diff = (grid.narrow(axis, 1, n - 1) - grid.narrow(axis, 0, n - 1)).reshape(-1)  # contiguous
+        value = value + torch.dot(diff, diff) / diff.numel()  # one fused reduction, no squared copy
+        scale = 2.0 * weight / diff.numel()
+        diff = diff.view(grid.narrow(axis, 1, n - 1).shape)
+        grad.narrow(axis, 1, n - 1).add_(diff, alpha=scale)
+        grad.narrow(axis, 0, n - 1).sub_(diff, alpha=scale)
     return weight * value
