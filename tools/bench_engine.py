@@ -17,7 +17,8 @@ RUN_DIR is a trained ``model=grid`` run (e.g. ``tools/bench_quality.sh``'s). In 
   rendering (scene and model loaded) for the share rendering adds;
 * ``train``: training rays/s of both engines at each grid stage (the checkpoint's tables
   resampled to 64^3, 128^3, 160^3, the same ray batches), median of 8 steps after 2 of
-  warm-up (forward, backward, regulariser, optimizer).
+  warm-up (forward, backward, regulariser, optimizer); ``--repeats`` fresh worker pairs per
+  grid, the two engines alternating, and the median of their rays/s (the ratio from the medians).
 
 Views are rendered in this order: new and exact interleaved per view, then old. Writes JSON
 (``--out``, default ``bench/results/RUN_NAME/bench_engine.json``, RUN_NAME the run directory's
@@ -150,6 +151,7 @@ def main() -> None:
     ap.add_argument("--old-views", type=int, default=25)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--parts", default="eval,exact,old,memory,train")
+    ap.add_argument("--repeats", type=int, default=3, help="worker pairs per grid stage in the train part")
     ap.add_argument("--out", type=Path, default=None,
                     help="result JSON (default bench/results/RUN_NAME/bench_engine.json)")
     args = ap.parse_args()
@@ -239,12 +241,16 @@ def main() -> None:
             job = {"mode": "train", "threads": args.threads, "model_cfg": {**model_cfg, "resolutions": [res_n],
                                                                            "upsample_steps": []},
                    "dataset": dataset, "state": str(stage_file), "steps": 8, "rays": int(cfg.train.global_rays)}
-            new_r = run_worker(ROOT, job)
-            old_r = run_worker(baseline_checkout(args.baseline), {**job, "legacy": True})
-            report["train"][str(res_n)] = {"new": new_r, "old": old_r,
-                                           "new_over_old": new_r["rays_per_s"] / old_r["rays_per_s"]}
-            print(f"train {res_n}^3: new {new_r['rays_per_s']:.0f} rays/s, old {old_r['rays_per_s']:.0f} rays/s",
-                  flush=True)
+            runs = {"new": [], "old": []}
+            for _ in range(args.repeats):  # alternating, so that a drift of the machine hits both
+                runs["new"].append(run_worker(ROOT, job))
+                runs["old"].append(run_worker(baseline_checkout(args.baseline), {**job, "legacy": True}))
+            med = {k: statistics.median(r["rays_per_s"] for r in v) for k, v in runs.items()}
+            report["train"][str(res_n)] = {"new": runs["new"][0], "old": runs["old"][0], "runs": runs,
+                                           "rays_per_s_median": med, "repeats": args.repeats,
+                                           "new_over_old": med["new"] / med["old"]}
+            print(f"train {res_n}^3: new {med['new']:.0f} rays/s, old {med['old']:.0f} rays/s "
+                  f"(medians of {args.repeats})", flush=True)
     report["load_after"] = os.getloadavg()
     out = args.out or default_out(f"{Path(run_dir).name}/bench_engine.json")
     write_result(out, report, meta)
