@@ -16,8 +16,8 @@ RUN_DIR is a trained ``model=grid`` run (e.g. ``tools/bench_quality.sh``'s). In 
   and 65536, with the test split's images decoded in it, and the same process's RSS before
   rendering (scene and model loaded) for the share rendering adds;
 * ``train``: training rays/s of both engines at each grid stage (the checkpoint's tables
-  resampled to 64^3, 128^3, 160^3, the same ray batches), median of 8 steps after 2 of
-  warm-up (forward, backward, regulariser, optimizer); ``--repeats`` fresh worker pairs per
+  resampled to 64^3, 128^3, 160^3, the same ray batches), median of 16 steps after 6 of
+  warm-up (the first steps fault in the optimizer's moments and the gradient buffers) (forward, backward, regulariser, optimizer); ``--repeats`` fresh worker pairs per
   grid, the two engines alternating, and the median of their rays/s (the ratio from the medians).
 
 Views are rendered in this order: new and exact interleaved per view, then old. Writes JSON
@@ -90,7 +90,8 @@ else:
     opt = build_optimizer(model, {"lr": 1e-3, "fused": True, "eps": 1e-15})
     g = torch.Generator().manual_seed(0)
     times = []
-    for it in range(args["steps"] + 2):
+    warmup = args.get("warmup", 2)
+    for it in range(args["steps"] + warmup):
         n = args["rays"]
         idx = torch.randint(0, len(scene.images), (n,), generator=g)
         u = torch.randint(0, scene.width, (n,), generator=g)
@@ -105,7 +106,7 @@ else:
         opt.step()
         opt.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - t)
-    out["rays_per_s"] = args["rays"] / statistics.median(times[2:])
+    out["rays_per_s"] = args["rays"] / statistics.median(times[warmup:])
     out["steps_s"] = times
     out["samples_per_ray"] = o["num_samples"] / args["rays"]
 # VmHWM, not ru_maxrss: Linux keeps ru_maxrss across exec, so a child would report its parent's peak
@@ -240,7 +241,8 @@ def main() -> None:
             torch.save(model.state_dict(), stage_file)
             job = {"mode": "train", "threads": args.threads, "model_cfg": {**model_cfg, "resolutions": [res_n],
                                                                            "upsample_steps": []},
-                   "dataset": dataset, "state": str(stage_file), "steps": 8, "rays": int(cfg.train.global_rays)}
+                   "dataset": dataset, "state": str(stage_file), "steps": 16, "warmup": 6,
+                   "rays": int(cfg.train.global_rays)}
             runs = {"new": [], "old": []}
             for _ in range(args.repeats):  # alternating, so that a drift of the machine hits both
                 runs["new"].append(run_worker(ROOT, job))
