@@ -351,7 +351,7 @@ class GridModel(MarchingModel):
         when ``ray_idx`` is None; ``image_ids``: (R,) (or (P,)) training image ids or None
         (see :mod:`.appearance`).
         """
-        pick = (lambda t: t) if ray_idx is None else (lambda t: t[ray_idx])  # noqa: E731
+        pick = (lambda t: t) if ray_idx is None else (lambda t: t.index_select(0, ray_idx))  # noqa: E731
         app = self.appearance
         codes = app.codes(image_ids, viewdirs.shape[0]) if app is not None else None
         if self.color == "sh":

@@ -62,7 +62,7 @@ def along_ray(sigmas: torch.Tensor, samples: PackedSamples, directions: torch.Te
     """
     if sigmas.numel() == 0:
         return sigmas
-    return sigmas * directions.norm(dim=-1).to(sigmas.dtype)[samples.ray_indices]
+    return sigmas * directions.norm(dim=-1).to(sigmas.dtype).index_select(0, samples.ray_indices)
 
 
 def shade(density_fn, colour_fn, samples: PackedSamples, origins, directions, viewdirs, in_front,
@@ -84,10 +84,10 @@ def shade(density_fn, colour_fn, samples: PackedSamples, origins, directions, vi
     if sigmas is None:
         sigmas = density_fn(points)
     weights, _, remaining = render_transmittance(along_ray(sigmas, samples, directions), samples)
-    global_w = weights.detach() if in_front is None else weights.detach() * in_front[samples.ray_indices]
+    global_w = weights.detach() if in_front is None else weights.detach() * in_front.index_select(0, samples.ray_indices)
     # host sync: the number of coloured samples (only they run the colour field)
     colour_index = (global_w > colour_threshold).nonzero().view(-1)
-    rgbs = colour_fn(points[colour_index], viewdirs, samples.ray_indices[colour_index])
+    rgbs = colour_fn(points.index_select(0, colour_index), viewdirs, samples.ray_indices.index_select(0, colour_index))
     out = accumulate(weights, rgbs.to(weights.dtype), samples, remaining, background, colour_index)
     out.update(num_colour_samples=colour_index.shape[0], weights=weights, samples=samples)
     return out
@@ -123,10 +123,10 @@ def march_alive(density_fn, marcher: Marcher, origins, directions, anchor, t_lo,
         sigmas = density_fn(samples.points(origins, directions))
         _, trans, _ = render_transmittance(along_ray(sigmas, samples, directions), samples)
         if in_front is not None:
-            trans = trans * in_front[samples.ray_indices]
+            trans = trans * in_front.index_select(0, samples.ray_indices)
         keep = (trans > termination).nonzero().view(-1)  # host sync: the samples in front of the cut
         samples = samples.select(keep)
-        return samples, (None if grad else sigmas[keep]), num_marched
+        return samples, (None if grad else sigmas.index_select(0, keep)), num_marched
 
 
 def _march_rounds(density_fn, marcher: Marcher, origins, directions, anchor, t_lo, t_hi, termination: float,
@@ -144,7 +144,7 @@ def _march_rounds(density_fn, marcher: Marcher, origins, directions, anchor, t_l
     j_next = grid_index(t_lo, anchor, dt, breaks)
     parts, sigma_parts, num_marched = [], [], 0
     while alive.numel():  # per round: the march's two sizes, the kept samples, the rays still alive
-        o, d, a = origins[alive], directions[alive], anchor[alive]
+        o, d, a = (t.index_select(0, alive) for t in (origins, directions, anchor))
         # each round ends on an edge of the sample grid, so rounds split no interval
         j_end = j_next[alive] + round_steps
         j_next[alive] = j_end
@@ -154,10 +154,10 @@ def _march_rounds(density_fn, marcher: Marcher, origins, directions, anchor, t_l
         sigmas = density_fn(samples.points(o, d))
         _, trans, remaining = render_transmittance(along_ray(sigmas, samples, d), samples)
         before = local[alive] if in_front is None else local[alive] * in_front[alive]
-        keep = (trans * before[samples.ray_indices] > termination).nonzero().view(-1)
-        parts.append(PackedSamples(alive[samples.ray_indices[keep]], samples.t_starts[keep], samples.t_ends[keep],
-                                   num_rays))
-        sigma_parts.append(sigmas[keep])
+        keep = (trans * before.index_select(0, samples.ray_indices) > termination).nonzero().view(-1)
+        kept = samples.select(keep)
+        parts.append(PackedSamples(alive.index_select(0, kept.ray_indices), kept.t_starts, kept.t_ends, num_rays))
+        sigma_parts.append(sigmas.index_select(0, keep))
         num_marched += len(samples)
         local[alive] = local[alive] * remaining
         lo[alive] = hi
@@ -167,9 +167,9 @@ def _march_rounds(density_fn, marcher: Marcher, origins, directions, anchor, t_l
         return PackedSamples(empty.long(), empty, empty, num_rays), empty, 0
     ray = torch.cat([p.ray_indices for p in parts])
     order = torch.argsort(ray, stable=True)  # rounds are in order along every ray
-    samples = PackedSamples(ray[order], torch.cat([p.t_starts for p in parts])[order],
-                            torch.cat([p.t_ends for p in parts])[order], num_rays)
-    return samples, torch.cat(sigma_parts)[order], num_marched
+    samples = PackedSamples(ray.index_select(0, order), torch.cat([p.t_starts for p in parts]).index_select(0, order),
+                            torch.cat([p.t_ends for p in parts]).index_select(0, order), num_rays)
+    return samples, torch.cat(sigma_parts).index_select(0, order), num_marched
 
 
 def render_segment(density_fn: Callable[[torch.Tensor], torch.Tensor],

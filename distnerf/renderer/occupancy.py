@@ -111,7 +111,8 @@ class OccupancyGrid(nn.Module):
                    t: torch.Tensor) -> torch.Tensor:
         """Occupancy at ray parameter ``t`` (P,) of rays ``ray_indices`` (P,), given the rays
         in cell units (:meth:`ray_cells`). Returns (P,) bool, like :meth:`query`."""
-        return _lookup(torch.addcmul(cell_origins[ray_indices], cell_directions[ray_indices], t[:, None]),
+        return _lookup(torch.addcmul(cell_origins.index_select(0, ray_indices),
+                                     cell_directions.index_select(0, ray_indices), t[:, None]),
                        self.binary)
 
     def coarse(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -242,7 +243,7 @@ def _expand(counts: torch.Tensor, total: int | None = None) -> tuple[torch.Tenso
     rows = torch.repeat_interleave(torch.arange(counts.shape[0], device=counts.device), counts,
                                    output_size=total)
     starts = torch.cumsum(counts, 0) - counts
-    return rows, torch.arange(rows.shape[0], device=counts.device) - starts[rows]
+    return rows, torch.arange(rows.shape[0], device=counts.device) - starts.index_select(0, rows)
 
 
 def grid_edges(anchor: torch.Tensor, dt: torch.Tensor, j: torch.Tensor,
@@ -281,16 +282,16 @@ def _march_spaced(origins, directions, anchor, t_lo, t_hi, step_size: float, occ
     lo_j = torch.where(valid, grid_index(t_lo, anchor, dt, breaks), 0)
     hi_j = torch.where(valid, torch.ceil((to_spacing(t_hi, breaks) - anchor) / dt).long(), 0)  # exclusive
     ray, rank = _expand((hi_j - lo_j).clamp(min=0))  # host sync: the number of candidate intervals
-    j = lo_j[ray] + rank
-    b, a, d, lo_r, hi_r = breaks[ray], anchor[ray], dt[ray], t_lo[ray], t_hi[ray]
+    j = lo_j.index_select(0, ray) + rank
+    b, a, d, lo_r, hi_r = (t.index_select(0, ray) for t in (breaks, anchor, dt, t_lo, t_hi))
     t0 = grid_edges(a, d, j, b).clamp(lo_r, hi_r)
     t1 = grid_edges(a, d, j + 1, b).clamp(lo_r, hi_r)
     keep = t1 > t0
     if occupancy is not None:
-        mids = origins[ray] + directions[ray] * (0.5 * (t0 + t1))[:, None]
+        mids = torch.addcmul(origins.index_select(0, ray), directions.index_select(0, ray), (0.5 * (t0 + t1))[:, None])
         keep &= occupancy.query(mids)
     keep = keep.nonzero().view(-1)  # host sync: the number of samples (packed layout)
-    return PackedSamples(ray[keep], t0[keep], t1[keep], num_rays)
+    return PackedSamples(ray.index_select(0, keep), t0.index_select(0, keep), t1.index_select(0, keep), num_rays)
 
 
 def march(origins: torch.Tensor, directions: torch.Tensor, anchor: torch.Tensor, t_lo: torch.Tensor,
@@ -333,7 +334,7 @@ def march(origins: torch.Tensor, directions: torch.Tensor, anchor: torch.Tensor,
     lo_j, hi_j = torch.where(valid, lo_j, 0), torch.where(valid, hi_j, 0)
     if occupancy is None:
         ray, rank = _expand((hi_j - lo_j).clamp(min=0))  # host sync: the number of samples
-        j = lo_j[ray] + rank
+        j = lo_j.index_select(0, ray) + rank
     else:
         group = max(1, int(math.floor(occupancy.coarse_edge() / step_size)))  # a group is shorter than a coarse cell
         g_lo = torch.div(lo_j, group, rounding_mode="floor")
@@ -361,11 +362,11 @@ def march(origins: torch.Tensor, directions: torch.Tensor, anchor: torch.Tensor,
         # host sync: the number of candidate intervals (those of the groups that may touch occupied space)
         row, rank = _expand(torch.where(keep, last - first, 0).clamp(min=0).view(-1))
         ray, j = torch.div(row, num_slots, rounding_mode="floor"), first.view(-1)[row] + rank
-    a, d, lo_r, hi_r = anchor[ray], dt[ray], t_lo[ray], t_hi[ray]
+    a, d, lo_r, hi_r = (t.index_select(0, ray) for t in (anchor, dt, t_lo, t_hi))
     t0 = grid_edges(a, d, j).clamp(lo_r, hi_r)
     t1 = grid_edges(a, d, j + 1).clamp(lo_r, hi_r)
     keep = t1 > t0
     if occupancy is not None:
         keep &= occupancy.query_rays(*occupancy.ray_cells(origins, directions), ray, 0.5 * (t0 + t1))
     keep = keep.nonzero().view(-1)  # host sync: the number of samples (packed layout)
-    return PackedSamples(ray[keep], t0[keep], t1[keep], num_rays)
+    return PackedSamples(ray.index_select(0, keep), t0.index_select(0, keep), t1.index_select(0, keep), num_rays)

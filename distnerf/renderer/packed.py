@@ -58,11 +58,16 @@ class PackedSamples:
 
     def select(self, index: torch.Tensor) -> "PackedSamples":
         """The samples at ``index`` ((Q,) int64 sorted, or (P,) bool mask): still packed."""
-        return PackedSamples(self.ray_indices[index], self.t_starts[index], self.t_ends[index], self.num_rays)
+        if index.dtype == torch.bool:
+            return PackedSamples(self.ray_indices[index], self.t_starts[index], self.t_ends[index], self.num_rays)
+        return PackedSamples(*(t.index_select(0, index) for t in (self.ray_indices, self.t_starts, self.t_ends)),
+                             self.num_rays)
 
     def points(self, origins: torch.Tensor, directions: torch.Tensor) -> torch.Tensor:
         """(P, 3) midpoints ``o + t_mid d`` of the samples; origins, directions: (R, 3)."""
-        return origins[self.ray_indices] + directions[self.ray_indices] * self.t_mids[:, None]
+        # index_select, not origins[ray_indices]: on the CPU it gathers rows 3-4x faster
+        return torch.addcmul(origins.index_select(0, self.ray_indices), directions.index_select(0, self.ray_indices),
+                             self.t_mids[:, None])
 
     @staticmethod
     def cat(parts: list["PackedSamples"]) -> "PackedSamples":
@@ -74,7 +79,8 @@ class PackedSamples:
         t0, t1 = torch.cat([p.t_starts for p in parts]), torch.cat([p.t_ends for p in parts])
         order = torch.argsort(t0, stable=True)
         order = order[torch.argsort(ray[order], stable=True)]  # by ray, then by t_start
-        return PackedSamples(ray[order], t0[order], t1[order], parts[0].num_rays)
+        return PackedSamples(ray.index_select(0, order), t0.index_select(0, order), t1.index_select(0, order),
+                             parts[0].num_rays)
 
 
 def ray_offsets(ray_indices: torch.Tensor, num_rays: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -106,7 +112,8 @@ def exclusive_sum(values: torch.Tensor, ray_indices: torch.Tensor, num_rays: int
     inclusive = torch.cumsum(v, 0)
     excl = inclusive - v
     starts, _ = ray_offsets(ray_indices, num_rays)
-    return (excl - excl[starts.clamp(max=values.shape[0] - 1)][ray_indices]).to(values.dtype)
+    return (excl - excl.index_select(0, starts.clamp(max=values.shape[0] - 1)).index_select(0, ray_indices)
+            ).to(values.dtype)
 
 
 def sum_along_rays(values: torch.Tensor, ray_indices: torch.Tensor, num_rays: int) -> torch.Tensor:
@@ -147,8 +154,8 @@ def accumulate(weights: torch.Tensor, rgbs: torch.Tensor, samples: PackedSamples
         over every sample, ``opacity`` (R,) ``1 - T_R`` and ``transmittance`` (R,) ``T_R``.
     """
     ray = samples.ray_indices
-    w_col = weights if colour_index is None else weights[colour_index]
-    ray_col = ray if colour_index is None else ray[colour_index]
+    w_col = weights if colour_index is None else weights.index_select(0, colour_index)
+    ray_col = ray if colour_index is None else ray.index_select(0, colour_index)
     rgb = sum_along_rays(w_col[:, None] * rgbs, ray_col, samples.num_rays)
     if background is not None:
         rgb = rgb + remaining[:, None] * background
