@@ -59,10 +59,11 @@ class RadianceModel(nn.Module):
         codes = app.codes(rays.image_ids, len(rays))
         return app.transform(background.expand(len(rays), 3), codes, None)
 
-    def add_regularizer_grads_(self) -> torch.Tensor | float:
+    def add_regularizer_grads_(self, value: bool = False) -> torch.Tensor | float | None:
         """Add the gradients of parameter-only regularisers (e.g. total variation) to
-        ``.grad``, outside any wrapper's forward, and return the regulariser's value (a
-        0-dim tensor, or 0.0 without one: reading it is a host sync, left to the caller).
+        ``.grad``, outside any wrapper's forward; with ``value``, also return the regulariser's
+        value (a 0-dim tensor, or 0.0 without one: reading it is a host sync, left to the
+        caller), else None (computing it is a pass over the tables that training never reads).
 
         Such a term depends on the parameters alone, which are identical on every
         replica, so its gradient needs no all-reduce; keeping it out of the wrapped

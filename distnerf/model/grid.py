@@ -69,8 +69,11 @@ def trilinear_corners(x: torch.Tensor, resolution: int):
     c = torch.arange(8, device=x.device)  # corner (i, j, k) = the binary digits of c; made on the device, as
     offsets = ((c >> 2) * n + ((c >> 1) & 1)) * n + (c & 1)  # torch.tensor(list, device=) is a blocking copy
     index = lin[:, None] + offsets  # (P, 8), corners in (i, j, k) binary order
-    wx, wy, wz = (torch.stack([1 - frac[:, a], frac[:, a]], dim=1) for a in range(3))  # (P, 2) each
-    weights = (wx[:, :, None, None] * wy[:, None, :, None] * wz[:, None, None, :]).reshape(-1, 8)
+    fx, fy, fz = frac.unbind(1)
+    gx, gy, gz = 1 - fx, 1 - fy, 1 - fz
+    # the 8 products column by column (a broadcast outer product of (P, 2) factors is ~6x slower on the CPU)
+    xy = (gx * gy, gx * fy, fx * gy, fx * fy)  # (i, j) = (0, 0), (0, 1), (1, 0), (1, 1)
+    weights = torch.stack([w * z for w in xy for z in (gz, fz)], dim=1)  # (P, 8) in (i, j, k) binary order
     return index, weights
 
 
@@ -441,20 +444,22 @@ class GridModel(MarchingModel):
         """Marching step: ``step_ratio`` x the smallest voxel edge (distance, world or NDC units)."""
         return self._geometry()[1]
 
-    def add_regularizer_grads_(self) -> torch.Tensor | float:
+    def add_regularizer_grads_(self, value: bool = False) -> torch.Tensor | float | None:
         """Total variation of the density (weighted by ``tv_weight``), gradient added locally.
 
-        Returns the value as a 0-dim tensor (0.0 with ``tv_weight`` 0), never read here.
+        Returns, with ``value``, the value as a 0-dim tensor (0.0 with ``tv_weight`` 0); else None.
         """
         if self.tv_weight <= 0:
-            return 0.0
+            return 0.0 if value else None
         total = 0.0
+        workspace = self.__dict__.setdefault("_tv_workspace", {})  # the differences' buffer, kept across steps
         for table, _, n, _ in self._tables():
             if table.grad is None:
                 table.grad = torch.zeros_like(table)
-            total += total_variation_grad_(table.detach().view(n, n, n), self.tv_weight,
-                                           table.grad.view(n, n, n))
-        return total
+            tv = total_variation_grad_(table.detach().view(n, n, n), self.tv_weight, table.grad.view(n, n, n),
+                                       value, workspace)
+            total = total + tv if value else total
+        return total if value else None
 
     # ---------------------------------------------------------------- schedule
     @torch.no_grad()
@@ -563,7 +568,8 @@ def total_variation(grid: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def total_variation_grad_(grid: torch.Tensor, weight: float, grad: torch.Tensor) -> torch.Tensor:
+def total_variation_grad_(grid: torch.Tensor, weight: float, grad: torch.Tensor, value: bool = True,
+                          workspace: dict | None = None) -> torch.Tensor | None:
     """Add ``weight`` x the gradient of :func:`total_variation` to ``grad``, in closed form.
 
     For each axis, ``tv_a = mean_i (x_{i+1} - x_i)^2`` over the ``m_a`` neighbour pairs,
@@ -572,19 +578,30 @@ def total_variation_grad_(grid: torch.Tensor, weight: float, grad: torch.Tensor)
 
     Args:
         grid: (D, H, W) float values. weight: float. grad: (D, H, W) float, updated in place.
+        value: also compute the value (one more pass per axis).
+        workspace: a dict kept by the caller, holding the difference buffer between calls
+            (a fresh 16 MB tensor per axis at 160^3 costs its page faults at every step), or None.
     Returns:
-        0-dim tensor (dtype of ``grid``) ``weight * total_variation(grid)``; a tensor, so that
-        a training step that ignores it never waits for the device.
+        with ``value``: 0-dim tensor (dtype of ``grid``) ``weight * total_variation(grid)``; a
+        tensor, so that a training step that ignores it never waits for the device. Else None.
     """
-    value = grid.new_zeros(())
+    total = grid.new_zeros(())
     for axis in range(3):
         n = grid.shape[axis]
         if n < 2:
             continue
-        diff = (grid.narrow(axis, 1, n - 1) - grid.narrow(axis, 0, n - 1)).reshape(-1)  # contiguous
-        value = value + torch.dot(diff, diff) / diff.numel()  # one fused reduction, no squared copy
+        hi, lo = grid.narrow(axis, 1, n - 1), grid.narrow(axis, 0, n - 1)
+        if workspace is None:
+            diff = hi - lo
+        else:
+            key = (grid.dtype, grid.device)
+            buf = workspace.get(key)
+            if buf is None or buf.numel() < hi.numel():
+                buf = workspace[key] = torch.empty(hi.numel(), dtype=grid.dtype, device=grid.device)
+            diff = torch.sub(hi, lo, out=buf[:hi.numel()].view(hi.shape))
+        if value:
+            total = total + diff.pow(2).mean()
         scale = 2.0 * weight / diff.numel()
-        diff = diff.view(grid.narrow(axis, 1, n - 1).shape)
         grad.narrow(axis, 1, n - 1).add_(diff, alpha=scale)
         grad.narrow(axis, 0, n - 1).sub_(diff, alpha=scale)
-    return weight * value
+    return weight * total if value else None

@@ -431,7 +431,9 @@ def test_grid_tv_regularizer_grads_added_locally_match_reference():
     model = GridModel(AABB, WHITE, resolutions=[n], upsample_steps=[], tv_weight=weight)
     with torch.no_grad():
         model.density.normal_()
-    value = model.add_regularizer_grads_()
+    assert model.add_regularizer_grads_() is None  # training asks for no value
+    model.density.grad = None
+    value = model.add_regularizer_grads_(value=True)
     d = model.density.detach().double().view(n, n, n).requires_grad_()
     ref = weight * sum(torch.diff(d, dim=k).pow(2).mean() for k in range(3))  # independent formula
     ref.backward()
