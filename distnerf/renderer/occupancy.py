@@ -48,9 +48,9 @@ def normalize_points(points: torch.Tensor, aabb: torch.Tensor) -> torch.Tensor:
 def _lookup(cells: torch.Tensor, binary: torch.Tensor) -> torch.Tensor:
     """(P, 3) float positions in cell units (consumed) -> (P,) bool occupancy; outside is False."""
     m = binary.shape[0]
-    inside = (cells >= 0).all(dim=-1) & (cells <= m).all(dim=-1)
+    inside = ((cells >= 0) & (cells <= m)).all(dim=-1)
     i = cells.clamp_(0, m - 1).to(torch.int32)
-    return binary.reshape(-1)[(i[:, 0] * m + i[:, 1]) * m + i[:, 2]] & inside
+    return binary.reshape(-1).index_select(0, (i[:, 0] * m + i[:, 1]) * m + i[:, 2]) & inside
 
 
 class OccupancyGrid(nn.Module):
@@ -193,7 +193,8 @@ class OccupancyGrid(nn.Module):
         from ``lo`` hold an occupied cell (:meth:`coarse`)."""
         blocks, _ = self.coarse()
         mc = blocks.shape[0]
-        return blocks.reshape(-1)[(lo[..., 0] * mc + lo[..., 1]) * mc + lo[..., 2]]
+        flat = (lo[..., 0] * mc + lo[..., 1]) * mc + lo[..., 2]
+        return blocks.reshape(-1).index_select(0, flat.reshape(-1)).view(flat.shape)
 
     @torch.no_grad()
     def set_from_alpha(self, alpha: torch.Tensor, threshold: float, dilation: int = 1) -> None:
