@@ -200,6 +200,12 @@ class MarchedModelConfig(ModelConfig):
     eval_round_steps: int = positive(64)             # evaluation marches rays in rounds of this many steps
     train_round_steps: int = bounded(0, 0)           # N: training marches in rounds too (no density behind the
                                                      # termination point; 3 host syncs more per round); 0: one pass
+    # with train_round_steps 0: a training render first finds each ray's termination point by a no-grad density
+    # pass over every marched sample and renders only the samples in front of it (true), or renders every marched
+    # sample with gradients (false). In 29 of 32 committed training logs the cut kept a median of 94-100 % of the
+    # marched samples (at least 79 %), so its pass was mostly a second evaluation of every density (BENCHMARKS
+    # section 0, "A faster step"); evaluation always cuts
+    train_termination: bool = False
     distortion_loss_weight: float = bounded(0.0, 0)  # mip-NeRF 360's distortion loss (Eq. 15) on the weights; 0: off
     contraction: str = choice("none", "mipnerf360")  # mipnerf360: unbounded, the box is the unit region (infinity-norm contraction)
     # rays end where they go below this height (+y up, scene units): the ground of an aerial capture,

@@ -237,6 +237,38 @@ def engine_train(res: Results) -> list[str]:
     return out
 
 
+def engine_step(res: Results) -> list[str]:
+    """bench_engine.py train (+ eval) of this engine against an earlier commit's, medians of repeated worker pairs."""
+    d = res.json("lego_budget_2min/bench_engine_step.json")
+    base = d["baseline"]
+    out = header("grid", "this commit rays/s (median)", f"`{base}` rays/s (median)", "ratio", "runs: this / baseline")
+    for n, x in sorted(d["train"].items(), key=lambda kv: int(kv[0])):
+        runs = " / ".join(", ".join(kilo(r["rays_per_s"]) for r in x["runs"][k]) for k in ("new", "old"))
+        out.append(row(f"{n}^3", kilo(x["rays_per_s_median"]["new"]), kilo(x["rays_per_s_median"]["old"]),
+                       f"{x['new_over_old']:.2f}x", runs))
+    top = d["train"]["160"]["new_over_old"]
+    out += ["", f"- Target >= 1.5x training rays/s at 160^3: **{'met' if top >= 1.5 else 'missed'}** ({top:.2f}x)."]
+    if "new" in d and "old" in d:
+        out.append(f"- Evaluation of the same checkpoint ({d['new']['views']} test views, 400x400): "
+                   f"{f2(d['new']['seconds_median'])} s per view against {f2(d['old']['seconds_median'])} s "
+                   f"(`{base}`), {d['old_over_new_seconds_same_views']:.2f}x; PSNR with the thresholds minus "
+                   f"without {d['psnr_new_minus_exact']:+.3f} dB.")
+    return out
+
+
+def lego_budget(res: Results) -> list[str]:
+    """tools/bench_budget.sh: the README's lego line as written at 2 and 10 minutes."""
+    targets = {"2min": (28.0, 25), "10min": (31.0, 200)}
+    out = header("budget", "steps", "test PSNR / SSIM", "views scored", "constant-colour PSNR", "target", "")
+    for name, (target, views) in targets.items():
+        m = res.json(f"lego_budget/{name}/metrics.json")
+        ok = m["psnr"] >= target and m["num_scored_views"] >= views
+        out.append(row(name.replace("min", " min"), m["step"], f"{m['psnr']:.2f} / {m['ssim']:.3f}",
+                       m["num_scored_views"], f"{m['constant_psnr']:.2f}", f">= {target:.1f} dB ({views} views)",
+                       "**met**" if ok else "**missed**"))
+    return out
+
+
 def memory(res: Results) -> list[str]:
     """bench_engine.py --parts memory."""
     d = res.json("lego_1p/bench_engine_memory.json")
@@ -637,6 +669,8 @@ TABLES = {
     "lego_stages": lambda res: stages(res, "lego_1p"),
     "engine_eval": engine_eval,
     "engine_train": engine_train,
+    "engine_step": engine_step,
+    "lego_budget": lego_budget,
     "fern_quality": fern_quality,
     "fern_stages": lambda res: stages(res, "fern_1p"),
     "ss_eq": ss_eq,

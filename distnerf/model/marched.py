@@ -42,7 +42,8 @@ class MarchingModel(RadianceModel):
     (weight below which a sample gets no colour), ``self.termination`` (transmittance
     below which a ray stops), ``self.eval_round_steps`` and ``self.train_round_steps``
     (grid intervals per marching round at evaluation and in training; 0: one pass),
-    ``self.distortion_loss_weight`` (mip-NeRF 360's distortion loss in training; 0: off),
+    ``self.train_termination`` (a training render in one pass cuts at the termination point:
+    :meth:`current_termination`), ``self.distortion_loss_weight`` (mip-NeRF 360's distortion loss in training; 0: off),
     and implement :meth:`marching_box`, :meth:`step_size`, :meth:`field_density` and
     :meth:`colours`.
     """
@@ -52,6 +53,7 @@ class MarchingModel(RadianceModel):
     termination: float = 1e-4
     eval_round_steps: int = 64
     train_round_steps: int = 0
+    train_termination: bool = False
     distortion_loss_weight: float = 0.0
 
     def init_contraction(self, contraction: str, min_altitude: float | None = None,
@@ -139,6 +141,14 @@ class MarchingModel(RadianceModel):
         else ``eval_round_steps`` (0: one pass; :func:`~distnerf.renderer.marching.march_alive`)."""
         return self.train_round_steps if torch.is_grad_enabled() else self.eval_round_steps
 
+    def current_termination(self) -> float:
+        """Transmittance below which a render stops a ray now: ``termination``, except in a training
+        render in one pass (``train_round_steps`` 0) without ``train_termination``: 0 (every marched
+        sample is rendered with gradients, no no-grad pass to find the cut)."""
+        if torch.is_grad_enabled() and not self.train_round_steps and not self.train_termination:
+            return 0.0
+        return self.termination
+
     def render_segment(self, rays: RayBundle, t_lo: torch.Tensor, t_hi: torch.Tensor, anchor: torch.Tensor,
                        background: torch.Tensor | None, step_size: float | None = None,
                        in_front: torch.Tensor | None = None) -> dict:
@@ -157,7 +167,7 @@ class MarchingModel(RadianceModel):
         background = self.appearance_background(background, rays)
         return render_segment(self.field_density, colours, self.marcher(step_size), rays.origins, rays.directions,
                               rays.viewdirs, anchor, t_lo, t_hi, background=background,
-                              colour_threshold=self.color_threshold, termination=self.termination,
+                              colour_threshold=self.color_threshold, termination=self.current_termination(),
                               in_front=in_front, step_size=step_size, round_steps=self.round_steps())
 
     def forward(self, rays: RayBundle, generator: torch.Generator | None = None) -> dict:

@@ -56,6 +56,7 @@ class NGPModel(MarchingModel):
         super().__init__(aabb, background)
         self.color_threshold, self.termination = float(color_threshold), float(termination)
         self.eval_round_steps, self.train_round_steps = int(eval_round_steps), int(c.train_round_steps)
+        self.train_termination = bool(c.train_termination)
         self.distortion_loss_weight = float(c.distortion_loss_weight)
         self.encoding = HashEncoding(num_levels, features_per_level, log2_table_size,
                                      base_resolution, max_resolution, table_size=table_size)

@@ -26,7 +26,7 @@ def region_models(num_regions: int, regions: list[int]) -> dict:
         torch.manual_seed(100 + k)
         # default colour threshold (1e-3) and termination (1e-4): the reference applies them per segment
         m = GridModel(part.boxes[k].float(), torch.zeros(3), resolutions=[8], upsample_steps=[], color="sh",
-                      tighten_aabb=False).double()
+                      tighten_aabb=False, train_termination=True).double()  # the cut in training (opt-in)
         with torch.no_grad():
             m.density.copy_(torch.randn_like(m.density) * 3.0 + 9.0)  # dense enough for termination to cut
             m.features.copy_(torch.randn_like(m.features))

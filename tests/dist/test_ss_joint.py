@@ -9,7 +9,8 @@ at ``near + u step_k / |d|``, in its occupied cells. Each sub-model renders its 
 without knowledge of the others, so its rules see its *own* segment only: early
 termination keeps a sample while the transmittance inside the segment before it exceeds
 ``termination``, and a sample gets a colour where its weight inside the segment exceeds
-``color_threshold`` (both at the models' defaults, 1e-4 and 1e-3). The kept samples of
+``color_threshold`` (both at the models' defaults, 1e-4 and 1e-3; the sub-models set
+``train_termination``, so that training cuts as evaluation does). The kept samples of
 all regions are then merged along the ray and rendered in one differentiable pass
 (transmittance as a running product of ``exp(-tau)``, in a padded per-ray layout).
 """

@@ -203,6 +203,7 @@ def test_early_termination_bound_on_colour():
     distnerf/renderer/marching.py), in evaluation (rounds) and training (one cut pass).
     """
     model = grid_model()
+    model.train_termination = True  # training cuts too (opt-in: model.train_termination)
     rays = sphere_rays(300, 1)
 
     def render(eps, train):
@@ -313,6 +314,7 @@ def test_training_rounds_keep_the_one_pass_samples_and_gradients():
     ending on an opaque surface)."""
     model = grid_model(seed=1)
     model.train()
+    model.train_termination = True  # the one pass cuts too (opt-in: model.train_termination)
     rays = sphere_rays(300, 1)
 
     def render(round_steps):
