@@ -59,9 +59,15 @@ from distnerf.observe.metrics import psnr, ssim
 cfg = dict(args["model_cfg"])
 for k in ("compile", "compile_mode"):
     cfg.pop(k, None)
-if args.get("legacy"):  # keys the old engine does not know
-    for k in ("termination", "eval_round_steps", "sparse_grad"):
-        cfg.pop(k, None)
+if args.get("legacy"):  # keys the baseline's engine does not know (its schema's, else bb24e52's list)
+    try:
+        import dataclasses
+        from distnerf.schema import GridModelConfig
+        known = {f.name for f in dataclasses.fields(GridModelConfig)} | {"name"}
+        cfg = {k: v for k, v in cfg.items() if k in known}
+    except ImportError:
+        for k in ("termination", "eval_round_steps", "sparse_grad"):
+            cfg.pop(k, None)
 split = "test" if args["mode"] == "render" else "train"
 scene = load_scene(args["dataset"], split)
 model = build_model(cfg, scene.aabb, scene.background)

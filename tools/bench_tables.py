@@ -12,7 +12,7 @@ files, the command, date, commit and the machine load before/after). Text outsid
 left alone. An unknown NAME, an unpaired marker or a missing JSON file is an error (exit 2).
 
 Meta data of a result file: its own ``meta`` key (the Python tools write one), else the entry of
-the nearest ``meta.json`` above it whose ``files`` list it (the shell tools, and results copied
+the nearest ``meta.json`` above it whose ``files`` list it, the latest such entry (the shell tools, and results copied
 from earlier runs, whose load lines came from ``../shared/tools/quiet``).
 """
 from __future__ import annotations
@@ -78,7 +78,7 @@ class Results:
             m = d / "meta.json"
             if m.is_file():
                 inner = p.relative_to(d).as_posix()
-                for run in json.loads(m.read_text()).get("runs", []):
+                for run in reversed(json.loads(m.read_text()).get("runs", [])):  # the latest run that wrote it
                     if inner in run.get("files", []):
                         return run
             if d == self.root or self.root not in d.parents:
@@ -266,6 +266,15 @@ def lego_budget(res: Results) -> list[str]:
         out.append(row(name.replace("min", " min"), m["step"], f"{m['psnr']:.2f} / {m['ssim']:.3f}",
                        m["num_scored_views"], f"{m['constant_psnr']:.2f}", f">= {target:.1f} dB ({views} views)",
                        "**met**" if ok else "**missed**"))
+    e = res.json("lego_budget/10min/bench_engine_eval.json")  # tools/bench_engine.py on the 10-minute model
+    new, old = e["new"], e["old"]
+    met = new["seconds_median"] <= 1.0 and abs(e["psnr_new_minus_exact"]) <= 0.05
+    out += ["", f"- Evaluation of the 10-minute model (`bench_engine.py --parts eval,exact,old`, {new['views']} test "
+                f"views, 2 threads): **{f2(new['seconds_median'])} s per 400x400 view** "
+                f"({kilo(new['rays_per_s_median'])} rays/s) against {f2(old['seconds_median'])} s at `{e['baseline']}` "
+                f"({e['old_over_new_seconds_same_views']:.2f}x); PSNR with the thresholds minus without "
+                f"{e['psnr_new_minus_exact']:+.3f} dB. Target <= 1.0 s within 0.05 dB: "
+                f"**{'met' if met else 'missed'}**."]
     return out
 
 
