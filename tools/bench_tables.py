@@ -174,6 +174,14 @@ def fern_quality(res: Results) -> list[str]:
     return quality(res, "fern_1p", "packed engine (default model, `train.decay_steps=4000`)")
 
 
+def fern_budget(res: Results) -> list[str]:
+    """bench_quality.sh fern_budget: the README's fern line with a 10-minute budget, against fern_1p's final PSNR."""
+    out = quality(res, "fern_budget", "README line + `train.max_minutes=10` (pipelined sampler, budget schedule)")
+    now, before = res.json("fern_budget/metrics.json")["psnr"], res.json("fern_1p/metrics.json")["psnr"]
+    return out + ["", f"Target at 10 minutes not below `fern_1p`'s {before:.2f} dB: "
+                      f"**{'met' if now >= before else 'missed'}** ({now:.2f} dB)."]
+
+
 def stages(res: Results, run: str) -> list[str]:
     """Per grid stage: medians of the training log's rows (metrics.jsonl), and the run's phase shares."""
     rows = res.jsonl(f"{run}/metrics.jsonl")
@@ -681,6 +689,7 @@ TABLES = {
     "engine_step": engine_step,
     "lego_budget": lego_budget,
     "fern_quality": fern_quality,
+    "fern_budget": fern_budget,
     "fern_stages": lambda res: stages(res, "fern_1p"),
     "ss_eq": ss_eq,
     "ss_eq_detail": ss_eq_detail,
