@@ -16,9 +16,10 @@ RUN_DIR is a trained ``model=grid`` run (e.g. ``tools/bench_quality.sh``'s). In 
   and 65536, with the test split's images decoded in it, and the same process's RSS before
   rendering (scene and model loaded) for the share rendering adds;
 * ``train``: training rays/s of both engines at each grid stage (the checkpoint's tables
-  resampled to 64^3, 128^3, 160^3, the same ray batches), median of 16 steps after 6 of
-  warm-up (the first steps fault in the optimizer's moments and the gradient buffers) (forward, backward, regulariser, optimizer); ``--repeats`` fresh worker pairs per
-  grid, the two engines alternating, and the median of their rays/s (the ratio from the medians).
+  resampled to 64^3, 128^3, 160^3, the same ray batches; forward, backward, regulariser,
+  optimizer), median of 16 steps after 6 of warm-up (the first steps fault in the optimizer's
+  moments and the gradient buffers); ``--repeats`` fresh worker pairs per grid, the two engines
+  alternating, and the median of their rays/s (the ratio from the medians).
 
 Views are rendered in this order: new and exact interleaved per view, then old. Writes JSON
 (``--out``, default ``bench/results/RUN_NAME/bench_engine.json``, RUN_NAME the run directory's

@@ -46,8 +46,8 @@ class LazyAdam(torch.optim.Adam):
 
     def _lazy_update(self, group: dict, p: torch.Tensor, grad: torch.Tensor) -> None:
         """Adam on the rows of ``grad`` (coalesced): the rows of the value and both moments are
-        gathered, updated by ``torch.optim.adam.adam`` (Adam's own function (the fused kernel when the optimizer is
-        fused: one pass), and written back."""
+        gathered, updated by Adam's own function ``torch.optim.adam.adam`` (the fused kernel, one
+        pass, when the optimizer is fused) and written back."""
         beta1, beta2 = group["betas"]
         state = self.state[p]
         if not state:
@@ -60,8 +60,8 @@ class LazyAdam(torch.optim.Adam):
         v = state["exp_avg_sq"].index_select(0, rows)
         fused = bool(group.get("fused")) and p.device.type in ("cpu", "cuda")
         adam_update([value], [values], [m], [v], [], [state["step"]], foreach=False, fused=fused,
-                              amsgrad=False, beta1=beta1, beta2=beta2, lr=group["lr"], weight_decay=0.0,
-                              eps=group["eps"], maximize=False)  # increments state["step"]
+                    amsgrad=False, beta1=beta1, beta2=beta2, lr=group["lr"], weight_decay=0.0,
+                    eps=group["eps"], maximize=False)  # increments state["step"]
         p.index_copy_(0, rows, value)
         state["exp_avg"].index_copy_(0, rows, m)
         state["exp_avg_sq"].index_copy_(0, rows, v)

@@ -138,7 +138,7 @@ def sparse_table_grad(index: torch.Tensor, weights: torch.Tensor, grad_out: torc
         by_row = torch.sparse_csr_tensor(crow, order.div(8, rounding_mode="floor"),
                                          weights.reshape(-1)[order].to(grad_out.dtype),
                                          size=(rows.shape[0], grad_out.shape[0]), check_invariants=False)
-    values = (by_row @ grad_out).reshape(rows.shape[0], channels)
+    values = by_row @ grad_out  # (rows, C)
     return torch.sparse_coo_tensor(rows[None], values, (num_rows, channels), is_coalesced=True,
                                    check_invariants=False)
 
@@ -464,7 +464,8 @@ class GridModel(MarchingModel):
                 table.grad = torch.zeros_like(table)
             tv = total_variation_grad_(table.detach().view(n, n, n), self.tv_weight, table.grad.view(n, n, n),
                                        value, workspace)
-            total = total + tv if value else total
+            if value:
+                total = total + tv
         return total if value else None
 
     # ---------------------------------------------------------------- schedule

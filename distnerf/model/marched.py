@@ -43,7 +43,8 @@ class MarchingModel(RadianceModel):
     below which a ray stops), ``self.eval_round_steps`` and ``self.train_round_steps``
     (grid intervals per marching round at evaluation and in training; 0: one pass),
     ``self.train_termination`` (a training render in one pass cuts at the termination point:
-    :meth:`current_termination`), ``self.distortion_loss_weight`` (mip-NeRF 360's distortion loss in training; 0: off),
+    :meth:`current_termination`), ``self.distortion_loss_weight`` (mip-NeRF 360's distortion
+    loss in training; 0: off),
     and implement :meth:`marching_box`, :meth:`step_size`, :meth:`field_density` and
     :meth:`colours`.
     """

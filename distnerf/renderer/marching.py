@@ -84,10 +84,13 @@ def shade(density_fn, colour_fn, samples: PackedSamples, origins, directions, vi
     if sigmas is None:
         sigmas = density_fn(points)
     weights, _, remaining = render_transmittance(along_ray(sigmas, samples, directions), samples)
-    global_w = weights.detach() if in_front is None else weights.detach() * in_front.index_select(0, samples.ray_indices)
+    global_w = weights.detach()
+    if in_front is not None:
+        global_w = global_w * in_front.index_select(0, samples.ray_indices)
     # host sync: the number of coloured samples (only they run the colour field)
     colour_index = (global_w > colour_threshold).nonzero().view(-1)
-    rgbs = colour_fn(points.index_select(0, colour_index), viewdirs, samples.ray_indices.index_select(0, colour_index))
+    rgbs = colour_fn(points.index_select(0, colour_index), viewdirs,
+                     samples.ray_indices.index_select(0, colour_index))
     out = accumulate(weights, rgbs.to(weights.dtype), samples, remaining, background, colour_index)
     out.update(num_colour_samples=colour_index.shape[0], weights=weights, samples=samples)
     return out
@@ -167,8 +170,8 @@ def _march_rounds(density_fn, marcher: Marcher, origins, directions, anchor, t_l
         return PackedSamples(empty.long(), empty, empty, num_rays), empty, 0
     ray = torch.cat([p.ray_indices for p in parts])
     order = torch.argsort(ray, stable=True)  # rounds are in order along every ray
-    samples = PackedSamples(ray.index_select(0, order), torch.cat([p.t_starts for p in parts]).index_select(0, order),
-                            torch.cat([p.t_ends for p in parts]).index_select(0, order), num_rays)
+    samples = PackedSamples(ray, torch.cat([p.t_starts for p in parts]), torch.cat([p.t_ends for p in parts]),
+                            num_rays).select(order)
     return samples, torch.cat(sigma_parts).index_select(0, order), num_marched
 
 

@@ -289,10 +289,11 @@ def _march_spaced(origins, directions, anchor, t_lo, t_hi, step_size: float, occ
     t1 = grid_edges(a, d, j + 1, b).clamp(lo_r, hi_r)
     keep = t1 > t0
     if occupancy is not None:
-        mids = torch.addcmul(origins.index_select(0, ray), directions.index_select(0, ray), (0.5 * (t0 + t1))[:, None])
+        mids = torch.addcmul(origins.index_select(0, ray), directions.index_select(0, ray),
+                             (0.5 * (t0 + t1))[:, None])
         keep &= occupancy.query(mids)
     keep = keep.nonzero().view(-1)  # host sync: the number of samples (packed layout)
-    return PackedSamples(ray.index_select(0, keep), t0.index_select(0, keep), t1.index_select(0, keep), num_rays)
+    return PackedSamples(ray, t0, t1, num_rays).select(keep)
 
 
 def march(origins: torch.Tensor, directions: torch.Tensor, anchor: torch.Tensor, t_lo: torch.Tensor,
@@ -370,4 +371,4 @@ def march(origins: torch.Tensor, directions: torch.Tensor, anchor: torch.Tensor,
     if occupancy is not None:
         keep &= occupancy.query_rays(*occupancy.ray_cells(origins, directions), ray, 0.5 * (t0 + t1))
     keep = keep.nonzero().view(-1)  # host sync: the number of samples (packed layout)
-    return PackedSamples(ray.index_select(0, keep), t0.index_select(0, keep), t1.index_select(0, keep), num_rays)
+    return PackedSamples(ray, t0, t1, num_rays).select(keep)

@@ -79,8 +79,7 @@ class PackedSamples:
         t0, t1 = torch.cat([p.t_starts for p in parts]), torch.cat([p.t_ends for p in parts])
         order = torch.argsort(t0, stable=True)
         order = order[torch.argsort(ray[order], stable=True)]  # by ray, then by t_start
-        return PackedSamples(ray.index_select(0, order), t0.index_select(0, order), t1.index_select(0, order),
-                             parts[0].num_rays)
+        return PackedSamples(ray, t0, t1, parts[0].num_rays).select(order)
 
 
 def ray_offsets(ray_indices: torch.Tensor, num_rays: int) -> tuple[torch.Tensor, torch.Tensor]:
