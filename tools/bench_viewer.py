@@ -12,7 +12,11 @@ steps x rays per step / the loop's wall seconds (the trainer's log line ``traini
 of wall time in the loop)``), so time spent rendering frames between steps counts against it;
 the per-step rate (rendering excluded) is recorded beside it. The browser stands in for a user's
 remote machine: its processes are reniced to 19 and their CPU seconds are recorded (on this
-2-core machine they compete with training, which a remote client does not).
+2-core machine they compete with training, which a remote client does not). ``--client-cpu F``
+starts the browser inside a cgroup (v1 ``cpu`` controller, root) whose CFS quota is F of one core
+and whose weight is the lowest (``cpu.shares`` 2): a client elsewhere, whose own CPU no longer
+competes with training, while the server side (rendering, encoding, the websocket) is paid in full
+as before. ``--share S`` passes ``viewer.max_render_share=S`` (default: the schema's).
 
 ``frame``: the viewer's render of a still frame of a run's model (``distnerf.view``'s code:
 :func:`distnerf.engine.viewer.render_view`), at SIZE x SIZE from the first test camera's pose and
@@ -73,12 +77,46 @@ def chromium_pids() -> set[int]:
     return pids
 
 
-def train_once(run_dir: Path, steps: int, viewer: bool) -> dict:
+CGROUP_CPU = Path("/sys/fs/cgroup/cpu")
+
+
+def capped_chromium(fraction: float, tmp: Path) -> str:
+    """An executable that starts chromium inside a new cgroup capped at ``fraction`` of one core.
+
+    Raises:
+        RuntimeError: no writable cgroup v1 ``cpu`` hierarchy at /sys/fs/cgroup/cpu (root needed).
+    """
+    group = CGROUP_CPU / f"bench_viewer_client_{os.getpid()}"
+    try:
+        group.mkdir(exist_ok=True)
+        period = int((group / "cpu.cfs_period_us").read_text())
+        (group / "cpu.cfs_quota_us").write_text(str(max(1000, int(fraction * period))))
+        (group / "cpu.shares").write_text("2")
+    except OSError as e:
+        raise RuntimeError(f"--client-cpu needs a writable cgroup v1 cpu hierarchy at {CGROUP_CPU} (root): {e}")
+    wrapper = tmp / "chromium_capped.sh"
+    wrapper.write_text(f"#!/bin/sh\necho $$ > {group}/cgroup.procs\nexec {CHROMIUM} \"$@\"\n")
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
+def remove_groups() -> None:
+    for group in CGROUP_CPU.glob(f"bench_viewer_client_{os.getpid()}"):
+        try:
+            group.rmdir()  # empty once its processes have ended
+        except OSError:
+            pass
+
+
+def train_once(run_dir: Path, steps: int, viewer: bool, client_cpu: float | None = None,
+               share: float | None = None) -> dict:
     port = free_port()
     args = [sys.executable, "-m", "distnerf.train", f"run_dir={run_dir}", f"train.max_steps={steps}",
             "train.progress=false", "logger.wandb.mode=disabled"]
     if viewer:
         args += ["viewer.enabled=true", f"viewer.port={port}"]
+        if share is not None:
+            args.append(f"viewer.max_render_share={share}")
     started = time.time()
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     client = {}
@@ -89,7 +127,8 @@ def train_once(run_dir: Path, steps: int, viewer: bool) -> dict:
 
             pw = sync_playwright().start()
             before = chromium_pids()
-            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            exe = CHROMIUM if client_cpu is None else capped_chromium(client_cpu, run_dir.parent)
+            browser = pw.chromium.launch(executable_path=exe, args=CHROMIUM_ARGS)
             pids = chromium_pids() - before
             for pid in pids:
                 try:
@@ -149,8 +188,10 @@ def live(args) -> None:
     with tempfile.TemporaryDirectory(prefix="bench_viewer_") as tmp:
         for r in range(args.repeats):
             for viewer in (False, True):
-                rows.append({"repeat": r, **train_once(Path(tmp) / f"run{r}_{int(viewer)}", args.steps, viewer)})
-    summary = {}
+                rows.append({"repeat": r, **train_once(Path(tmp) / f"run{r}_{int(viewer)}", args.steps, viewer,
+                                                       args.client_cpu, args.share)})
+    remove_groups()
+    summary = {"client_cpu": args.client_cpu, "max_render_share": args.share}
     for viewer in (False, True):
         cell = [x for x in rows if x["viewer"] == viewer]
         summary["on" if viewer else "off"] = {
@@ -206,6 +247,9 @@ def main() -> None:
     a.add_argument("--repeats", type=int, default=2)
     a.add_argument("--steps", type=int, default=1000)
     a.add_argument("--out", type=Path, default=None)
+    a.add_argument("--client-cpu", type=float, default=None,
+                   help="cap the browser at this fraction of one core (a cgroup; emulates a remote client)")
+    a.add_argument("--share", type=float, default=None, help="viewer.max_render_share (default: the schema's)")
     f = sub.add_parser("frame", help="the viewer's still-frame time of a run's model")
     f.add_argument("run_dir", type=Path)
     f.add_argument("--size", type=int, default=400)

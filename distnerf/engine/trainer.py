@@ -24,7 +24,7 @@ from ..components.schedule import budgeted, step_limit
 from ..components.step import TrainStep
 from ..data import load_scene
 from ..data.images import undecoded
-from ..observe.logger import METRICS_LOG, JsonlLogger, MultiLogger, NullLogger, WandbLogger
+from ..observe.logger import METRICS_LOG, JsonlLogger, MultiLogger, NullLogger, WandbLogger, strategy_label
 from ..observe.run_profiler import RunProfiler, log_profile_summaries
 from ..sampler import batch_config, build_sampler, pixel_source
 from ..model import contracted
@@ -164,19 +164,20 @@ class Trainer:
         return seconds / (60.0 * self.cfg.train.max_minutes)
 
     def _make_viewer(self):
-        """``viewer.enabled``: the live web viewer, served by the main rank (see :class:`LiveViewer`)."""
-        if not (self.cfg.viewer.enabled and self.env.is_main):
+        """``viewer.enabled``: the live web viewer, served by the main rank (see :class:`LiveViewer`);
+        where a frame needs every rank (``strategy.live_view_collective``), the others follow."""
+        if not self.cfg.viewer.enabled or not (self.env.is_main or self.strategy.live_view_collective):
             return None
-        from .viewer import LiveViewer
+        from .viewer import LiveFollower, LiveViewer
 
-        return LiveViewer(self.cfg, self.strategy, self.train_scene)
+        return (LiveViewer if self.env.is_main else LiveFollower)(self.cfg, self.strategy, self.train_scene)
 
     def _make_logger(self, resumed: bool):
         if not self.env.is_main:
             return NullLogger()
         loggers = [JsonlLogger(self.run_dir / METRICS_LOG, self.step if resumed else None)]
         if self.cfg.logger.wandb.mode != "disabled":
-            label = "ddp" if self.cfg.strategy.name == "ddp" else f"ss_{self.cfg.strategy.training}"
+            label = strategy_label(self.cfg.strategy)
             config = {**OmegaConf.to_container(self.cfg, resolve=True), "world_size": self.env.world_size,
                       "strategy_label": label}
             loggers.append(WandbLogger(self.cfg.logger.wandb, self.run_dir, config, resumed, label))
@@ -203,7 +204,8 @@ class Trainer:
                           over_budget=float(0 < self.cfg.train.max_minutes * 60.0 <= self.train_seconds),
                           at_mark=float(self.checkpointer.mark_passed(self.train_seconds)),
                           signal=float(self.stop.requested), collapsed=float(bool(self.model.collapsed())),
-                          train_seconds=self.train_seconds)
+                          train_seconds=self.train_seconds,
+                          live_frame=float(self.viewer is not None and self.viewer.wants_frame()))
         with self.timer.phase("step_sync"):
             agreed = self.strategy.reduce_step_stats(local)
         if self.budget_fraction is not None:  # the mean over ranks: the same float everywhere (one all-reduce)
@@ -249,7 +251,8 @@ class Trainer:
                 self.timer.mark("checkpoint")  # its barrier waits for every rank
                 self.save_checkpoint()
             if self.viewer is not None:  # between steps, in this thread: the model is not changing
-                self.viewer.after_step(self.model, self.step, float(flags.valid_rays) / max(step_seconds, 1e-9))
+                self.viewer.after_step(self.model, self.step, float(flags.valid_rays) / max(step_seconds, 1e-9),
+                                       frame_agreed=bool(flags.live_frame))
         return self._finish(stop_reason, progress, segment_start, time.perf_counter() - loop_start)
 
     def _stop_nonfinite(self, flags: StepStats) -> None:

@@ -194,6 +194,24 @@ class _ClientState:
     frame: Frame | None = None
 
 
+@dataclasses.dataclass
+class FrameRequest:
+    """One frame to render: a pinhole camera (``c2w`` (4, 4) float64 camera-to-world, OpenGL
+    convention; ``fov`` vertical field of view, radians; ``height`` x ``width`` pixels), whether
+    it is the client's full-size still frame, and the camera update it answers (``stamp``)."""
+
+    c2w: np.ndarray
+    fov: float
+    height: int
+    width: int
+    full: bool
+    stamp: float
+
+    @property
+    def cameras(self) -> Cameras:
+        return pinhole(self.c2w, self.fov, self.height, self.width)
+
+
 class ViewerServer:
     """A viser server showing one scene and frames of a model.
 
@@ -362,6 +380,14 @@ class ViewerServer:
         return time.perf_counter() - start
 
     def _render_one(self, renderer, state: _ClientState, step: int, max_pixels: float | None = None) -> None:
+        request = self.frame_request(state, max_pixels)
+        begin = time.perf_counter()
+        out = render_view(renderer, self.scene, request.cameras, self.chunk, self.device, self.point_chunk)
+        self.push_frame(state, request, out, step, time.perf_counter() - begin)
+
+    def frame_request(self, state: _ClientState, max_pixels: float | None = None) -> FrameRequest:
+        """The frame ``state``'s browser needs now: its camera, at the size the measured render
+        speed allows (moving), or full size (still; at most ``max_pixels`` when given)."""
         camera = state.client.camera
         stamp, wxyz, position, fov = camera.update_timestamp, camera.wxyz.copy(), camera.position.copy(), camera.fov
         canvas_h, canvas_w = max(camera.image_height, 1), max(camera.image_width, 1)
@@ -369,21 +395,23 @@ class ViewerServer:
         max_side = min(self.max_resolution, max(canvas_h, canvas_w))
         height, width = frame_size(canvas_w / canvas_h, max_side, frame_pixels(moving, self.rays_per_s, max_pixels))
         c2w = c2w_from_viser(wxyz, position)
-        cameras = pinhole(c2w, fov, height, width)
-        begin = time.perf_counter()
-        out = render_view(renderer, self.scene, cameras, self.chunk, self.device, self.point_chunk)
+        full = not moving and (height, width) == frame_size(canvas_w / canvas_h, max_side)
+        return FrameRequest(c2w, float(fov), height, width, full, stamp)
+
+    def push_frame(self, state: _ClientState, request: FrameRequest, out: dict, step: int, seconds: float) -> None:
+        """Show ``out`` (:func:`render_view` of ``request``'s camera, rendered in ``seconds``) in
+        ``state``'s browser; queued, never awaited. Nothing is sent to a client gone meanwhile."""
+        cameras = request.cameras
         regions = (region_of_pixels(out, self.scene, cameras, self.partition)
                    if self.partition is not None and self.tint.value else None)
         image = colourise(out, self.output.value, regions)
-        seconds = time.perf_counter() - begin
-        self.rays_per_s = 0.5 * self.rays_per_s + 0.5 * height * width / max(seconds, 1e-6)
-        full = not moving and (height, width) == frame_size(canvas_w / canvas_h, max_side)
+        self.rays_per_s = 0.5 * self.rays_per_s + 0.5 * request.height * request.width / max(seconds, 1e-6)
         if state.client.client_id not in self.clients():  # disconnected meanwhile: nothing to send or keep
             return
         # PNG for still frames (exact pixels), JPEG while moving (small); queued, never awaited
-        state.client.scene.set_background_image(image, format="png" if full else "jpeg")
-        state.frame = Frame(image, c2w, float(fov), full, int(step), seconds)
-        state.stamp, state.full, state.dirty = stamp, full, False
+        state.client.scene.set_background_image(image, format="png" if request.full else "jpeg")
+        state.frame = Frame(image, request.c2w, request.fov, request.full, int(step), seconds)
+        state.stamp, state.full, state.dirty = request.stamp, request.full, False
         self.frames_rendered += 1
 
     def stop(self) -> None:
@@ -403,7 +431,7 @@ LIVE_FRAME_S = 0.5    # live: a frame has as many pixels as the measured render 
 
 
 class LiveViewer:
-    """The viewer during training (``viewer.enabled=true``), served by one process.
+    """The viewer during training (``viewer.enabled=true``), served by the main rank.
 
     :meth:`after_step` is called by the trainer once per step, in the training loop's thread
     (the model is not being updated meanwhile: no locking). It renders the frames due with
@@ -414,6 +442,14 @@ class LiveViewer:
     speed renders in :data:`LIVE_FRAME_S` (up to ``viewer.max_resolution``), so no single frame
     stalls training for long: an early model, whose grid is still all fog, renders slowly.
     Frames are queued to the browsers, never awaited.
+
+    Collective frames (``strategy.live_view_collective``: ``ss`` under torchrun, whose fusion
+    stage needs every rank's regions): the main rank asks for a frame in the step agreement
+    (:meth:`wants_frame`, the same share test), and after that step every rank renders it:
+    the main rank broadcasts the camera (:class:`FrameRequest`), the others follow
+    (:class:`LiveFollower`). One frame per agreed step. Every rank spends the frame's time in
+    it, so each rank's training keeps at least ``1 - max_render_share`` of its wall time, as
+    the main rank's does: the other ranks are stalled by no more than that budget.
 
     Args:
         cfg: the run's config (``viewer``, ``eval.chunk``/``point_chunk``).
@@ -428,14 +464,37 @@ class LiveViewer:
                                    max_resolution=cfg.viewer.max_resolution, chunk=cfg.eval.chunk,
                                    point_chunk=cfg.eval.point_chunk, device=strategy.env.device)
         self.strategy, self.share = strategy, float(cfg.viewer.max_render_share)
+        self.collective = bool(strategy.live_view_collective)
+        self.collective_frames = 0  # collective: frames every rank rendered (a browser gone meanwhile included)
         self.start, self.render_s, self.last_frame_s, self.shown_at = time.perf_counter(), 0.0, 0.0, 0.0
-        log.info("viewer: http://localhost:%d (live; rendering at most %.0f%% of wall time)", cfg.viewer.port,
-                 100 * self.share)
+        log.info("viewer: http://localhost:%d (live; rendering at most %.0f%% of wall time%s)", cfg.viewer.port,
+                 100 * self.share, "; every rank renders each frame through the fusion stage" if self.collective
+                 else "")
 
-    def after_step(self, model, step: int, rays_per_s: float | None = None) -> float:
-        """Render what is due with ``model`` at ``step`` within the time share; returns seconds spent."""
+    def _allowed(self, now: float) -> float:
+        """Seconds of rendering the share allows now (the next frame's estimated cost taken off)."""
+        return self.share * (now - self.start) - self.render_s - self.last_frame_s
+
+    def wants_frame(self) -> bool:
+        """Collective frames: whether to ask every rank for a frame after this step (the share
+        allows one, and a browser's view is due or stale). Always False otherwise."""
+        if not self.collective:
+            return False
         now = time.perf_counter()
-        allowed = self.share * (now - self.start) - self.render_s - self.last_frame_s
+        if self._allowed(now) <= 0:
+            return False
+        return bool(self.server.clients()) if now - self.shown_at >= LIVE_REFRESH_S else bool(self.server.due())
+
+    def after_step(self, model, step: int, rays_per_s: float | None = None, frame_agreed: bool = False) -> float:
+        """Render what is due with ``model`` at ``step`` within the time share; returns seconds spent.
+        Collective frames: render one frame with every rank when ``frame_agreed`` (the agreement's
+        :attr:`~distnerf.strategy.base.StepStats.live_frame`), nothing otherwise."""
+        now = time.perf_counter()
+        if self.collective:
+            if rays_per_s is not None:
+                self.server.set_status(f"**live** step {step} &middot; {rays_per_s:,.0f} training rays/s")
+            return self._collective_frame(model, step, now) if frame_agreed else 0.0
+        allowed = self._allowed(now)
         if allowed <= 0:
             return 0.0
         if rays_per_s is not None:
@@ -454,8 +513,65 @@ class LiveViewer:
             self.shown_at = now if refresh else self.shown_at
         return spent
 
+    def _collective_frame(self, model, step: int, now: float) -> float:
+        """One frame rendered by every rank (the first browser due); the main rank's side."""
+        refresh = now - self.shown_at >= LIVE_REFRESH_S
+        if refresh and step != self.server.step:
+            self.server.step = step
+            self.server.invalidate()
+        due = self.server.due()
+        request = self.server.frame_request(due[0], self.server.rays_per_s * LIVE_FRAME_S) if due else None
+        begin = time.perf_counter()
+        self.strategy.broadcast(request)  # every rank learns the camera (None: nothing is due after all)
+        if request is not None:
+            out = render_view(self.strategy.live_view_model(model), self.server.scene, request.cameras,
+                              self.server.chunk, self.server.device, self.server.point_chunk)
+            self.server.push_frame(due[0], request, out, step, time.perf_counter() - begin)
+            self.collective_frames += 1
+        spent = time.perf_counter() - begin
+        self.render_s += spent
+        if request is not None:
+            self.last_frame_s = spent
+            self.shown_at = now if refresh else self.shown_at
+        return spent
+
     def close(self) -> None:
         wall = time.perf_counter() - self.start
+        frames = self.collective_frames if self.collective else self.server.frames_rendered
         log.info("viewer: %d frames rendered in %.2f s, %.1f%% of %.1f s (viewer.max_render_share=%.2f)",
-                 self.server.frames_rendered, self.render_s, 100 * self.render_s / max(wall, 1e-9), wall, self.share)
+                 frames, self.render_s, 100 * self.render_s / max(wall, 1e-9), wall, self.share)
         self.server.stop()
+
+
+class LiveFollower:
+    """A rank other than the main one in collective live viewing (see :class:`LiveViewer`):
+    after each step whose agreement asked for a frame, it receives the camera from the main
+    rank and renders its part of the frame through the fusion stage. It serves nothing."""
+
+    collective = True
+
+    def __init__(self, cfg, strategy, scene: SceneData):
+        self.strategy, self.scene, self.cfg = strategy, scene, cfg
+        self.start, self.render_s, self.frames = time.perf_counter(), 0.0, 0
+
+    def wants_frame(self) -> bool:
+        return False  # only the main rank asks
+
+    def after_step(self, model, step: int, rays_per_s: float | None = None, frame_agreed: bool = False) -> float:
+        if not frame_agreed:
+            return 0.0
+        begin = time.perf_counter()
+        request = self.strategy.broadcast(None)
+        if request is not None:
+            render_view(self.strategy.live_view_model(model), self.scene, request.cameras, self.cfg.eval.chunk,
+                        self.strategy.env.device, self.cfg.eval.point_chunk)
+            self.frames += 1
+        spent = time.perf_counter() - begin
+        self.render_s += spent
+        return spent
+
+    def close(self) -> None:
+        wall = time.perf_counter() - self.start
+        log.info("viewer: rank %d took part in %d live frames, %.2f s, %.1f%% of %.1f s", self.strategy.env.rank,
+                 self.frames, self.render_s, 100 * self.render_s / max(wall, 1e-9), wall,
+                 extra={"every_rank": True})

@@ -40,6 +40,7 @@ class StepStats:
     signal: float = 0.0
     collapsed: float = 0.0
     train_seconds: float = 0.0
+    live_frame: float = 0.0  # the main rank's live viewer asks every rank to render a frame after this step
 
     def host_values(self) -> list[float]:
         """The fields as host floats, in field order. The tensor fields are read back in
@@ -202,9 +203,21 @@ class Strategy:
         return model
 
     def live_view_model(self, model: nn.Module) -> nn.Module:
-        """The module the live viewer (one process, between training steps) renders with: it must
-        run no collective, as the other ranks are not rendering. Default: :meth:`inference_model`."""
+        """The module the live viewer renders with between training steps. Unless
+        :attr:`live_view_collective`, only the main rank renders, so it must run no collective.
+        Default: :meth:`inference_model`."""
         return self.inference_model(model)
+
+    @property
+    def live_view_collective(self) -> bool:
+        """Whether a live frame needs every rank (``ss`` under torchrun: the fusion stage holds
+        the regions of all ranks). Then the main rank asks for a frame in the step agreement
+        (:attr:`StepStats.live_frame`) and every rank renders it after that step."""
+        return False
+
+    def broadcast(self, obj, src: int = 0):
+        """``obj`` of rank ``src`` on every rank (a picklable object; collective)."""
+        return D.broadcast_object(self.env, obj, src)
 
     @property
     def writes_renders(self) -> bool:

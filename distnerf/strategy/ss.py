@@ -383,18 +383,14 @@ class SSStrategy(Strategy):
             fusion = "segment"
         return self.fuse(dict(zip(model.regions, model.models)), fusion)
 
-    def live_view_model(self, model: RegionModels) -> nn.Module:
-        """One process: the fusion stage, as in evaluation. Under torchrun, fusion would need every
-        rank in every frame, stalling the others' training steps, so the live viewer renders this
-        rank's own regions only: segment fusion over a partition of just those boxes (the other
-        regions show as empty space, the background). Marched sub-models (``grid``, ``ngp``)."""
-        if not self.env.distributed:
-            return self.inference_model(model)
-        own = list(model.regions)
-        part = Partition(self.partition.bounds, self.partition.boxes[own], self.partition.overlap,
-                         self.partition.kind, self.partition.world_size, self.partition.unbounded)
-        return FusedRenderer(part, dict(enumerate(model.models)), "segment", model.background,
-                             color_threshold=self.cfg.color_threshold, distributed=False)
+    def live_view_model(self, model: RegionModels | JointRegionModels) -> nn.Module:
+        """The fusion stage, as in evaluation: under torchrun every rank takes part in every
+        live frame (:attr:`live_view_collective`)."""
+        return self.inference_model(model)
+
+    @property
+    def live_view_collective(self) -> bool:
+        return self.env.distributed
 
     def fuse(self, models: dict, fusion: str) -> FusedRenderer:
         """The fusion stage over ``models`` (region -> sub-model: all of them on one process,
