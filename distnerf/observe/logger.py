@@ -97,12 +97,24 @@ class JsonlLogger:
         self.file.close()
 
 
+def strategy_label(strategy_cfg) -> str:
+    """``ddp``, ``ss_independent`` or ``ss_joint`` (a ``strategy`` config section): a run's default W&B
+    group, and the config key ``strategy_label`` its W&B run carries."""
+    return "ddp" if strategy_cfg.name == "ddp" else f"ss_{strategy_cfg.training}"
+
+
+VIDEO_FORMATS = ("gif", "mp4", "webm", "ogg")
+"""The video files W&B plays (``wandb.Video.EXTS``); ``wandb.Video`` takes such a file as it is
+(moviepy is needed only to encode frames, never for a file)."""
+
+
 class WandbLogger:
     """W&B run (``logger.wandb``: :class:`distnerf.schema.WandbConfig`; ``mode`` offline by default)."""
 
-    def __init__(self, cfg, run_dir: Path, config: dict, resume: bool, strategy_label: str = "ddp"):
+    def __init__(self, cfg, run_dir: Path, config: dict | None, resume: bool, strategy_label: str = "ddp"):
         """``strategy_label``: ``ddp``, ``ss_independent`` or ``ss_joint``, the default group (W&B's
-        grouping then puts a ddp-vs-ss comparison side by side); ``job_type`` defaults to ``train``."""
+        grouping then puts a ddp-vs-ss comparison side by side); ``job_type`` defaults to ``train``.
+        ``config`` None: the run's config is left as it is (a run opened again)."""
         import wandb
 
         cfg = section(WandbConfig, cfg)
@@ -123,8 +135,86 @@ class WandbLogger:
         """``images``: {key: (H, W, 3) uint8 array}, one W&B image panel each at ``step``."""
         self.run.log({k: self.wandb.Image(v, caption=k) for k, v in images.items()}, step=step)
 
+    @classmethod
+    def reopen(cls, run_cfg, run_dir: Path) -> "WandbLogger":
+        """The W&B run that the training of ``run_dir`` logged to, opened again after it ended: the same
+        id (``logger.wandb.id`` or the one derived from the run directory), name, group and job type, in
+        ``RUN/wandb``. Online W&B resumes the run; offline, wandb writes a new ``offline-run-*`` folder
+        with the same run id, and ``wandb sync RUN/wandb/offline-run-*`` uploads the folders into the
+        one run in the order they started.
+
+        Args:
+            run_cfg: the run's whole config (``RUN/config.yaml``): its ``logger.wandb`` and ``strategy``.
+        """
+        return cls(run_cfg.logger.wandb, Path(run_dir), None, True, strategy_label(run_cfg.strategy))
+
+    def log_videos(self, step: int, videos: dict) -> list[str]:
+        """``videos``: {key: video file}, one W&B video panel each, at ``step`` (the model's training step,
+        also logged as ``step``, the panels' x axis). Where the run's W&B step is already past it (an
+        online resume after the training's last row), at the run's current step instead: W&B drops a
+        row logged at an earlier step. A file W&B does not play (not one of :data:`VIDEO_FORMATS`) is
+        left out with a warning. Returns the keys logged."""
+        row = {}
+        for key, path in videos.items():
+            path = Path(path)
+            if path.suffix.lower().lstrip(".") not in VIDEO_FORMATS:
+                log.warning("W&B: %s is not logged as %s: W&B plays only %s files", path, key, "/".join(VIDEO_FORMATS))
+                continue
+            row[key] = self.wandb.Video(str(path), caption=path.name)
+        if row:
+            self.run.log({**row, "step": step}, step=max(step, self.run.step))
+        return list(row)
+
     def close(self) -> None:
         self.run.finish()
+
+
+def log_render_videos(run_cfg, run_dir: Path, step: int, videos: dict) -> list[str]:
+    """``distnerf.render``'s videos ({key: file}, e.g. ``{"render/video": fly-through}``) into the W&B run of
+    the training of ``run_dir`` (:meth:`WandbLogger.reopen`), when that run logs to W&B
+    (``logger.wandb.mode`` not ``disabled``) with media (``logger.wandb.log_images``). Returns the keys
+    logged ([] when W&B is off)."""
+    wandb_cfg = section(WandbConfig, run_cfg.logger.wandb)
+    if wandb_cfg.mode == "disabled" or not wandb_cfg.log_images or not videos:
+        return []
+    logger = WandbLogger.reopen(run_cfg, run_dir)
+    try:
+        return logger.log_videos(step, videos)
+    finally:
+        logger.close()
+
+
+def log_study_report(wandb_cfg, study_dir: Path, config: dict, figures: list, tables: dict, step: int) -> str:
+    """A study's report as one W&B run of job type ``report`` in the study's group (``logger.wandb.group`` of
+    its cells, ``study-NAME``), in ``STUDY_DIR/wandb``: each figure an image ``report/<file stem>``, each
+    table a ``wandb.Table`` ``table/<name>``. Its id is derived from ``STUDY_DIR/report``, so a report
+    written again (more cells finished) continues the same run, at ``step`` (the finished cells) or after
+    the run's last step.
+
+    Args:
+        wandb_cfg: the cells' ``logger.wandb`` (mode, project, group), the mode possibly overridden.
+        config: the run's config (the study config).
+        figures: PNG files. tables: {name: [row dict]}; a value that is not a number, string or bool is
+            written as its JSON.
+    Returns:
+        the run's local directory (offline) or its URL.
+    """
+    import wandb
+
+    cfg = section(WandbConfig, wandb_cfg)
+    run = wandb.init(project=cfg.project, mode=cfg.mode, dir=str(study_dir), config=config, name="report",
+                     id=_stable_id(Path(study_dir) / "report"), resume="allow", group=cfg.group, job_type="report")
+    try:
+        row = {f"report/{Path(p).stem}": wandb.Image(str(p), caption=Path(p).name) for p in figures}
+        for name, rows in tables.items():
+            columns = list(dict.fromkeys(k for r in rows for k in r))
+            cell = lambda v: v if v is None or isinstance(v, (int, float, str, bool)) else json.dumps(v, default=str)  # noqa: E731
+            row[f"table/{name}"] = wandb.Table(columns=columns, data=[[cell(r.get(c)) for c in columns] for r in rows],
+                                               allow_mixed_types=True)
+        run.log(row, step=max(step, run.step))
+        return run.url or str(Path(run.dir).parent)
+    finally:
+        run.finish()
 
 
 def _stable_id(run_dir: Path) -> str:
