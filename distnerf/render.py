@@ -17,6 +17,11 @@ Videos (``video_frames`` frames at ``video_fps``, rendered at ``eval.downscale``
 * ``orbit=true``: ``RENDER/orbit.gif``, the first test camera turned about world +Y
   (object-centred scenes).
 
+A run that logs to W&B (``logger.wandb.mode`` offline or online, ``logger.wandb.log_images``)
+gets the videos in its own W&B run, resumed by its id: ``render/video`` (the fly-through) and
+``render/orbit``, at the rendered checkpoint's step (``distnerf.observe.logger.log_render_videos``;
+W&B plays ``.gif`` and ``.mp4``; docs/wandb.md).
+
 A ``strategy=ss`` run is rendered through the fusion stage (``fusion=segment``, the
 default, or ``fusion=blend``): on one process every region's sub-model is loaded and
 fused; under torchrun each rank loads the regions it owns and ``segment`` fusion
@@ -38,6 +43,7 @@ from .data.camera_path import fly_through, orbit, path_cameras
 from .data.images import undecoded
 from .engine.evaluate import evaluate_run, make_eval_split, render_image
 from .engine.runs import find_checkpoint, load_renderer, load_run_config, load_weights  # noqa: F401  (export, tools)
+from .observe.logger import log_render_videos
 from .schema import ConfigError
 from .strategy import build_strategy
 
@@ -107,25 +113,26 @@ def render_frames(model, strategy, scene, c2w, chunk: int, device, point_chunk: 
     return [row["rgb"] for row in strategy.gather_rows(rows)]
 
 
-def render_videos(cfg, model, strategy, scene, out_dir: Path, env) -> list[Path]:
-    """The fly-through (``video=PATH``) and the orbit (``orbit=true``); the files written (main rank).
+def render_videos(cfg, model, strategy, scene, out_dir: Path, env) -> dict[str, Path]:
+    """The fly-through (``video=PATH``) and the orbit (``orbit=true``); the files written (main rank),
+    as {W&B key: file}: ``render/video`` and ``render/orbit``.
 
     Args:
         scene: the test split (its first camera starts the orbit; its pixels are not read).
     """
     factor = cfg.eval.downscale
-    paths, jobs = [], []
+    paths, jobs = {}, []
     if cfg.video:
         train = load_scene(cfg.dataset, "train", pixels=undecoded)
-        jobs.append((video_path(cfg.video), train, fly_through(train.cameras.c2w, cfg.video_frames)))
+        jobs.append(("render/video", video_path(cfg.video), train, fly_through(train.cameras.c2w, cfg.video_frames)))
     if cfg.orbit:
-        jobs.append((out_dir / "orbit.gif", scene, orbit(scene.cameras.c2w[0], cfg.video_frames)))
-    for path, source, c2w in jobs:
+        jobs.append(("render/orbit", out_dir / "orbit.gif", scene, orbit(scene.cameras.c2w[0], cfg.video_frames)))
+    for key, path, source, c2w in jobs:
         source = dataclasses.replace(source, cameras=source.cameras.scaled(factor)) if factor > 1 else source
         frames = render_frames(model, strategy, source, c2w, cfg.eval.chunk, env.device, cfg.eval.point_chunk)
         if env.is_main:
-            paths.append(write_video(path, frames, cfg.video_fps))
-            log.info("video: %d frames (%dx%d) -> %s", len(frames), *frames[0].shape[1::-1], paths[-1])
+            paths[key] = write_video(path, frames, cfg.video_fps)
+            log.info("video: %d frames (%dx%d) -> %s", len(frames), *frames[0].shape[1::-1], paths[key])
     return paths
 
 
@@ -144,7 +151,9 @@ def main(argv: list[str] | None = None) -> dict:
         scene = load_scene(cfg.dataset, "test", pixels=undecoded)  # box, background, cameras: evaluation decodes its own
         model, step = load_renderer(cfg, run_dir, scene, env)
         metrics = evaluate_run(cfg, model, strategy, out_dir, step, make_eval_split(cfg, model, strategy))
-        render_videos(cfg, model, strategy, scene, out_dir, env)
+        videos = render_videos(cfg, model, strategy, scene, out_dir, env)
+        if env.is_main:  # into the training's W&B run, when it logs to W&B
+            log_render_videos(cfg, run_dir, step, videos)
         return {k: v for k, v in metrics.items() if k not in ("scene", "rows")}
     finally:
         D.shutdown(env)

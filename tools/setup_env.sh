@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create .venv with distnerf and its test dependencies.
+# Create .venv with distnerf, its test dependencies and its optional tools' (viewer, profiling, COLMAP, W&B workspace).
 # On CPU-only machines torch is pinned to the local CPU build (torch==2.13.0); set
 # DISTNERF_TORCH="torch==X+cu12Y" (or an empty string to keep an existing torch) on GPU machines.
 set -euo pipefail
@@ -12,7 +12,7 @@ quiet() { grep -v "^WARNING: Location" || true; }  # this machine's pip mirrors 
 if [ -n "$TORCH_SPEC" ]; then
   python -m pip install -q "$TORCH_SPEC" 2>&1 | quiet
 fi
-python -m pip install -q -e ".[test,profile,colmap,viewer]" 2>&1 | quiet
+python -m pip install -q -e ".[test,profile,colmap,viewer,wandb]" 2>&1 | quiet
 # the viewer's browser test (tests/e2e/test_viewer.py) drives Debian's chromium; installed only when missing
 if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
   SUDO=$([ "$(id -u)" = 0 ] || echo sudo)
