@@ -175,15 +175,18 @@ def prune(root: Path, keep: int) -> None:
         shutil.rmtree(d, ignore_errors=True)
 
 
-def config_hashes(cfg: dict, sections=("model", "dataset", "strategy")) -> dict:
-    """sha256 of the resume-relevant config sections (JSON, sorted keys).
+UNHASHED = {"model": ("compile", "compile_mode"), "dataset": ("cache_dir",)}
+"""Keys of a section that resume ignores: the model's runtime keys (a run may resume with or
+without torch.compile) and where the built-in scene is generated (``dataset.cache_dir``: a
+node-local directory may differ from node to node and between restarts; the scene's files are
+named by everything that decides their content)."""
 
-    The model section is hashed without its runtime keys (``compile``, ``compile_mode``:
-    a run may resume with or without torch.compile); the world size is checked separately.
-    """
-    runtime = ("compile", "compile_mode")
-    cfg = {**cfg, "model": {k: v for k, v in cfg["model"].items() if k not in runtime}} if "model" in cfg else cfg
-    return {s: hashlib.sha256(json.dumps(cfg[s], sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+def config_hashes(cfg: dict, sections=("model", "dataset", "strategy")) -> dict:
+    """sha256 of the resume-relevant config sections (JSON, sorted keys), without the
+    :data:`UNHASHED` keys; the world size is checked separately."""
+    kept = {s: {k: v for k, v in cfg[s].items() if k not in UNHASHED.get(s, ())} for s in sections}
+    return {s: hashlib.sha256(json.dumps(kept[s], sort_keys=True, default=str).encode()).hexdigest()[:16]
             for s in sections}
 
 

@@ -68,6 +68,18 @@ def test_config_hash_mismatch_names_section(tmp_path):
         ckpt.check_compatible(manifest, other, d)
 
 
+def test_config_hash_ignores_where_the_scene_is_cached_and_compile_settings():
+    """Each node of a multi-node run may keep the built-in scene in its own directory
+    (tests/launch/test_two_nodes.py resumes on nodes whose ``dataset.cache_dir`` differ)."""
+    cfg = {"model": {"name": "grid", "compile": False}, "dataset": {"name": "synthetic", "cache_dir": "/a"},
+           "strategy": {"name": "ddp"}}
+    h = ckpt.config_hashes(cfg)
+    assert ckpt.config_hashes({**cfg, "dataset": {"name": "synthetic", "cache_dir": "/b"},
+                               "model": {"name": "grid", "compile": True}}) == h
+    assert ckpt.config_hashes({**cfg, "dataset": {"name": "synthetic", "cache_dir": "/a", "resolution": 8}}) != h
+    assert cfg["dataset"] == {"name": "synthetic", "cache_dir": "/a"}  # the caller's config is not changed
+
+
 @pytest.mark.parametrize("delta", [-1, 1])
 def test_checkpoint_of_another_format_is_refused_naming_both_versions(tmp_path, delta):
     d = make(tmp_path, 3)
