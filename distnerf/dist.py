@@ -161,6 +161,17 @@ def collective_failure(err: BaseException) -> bool:
         t in str(err) for t in COLLECTIVE_FAILURES))
 
 
+PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "remote process exit")
+"""Text of a collective that failed because a peer's connection closed (gloo: the peer's process
+died, or its node; NCCL's ncclRemoteError: "remote process exited or there was a network error",
+"... a remote process exiting prematurely")."""
+
+
+def peer_lost(err: BaseException) -> bool:
+    """Whether the failed collective ``err`` saw a peer's connection close (it died), rather than time out."""
+    return any(t in str(err) for t in PEER_LOST)
+
+
 def cuda_index(local_rank: int, visible: int | None = None, local_world_size: int | None = None,
                cuda_visible_devices: str | None = None) -> int:
     """The CUDA device of this process: ``LOCAL_RANK`` when that many devices are visible

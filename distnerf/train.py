@@ -67,7 +67,7 @@ def run(cfg: DictConfig) -> dict:
             raise
         # name the rank that stopped making progress, not only the one whose wait timed out
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        msg = f"rank {env.rank}: a collective failed ({first[:300]}); {beacon.describe()}"
+        msg = f"rank {env.rank}: a collective failed ({first[:300]}); {beacon.describe(peer_lost=D.peer_lost(err))}"
         log.error(msg)
         raise CollectiveFailure(msg) from err
     finally:

@@ -91,28 +91,45 @@ class ProgressBeacon:
                 out[r] = None
         return out
 
-    def describe(self, now: float | None = None) -> str:
+    def silent(self, entries: dict[int, dict | None], now: float) -> list[int]:
+        """Ranks of ``entries`` (:meth:`read`) never heard from, or not for 3 publish periods at ``now``."""
+        return [r for r, e in entries.items() if e is None or now - e["beat"] > 3 * self.interval_s]
+
+    def describe(self, now: float | None = None, peer_lost: bool = False) -> str:
         """One paragraph: each rank's step and phase, and which rank(s) stopped making progress.
 
         A rank is named when it was not heard from for 3 publish periods (stopped, hung in
         native code holding the GIL, or dead); else the ranks furthest behind in (step, phase
         in :data:`STEP_ORDER`) are named, since the others reached a collective they wait in.
         Wall clocks of different nodes are compared (NTP-synchronised clusters assumed).
+
+        Args:
+            now: wall time to judge at (seconds since the epoch); None: now.
+            peer_lost: the failure was a peer's closed connection (its process or node died at
+                once): the dead rank's last entry is as fresh as the others', and entries lag
+                by up to a publish period, so its step says nothing. Wait (up to 4 publish
+                periods; the live ranks' threads keep publishing) until a rank falls silent,
+                and name that one.
         """
         if self.store is None:
             return "no progress store (one process)"
+        entries = self.read()
+        if peer_lost:
+            deadline = time.monotonic() + 4 * self.interval_s
+            while not self.silent(entries, time.time()) and time.monotonic() < deadline:
+                time.sleep(self.interval_s / 4)
+                entries = self.read()
         now = time.time() if now is None else now
-        lines, silent, heard = [], [], []
-        for r, e in self.read().items():
+        lines, silent, heard = [], self.silent(entries, now), []
+        for r, e in entries.items():
             if e is None:
                 lines.append(f"rank {r}: never reported")
-                silent.append(r)
                 continue
-            age = now - e["beat"]
             lines.append(f"rank {r}: step {e['step'] if e['step'] is not None else 0}, phase {e['phase']} for "
-                         f"{now - e['since']:.0f} s (last heard {age:.0f} s ago)")
+                         f"{now - e['since']:.0f} s (last heard {now - e['beat']:.0f} s ago)")
             order = STEP_ORDER.index(e["phase"]) if e["phase"] in STEP_ORDER else len(STEP_ORDER)
-            (silent.append(r) if age > 3 * self.interval_s else heard.append(((e["step"] or 0, order), r)))
+            if r not in silent:
+                heard.append(((e["step"] or 0, order), r))
         if silent:
             suspects, why = silent, "not heard from: stopped, hung in native code, or dead"
         elif heard and min(p for p, _ in heard) != max(p for p, _ in heard):

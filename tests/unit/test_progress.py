@@ -71,3 +71,26 @@ def test_the_thread_publishes_and_stops():
     assert '"step": 41' in store.get(ProgressBeacon.key(0)).decode()
     b.stop()
     assert b._thread is None
+
+
+def test_a_peer_that_died_at_once_is_named_once_it_falls_silent():
+    """A peer whose process died (gloo: "Connection closed by peer") published a fresh entry a
+    moment ago, possibly at a later step than the survivor's lagging one: judged at once, the
+    survivor would name itself as behind. With ``peer_lost`` it waits for the dead rank's entry
+    to age (3 periods) while its own thread keeps publishing, and names the dead one."""
+    store, state = dist.HashStore(), {"step": 7}
+    b0 = ProgressBeacon(store, 0, 2, interval_s=0.5)
+    b0.source = lambda: (state["step"], "step_sync", time.time())
+    b0.start()
+    b1 = ProgressBeacon(store, 1, 2, interval_s=0.5)
+    b1.watch(lambda: (9, "backward", time.time()))  # its last entry; no thread: it is dead from here
+    try:
+        assert b0.describe().startswith("stopped making progress: rank 0 (behind"), "the premise"
+        start = time.monotonic()
+        report = b0.describe(peer_lost=True)
+        waited = time.monotonic() - start
+    finally:
+        b0.stop()
+    assert report.startswith("stopped making progress: rank 1 (not heard from"), report
+    assert 3 * 0.5 - 0.25 <= waited <= 4 * 0.5 + 0.5, waited  # until its entry is 3 periods old
+    assert "rank 1: step 9, phase backward" in report and "rank 0: step 7, phase step_sync" in report, report
