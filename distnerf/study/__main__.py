@@ -12,10 +12,13 @@ Examples::
                                     # the Markdown again from a report's JSON (committed without the runs)
     python -m distnerf.study report bench/results/study_characterization/report.json --html
                                     # ... and its self-contained report.html beside it
+    python -m distnerf.study report runs/study_smoke --wandb offline          # the report into W&B too
 
-``run`` also writes the report at the end. Exit status: 0 when every cell is finished,
-1 when a cell failed (reported, re-run with ``--retry-failed``), 2 on a bad config or
-study directory.
+``run`` also writes the report at the end. When the cells log to W&B (their
+``logger.wandb.mode``), the report's figures and tables go into the study's W&B group as a run of
+job type ``report`` (``--wandb MODE`` overrides the cells' mode; ``distnerf/study/dashboard.py``).
+Exit status: 0 when every cell is finished, 1 when a cell failed (reported, re-run with
+``--retry-failed``), 2 on a bad config or study directory (or a report W&B refused).
 """
 from __future__ import annotations
 
@@ -33,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("study_dir", type=Path)
     run.add_argument("--retry-failed", action="store_true", help="run failed cells again")
     run.add_argument("--launcher", choices=("local", "slurm"), help="override the config's launcher")
+    wandb_help = "log the report to W&B in this mode (default: as the cells did, their logger.wandb.mode)"
+    run.add_argument("--wandb", choices=("offline", "online", "disabled"), help=wandb_help)
     lst = sub.add_parser("list", help="print the cells of a study config")
     lst.add_argument("config", type=Path)
     rep = sub.add_parser("report", help="tables, figures, HTML of a study directory (or Markdown of a report.json)")
@@ -40,10 +45,11 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--markdown", action="store_true", help="print the Markdown report")
     rep.add_argument("--html", action="store_true",
                      help="with a report.json: write report.html beside it (the figures named in it, embedded)")
+    rep.add_argument("--wandb", choices=("offline", "online", "disabled"), help=wandb_help)
     args = parser.parse_args(argv)
 
     from ..schema import ConfigError
-    from . import plan, report, runner
+    from . import dashboard, plan, report, runner
 
     try:
         if args.command == "report" and args.study_dir.is_file():
@@ -77,6 +83,13 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ConfigError, ValueError, RuntimeError) as err:
         print(f"distnerf.study: {err}", file=sys.stderr)
         return 2
+    try:
+        logged = dashboard.log_report(args.study_dir, result, args.wandb)
+    except Exception as err:  # wandb's own errors (no API key, no network, ...): the report is written
+        print(f"distnerf.study: the report is written; logging it to W&B failed: {err}", file=sys.stderr)
+        return 2
+    if logged:
+        print(f"distnerf.study: the report logged to W&B: {logged}", file=sys.stderr)
     if args.command == "report" and args.markdown:
         sys.stdout.write(Path(result["files"][1]).read_text())
     print("wrote " + ", ".join(result["files"]), file=sys.stderr)

@@ -185,3 +185,37 @@ def test_a_failed_cell_is_reported_and_retried_only_when_asked(tmp_path):
     third = study("run", path, root, "--retry-failed")
     assert third.returncode == 1 and "ddp-sync-w1-bad-r0: failed before, retried" in third.stderr
     assert [p.name for p in (root / "attempts").iterdir()] == ["ddp-sync-w1-bad-r0.0"]
+
+
+def test_the_report_goes_to_wandb_as_one_run_of_the_study_group(smoke, tmp_path):
+    """The smoke study's cells do not log to W&B (logger.wandb.mode=disabled): neither does its report.
+    ``report --wandb offline`` logs every figure as an image of its own size and the headline tables,
+    in one run of job type ``report`` in the cells' group, read back with wandb's reader."""
+    import shutil
+
+    from distnerf.observe import wandb_records as W
+
+    root, _ = smoke
+    assert not (root / "wandb").exists()  # the cells' mode decides
+    copy = tmp_path / "copy"
+    shutil.copytree(root, copy)
+    proc = study("report", copy, "--wandb", "offline")  # the flag wins over ENV's WANDB_MODE=disabled
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (path,) = W.run_files(copy)
+    assert f"the report logged to W&B: {path.parent}" in proc.stderr
+    records = W.read_records(path)
+    meta = W.run_meta(records)
+    assert (meta["run_group"], meta["job_type"]) == ("study-smoke", "report")
+    assert W.run_config(records)["name"] == "smoke"
+    report = json.loads((copy / "report" / "report.json").read_text())
+    (row,) = W.history(records).values()
+    images = {k: v for k, v in row.items() if isinstance(v, dict) and v["_type"] == "image-file"}
+    assert set(images) == {f"report/{Path(name).stem}" for name in report["figures"]}
+    for key, image in images.items():
+        with Image.open(copy / "report" / f"{key.split('/', 1)[1]}.png") as png, \
+                Image.open(path.parent / "files" / image["path"]) as logged:
+            assert (image["width"], image["height"]) == png.size == logged.size
+    tables = {k: v["nrows"] for k, v in row.items() if isinstance(v, dict) and v["_type"] == "table-file"}
+    assert tables == {f"table/{k}": len(v) for k, v in report["tables"].items() if isinstance(v, list) and v
+                      and isinstance(v[0], dict)}
+    assert tables["table/breakdown"] == 6
