@@ -111,16 +111,19 @@ VIDEO_FORMATS = ("gif", "mp4", "webm", "ogg")
 class WandbLogger:
     """W&B run (``logger.wandb``: :class:`distnerf.schema.WandbConfig`; ``mode`` offline by default)."""
 
-    def __init__(self, cfg, run_dir: Path, config: dict | None, resume: bool, strategy_label: str = "ddp"):
+    def __init__(self, cfg, run_dir: Path, config: dict | None, resume: bool, strategy_label: str = "ddp",
+                 run_id: str | None = None):
         """``strategy_label``: ``ddp``, ``ss_independent`` or ``ss_joint``, the default group (W&B's
         grouping then puts a ddp-vs-ss comparison side by side); ``job_type`` defaults to ``train``.
-        ``config`` None: the run's config is left as it is (a run opened again)."""
+        ``config`` None: the run's config is left as it is (a run opened again). ``run_id``: the W&B run
+        id where ``logger.wandb.id`` gives none (default: derived from the run directory's path)."""
         import wandb
 
         cfg = section(WandbConfig, cfg)
         self.wandb = wandb
         self.run = wandb.init(project=cfg.project, mode=cfg.mode, dir=str(run_dir), config=config,
-                              name=cfg.name or run_dir.name, id=cfg.id or _stable_id(run_dir), resume="allow",
+                              name=cfg.name or run_dir.name, id=cfg.id or run_id or _stable_id(run_dir),
+                              resume="allow",
                               group=cfg.group or strategy_label, job_type=cfg.job_type or "train")  # restarts continue one run
         # both axes usable in the UI: training step (default x) and training wall time
         self.run.define_metric("step")
@@ -138,15 +141,18 @@ class WandbLogger:
     @classmethod
     def reopen(cls, run_cfg, run_dir: Path) -> "WandbLogger":
         """The W&B run that the training of ``run_dir`` logged to, opened again after it ended: the same
-        id (``logger.wandb.id`` or the one derived from the run directory), name, group and job type, in
-        ``RUN/wandb``. Online W&B resumes the run; offline, wandb writes a new ``offline-run-*`` folder
-        with the same run id, and ``wandb sync RUN/wandb/offline-run-*`` uploads the folders into the
-        one run in the order they started.
+        id (``logger.wandb.id``, else that of the run's first folder in ``RUN/wandb``, so a run directory
+        moved since still finds its run, else the one derived from the run directory), name, group and
+        job type, in ``RUN/wandb``. Online W&B resumes the run; offline, wandb writes a new
+        ``offline-run-*`` folder with the same run id, and ``wandb sync RUN/wandb/offline-run-*``
+        uploads the folders into the one run in the order they started.
 
         Args:
             run_cfg: the run's whole config (``RUN/config.yaml``): its ``logger.wandb`` and ``strategy``.
         """
-        return cls(run_cfg.logger.wandb, Path(run_dir), None, True, strategy_label(run_cfg.strategy))
+        logged = sorted(Path(run_dir).glob("wandb/*run-*/run-*.wandb"), key=lambda p: p.parent.name.split("run-", 1)[1])
+        run_id = logged[0].stem.removeprefix("run-") if logged else None  # run-<id>.wandb
+        return cls(run_cfg.logger.wandb, Path(run_dir), None, True, strategy_label(run_cfg.strategy), run_id)
 
     def log_videos(self, step: int, videos: dict) -> list[str]:
         """``videos``: {key: video file}, one W&B video panel each, at ``step`` (the model's training step,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import subprocess
 import sys
 
@@ -22,13 +23,15 @@ pytest.importorskip("wandb")
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    """A 10-step ddp run on 2 ranks logging offline, then ``distnerf.render`` of its fly-through (4 frames)."""
-    run_dir = tmp_path_factory.mktemp("wandb") / "run"
+    """A 10-step ddp run on 2 ranks logging offline, its directory moved (as from a cluster to a desk),
+    then ``distnerf.render`` of its fly-through (4 frames)."""
+    trained, run_dir = tmp_path_factory.mktemp("wandb") / "trained", tmp_path_factory.mktemp("moved") / "run"
     env = {"WANDB_MODE": "offline"}
     run_cli([*torchrun(2), "-m", "distnerf.train", "experiment=smoke", "dataset=synthetic", "dataset.resolution=24",
              "strategy=ddp", "train.max_steps=10", "train.log_every=5", "train.val_every=5", "train.val_views=1",
-             "eval.num_views=2", "train.progress=false", "logger.wandb.mode=offline", f"run_dir={run_dir}"],
+             "eval.num_views=2", "train.progress=false", "logger.wandb.mode=offline", f"run_dir={trained}"],
             env=env, timeout=300)
+    shutil.move(trained, run_dir)  # the W&B run id came from the old path: render finds it in RUN/wandb
     run_cli([sys.executable, "-m", "distnerf.render", f"run_dir={run_dir}", f"video={run_dir / 'fly.gif'}",
              "video_frames=4", "eval.num_views=1"], env=env, timeout=300)
     files = W.run_files(run_dir)
@@ -71,7 +74,7 @@ def test_validation_and_test_panels_with_their_sizes(run):
 def test_render_video_goes_into_the_training_run(run):
     run_dir, _, train, render = run
     meta = W.run_meta(render)
-    assert meta["run_id"] == W.run_meta(train)["run_id"]  # wandb sync uploads both files into one run
+    assert meta["run_id"] == W.run_meta(train)["run_id"]  # wandb sync uploads both files into one run, moved or not
     assert meta["run_group"] == "ddp" and meta["job_type"] == "train" and meta["resume"]
     (row,) = [row for row in W.history(render).values() if "render/video" in row]
     video = row["render/video"]
