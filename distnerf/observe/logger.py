@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 from ..schema import WandbConfig, section
+from .wandb_records import run_files
 
 log = logging.getLogger("distnerf")
 
@@ -150,7 +151,7 @@ class WandbLogger:
         Args:
             run_cfg: the run's whole config (``RUN/config.yaml``): its ``logger.wandb`` and ``strategy``.
         """
-        logged = sorted(Path(run_dir).glob("wandb/*run-*/run-*.wandb"), key=lambda p: p.parent.name.split("run-", 1)[1])
+        logged = run_files(run_dir)
         run_id = logged[0].stem.removeprefix("run-") if logged else None  # run-<id>.wandb
         return cls(run_cfg.logger.wandb, Path(run_dir), None, True, strategy_label(run_cfg.strategy), run_id)
 

@@ -20,10 +20,11 @@ from pathlib import Path
 
 
 def run_files(run_dir: Path) -> list[Path]:
-    """The ``run-*.wandb`` files of ``RUN/wandb/offline-run-*/``, oldest first (a training run's, then
-    those of a restart or of ``distnerf.render`` logging into the same run: the order ``wandb sync``
-    uploads them in)."""
-    return sorted(Path(run_dir).glob("wandb/offline-run-*/run-*.wandb"), key=lambda p: p.parent.name)
+    """The ``run-<id>.wandb`` files of ``RUN/wandb/offline-run-*/`` (and ``run-*/``, an online run's),
+    oldest first (a training run's, then those of a restart or of ``distnerf.render`` logging into the
+    same run: the order ``wandb sync`` uploads them in)."""
+    found = Path(run_dir).glob("wandb/*run-*/run-*.wandb")
+    return sorted(found, key=lambda p: p.parent.name.split("run-", 1)[1])  # the folder's start time stamp
 
 
 def read_records(path: Path, timeout: float = 120.0) -> list[dict]:
