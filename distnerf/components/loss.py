@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import torch
 
+from ..renderer.output import RenderOutput
 
-def photometric_sse(outputs: dict, target: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+
+def photometric_sse(outputs: RenderOutput, target: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """Sum over valid rays of the per-ray mean squared RGB error (fine + coarse).
 
     Args:
@@ -26,14 +28,14 @@ def photometric_sse(outputs: dict, target: torch.Tensor, valid: torch.Tensor) ->
         scalar float32: ``sum_r w_r (mean_c (rgb - target)^2 + distortion_loss_r)`` (+ the same
         error for the coarse pass).
     """
-    if "ray_index" in outputs:
-        target, valid = target[outputs["ray_index"]], valid[outputs["ray_index"]]
+    if outputs.ray_index is not None:
+        target, valid = target[outputs.ray_index], valid[outputs.ray_index]
     w = valid.to(target.dtype)
-    if "loss_weight" in outputs:
-        w = w * outputs["loss_weight"]
-    sse = (((outputs["rgb"].float() - target) ** 2).mean(dim=-1) * w).sum()
-    if "distortion_loss" in outputs:  # a per-ray regulariser of the weights, summed like the error
-        sse = sse + (outputs["distortion_loss"].float() * w).sum()
-    if "rgb_coarse" in outputs:
-        sse = sse + (((outputs["rgb_coarse"].float() - target) ** 2).mean(dim=-1) * w).sum()
+    if outputs.loss_weight is not None:
+        w = w * outputs.loss_weight
+    sse = (((outputs.rgb.float() - target) ** 2).mean(dim=-1) * w).sum()
+    if outputs.distortion_loss is not None:  # a per-ray regulariser of the weights, summed like the error
+        sse = sse + (outputs.distortion_loss.float() * w).sum()
+    if outputs.rgb_coarse is not None:
+        sse = sse + (((outputs.rgb_coarse.float() - target) ** 2).mean(dim=-1) * w).sum()
     return sse

@@ -79,10 +79,10 @@ def render_image(model, scene: SceneData, index: int, chunk: int, device, point_
             part = rays.map(lambda t: t[start:start + chunk].to(device))
             out = model(part)
             for k in outs:
-                outs[k].append(out[k].float().cpu())
+                outs[k].append(getattr(out, k).float().cpu())
             for k in COUNTS:
-                if k in out:
-                    counts[k] = counts.get(k, 0) + int(out[k])
+                if getattr(out, k) is not None:
+                    counts[k] = counts.get(k, 0) + int(getattr(out, k))
     model.train(was_training)
     h, w = scene.cameras.size(index)
     return {"rgb": torch.cat(outs["rgb"]).view(h, w, 3).clamp(0, 1),
@@ -142,7 +142,7 @@ def fit_appearance(model, scene: SceneData, index: int, device, eval_cfg=None) -
         for _ in range(cfg.appearance_steps):
             pick = left[torch.randint(len(left), (min(cfg.appearance_rays, len(left)),), generator=gen)]
             out = model(rays.map(lambda t: t[pick].to(device)))
-            loss = ((out["rgb"].float() - target[pick].to(device)) ** 2).mean()
+            loss = ((out.rgb.float() - target[pick].to(device)) ** 2).mean()
             if not loss.requires_grad:
                 model.train(was_training)
                 raise ValueError("eval.appearance=fit_left_half optimises a code through the renderer, but it "

@@ -236,7 +236,7 @@ class Trainer:
                     self.save_checkpoint(at_mark=True)
             self.step_fn.update(sse / agreed.loss_normalizer)
             self.step += 1
-            done = self.profiler.end_step(self.step - 1, agreed.mine.valid_rays, out.get("num_samples", 0),
+            done = self.profiler.end_step(self.step - 1, agreed.mine.valid_rays, out.num_samples,
                                           self.strategy.step_comm())  # after the step's GPU work (CUDA: its sync)
             step_seconds = done - start
             self.train_seconds += step_seconds
@@ -352,19 +352,20 @@ class Trainer:
                     desc="train")
 
     def _log_step(self, out, batch, global_valid, local_valid, step_seconds, progress):
-        target = batch.rgb[out["ray_index"]] if "ray_index" in out else batch.rgb  # ss: (ray, region) rows
-        mse = float(((out["rgb"].detach().float() - target) ** 2).mean()) if len(target) else 0.0
+        target = batch.rgb[out.ray_index] if out.ray_index is not None else batch.rgb  # ss: (ray, region) rows
+        mse = float(((out.rgb.detach().float() - target) ** 2).mean()) if len(target) else 0.0
         row = {"step": self.step, "loss": mse, "psnr": -10 * math.log10(max(mse, 1e-10)),
                "rays_per_s": global_valid / max(step_seconds, 1e-9), "samples_per_ray":
-               out.get("num_samples", 0) / max(len(batch.rgb), 1), "lr": self.optimizer.param_groups[0]["lr"],
+               out.num_samples / max(len(batch.rgb), 1), "lr": self.optimizer.param_groups[0]["lr"],
                "train_seconds": self.train_seconds,
                **({} if self.budget_fraction is None else {"budget_fraction": self.budget_fraction}),
                **{f"time_{k}": v for k, v in self.timer.pop().items()}, **self.strategy.comm_stats(),
                **self.timer.recent_figures(self.cfg.train.log_every)}
         for key, name in (("num_density_samples", "density_samples_per_ray"),
                           ("num_colour_samples", "colour_samples_per_ray")):
-            if key in out:  # packed engine: density evaluations (both passes) and coloured samples
-                row[name] = out[key] / max(len(batch.rgb), 1)
+            count = getattr(out, key)
+            if count is not None:  # packed engine: density evaluations (both passes) and coloured samples
+                row[name] = count / max(len(batch.rgb), 1)
         grid_res = getattr(self.model, "resolution", None)
         if grid_res is not None:
             row["grid_resolution"] = grid_res

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from ..data.rays import RayBundle
+from ..renderer.output import RenderOutput
 
 
 class RadianceModel(nn.Module):
@@ -37,15 +38,16 @@ class RadianceModel(nn.Module):
         self.register_buffer("aabb", aabb.clone().float())
         self.register_buffer("background", background.clone().float())
 
-    def forward(self, rays: RayBundle, generator: torch.Generator | None = None) -> dict:
+    def forward(self, rays: RayBundle, generator: torch.Generator | None = None) -> RenderOutput:
         """Render rays.
 
         Args:
             rays: R rays. generator: random source for sample jitter (training mode);
                 evaluation (``self.training`` False) is deterministic.
         Returns:
-            dict with ``rgb`` (R, 3) float in [0, 1], ``depth`` (R,), ``opacity`` (R,),
-            ``num_samples`` (int, samples evaluated), optionally ``rgb_coarse`` (R, 3)
+            :class:`~distnerf.renderer.output.RenderOutput`: ``rgb`` (R, 3) float in [0, 1],
+            ``depth`` (R,), ``opacity`` (R,), ``num_samples`` (samples evaluated), and what
+            the model adds (``rgb_coarse``, ``distortion_loss``, ...).
         """
         raise NotImplementedError
 

@@ -30,6 +30,7 @@ from ..data.rays import RayBundle
 from ..renderer.contraction import contract, ray_breaks, to_spacing
 from ..renderer.marching import render_segment
 from ..renderer.occupancy import OccupancyGrid, march
+from ..renderer.output import RenderOutput
 from ..renderer.packed import distortion_loss
 from ..renderer.samples import clip_to_box, far_above_altitude
 from .base import RadianceModel
@@ -152,7 +153,7 @@ class MarchingModel(RadianceModel):
 
     def render_segment(self, rays: RayBundle, t_lo: torch.Tensor, t_hi: torch.Tensor, anchor: torch.Tensor,
                        background: torch.Tensor | None, step_size: float | None = None,
-                       in_front: torch.Tensor | None = None) -> dict:
+                       in_front: torch.Tensor | None = None) -> RenderOutput:
         """Render the segments ``[t_lo, t_hi]`` ((R,) float) of ``rays``.
 
         Args:
@@ -171,7 +172,7 @@ class MarchingModel(RadianceModel):
                               colour_threshold=self.color_threshold, termination=self.current_termination(),
                               in_front=in_front, step_size=step_size, round_steps=self.round_steps())
 
-    def forward(self, rays: RayBundle, generator: torch.Generator | None = None) -> dict:
+    def forward(self, rays: RayBundle, generator: torch.Generator | None = None) -> RenderOutput:
         """Render rays over ``[near, far]`` (``[near, inf)`` when contracted; ended below
         ``min_altitude``: :meth:`ray_far`) with the background (in training with
         ``random_background``: a uniform random colour per ray, drawn from ``generator``)
@@ -186,9 +187,10 @@ class MarchingModel(RadianceModel):
             background = torch.rand(len(rays), 3, generator=generator, device=rays.origins.device,
                                     dtype=rays.origins.dtype)
         out = self.render_segment(rays, rays.near, far, anchor, background, step_size)
-        samples, weights = out.pop("samples"), out.pop("weights")
+        samples, weights = out.samples, out.weights
+        out.samples = out.weights = None  # the packed samples stay here: a wrapper's output holds pixels only
         if self.distortion_loss_weight > 0 and torch.is_grad_enabled():
-            out["distortion_loss"] = self.distortion_loss_weight * self.ray_distortion(rays, anchor, samples, weights)
+            out.distortion_loss = self.distortion_loss_weight * self.ray_distortion(rays, anchor, samples, weights)
         return out
 
     def ray_distortion(self, rays: RayBundle, anchor: torch.Tensor, samples, weights: torch.Tensor) -> torch.Tensor:

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..data.rays import RayBundle
+from ..renderer.output import RenderOutput
 from ..renderer.samples import intervals_from_points, sample_pdf, stratified_samples
 from ..renderer.volume import volume_render
 from ..schema import NeRFModelConfig, section
@@ -128,20 +129,20 @@ class NeRFModel(RadianceModel):
         sigma, rgb = self._query(mlp, points.reshape(-1, 3), dirs.reshape(-1, 3), latent)
         out = volume_render(sigma.view(r, s), rgb.view(r, s, 3), t_starts, t_ends, self.background)
         if app is not None:  # affine: the rendered pixel, background included; embedding: unchanged
-            out["rgb"] = app.transform(out["rgb"], codes, None)
+            out.rgb = app.transform(out.rgb, codes, None)
         return out
 
-    def forward(self, rays: RayBundle, generator=None) -> dict:
+    def forward(self, rays: RayBundle, generator=None) -> RenderOutput:
         t_starts, t_ends = stratified_samples(rays.near, rays.far, self.num_coarse, self.training, generator)
         coarse = self._render(self.coarse, rays, t_starts, t_ends)
-        num_samples = t_starts.numel()
+        coarse.num_samples = t_starts.numel()
         if self.fine is None:
-            return {**coarse, "num_samples": num_samples}
+            return coarse
         bins = torch.cat([t_starts, t_ends[:, -1:]], dim=-1)
-        t_fine = sample_pdf(bins, coarse["weights"].detach(), self.num_fine, self.training, generator)
+        t_fine = sample_pdf(bins, coarse.weights.detach(), self.num_fine, self.training, generator)
         t_all = torch.sort(torch.cat([t_starts, t_fine], dim=-1), dim=-1).values
         f_starts, f_ends = intervals_from_points(t_all, rays.far)
         fine = self._render(self.fine, rays, f_starts, f_ends)
-        fine["rgb_coarse"], fine["opacity_coarse"] = coarse["rgb"], coarse["opacity"]
-        fine["num_samples"] = num_samples + f_starts.numel()
+        fine.rgb_coarse, fine.opacity_coarse = coarse.rgb, coarse.opacity
+        fine.num_samples = coarse.num_samples + f_starts.numel()
         return fine

@@ -318,7 +318,7 @@ class StepProfiler:
 
         Args:
             step: index of the step just taken. num_rays: this rank's valid rays.
-            num_samples: samples the model evaluated (``out["num_samples"]``).
+            num_samples: samples the model evaluated (``RenderOutput.num_samples``).
             comm: the strategy's :meth:`step_comm` (None: no gradient exchange).
         Returns:
             the step's record (seconds per phase, figures), or None without a begun step.

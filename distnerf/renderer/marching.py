@@ -44,6 +44,7 @@ import torch
 
 from .contraction import ray_breaks
 from .occupancy import grid_edges, grid_index
+from .output import RenderOutput
 from .packed import PackedSamples, accumulate, render_transmittance
 
 #: ``(origins, directions, anchor, t_lo, t_hi, max_intervals=None) -> PackedSamples``, e.g.
@@ -66,7 +67,7 @@ def along_ray(sigmas: torch.Tensor, samples: PackedSamples, directions: torch.Te
 
 
 def shade(density_fn, colour_fn, samples: PackedSamples, origins, directions, viewdirs, in_front,
-           background, colour_threshold: float, sigmas: torch.Tensor | None = None) -> dict:
+           background, colour_threshold: float, sigmas: torch.Tensor | None = None) -> RenderOutput:
     """Weights, colours and accumulation of packed samples.
 
     Args:
@@ -77,8 +78,9 @@ def shade(density_fn, colour_fn, samples: PackedSamples, origins, directions, vi
         sigmas: (P,) float densities (per distance, as ``density_fn`` returns them), or None to
             evaluate them (with autograd if enabled).
     Returns:
-        dict of :func:`~distnerf.renderer.packed.accumulate` plus ``num_colour_samples``,
-        ``weights`` (P,) (differentiable) and ``samples`` (the P PackedSamples).
+        :func:`~distnerf.renderer.packed.accumulate`'s :class:`~distnerf.renderer.output.RenderOutput`
+        with ``num_colour_samples``, ``weights`` (P,) (differentiable) and ``samples`` (the P
+        PackedSamples).
     """
     points = samples.points(origins, directions)
     if sigmas is None:
@@ -92,7 +94,7 @@ def shade(density_fn, colour_fn, samples: PackedSamples, origins, directions, vi
     rgbs = colour_fn(points.index_select(0, colour_index), viewdirs,
                      samples.ray_indices.index_select(0, colour_index))
     out = accumulate(weights, rgbs.to(weights.dtype), samples, remaining, background, colour_index)
-    out.update(num_colour_samples=colour_index.shape[0], weights=weights, samples=samples)
+    out.num_colour_samples, out.weights, out.samples = colour_index.shape[0], weights, samples
     return out
 
 
@@ -181,7 +183,7 @@ def render_segment(density_fn: Callable[[torch.Tensor], torch.Tensor],
                    anchor: torch.Tensor, t_lo: torch.Tensor, t_hi: torch.Tensor, *,
                    background: torch.Tensor | None, colour_threshold: float, termination: float,
                    in_front: torch.Tensor | None = None, step_size: float = 0.0,
-                   round_steps: int | None = None) -> dict:
+                   round_steps: int | None = None) -> RenderOutput:
     """Render the segments ``[t_lo, t_hi]`` of R rays (module docstring).
 
     Args:
@@ -202,7 +204,7 @@ def render_segment(density_fn: Callable[[torch.Tensor], torch.Tensor],
         round_steps: grid intervals per marching round (:func:`march_alive`), or None /
             0 (one pass over the whole segment).
     Returns:
-        dict with ``rgb`` (R, 3), ``depth`` (R,), ``opacity`` (R,) = 1 - ``transmittance``
+        :class:`~distnerf.renderer.output.RenderOutput` with ``rgb`` (R, 3), ``depth`` (R,), ``opacity`` (R,) = 1 - ``transmittance``
         (R,), int counts ``num_samples`` (marched), ``num_density_samples`` (density
         evaluations, both passes) and ``num_colour_samples``, and the rendered packed
         ``samples`` with their ``weights`` (P,) (for a loss on the weights, e.g.
@@ -214,5 +216,5 @@ def render_segment(density_fn: Callable[[torch.Tensor], torch.Tensor],
     out = shade(density_fn, colour_fn, samples, origins, directions, viewdirs, in_front, background,
                  colour_threshold, sigmas)
     extra = len(samples) if (sigmas is None and termination > 0) else 0
-    out.update(num_samples=num_marched, num_density_samples=num_marched + extra)
+    out.num_samples, out.num_density_samples = num_marched, num_marched + extra
     return out

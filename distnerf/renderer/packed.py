@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .output import RenderOutput
+
 
 @dataclass
 class PackedSamples:
@@ -140,7 +142,7 @@ def render_transmittance(sigmas: torch.Tensor, samples: PackedSamples):
 
 
 def accumulate(weights: torch.Tensor, rgbs: torch.Tensor, samples: PackedSamples, remaining: torch.Tensor,
-               background: torch.Tensor | None, colour_index: torch.Tensor | None = None) -> dict:
+               background: torch.Tensor | None, colour_index: torch.Tensor | None = None) -> RenderOutput:
     """Colour, depth and opacity of rays from packed weights.
 
     Args:
@@ -149,8 +151,9 @@ def accumulate(weights: torch.Tensor, rgbs: torch.Tensor, samples: PackedSamples
         samples: the P samples. remaining: (R,) ``T_R``.
         background: (3,) or (R, 3) float RGB, or None (a segment: no background term).
     Returns:
-        dict with ``rgb`` (R, 3) ``sum_kept w c + T_R bg``, ``depth`` (R,) ``sum_i w_i t_i``
-        over every sample, ``opacity`` (R,) ``1 - T_R`` and ``transmittance`` (R,) ``T_R``.
+        :class:`RenderOutput` with ``rgb`` (R, 3) ``sum_kept w c + T_R bg``, ``depth`` (R,)
+        ``sum_i w_i t_i`` over every sample, ``opacity`` (R,) ``1 - T_R`` and ``transmittance``
+        (R,) ``T_R``.
     """
     ray = samples.ray_indices
     w_col = weights if colour_index is None else weights.index_select(0, colour_index)
@@ -159,22 +162,22 @@ def accumulate(weights: torch.Tensor, rgbs: torch.Tensor, samples: PackedSamples
     if background is not None:
         rgb = rgb + remaining[:, None] * background
     depth = sum_along_rays(weights * samples.t_mids, ray, samples.num_rays)
-    return {"rgb": rgb, "depth": depth, "opacity": 1.0 - remaining, "transmittance": remaining}
+    return RenderOutput(rgb=rgb, depth=depth, opacity=1.0 - remaining, transmittance=remaining)
 
 
 def render_packed(sigmas: torch.Tensor, rgbs: torch.Tensor, samples: PackedSamples,
-                  background: torch.Tensor | None) -> dict:
+                  background: torch.Tensor | None) -> RenderOutput:
     """Densities and colours at every packed sample to pixel values (Eq. 3; no threshold).
 
     Args:
         sigmas: (P,) float. rgbs: (P, 3) float. samples: P samples of R rays.
         background: (3,) or (R, 3) float, or None.
     Returns:
-        dict of :func:`accumulate` plus ``weights`` (P,).
+        :func:`accumulate`'s output with ``weights`` (P,).
     """
     weights, _, remaining = render_transmittance(sigmas, samples)
     out = accumulate(weights, rgbs, samples, remaining, background)
-    out["weights"] = weights
+    out.weights = weights
     return out
 
 

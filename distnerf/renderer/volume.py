@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import torch
 
+from .output import RenderOutput
+
 
 def alphas_from_densities(sigmas: torch.Tensor, deltas: torch.Tensor) -> torch.Tensor:
     """Opacity of each interval.
@@ -77,9 +79,9 @@ def volume_render(sigmas, rgbs, t_starts, t_ends, background):
         t_starts, t_ends: (R, S) float interval bounds along each ray.
         background: (3,) float or None.
     Returns:
-        dict with ``rgb`` (R, 3), ``depth`` (R,), ``opacity`` (R,), ``weights`` (R, S).
+        :class:`RenderOutput` with ``rgb`` (R, 3), ``depth`` (R,), ``opacity`` (R,), ``weights`` (R, S).
     """
     alphas = alphas_from_densities(sigmas, t_ends - t_starts)
     weights, _ = render_weights(alphas)
     rgb, depth, opacity = composite(weights, rgbs, 0.5 * (t_starts + t_ends), background)
-    return {"rgb": rgb, "depth": depth, "opacity": opacity, "weights": weights}
+    return RenderOutput(rgb=rgb, depth=depth, opacity=opacity, weights=weights)

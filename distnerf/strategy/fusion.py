@@ -52,6 +52,7 @@ from ..data.rays import RayBundle
 from ..model.base import RadianceModel
 from ..renderer.marching import along_ray, march_alive, shade
 from ..renderer.occupancy import OccupancyGrid, march
+from ..renderer.output import RenderOutput
 from ..renderer.packed import PackedSamples, render_packed, render_transmittance
 from ..renderer.samples import clip_to_box, intervals_from_points, sample_pdf, stratified_samples
 from ..renderer.segments import composite_segments, segment_entries, transmittance_in_front
@@ -153,7 +154,7 @@ class FusedRenderer(nn.Module):
 
     # ------------------------------------------------------------------ forward
     @torch.no_grad()
-    def forward(self, rays: RayBundle, generator=None) -> dict:
+    def forward(self, rays: RayBundle, generator=None) -> RenderOutput:
         start = self._clock()
         if self.partition.unbounded:  # the outer regions' segments reach the sky (or end at the floor)
             rays = to_infinity(rays, self.min_altitude)
@@ -184,7 +185,7 @@ class FusedRenderer(nn.Module):
             segs.append({"samples": samples, "sigmas": sigmas, "rgbs": None, "model": model})
         return segs
 
-    def _segment(self, rays: RayBundle) -> dict:
+    def _segment(self, rays: RayBundle) -> RenderOutput:
         segs = self._region_samples(rays)
         for seg in segs:
             sigmas = seg["sigmas"] if seg["rgbs"] is not None else along_ray(seg["sigmas"], seg["samples"],
@@ -204,7 +205,7 @@ class FusedRenderer(nn.Module):
             else:
                 out = shade(model.field_density, model.colours, seg["samples"], rays.origins, rays.directions,
                             rays.viewdirs, before[:, k], None, self.color_threshold, seg["sigmas"])
-            local[:, j, :3], local[:, j, 3] = out["rgb"], out["depth"]
+            local[:, j, :3], local[:, j, 3] = out.rgb, out.depth
         start = self._clock()
         values = self._all_regions(local)  # exchange 2: segment colour and depth (4 floats per ray and region)
         num_samples = torch.tensor([sum(len(s["samples"]) for s in segs)], dtype=torch.long)
@@ -213,7 +214,7 @@ class FusedRenderer(nn.Module):
         rgb, depth, opacity = composite_segments(values[..., :3], transmittance, values[..., 3], entry,
                                                  self.background)
         self.timing["exchange_composite_s"] += self._clock() - start
-        return {"rgb": rgb, "depth": depth, "opacity": opacity, "num_samples": int(num_samples)}
+        return RenderOutput(rgb=rgb, depth=depth, opacity=opacity, num_samples=int(num_samples))
 
     # ------------------------------------------------------------------ nerf
     def _route(self, rays: RayBundle, samples: PackedSamples) -> torch.Tensor:
@@ -266,7 +267,7 @@ class FusedRenderer(nn.Module):
         t_lo, t_hi = clip_to_box(rays.origins, rays.directions, rays.near, rays.far, bounds)
         return march(rays.origins, rays.directions, rays.near, t_lo, t_hi, self.step_size, self.prefilter)
 
-    def _blend(self, rays: RayBundle) -> dict:
+    def _blend(self, rays: RayBundle) -> RenderOutput:
         samples = self._shared_samples(rays)
         points = samples.points(rays.origins, rays.directions)
         ray_idx = samples.ray_indices
@@ -294,7 +295,7 @@ class FusedRenderer(nn.Module):
         if not self.hierarchical:  # marched fields: density per distance
             sigma = along_ray(sigma, samples, rays.directions)
         out = render_packed(sigma, rgb, samples, self.background)
-        return {"rgb": out["rgb"], "depth": out["depth"], "opacity": out["opacity"], "num_samples": int(member.sum())}
+        return RenderOutput(rgb=out.rgb, depth=out.depth, opacity=out.opacity, num_samples=int(member.sum()))
 
 
 def batched_to_packed(t_starts: torch.Tensor, t_ends: torch.Tensor) -> PackedSamples:

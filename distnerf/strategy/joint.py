@@ -42,6 +42,7 @@ from .. import dist as D
 from ..data.rays import RayBundle
 from ..model.marched import MarchingModel
 from ..renderer import samples
+from ..renderer.output import RenderOutput
 from ..renderer.segments import composite_segments, segment_entries
 from ..seeds import region_seed
 
@@ -103,35 +104,36 @@ def render_segments(models, regions: list[int], boxes: torch.Tensor, rays: RayBu
             step_size = model.step_size()
             anchor = rays.near if u is None else rays.near + u * step_size / rays.directions.norm(dim=-1)
             out = model.render_segment(rays, t_in, t_out, anchor, None, step_size)
-            segs.append(torch.cat([out["rgb"], out["transmittance"][:, None], out["depth"][:, None]], dim=1))
-            counts.append(int(out["num_samples"]))
+            segs.append(torch.cat([out.rgb, out.transmittance[:, None], out.depth[:, None]], dim=1))
+            counts.append(int(out.num_samples))
             continue
         idx = hit.nonzero().view(-1)
         clipped = RayBundle(rays.origins[idx], rays.directions[idx], rays.viewdirs[idx], t_in[idx], t_out[idx],
                             None if rays.image_ids is None else rays.image_ids[idx])
         out = model(clipped, region_generator(generator, k, rays.origins.device)) if len(idx) else None
-        coarse = out is not None and "rgb_coarse" in out
+        coarse = out is not None and out.rgb_coarse is not None
         width = 9 if (coarse or getattr(model, "fine", None) is not None) else 5
         seg = rays.origins.new_zeros(num_rays, width)
         seg[:, 3] = 1.0
         if width == 9:
             seg[:, 8] = 1.0
         if out is not None:  # nerf's batched rendering has no colour threshold: 1 - opacity = prod (1 - alpha)
-            cols = [out["rgb"], (1.0 - out["opacity"])[:, None], out["depth"][:, None]]
+            cols = [out.rgb, (1.0 - out.opacity)[:, None], out.depth[:, None]]
             if width == 9:
-                cols += [out["rgb_coarse"], (1.0 - out["opacity_coarse"])[:, None]]
+                cols += [out.rgb_coarse, (1.0 - out.opacity_coarse)[:, None]]
             seg = seg.index_put((idx,), torch.cat(cols, dim=1).to(seg.dtype))
         segs.append(seg)
-        counts.append(int(out.get("num_samples", 0)) if out is not None else 0)
+        counts.append(int(out.num_samples) if out is not None else 0)
     return {"values": torch.stack(segs, dim=1), "num_samples": sum(counts), "samples_per_region": counts}
 
 
-def composite_all(values: torch.Tensor, rays: RayBundle, boxes: torch.Tensor, background: torch.Tensor) -> dict:
+def composite_all(values: torch.Tensor, rays: RayBundle, boxes: torch.Tensor,
+                  background: torch.Tensor) -> RenderOutput:
     """Composite (R, K, C) segment values of every region front to back."""
     entry = segment_entries(rays.origins, rays.directions, rays.near, rays.far, boxes)
     rgb, depth, opacity = composite_segments(values[..., :3], values[..., 3], values[..., 4], entry, background)
-    out = {"rgb": rgb, "depth": depth, "opacity": opacity}
+    out = RenderOutput(rgb=rgb, depth=depth, opacity=opacity)
     if values.shape[-1] == 9:
-        out["rgb_coarse"] = composite_segments(values[..., 5:8], values[..., 8], values[..., 4], entry,
+        out.rgb_coarse = composite_segments(values[..., 5:8], values[..., 8], values[..., 4], entry,
                                                background)[0]
     return out

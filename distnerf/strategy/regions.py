@@ -13,6 +13,7 @@ from torch import nn
 from .. import dist as D
 from ..data.rays import RayBundle
 from ..model.base import RadianceModel
+from ..renderer.output import RenderOutput
 from ..sampler.policy import BoxFilter
 from .joint import GatherSegments, composite_all, region_generator, render_segments
 from .partition import Partition, to_infinity
@@ -81,7 +82,9 @@ class RegionModels(RadianceModel):
     def resolution(self):
         return getattr(self.models[0], "resolution", None)
 
-    def forward(self, rays: RayBundle, generator=None) -> dict:
+    def forward(self, rays: RayBundle, generator=None) -> RenderOutput:
+        """Each region's sub-model renders the rays that cross its box: one output row per (ray,
+        region) pair, with ``ray_index`` and ``loss_weight`` (1 / the region's rows)."""
         keys = ("rgb", "depth", "opacity", "rgb_coarse", "distortion_loss")
         parts: dict[str, list] = {k: [] for k in keys + ("ray_index", "loss_weight")}
         num_samples = 0
@@ -97,20 +100,17 @@ class RegionModels(RadianceModel):
             gen = region_generator(generator, k, rays.origins.device) if self.blocks else generator
             out = model(rays.map(lambda t: t[sel]), gen)
             for key in keys:
-                if key in out:
-                    parts[key].append(out[key])
+                if getattr(out, key) is not None:
+                    parts[key].append(getattr(out, key))
             parts["ray_index"].append(sel)
             parts["loss_weight"].append(torch.full(sel.shape, 1.0 / sel.numel(), device=sel.device))
-            num_samples += int(out.get("num_samples", 0))
+            num_samples += int(out.num_samples)
         if not parts["ray_index"]:  # no ray crosses this rank's regions: a zero loss that still has a graph
             zero = sum(p.sum() for p in self.parameters()) * 0.0
-            return {"rgb": rays.origins.new_zeros(0, 3) + zero, "depth": rays.origins.new_zeros(0),
-                    "opacity": rays.origins.new_zeros(0), "ray_index": torch.zeros(0, dtype=torch.long,
-                                                                                   device=rays.origins.device),
-                    "loss_weight": rays.origins.new_zeros(0), "num_samples": 0}
-        out = {k: torch.cat(v) for k, v in parts.items() if v}
-        out["num_samples"] = num_samples
-        return out
+            return RenderOutput(rgb=rays.origins.new_zeros(0, 3) + zero, depth=rays.origins.new_zeros(0),
+                                opacity=rays.origins.new_zeros(0), loss_weight=rays.origins.new_zeros(0),
+                                ray_index=torch.zeros(0, dtype=torch.long, device=rays.origins.device))
+        return RenderOutput(**{k: torch.cat(v) for k, v in parts.items() if v}, num_samples=num_samples)
 
     def update_state(self, step: int, stage_step: int | None = None) -> bool:
         return any([m.update_state(step, stage_step) for m in self.models])  # a list: every sub-model updates
@@ -151,7 +151,7 @@ class JointRegionModels(RegionModels):
         if not distributed and self.regions != list(range(len(partition))):
             raise ValueError(f"one process needs all {len(partition)} regions, got {self.regions}")
 
-    def forward(self, rays: RayBundle, generator=None) -> dict:
+    def forward(self, rays: RayBundle, generator=None) -> RenderOutput:
         if self.unbounded:  # the outer regions' segments reach the sky (or end at the floor)
             rays = to_infinity(rays, self.models[0].min_altitude)
         seg = render_segments(self.models, self.regions, self.all_boxes, rays, generator)
@@ -166,8 +166,7 @@ class JointRegionModels(RegionModels):
             self.exchange["bytes"] += seg["values"].numel() * seg["values"].element_size()
             self.exchange["calls"] += 1
         out = composite_all(values, rays, self.all_boxes, self.background)
-        out["num_samples"] = seg["num_samples"]
-        out["samples_per_region"] = seg["samples_per_region"]
+        out.num_samples, out.samples_per_region = seg["num_samples"], seg["samples_per_region"]
         return out
 
 

@@ -15,6 +15,7 @@ import torch
 from distnerf.data.base import Cameras
 from distnerf.engine.evaluate import evaluate_views
 from distnerf.sampler import BatchSpec, DeviceSampler, PipelinedSampler, SyncSampler, make_batch
+from distnerf.renderer.output import RenderOutput
 from tests.unit.test_sampler import assert_same, tiny_scene
 
 H, W = 12, 16
@@ -86,8 +87,8 @@ class _ConstantModel(torch.nn.Module):
 
     def forward(self, rays):
         n = len(rays)
-        return {"rgb": torch.full((n, 3), 0.5), "depth": torch.ones(n), "opacity": torch.ones(n),
-                "num_samples": torch.tensor(n)}
+        return RenderOutput(rgb=torch.full((n, 3), 0.5), depth=torch.ones(n), opacity=torch.ones(n),
+                            num_samples=torch.tensor(n))
 
 
 def test_evaluation_scores_each_view_at_its_own_size():
