@@ -12,11 +12,11 @@ steps x rays per step / the loop's wall seconds (the trainer's log line ``traini
 of wall time in the loop)``), so time spent rendering frames between steps counts against it;
 the per-step rate (rendering excluded) is recorded beside it. The browser stands in for a user's
 remote machine: its processes are reniced to 19 and their CPU seconds are recorded (on this
-2-core machine they compete with training, which a remote client does not). ``--client-cpu F``
-starts the browser inside a cgroup (v1 ``cpu`` controller, root) whose CFS quota is F of one core
-and whose weight is the lowest (``cpu.shares`` 2): a client elsewhere, whose own CPU no longer
-competes with training, while the server side (rendering, encoding, the websocket) is paid in full
-as before. ``--share S`` passes ``viewer.max_render_share=S`` (default: the schema's).
+2-core machine they compete with training, which a remote client does not). ``--client-cpu F``:
+once the page shows the live view, the browser's processes move into a cgroup (v1 ``cpu``
+controller, root) whose CFS quota is F of one core and whose weight is the lowest (``cpu.shares``
+2): a client elsewhere, whose own CPU no longer competes with training, while the server side
+(rendering, encoding, the websocket) is paid in full as before. ``--share S`` passes ``viewer.max_render_share=S`` (default: the schema's).
 
 ``frame``: the viewer's render of a still frame of a run's model (``distnerf.view``'s code:
 :func:`distnerf.engine.viewer.render_view`), at SIZE x SIZE from the first test camera's pose and
@@ -80,8 +80,8 @@ def chromium_pids() -> set[int]:
 CGROUP_CPU = Path("/sys/fs/cgroup/cpu")
 
 
-def capped_chromium(fraction: float, tmp: Path) -> str:
-    """An executable that starts chromium inside a new cgroup capped at ``fraction`` of one core.
+def cpu_group(fraction: float) -> Path:
+    """A new cgroup (v1 ``cpu``) capped at ``fraction`` of one core, with the lowest weight.
 
     Raises:
         RuntimeError: no writable cgroup v1 ``cpu`` hierarchy at /sys/fs/cgroup/cpu (root needed).
@@ -94,10 +94,16 @@ def capped_chromium(fraction: float, tmp: Path) -> str:
         (group / "cpu.shares").write_text("2")
     except OSError as e:
         raise RuntimeError(f"--client-cpu needs a writable cgroup v1 cpu hierarchy at {CGROUP_CPU} (root): {e}")
-    wrapper = tmp / "chromium_capped.sh"
-    wrapper.write_text(f"#!/bin/sh\necho $$ > {group}/cgroup.procs\nexec {CHROMIUM} \"$@\"\n")
-    wrapper.chmod(0o755)
-    return str(wrapper)
+    return group
+
+
+def move_to_group(group: Path, pids: set[int]) -> None:
+    """Move ``pids`` into ``group`` (their later children start there too)."""
+    for pid in pids:
+        try:
+            (group / "cgroup.procs").write_text(str(pid))
+        except OSError:  # gone meanwhile
+            pass
 
 
 def remove_groups() -> None:
@@ -127,8 +133,7 @@ def train_once(run_dir: Path, steps: int, viewer: bool, client_cpu: float | None
 
             pw = sync_playwright().start()
             before = chromium_pids()
-            exe = CHROMIUM if client_cpu is None else capped_chromium(client_cpu, run_dir.parent)
-            browser = pw.chromium.launch(executable_path=exe, args=CHROMIUM_ARGS)
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             pids = chromium_pids() - before
             for pid in pids:
                 try:
@@ -145,7 +150,10 @@ def train_once(run_dir: Path, steps: int, viewer: bool, client_cpu: float | None
                     if proc.poll() is not None or time.monotonic() > deadline:
                         raise RuntimeError("training ended before its viewer served a page")
                     time.sleep(0.5)
+            page.wait_for_function("document.body.innerText.includes('live')", timeout=600_000)
             client["connected_after_s"] = round(time.time() - started, 1)
+            if client_cpu is not None:  # the page is up: from here the browser stands for a remote one
+                move_to_group(cpu_group(client_cpu), chromium_pids())
         out = proc.communicate(timeout=3600)[0]
     finally:
         if browser is not None:
