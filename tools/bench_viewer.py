@@ -43,7 +43,8 @@ from bench_common import ROOT, default_out, start_meta, write_result
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--use-angle=swiftshader", "--enable-unsafe-swiftshader", "--ignore-gpu-blocklist"]
 STOP_LINE = re.compile(r"training stopped at step (\d+) \(\w+\) after ([\d.]+) s of training \(([\d.]+) s of wall time")
-SHARE_LINE = re.compile(r"viewer: (\d+) frames rendered in ([\d.]+) s, ([\d.]+)% of")
+SHARE_LINE = re.compile(r"viewer: (\d+) frames rendered in ([\d.]+) s, ([\d.]+)% of [\d.]+ s "
+                        r"\(viewer.max_render_share=([\d.]+)\)")
 
 
 def free_port() -> int:
@@ -176,7 +177,8 @@ def train_once(run_dir: Path, steps: int, viewer: bool, client_cpu: float | None
            "process_wall_s": round(time.time() - started, 1), **client}
     share = SHARE_LINE.search(out)
     if share is not None:
-        row.update(frames=int(share.group(1)), render_s=float(share.group(2)), render_share_pct=float(share.group(3)))
+        row.update(frames=int(share.group(1)), render_s=float(share.group(2)), render_share_pct=float(share.group(3)),
+                   max_render_share=float(share.group(4)))
     elif viewer:
         raise RuntimeError(f"viewer on but no 'frames rendered' line:\n{out[-3000:]}")
     print({k: (round(v, 1) if isinstance(v, float) else v) for k, v in row.items()}, flush=True)
