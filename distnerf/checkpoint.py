@@ -5,7 +5,7 @@ Layout of one checkpoint (every name is defined here, once)::
     RUN/checkpoints/step_00001000/
         model.pt               ddp: the model + optimizer + step (the main rank; replicas are identical)
         region_000.pt ...      ss: one sub-model and its optimizer state per region (written by its owner)
-        optimizer_rank_0.pt    ss, older checkpoints: each rank's optimizer over its regions (still read)
+        optimizer_rank_0.pt    ss, format 3: each rank's optimizer over its regions (read, see below)
         rank_0.pt ...          every rank: RNG states and sampler state
         manifest.json          rank 0, after a barrier, through a temp file + rename; holds
                                ``format`` (:data:`FORMAT_VERSION`), the file list with checksums,
@@ -15,6 +15,18 @@ Every ``.pt`` file holds data only (tensors, numbers, strings, lists and dicts o
 model and optimizer states, RNG states as tensors, plain-container configs) and is read
 with ``torch.load(..., weights_only=True)`` (:func:`load_file`), so loading a shared run
 directory never executes pickled code.
+
+Formats. :data:`FORMAT_VERSION` changes whenever the layout or the meaning of a recorded
+figure does. An older format this distnerf still reads has a named converter in
+:data:`CONVERTERS` (one per version, each to the next), applied to its manifest when it is
+read, so the loaders see one layout; any other format is refused, naming both versions:
+
+* 1 (no ``format`` key), 2: pickled objects in ``.pt`` files; refused.
+* 3: data-only files; an ``ss`` checkpoint may hold each rank's optimizer over its regions in
+  ``optimizer_rank_R.pt`` (before the states moved into the region files), and its dataset
+  hash covered ``dataset.cache_dir``: :func:`upgrade_from_3`.
+* 4: every region file holds its sub-model's optimizer state; ``dataset.cache_dir`` is not
+  hashed (:data:`UNHASHED`).
 
 A checkpoint without a valid manifest (a rank died mid-save) is ignored; resume
 takes the newest committed one. Every file is written to ``name.tmp`` then renamed,
@@ -42,7 +54,7 @@ SCENE_TRANSFORM_FILE = "scene_transform.json"
 """In a run directory: the similarity from the dataset's own frame into the normalised scene
 frame every model, render and export of the run uses (``SceneData.transform``), when the
 dataset was normalised (COLMAP, nerfstudio)."""
-FORMAT_VERSION = 3  # 1: before the format was recorded (issue 13); 3: data-only files (weights_only loads)
+FORMAT_VERSION = 4  # the formats and what changed: the module docstring
 
 
 def region_file(region: int) -> str:
@@ -87,6 +99,35 @@ def load_file(path: Path):
                               f"weights_only=True, never running pickled code): {str(err).splitlines()[0]}") from err
 
 
+def upgrade_from_3(manifest: dict) -> dict:
+    """Format 3 -> 4, in memory (the files stay as written):
+
+    * an ``ss`` checkpoint listing ``optimizer_rank_R.pt`` files kept the optimizer states per
+      rank: ``optimizer_layout`` says ``per_rank`` (format 4: ``per_region``), and the loader
+      reads them (at the world size and region owners they were written with);
+    * its dataset hash covered ``dataset.cache_dir``, which format 4 leaves out: that hash
+      cannot be carried over, so the dataset section goes to ``unchecked`` (resume then does not
+      compare it, and says so).
+    """
+    per_rank = any(name.startswith("optimizer_rank_") for name in manifest.get("files", {}))
+    return {**manifest, "format": 4, "optimizer_layout": "per_rank" if per_rank else "per_region",
+            "unchecked": {**manifest.get("unchecked", {}),
+                          "dataset": "format 3 hashed dataset.cache_dir with it; format 4 does not"}}
+
+
+CONVERTERS = {3: upgrade_from_3}
+"""Format -> the converter of its manifest to the next format (applied in turn up to
+:data:`FORMAT_VERSION`)."""
+
+
+def upgrade(manifest: dict, found: int) -> dict:
+    """``manifest`` of format ``found`` through the converters to :data:`FORMAT_VERSION`."""
+    while found in CONVERTERS and found != FORMAT_VERSION:
+        manifest = CONVERTERS[found](manifest)
+        found = manifest["format"]
+    return manifest
+
+
 def step_dir(root: Path, step: int) -> Path:
     return Path(root) / f"step_{step:08d}"
 
@@ -97,7 +138,7 @@ def write_manifest(ckpt: Path, step: int, world_size: int, config_hashes: dict, 
     for p in sorted(Path(ckpt).glob("*.pt")):
         files[p.name] = {"bytes": p.stat().st_size, "sha256": file_digest(p)}
     manifest = {"format": FORMAT_VERSION, "step": step, "world_size": world_size, "files": files, "config": config_hashes,
-                "created": time.time(), **(extra or {})}
+                "optimizer_layout": "per_region", "created": time.time(), **(extra or {})}
     atomic_write_text(Path(ckpt) / MANIFEST, json.dumps(manifest, indent=1))
 
 
@@ -111,6 +152,9 @@ def read_manifest(ckpt: Path, verify: bool = False) -> dict:
         raise CheckpointError(f"{ckpt}: no {MANIFEST} (checkpoint not committed)") from err
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise CheckpointError(f"{path}: unreadable manifest: {err}") from err
+    found = manifest.get("format", 1)
+    if found in CONVERTERS:
+        manifest = upgrade(manifest, found)
     if manifest.get("format", 1) != FORMAT_VERSION:
         raise CheckpointFormatError(f"{path}: checkpoint format {manifest.get('format', 1)}, this distnerf reads format "
                               f"{FORMAT_VERSION} (written by {'an older' if manifest.get('format', 1) < FORMAT_VERSION else 'a newer'} "
@@ -191,9 +235,13 @@ def config_hashes(cfg: dict, sections=("model", "dataset", "strategy")) -> dict:
 
 
 def check_compatible(manifest: dict, hashes: dict, ckpt: Path) -> None:
-    """Raise CheckpointError naming each config section that differs from the checkpoint."""
-    saved = manifest["config"]
-    diff = [s for s, h in hashes.items() if saved.get(s) != h]
+    """Raise CheckpointError naming each config section that differs from the checkpoint (a
+    section whose hash an older format's converter could not carry over is not compared; its
+    converter said so in ``manifest["unchecked"]``)."""
+    saved, unchecked = manifest["config"], manifest.get("unchecked", {})
+    for s, why in unchecked.items():
+        log.warning("resuming from %s: its %s config is not compared (%s)", ckpt, s, why)
+    diff = [s for s, h in hashes.items() if s not in unchecked and saved.get(s) != h]
     if diff:
         raise CheckpointError(f"cannot resume from {ckpt}: the {', '.join(diff)} config differs from the "
                               f"checkpoint's (start a new run directory or restore the original settings)")

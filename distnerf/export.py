@@ -19,7 +19,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from .checkpoint import SCENE_TRANSFORM_FILE, atomic_torch_save
-from .render import find_checkpoint, load_run_config, load_weights
+from .engine.runs import find_checkpoint, load_run_config, load_weights
 from .schema import ConfigError
 from .strategy.ss_loading import region_states
 

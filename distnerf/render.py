@@ -42,7 +42,7 @@ from .data import load_scene
 from .data.camera_path import fly_through, orbit, path_cameras
 from .data.images import undecoded
 from .engine.evaluate import evaluate_run, make_eval_split, render_image
-from .engine.runs import find_checkpoint, load_renderer, load_run_config, load_weights  # noqa: F401  (export, tools)
+from .engine.runs import load_renderer, load_run_config
 from .observe.logger import log_render_videos
 from .schema import ConfigError
 from .strategy import build_strategy

@@ -173,7 +173,7 @@ def main() -> None:
     from distnerf.engine.evaluate import render_image, select_views
     from distnerf.model import build_model
     from distnerf.observe.metrics import psnr, ssim
-    from distnerf.render import load_run_config, load_weights
+    from distnerf.engine.runs import load_run_config, load_weights
 
     torch.set_num_threads(args.threads)
     cfg, run_dir = load_run_config([f"run_dir={args.run_dir}"])

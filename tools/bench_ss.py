@@ -40,7 +40,7 @@ from distnerf import dist as D  # noqa: E402
 from distnerf.data import load_scene  # noqa: E402
 from distnerf.engine.evaluate import render_image, select_views  # noqa: E402
 from distnerf.observe.metrics import psnr, ssim  # noqa: E402
-from distnerf.render import load_renderer, load_run_config  # noqa: E402
+from distnerf.engine.runs import load_renderer, load_run_config  # noqa: E402
 from distnerf.sampler import SyncSampler  # noqa: E402
 from distnerf.strategy.fusion import FusedRenderer  # noqa: E402
 from distnerf.strategy.partition import Partition  # noqa: E402

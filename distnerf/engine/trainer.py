@@ -31,7 +31,8 @@ from ..model import contracted
 from ..schema import ConfigError, validate
 from ..strategy.base import StepAgreement, StepStats, Strategy
 from .checkpoint_cadence import Checkpointer
-from .evaluate import check_appearance_protocol, evaluate_run, image_panels, make_eval_split
+from .evaluate import evaluate_run, image_panels, make_eval_split
+from .held_out_appearance import check_appearance_protocol
 
 log = logging.getLogger("distnerf")
 TEST_PANELS = 4  # test views logged to W&B as panels at the end (ground truth | prediction | depth)
@@ -366,7 +367,7 @@ class Trainer:
             count = getattr(out, key)
             if count is not None:  # packed engine: density evaluations (both passes) and coloured samples
                 row[name] = count / max(len(batch.rgb), 1)
-        grid_res = getattr(self.model, "resolution", None)
+        grid_res = self.model.resolution
         if grid_res is not None:
             row["grid_resolution"] = grid_res
         if self.env.has_peers:  # every rank's own figures, gathered to one row (rank imbalance in one W&B run)

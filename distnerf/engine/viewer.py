@@ -460,7 +460,7 @@ class LiveViewer:
     def __init__(self, cfg, strategy, scene: SceneData):
         images = scene.images
         self.server = ViewerServer(cfg.viewer.port, scene, scene.cameras, thumbnails=lambda k: thumbnail(images[k]),
-                                   partition=getattr(strategy, "partition", None),
+                                   partition=strategy.partition,
                                    max_resolution=cfg.viewer.max_resolution, chunk=cfg.eval.chunk,
                                    point_chunk=cfg.eval.point_chunk, device=strategy.env.device)
         self.strategy, self.share = strategy, float(cfg.viewer.max_render_share)

@@ -30,6 +30,21 @@ class RadianceModel(nn.Module):
     #: what ``model.max_params`` derived when the model was sized to it (:func:`distnerf.model.budget.fit_budget`'s
     #: report), set by :func:`distnerf.model.build_model`; None otherwise
     budget: dict | None = None
+    #: whether the constructor takes a focus box (``focus_aabb``, ``context_resolution``): full
+    #: resolution inside it, coarse context around it (a voxel grid's ``ss`` sub-models)
+    holds_focus: bool = False
+
+    @property
+    def resolution(self) -> int | None:
+        """The grid's vertices per axis now, for a model trained in resolution stages (a
+        voxel grid); None for a model without one."""
+        return None
+
+    @property
+    def renders_coarse(self) -> bool:
+        """Whether :meth:`forward`'s output holds ``rgb_coarse``/``opacity_coarse`` (NeRF's
+        hierarchical sampling with a fine network)."""
+        return False
 
     def __init__(self, aabb: torch.Tensor, background: torch.Tensor):
         super().__init__()

@@ -210,6 +210,8 @@ class GridModel(MarchingModel):
             needs ``color=mlp``). num_images: training images (rows of its table).
     """
 
+    holds_focus = True
+
     def __init__(self, aabb, background, cfg=None, *, focus_aabb=None, context_resolution: int | None = None,
                  num_images: int = 0, **options):
         c = section(GridModelConfig, cfg, **options)  # the keys above; defaults: distnerf/schema.py
@@ -222,6 +224,7 @@ class GridModel(MarchingModel):
         if focus_aabb is not None and context_resolution is None:
             raise ValueError("GridModel: a focus_aabb needs context_resolution (strategy.context_resolution)")
         super().__init__(aabb, background)
+        self._geometry_key = None  # what the cached (resolution, marching step) was computed for
         self.termination, self.eval_round_steps = float(termination), int(eval_round_steps)
         self.train_round_steps, self.distortion_loss_weight = int(c.train_round_steps), float(c.distortion_loss_weight)
         self.train_termination = bool(c.train_termination)
@@ -301,7 +304,7 @@ class GridModel(MarchingModel):
         changes (upsampling, loading a state), so the hot path reads no tensor."""
         key = (self.grid_resolution._version, self._table_box()._version, self._table_box().data_ptr(),
                self.grid_resolution.data_ptr())
-        if getattr(self, "_geometry_key", None) != key:
+        if self._geometry_key != key:
             box = self._table_box()
             n = int(self.grid_resolution)
             self._geometry_cache = (n, self.step_ratio * float((box[1] - box[0]).min()) / (n - 1))

@@ -132,6 +132,10 @@ class NeRFModel(RadianceModel):
             out.rgb = app.transform(out.rgb, codes, None)
         return out
 
+    @property
+    def renders_coarse(self) -> bool:
+        return self.fine is not None
+
     def forward(self, rays: RayBundle, generator=None) -> RenderOutput:
         t_starts, t_ends = stratified_samples(rays.near, rays.far, self.num_coarse, self.training, generator)
         coarse = self._render(self.coarse, rays, t_starts, t_ends)

@@ -78,6 +78,8 @@ class Strategy:
     """
 
     name = "base"
+    #: the scene's spatial partition into regions (``ss``, once prepared), else None
+    partition = None
     elastic = False
     """Whether a run resumes at another world size bit-exactly (``ss``); otherwise such a resume
     continues with other ray streams, and is warned about."""

@@ -50,6 +50,7 @@ from torch import nn
 from .. import dist as D
 from ..data.rays import RayBundle
 from ..model.base import RadianceModel
+from ..model.marched import MarchingModel
 from ..renderer.marching import along_ray, march_alive, shade
 from ..renderer.occupancy import OccupancyGrid, march
 from ..renderer.output import RenderOutput
@@ -136,7 +137,7 @@ class FusedRenderer(nn.Module):
         here); ``segment`` needs no prefilter, each region marching its own grid.
         """
         bounds = self.partition.bounds.float()
-        grids = [getattr(m, "occupancy", None) for m in self.models]
+        grids = [m.occupancy if isinstance(m, MarchingModel) else None for m in self.models]
         res = grids[0].resolution if grids[0] is not None else 0
         if not all(g is not None and g.resolution == res and torch.allclose(g.aabb.float().cpu(), bounds)
                    for g in grids):

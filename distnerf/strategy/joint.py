@@ -112,7 +112,7 @@ def render_segments(models, regions: list[int], boxes: torch.Tensor, rays: RayBu
                             None if rays.image_ids is None else rays.image_ids[idx])
         out = model(clipped, region_generator(generator, k, rays.origins.device)) if len(idx) else None
         coarse = out is not None and out.rgb_coarse is not None
-        width = 9 if (coarse or getattr(model, "fine", None) is not None) else 5
+        width = 9 if (coarse or model.renders_coarse) else 5
         seg = rays.origins.new_zeros(num_rays, width)
         seg[:, 3] = 1.0
         if width == 9:

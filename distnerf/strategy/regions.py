@@ -13,6 +13,7 @@ from torch import nn
 from .. import dist as D
 from ..data.rays import RayBundle
 from ..model.base import RadianceModel
+from ..model.grid import GridModel
 from ..renderer.output import RenderOutput
 from ..sampler.policy import BoxFilter
 from .joint import GatherSegments, composite_all, region_generator, render_segments
@@ -79,8 +80,8 @@ class RegionModels(RadianceModel):
         self.blocks = blocks
 
     @property
-    def resolution(self):
-        return getattr(self.models[0], "resolution", None)
+    def resolution(self) -> int | None:
+        return self.models[0].resolution
 
     def forward(self, rays: RayBundle, generator=None) -> RenderOutput:
         """Each region's sub-model renders the rays that cross its box: one output row per (ray,
@@ -172,7 +173,7 @@ class JointRegionModels(RegionModels):
 
 def context_memory_share(model: RadianceModel) -> float:
     """Share of a grid sub-model's table entries held by its context tables (0 otherwise)."""
-    if getattr(model, "focus", None) is None:
+    if not isinstance(model, GridModel) or model.focus is None:
         return 0.0
     ctx = model.context_density.numel() + model.context_features.numel()
     return ctx / (ctx + model.density.numel() + model.features.numel())

@@ -279,10 +279,8 @@ class SSStrategy(Strategy):
             return build_model(cfg, self.partition.boxes[region].float(), torch.zeros(3), num_images=num_images)
         if self.partition.unbounded:  # contracted around its enlarged region: its resolution where its content is
             return build_model(cfg, self.partition.enlarged()[region].float(), background, num_images=num_images)
-        if cfg["name"] == "grid":
-            return build_model(cfg, aabb, background, focus_aabb=self.partition.enlarged()[region].float().tolist(),
-                               context_resolution=self.cfg.context_resolution, num_images=num_images)
-        return build_model(cfg, aabb, background, num_images=num_images)
+        focus = (self.partition.enlarged()[region].float().tolist(), self.cfg.context_resolution)
+        return build_model(cfg, aabb, background, focus=focus, num_images=num_images)
 
     def parameter_report(self, model: RegionModels) -> dict:
         """Per region of this rank: its owner, parameters (context tables included; ``context_parameters``
@@ -313,7 +311,7 @@ class SSStrategy(Strategy):
 
     def comm_stats(self) -> dict:
         """Joint training: the segment exchange since the last call (seconds include waiting)."""
-        ex = getattr(self.model, "exchange", None)
+        ex = self.model.exchange if isinstance(self.model, JointRegionModels) else None
         if not ex:
             return {}
         # on CUDA the host clock around an NCCL all-gather measures its launch only: named so; the
@@ -340,8 +338,9 @@ class SSStrategy(Strategy):
         """Load this rank's regions (wherever they were trained) and merge their optimizer states.
 
         Raises:
-            CheckpointError: a checkpoint of another partition, or one written before optimizer
-                states were per region (``optimizer_rank_R.pt``) resumed with other owners.
+            CheckpointError: a checkpoint of another partition, or a format-3 one whose optimizer
+                states are per rank (``optimizer_rank_R.pt``; :func:`~distnerf.checkpoint.upgrade_from_3`)
+                resumed with other owners.
         """
         manifest = ckpt.read_manifest(ckpt_dir)
         if manifest.get("partition") is not None and manifest["partition"] != self.partition.to_dict():
@@ -351,7 +350,7 @@ class SSStrategy(Strategy):
         for sub, state in zip(model.models, states):
             sub.load_state_dict(state["model"])
         saved_owner = manifest.get("region_owner")
-        if any("optimizer" not in st for st in states):  # written with one optimizer file per rank
+        if manifest.get("optimizer_layout") == "per_rank":  # format 3: one optimizer file per rank
             if saved_owner != self.owner:
                 raise ckpt.CheckpointError(f"{ckpt_dir}: optimizer states per rank (an older checkpoint), regions "
                                            f"owned {saved_owner}, now {self.owner}: resume it at its original "

@@ -49,17 +49,17 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from ..schema import ConfigError
-    from . import dashboard, plan, report, runner
+    from . import dashboard, document, plan, report, runner
 
     try:
         if args.command == "report" and args.study_dir.is_file():
             if args.html:  # a committed report without its runs: the page from the JSON and the PNGs beside it
-                print(f"wrote {report.write_html_from_json(args.study_dir)}", file=sys.stderr)
+                print(f"wrote {document.write_html_from_json(args.study_dir)}", file=sys.stderr)
                 return 0
             import json
 
             data = json.loads(args.study_dir.read_text())
-            sys.stdout.write(report.to_markdown(data, data.get("figures", [])))
+            sys.stdout.write(document.to_markdown(data, data.get("figures", [])))
             return 0
         if args.command == "list":
             cfg = plan.load_study(args.config)

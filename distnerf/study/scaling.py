@@ -44,6 +44,9 @@ INTERCONNECTS = {
     "ib400": {"bw": 50e9, "lat": 10e-6, "note": "400 Gb/s InfiniBand (NDR), 50 GB/s, 10 us"},
 }
 WORLD_SIZES = (8, 16, 32, 64, 128, 256, 512, 1024)
+CHECK_TOLERANCE = 0.15  # relative error allowed of the scaling model at the measured points out of sample
+FIT_MAX_WORLD_SIZE = 2  # the model is fitted at world sizes <= this; the check predicts the cells above
+HOST_LATENCY_S = 50e-6  # gloo message latency over loopback TCP assumed by the check (stated in the report)
 MIN_RAYS_PER_RANK = 256  # strong scaling stops where a rank's share of the global batch falls below this
 MODES = ("weak", "strong")
 

@@ -13,8 +13,8 @@ import torch
 from omegaconf import OmegaConf
 
 from distnerf.data.rays import image_rays
-from distnerf.engine.evaluate import (appearance_protocol, check_appearance_protocol, evaluate_views,
-                                      fit_appearance)
+from distnerf.engine.evaluate import evaluate_views
+from distnerf.engine.held_out_appearance import appearance_protocol, check_appearance_protocol, fit_appearance
 from distnerf.model import build_model
 from distnerf.model.appearance import Appearance
 from distnerf.schema import ConfigError

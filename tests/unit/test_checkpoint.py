@@ -80,18 +80,47 @@ def test_config_hash_ignores_where_the_scene_is_cached_and_compile_settings():
     assert cfg["dataset"] == {"name": "synthetic", "cache_dir": "/a"}  # the caller's config is not changed
 
 
-@pytest.mark.parametrize("delta", [-1, 1])
-def test_checkpoint_of_another_format_is_refused_naming_both_versions(tmp_path, delta):
+@pytest.mark.parametrize("other", [2, ckpt.FORMAT_VERSION + 1])  # older without a converter, newer
+def test_checkpoint_of_another_format_is_refused_naming_both_versions(tmp_path, other):
     d = make(tmp_path, 3)
     manifest = json.loads((d / ckpt.MANIFEST).read_text())
-    assert manifest["format"] == ckpt.FORMAT_VERSION
-    other = ckpt.FORMAT_VERSION + delta
+    assert manifest["format"] == ckpt.FORMAT_VERSION and other not in ckpt.CONVERTERS
     (d / ckpt.MANIFEST).write_text(json.dumps({**manifest, "format": other}))
-    expected = rf"format {other}, this distnerf reads format {ckpt.FORMAT_VERSION} \(written by an? {'older' if delta < 0 else 'newer'}"
+    expected = (rf"format {other}, this distnerf reads format {ckpt.FORMAT_VERSION} "
+                rf"\(written by an? {'older' if other < ckpt.FORMAT_VERSION else 'newer'}")
     with pytest.raises(ckpt.CheckpointFormatError, match=expected):
         ckpt.read_manifest(d)
     with pytest.raises(ckpt.CheckpointFormatError):  # resume refuses it rather than starting afresh
         ckpt.latest(tmp_path)
+
+
+def test_format_3_is_read_through_its_converter(tmp_path, caplog):
+    """A format-3 ss checkpoint with per-rank optimizer files: read as format 4 with the
+    per-rank layout; its dataset hash (which covered cache_dir) is not compared on resume, and
+    the log says so; a format-4 checkpoint's dataset hash still is."""
+    d = make(tmp_path, 5)
+    ckpt.atomic_torch_save({"state": {}}, d / ckpt.optimizer_file(0))
+    cfg = {"model": {"name": "grid"}, "dataset": {"name": "synthetic", "cache_dir": "/a"}, "strategy": {"name": "ss"}}
+    ckpt.write_manifest(d, 5, 2, ckpt.config_hashes(cfg))
+    manifest = json.loads((d / ckpt.MANIFEST).read_text())
+    del manifest["optimizer_layout"]
+    other_dataset = ckpt.config_hashes({**cfg, "dataset": {"name": "synthetic", "resolution": 8}})
+    (d / ckpt.MANIFEST).write_text(json.dumps({**manifest, "format": 3}))
+    read = ckpt.read_manifest(d, verify=True)
+    assert read["format"] == ckpt.FORMAT_VERSION and read["optimizer_layout"] == "per_rank"
+    assert list(read["unchecked"]) == ["dataset"]
+    with caplog.at_level("WARNING", logger="distnerf"):
+        ckpt.check_compatible(read, other_dataset, d)  # the dataset section is not compared
+    assert "dataset config is not compared" in caplog.text
+    with pytest.raises(ckpt.CheckpointError, match="the model config differs"):  # the others still are
+        ckpt.check_compatible(read, {**other_dataset, "model": "x"}, d)
+    (d / ckpt.optimizer_file(0)).unlink()
+    manifest["files"].pop(ckpt.optimizer_file(0))
+    (d / ckpt.MANIFEST).write_text(json.dumps({**manifest, "format": 3}))
+    assert ckpt.read_manifest(d)["optimizer_layout"] == "per_region"
+    (d / ckpt.MANIFEST).write_text(json.dumps({**manifest, "format": 4}))  # format 4: compared
+    with pytest.raises(ckpt.CheckpointError, match="the dataset config differs"):
+        ckpt.check_compatible(ckpt.read_manifest(d), other_dataset, d)
 
 
 def test_manifest_without_format_is_the_old_format(tmp_path):
