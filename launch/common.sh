@@ -35,7 +35,7 @@ distnerf_setup() {
   esac
   export PREEMPT_SIGNAL DISTNERF_PREEMPT_SIGNAL="$PREEMPT_SIGNAL"
   export PET_SIGNALS_TO_HANDLE="SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
-  # NCCL's flight recorder: on a collective timeout each rank dumps its last collectives (README,
+  # NCCL's flight recorder: on a collective timeout each rank dumps its last collectives (docs/operations.md,
   # "When a run hangs"; read with torch.distributed.flight_recorder.fr_trace). Ignored by gloo.
   export TORCH_NCCL_TRACE_BUFFER_SIZE="${TORCH_NCCL_TRACE_BUFFER_SIZE:-2000}"
   export TORCH_NCCL_DUMP_ON_TIMEOUT="${TORCH_NCCL_DUMP_ON_TIMEOUT:-1}"

@@ -12,7 +12,7 @@ at the earliest step and phase while the others wait in a collective further on.
 
 The store is the rendezvous store of the run's attempt (``DistEnv.store``); on NCCL the
 collective's own error may never reach Python (the watchdog aborts the process): there, read
-the flight recorder's dump (README, "When a run hangs").
+the flight recorder's dump (docs/operations.md, "When a run hangs").
 """
 from __future__ import annotations
 
