@@ -496,9 +496,8 @@ class StudySlurmConfig:
 class StudyConfig:
     """A study (``conf/study/*.yaml``, run by ``python -m distnerf.study``): a matrix of training runs.
 
-    ``axes`` lists the values of each axis (``strategy``, ``sampler``, ``world_size``, ``scene``,
-    ``model``, ``budget``); ``levels`` says what a value means as training overrides (built in for
-    strategy, sampler, world_size and model; see distnerf/study/plan.py). Every cell is the
+    ``axes`` lists the values of each axis (the axes: ``distnerf.study.plan.AXES``); ``levels``
+    says what a value means as training overrides (built-in levels: ``plan.BUILTIN_LEVELS``). Every cell is the
     product's, unless ``cells`` lists the ones wanted (partial {axis: value} matches) or
     ``exclude`` removes some.
     """
