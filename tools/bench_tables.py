@@ -412,17 +412,21 @@ def viewer(res: Results) -> list[str]:
 
 
 def syncs(res: Results) -> list[str]:
-    """tools/bench_syncs.py: host syncs of one training step, before and after issue 14."""
+    """tools/bench_syncs.py: host syncs of one training step, at each label (before and after issue 14,
+    then each later label in the file's order)."""
     d = res.json("syncs/syncs.json")
-    out = header("configuration (smoke, 1 process)", "before: total (model + trainer)",
-                 "after: total (model + trainer)", "occupancy-refresh step, before -> after")
-    for name, after in d["after"]["configs"].items():
-        before = d["before"]["configs"][name]
-        b, a = before["count_step"], after["count_step"]
-        refresh = (f"{before['refresh_step']['total']} -> {after['refresh_step']['total']}"
-                   if after.get("refresh_step") and before.get("refresh_step") else "-")
-        out.append(row(name, f"{b['total']} ({b['model']} + {b['trainer']})", f"{a['total']} ({a['model']} + {a['trainer']})",
-                       refresh))
+    labels = [k for k in d if k != "meta"]
+    out = header("configuration (smoke, 1 process)", *(f"{k} ({d[k]['meta'].get('git_commit', '?')}): total "
+                                                       f"(model + trainer)" for k in labels),
+                 "occupancy-refresh step, " + " -> ".join(labels))
+    for name in d[labels[-1]]["configs"]:
+        cells, refresh = [], []
+        for k in labels:
+            c = d[k]["configs"].get(name)
+            cells.append(f"{c['count_step']['total']} ({c['count_step']['model']} + {c['count_step']['trainer']})"
+                         if c else "-")
+            refresh.append(str(c["refresh_step"]["total"]) if c and c.get("refresh_step") else "-")
+        out.append(row(name, *cells, " -> ".join(refresh) if any(r != "-" for r in refresh) else "-"))
     return out
 
 

@@ -33,6 +33,7 @@ from ..strategy.base import StepAgreement, StepStats, Strategy
 from .checkpoint_cadence import Checkpointer
 from .evaluate import evaluate_run, image_panels, make_eval_split
 from .held_out_appearance import check_appearance_protocol
+from .late_flag import LateFlag
 
 log = logging.getLogger("distnerf")
 TEST_PANELS = 4  # test views logged to W&B as panels at the end (ground truth | prediction | depth)
@@ -90,6 +91,8 @@ class Trainer:
         self.rays_per_rank = strategy.rays_per_rank(cfg.train.global_rays)
         self.sampler = build_sampler(cfg.sampler, self.train_scene, self.rays_per_rank, cfg.seed,
                                      strategy.sampler_stream(), self.device, strategy.ray_filter(self.train_scene))
+        # the loss's finiteness, read a step late (no host sync in the step): see agree()
+        self._late_nonfinite, self._late_step = LateFlag(self.device), -1
         self.model = strategy.build_model(model_cfg, self.train_scene)
         if self.env.is_main and cfg.model.max_params is not None:  # what the budget derived (rank 0's model)
             log.info("model.max_params=%d per rank: %s", cfg.model.max_params, strategy.parameter_report(self.model))
@@ -200,8 +203,20 @@ class Trainer:
         return batch, out, sse
 
     def agree(self, batch, sse: torch.Tensor) -> StepAgreement:
-        """The step's one small all-reduce: global valid rays, stop and checkpoint flags."""
-        local = StepStats(valid_rays=batch.valid.sum(), nonfinite=~torch.isfinite(sse.detach()),
+        """The step's one small all-reduce: global valid rays, stop and checkpoint flags.
+
+        It reads nothing from the device when every ray is valid (no ray filter: the count is the
+        batch size) and the model's flags are host values: the non-finite-loss flag is the
+        *previous* step's (:class:`~.late_flag.LateFlag`), so a non-finite loss at step k stops
+        every rank at step k + 1's agreement, before step k + 1's update. Nothing is lost by the
+        step's delay: the run stops without saving either way, and every point that would keep the
+        parameters of step k (a ``ckpt_every`` checkpoint, validation, the final checkpoint) first
+        settles the flag (:meth:`_settle_nonfinite`, a collective at a step every rank reaches);
+        a time-mark checkpoint is taken after the agreement that carried step k's flag.
+        """
+        valid = float(batch.valid.shape[0]) if self.sampler.every_ray_valid else batch.valid.sum()
+        nonfinite, self._late_step = self._late_nonfinite.swap(~torch.isfinite(sse.detach())), self.step
+        local = StepStats(valid_rays=valid, nonfinite=nonfinite,
                           over_budget=float(0 < self.cfg.train.max_minutes * 60.0 <= self.train_seconds),
                           at_mark=float(self.checkpointer.mark_passed(self.train_seconds)),
                           signal=float(self.stop.requested), collapsed=float(bool(self.model.collapsed())),
@@ -212,6 +227,17 @@ class Trainer:
         if self.budget_fraction is not None:  # the mean over ranks: the same float everywhere (one all-reduce)
             self.budget_fraction = self._fraction_of(agreed.total.train_seconds / self.env.world_size)
         return agreed
+
+    def _settle_nonfinite(self) -> None:
+        """Read the non-finite flag the last agreement did not carry and stop (without saving) if
+        any rank's loss was non-finite: before anything keeps the current parameters. Collective:
+        every rank calls it at the same step (every rank swaps the flag at every step, so ``pending``
+        is the same on all)."""
+        if not self._late_nonfinite.pending:
+            return
+        total = self.strategy.sum_over_ranks([self._late_nonfinite.take()])[0]
+        if total:
+            self._stop_nonfinite(StepStats(valid_rays=0.0, nonfinite=total), self._late_step)
 
     def fit(self) -> dict:
         """Train until ``train.max_steps``, the time budget or a stop signal, then evaluate the test split."""
@@ -224,8 +250,8 @@ class Trainer:
             batch, out, sse = self.train_step(self.step)
             agreed = self.agree(batch, sse)
             flags = agreed.total
-            if flags.nonfinite:
-                self._stop_nonfinite(flags)
+            if flags.nonfinite:  # the previous step's loss (agree's docstring)
+                self._stop_nonfinite(flags, self.step - 1)
             if flags.collapsed:
                 self._stop_collapsed(flags)
             if flags.over_budget or flags.signal:  # every rank leaves at this step
@@ -247,17 +273,19 @@ class Trainer:
                 progress.update(1)
             if val_every and self.step % val_every == 0:
                 self.timer.mark("evaluate")  # outside the step: named for hang reports, not timed
+                self._settle_nonfinite()
                 self.validate()
             if self.checkpointer.due(self.step):
                 self.timer.mark("checkpoint")  # its barrier waits for every rank
+                self._settle_nonfinite()
                 self.save_checkpoint()
             if self.viewer is not None:  # between steps, in this thread: the model is not changing
                 self.viewer.after_step(self.model, self.step, float(flags.valid_rays) / max(step_seconds, 1e-9),
                                        frame_agreed=bool(flags.live_frame))
         return self._finish(stop_reason, progress, segment_start, time.perf_counter() - loop_start)
 
-    def _stop_nonfinite(self, flags: StepStats) -> None:
-        msg = f"non-finite loss at step {self.step} on {int(flags.nonfinite)} rank(s); stopping without saving"
+    def _stop_nonfinite(self, flags: StepStats, step: int) -> None:
+        msg = f"non-finite loss at step {step} on {int(flags.nonfinite)} rank(s); stopping without saving"
         self._stop_without_saving(NonFiniteLoss(msg), {"event": "nonfinite_loss"})
 
     def _stop_without_saving(self, err: NonFiniteLoss, row: dict) -> None:
@@ -285,6 +313,7 @@ class Trainer:
             progress.close()
         self.timer.mark("evaluate")  # final checkpoint, summaries and the test split (hang reports)
         self.sampler.close()  # workers are not needed for evaluation; its state (next step) stays
+        self._settle_nonfinite()  # before the final checkpoint (collective)
         summaries = self.strategy.gather(self.profiler.finish())  # collective: every rank's breakdown to all
         sizes = self.strategy.gather(self._model_size())  # collective: every rank's parameters and peak memory
         if self.env.is_main:

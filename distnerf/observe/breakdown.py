@@ -49,6 +49,7 @@ import logging
 import time
 from collections import defaultdict, deque
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -179,12 +180,13 @@ class _HostClock:
     def seconds(self, a, b) -> float:
         return b - a
 
-    def flush(self) -> None:
+    def wait(self, mark) -> None:
         pass
 
 
 class _CudaClock:
-    """CUDA events recorded on the current stream; resolved once per step (one sync)."""
+    """CUDA events recorded on the current stream; a step's are resolved a step later, when they
+    are done (no synchronisation of the device: :meth:`StepProfiler.end_step`)."""
 
     def mark(self):
         event = torch.cuda.Event(enable_timing=True)
@@ -194,8 +196,24 @@ class _CudaClock:
     def seconds(self, a, b) -> float:
         return a.elapsed_time(b) / 1000.0
 
-    def flush(self) -> None:
-        torch.cuda.synchronize()
+    def wait(self, event) -> None:
+        event.synchronize()  # this event only (a step old: done, returns at once)
+
+
+@dataclass
+class _ClosedStep:
+    """A step closed by :meth:`StepProfiler.end_step`, not yet recorded (its clock marks)."""
+
+    step: int
+    host_start: float
+    host_end: float
+    marks: list
+    host_edges: dict
+    step_mark: object
+    end_mark: object
+    num_rays: float
+    num_samples: int
+    comm: dict | None
 
 
 class StepProfiler:
@@ -222,10 +240,12 @@ class StepProfiler:
 
     def __init__(self, device: torch.device, model: nn.Module | None = None, rank: int = 0, world_size: int = 1,
                  skip_steps: int = 2, nvtx: bool = False, annotate: bool = False, enabled: bool = True,
-                 max_records: int = 20_000):
+                 max_records: int = 20_000, late: bool | None = None):
         self.enabled = enabled
         self._null = nullcontext()
         self.cuda = device.type == "cuda"
+        self.late = self.cuda if late is None else late
+        self._pending: _ClosedStep | None = None
         self.clock = _CudaClock() if self.cuda else _HostClock()
         self.rank, self.world_size, self.skip_steps = rank, world_size, skip_steps
         self.nvtx = nvtx and self.cuda
@@ -314,34 +334,56 @@ class StepProfiler:
                 torch.cuda.nvtx.range_pop()
 
     def end_step(self, step: int, num_rays: float, num_samples: int, comm: dict | None) -> dict | None:
-        """Close the step opened by :meth:`begin_step` and record it.
+        """Close the step opened by :meth:`begin_step`; record it, or (``late``, the default on
+        CUDA) keep it and record the step before it.
+
+        On CUDA a step's events are resolved a step late: reading them at once would make the
+        host wait for the step's last kernel (a synchronisation per step, which also keeps the
+        host from queuing the next step's copy and kernels behind this step's backward). By the
+        next ``end_step`` that step's events are done (the next step's own host syncs, the
+        occupancy march's sizes, come after them on the stream), so waiting for them returns at
+        once. :meth:`flush` records the last one (:meth:`summary` and :meth:`write` call it).
 
         Args:
             step: index of the step just taken. num_rays: this rank's valid rays.
             num_samples: samples the model evaluated (``RenderOutput.num_samples``).
             comm: the strategy's :meth:`step_comm` (None: no gradient exchange).
         Returns:
-            the step's record (seconds per phase, figures), or None without a begun step.
+            the record (seconds per phase, figures) of the step recorded now (this one, or the one
+            before it when ``late``), or None (no begun step; the first step when ``late``).
         """
         if self._step_start is None:
             return None
+        closed = _ClosedStep(step, self._step_start, time.perf_counter(), list(self._marks), dict(self._host_edges),
+                             self._step_mark, self.clock.mark() if self.cuda else None, num_rays, num_samples, comm)
+        self._step_start = None
+        if not self.late:
+            return self._record(closed)
+        previous, self._pending = self._pending, closed
+        return self._record(previous) if previous is not None else None
+
+    def flush(self) -> dict | None:
+        """Record the step kept by a late :meth:`end_step` (waiting for its events), if any."""
+        closed, self._pending = self._pending, None
+        return self._record(closed) if closed is not None else None
+
+    def _record(self, c: "_ClosedStep") -> dict:
         if self.cuda:
-            end_mark = self.clock.mark()
-            self.clock.flush()  # one synchronisation per step: resolves every event
-        host_end = time.perf_counter()
-        step_s = host_end - self._step_start
-        rec: dict = {"step": step, "t": self._step_start - self.created, "step_s": step_s}
-        for name, a, b in self._marks:
+            self.clock.wait(c.end_mark)  # the step's last event: every event before it on the stream is done
+        step_s = c.host_end - c.host_start
+        rec: dict = {"step": c.step, "t": c.host_start - self.created, "step_s": step_s}
+        for name, a, b in c.marks:
             rec[name] = rec.get(name, 0.0) + self.clock.seconds(a, b)
         if self.cuda:  # GPU timeline of the step, host wall if longer (input waits)
-            step_s = rec["step_s"] = max(step_s, self.clock.seconds(self._step_mark, end_mark))
+            step_s = rec["step_s"] = max(step_s, self.clock.seconds(c.step_mark, c.end_mark))
         for name in PHASES:
             rec.setdefault(name, 0.0)
-        if "forward" in self._host_edges:
+        if "forward" in c.host_edges:
             children = sum(v for k, v in rec.items() if k.startswith("forward."))
             if children > 0:
                 rec["forward.other"] = max(0.0, rec["forward"] - children)
-        gpu = gpu_comm_figures(comm, self._step_mark, self.clock.seconds) if self.cuda else None
+        comm = c.comm
+        gpu = gpu_comm_figures(comm, c.step_mark, self.clock.seconds) if self.cuda else None
         if gpu is not None:  # the hook's CUDA events (module docstring)
             exposed = min(gpu["exposed_s"], rec["backward"])
             rec["backward"] -= exposed
@@ -351,8 +393,8 @@ class StepProfiler:
             comm = {**comm, "spans": gpu["spans"], "timing": "duration"}
         elif self.cuda:
             rec["exposed_comm"] = None if comm is not None else 0.0  # no events: not measurable from the host
-        elif comm is not None and "backward" in self._host_edges:
-            exposed, total, hidden = exposed_communication(comm, self._host_edges["backward"][1])
+        elif comm is not None and "backward" in c.host_edges:
+            exposed, total, hidden = exposed_communication(comm, c.host_edges["backward"][1])
             exposed = min(exposed, rec["backward"])
             rec["backward"] -= exposed
             rec["exposed_comm"] = exposed
@@ -365,10 +407,10 @@ class StepProfiler:
                 rec["bus_bandwidth_gbps"] = comm["bytes"] / busy * 2 * (self.world_size - 1) / self.world_size / 1e9
         attributed = sum(rec[p] or 0.0 for p in PHASES)
         rec["unattributed"] = step_s - attributed
-        rec["rays_per_s"] = num_rays / max(step_s, 1e-12)
-        rec["samples_per_ray"] = num_samples / max(num_rays, 1.0)
-        rec["field_evals"] = int(num_samples)
-        rec["forward_ns_per_sample"] = rec["forward"] / max(num_samples, 1) * 1e9
+        rec["rays_per_s"] = c.num_rays / max(step_s, 1e-12)
+        rec["samples_per_ray"] = c.num_samples / max(c.num_rays, 1.0)
+        rec["field_evals"] = int(c.num_samples)
+        rec["forward_ns_per_sample"] = rec["forward"] / max(c.num_samples, 1) * 1e9
         if self.cuda:
             rec["peak_memory_mb"] = torch.cuda.max_memory_allocated() / 2**20
             torch.cuda.reset_peak_memory_stats()
@@ -377,7 +419,6 @@ class StepProfiler:
             self.totals[key] += value
             self.run_totals[key] += value
         self._keep(rec)
-        self._step_start = None
         return rec
 
     def _keep(self, rec: dict) -> None:
@@ -433,6 +474,7 @@ class StepProfiler:
 
     # ----------------------------------------------------------------- output
     def summary(self) -> dict:
+        self.flush()
         out = summarize(self.records, self.skip_steps)
         if self.stride > 1:  # a systematic sample of the steady steps
             out.update(num_steps=self.steady_steps, sampled_every=self.stride)

@@ -146,14 +146,14 @@ class RunProfiler:
         """Record the step in the breakdown and advance the trace schedule.
 
         Returns:
-            the host time (``time.perf_counter``) at which the step's work was done, read after
-            the step's GPU work (the breakdown synchronises once per step on CUDA, resolving its
-            events; with the breakdown off, ``profiler=off``, the device is synchronised here) and
-            before the trace bookkeeping (exporting a trace is not training time).
+            the host time (``time.perf_counter``) at which the step was done, before the trace
+            bookkeeping (exporting a trace is not training time). On CUDA nothing here waits for
+            the device (the breakdown resolves a step's events a step later): it is when the host
+            finished queuing the step, which the step's own host syncs (the occupancy march's
+            sizes) keep at most one step ahead of the device, so summed over steps it is the
+            device's pace.
         """
         self.steps.end_step(step, num_rays, num_samples, comm)
-        if self.steps.cuda and not self.steps.enabled:
-            torch.cuda.synchronize()
         done = time.perf_counter()
         if self.trace is not None:
             self.trace.step()

@@ -39,8 +39,10 @@ from the CPU to a device, blocking        ``cudaMemcpyAsync`` + ``cudaStreamSync
 
 Not counted: non-blocking host-to-device copies (from pinned memory they do not wait;
 from pageable memory they stall on a staging copy, undetected here), ``t.to(device)`` of
-a CPU tensor on a CPU-only run (no operator runs there), ``torch.cuda.synchronize`` and
-events (deliberate, named by the profiler), collectives.
+a CPU tensor on a CPU-only run (no operator runs there), non-blocking device-to-host copies
+into pinned memory, reading a tensor marked by :func:`host_buffer` (one such copy's host
+side: waiting for the copy is an event, below), ``torch.cuda.synchronize`` and events
+(deliberate, named by the profiler), collectives.
 
 Conventions. Every occurrence is one :class:`SyncEvent`. Its ``location`` is the
 innermost Python frame inside the ``distnerf`` package (``distnerf/renderer/occupancy.py:230``;
@@ -139,9 +141,25 @@ def _has_bool_index(indices) -> bool:
     return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices or ())
 
 
+HOST_BUFFER = "_distnerf_host_buffer"
+
+
+def host_buffer(t: torch.Tensor) -> torch.Tensor:
+    """Mark ``t``, a CPU tensor that stays on the host in a CUDA run too (a pinned buffer that a
+    non-blocking copy fills), so that reading it is not counted: it waits for no device. Returns ``t``."""
+    setattr(t, HOST_BUFFER, True)
+    return t
+
+
+def _is_host_buffer(args) -> bool:
+    return bool(args) and isinstance(args[0], torch.Tensor) and getattr(args[0], HOST_BUFFER, False)
+
+
 def classify(func, args, kwargs) -> str | None:
     """The name under which ``func(*args, **kwargs)`` is counted, or None (no host sync)."""
     packet = func.overloadpacket
+    if packet is aten._local_scalar_dense and _is_host_buffer(args):
+        return None  # a host buffer's value (:func:`host_buffer`)
     if packet in ALWAYS:
         return f"aten.{packet.__name__}"
     if packet in _BOOL_INDEX:
@@ -161,9 +179,9 @@ def classify(func, args, kwargs) -> str | None:
         dst, src = args[0], args[1]
         if not isinstance(src, torch.Tensor) or (dst.device.type == "cpu") == (src.device.type == "cpu"):
             return None
-        if dst.device.type == "cpu":
-            return "aten.copy_ (device to host)"
         non_blocking = args[2] if len(args) > 2 else kwargs.get("non_blocking", False)
+        if dst.device.type == "cpu":  # into pinned memory without blocking: the host does not wait
+            return None if non_blocking and dst.is_pinned() else "aten.copy_ (device to host)"
         return None if non_blocking else "aten.copy_ (host to device, blocking)"
     return None
 

@@ -176,6 +176,14 @@ class Sampler(ABC):
         self.spec, self.device = spec, torch.device(device)
         self.next_step = 0
 
+    @property
+    def every_ray_valid(self) -> bool:
+        """Whether every ray of a batch counts (no ray filter): ``batch.valid`` is all True, so
+        its count is the batch size, a host number (reading ``valid.sum()`` would be a host sync
+        on CUDA)."""
+        filters = self.spec.ray_filter if isinstance(self.spec.ray_filter, tuple) else (self.spec.ray_filter,)
+        return all(f is None for f in filters)
+
     def start(self, step: int) -> None:
         """Begin preparing batches from ``step`` on (optional; prefetching samplers use it)."""
 

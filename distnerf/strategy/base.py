@@ -167,6 +167,11 @@ class Strategy:
         total = D.all_reduce_sum(self.env, torch.tensor(mine, dtype=torch.float64)).numpy().tolist()
         return StepStats(*mine), StepStats(*total)
 
+    def sum_over_ranks(self, values: list[float]) -> list[float]:
+        """Host floats summed over every rank (one small CPU all-reduce; every rank must call it
+        at the same step), e.g. a flag read late that a checkpoint must not ignore."""
+        return D.all_reduce_sum(self.env, torch.tensor(values, dtype=torch.float64)).numpy().tolist()
+
     def comm_stats(self) -> dict:
         """Communication measured since the last call (seconds, bytes, calls)."""
         return {}

@@ -190,3 +190,26 @@ def test_a_key_added_later_at_its_default_is_no_difference():
     assert setting_differences(old, changed, []) == ([], [("model.shell_alpha_init", "<absent>", True)])
     assert setting_differences(old, changed, ["model.shell_alpha_init"])[0] == [
         ("model.shell_alpha_init", "<absent>", True)]
+
+
+def test_late_resolution_records_each_step_once_a_step_later_with_the_same_figures():
+    """CUDA's default (``late``: a step's events resolved at the next ``end_step``, no device
+    synchronisation) exercised with the host clock: the records are those of immediate
+    resolution, each step's arriving one ``end_step`` later, the last at ``flush``/``summary``."""
+    late, now = StepProfiler(torch.device("cpu"), skip_steps=0, late=True), \
+        StepProfiler(torch.device("cpu"), skip_steps=0)
+    for step in range(4):
+        for prof in (late, now):
+            prof.begin_step()
+            with prof.phase("forward"):
+                time.sleep(0.005 * (step + 1))
+        assert len(now.records) == step and len(late.records) == max(step - 1, 0)
+        got = late.end_step(step, 100 * (step + 1), 1000, None)
+        now.end_step(step, 100 * (step + 1), 1000, None)
+        assert (got is None) if step == 0 else got["step"] == step - 1  # the step before
+    assert [r["step"] for r in late.records] == [0, 1, 2]
+    assert late.summary()["num_steps"] == 4 and [r["step"] for r in late.records] == [0, 1, 2, 3]
+    assert late.flush() is None  # nothing kept twice
+    for a, b in zip(late.records, now.records):
+        assert a["forward"] == pytest.approx(b["forward"], abs=3e-3) and a["forward"] >= 0.005 * (a["step"] + 1)
+        assert a["rays_per_s"] * a["step_s"] == pytest.approx(100 * (a["step"] + 1))
