@@ -1,22 +1,18 @@
 """tools/bench_tables.py: tables between markers regenerated from bench/results JSON; --check."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import load_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def _load_tool():
-    spec = importlib.util.spec_from_file_location("bench_tables", ROOT / "tools" / "bench_tables.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("bench_tables", module)  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("bench_tables")
 
 
 bench_tables = _load_tool()

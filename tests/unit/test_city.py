@@ -10,7 +10,6 @@ documented conventions, not the generator's ray code:
 from __future__ import annotations
 
 import json
-import math
 
 import imageio.v3 as iio
 import numpy as np

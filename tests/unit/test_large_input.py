@@ -1,23 +1,19 @@
 """Input larger than memory (issue 30): the pixel cache decodes a replicated Blender set image by image
 into a file, with progress lines, and reading every pixel through the map adds no anonymous memory."""
-import importlib.util
 import logging
 import os
 
 import pytest
 import torch
 
-from tests.conftest import LEGO, REPO
+from tests.conftest import LEGO, load_tool
 from distnerf.data import load_scene
 from distnerf.data.images import undecoded
 from distnerf.sampler.cache import PixelCache, cached_file
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("bench_large_input", REPO / "tools" / "bench_large_input.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("bench_large_input")
 
 
 @pytest.mark.skipif(not LEGO.is_dir(), reason="needs ../shared/data (nerf_synthetic_half/lego)")

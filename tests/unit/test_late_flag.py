@@ -6,8 +6,6 @@ Real trainer runs of one CPU process on the built-in scene; the loss is poisoned
 """
 from __future__ import annotations
 
-import importlib.util
-import sys
 
 import pytest
 import torch
@@ -16,15 +14,11 @@ from distnerf import dist as D
 from distnerf.engine.late_flag import LateFlag
 from distnerf.engine.trainer import NonFiniteLoss
 from distnerf.observe.syncs import SyncCounter
-from tests.conftest import REPO
+from tests.conftest import load_tool
 
 
 def _bench_syncs():
-    sys.path.insert(0, str(REPO / "tools"))
-    spec = importlib.util.spec_from_file_location("bench_syncs", REPO / "tools" / "bench_syncs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("bench_syncs")
 
 
 def test_swap_hands_out_the_previous_flag_and_take_the_kept_one():

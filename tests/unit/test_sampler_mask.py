@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 import torch
 
-from distnerf.data.base import Cameras
 from distnerf.engine.evaluate import evaluate_views
 from distnerf.sampler import BatchSpec, DeviceSampler, PipelinedSampler, SyncSampler, make_batch
 from distnerf.renderer.output import RenderOutput

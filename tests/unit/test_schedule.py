@@ -4,7 +4,6 @@ Expected values are computed by hand from the rule the schema states, not by the
 """
 from __future__ import annotations
 
-import importlib.util
 import math
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ import torch
 from distnerf.components.schedule import Clock, lr_factor, stage_step, step_limit
 from distnerf.model.grid import GridModel
 from distnerf.schema import DEFAULT_MAX_STEPS, TrainLoopConfig, describe_schedule
+from tests.conftest import load_tool
 
 REPO = Path(__file__).resolve().parents[2]
 AABB = torch.tensor([[-1.0, -1.0, -1.0], [1.0, 1.0, 1.0]])
@@ -96,11 +96,7 @@ def test_cfg_job_shows_the_resolved_schedule():
 
 
 def _bench_syncs():
-    sys.path.insert(0, str(REPO / "tools"))
-    spec = importlib.util.spec_from_file_location("bench_syncs", REPO / "tools" / "bench_syncs.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
+    return load_tool("bench_syncs")
 
 
 def test_a_resumed_time_budgeted_run_continues_the_uninterrupted_one_bit_exactly(tmp_path):

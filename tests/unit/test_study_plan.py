@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 
 from distnerf.schema import ConfigError, StudyConfig, section
 from distnerf.study import plan, runner, scaling
-from tests.conftest import REPO
+from tests.conftest import REPO, load_tool
 
 
 def study(**kw):
@@ -150,17 +150,11 @@ def test_a_repeat_seed_changes_training_and_the_same_seed_repeats_it(tmp_path):
     """What ``vary_seed`` relies on: two runs of one seed train bit-identical parameters; a
     run with the next seed (repeat r1's) trains different ones (its initialisation and ray
     streams). The real Trainer of one CPU process, 3 smoke steps each."""
-    import importlib.util
-    import sys
-
     import torch
 
     from distnerf import dist as D
 
-    sys.path.insert(0, str(REPO / "tools"))
-    spec = importlib.util.spec_from_file_location("bench_syncs", REPO / "tools" / "bench_syncs.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_tool("bench_syncs")
 
     def train(seed, name):
         trainer, env = bench.build_trainer(["model=grid", f"seed={seed}", "sampler=sync"], tmp_path / name)

@@ -2,8 +2,6 @@
 syncs (counted on the CPU, tools/bench_syncs.py) do not rise."""
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import torch
@@ -11,6 +9,7 @@ import torch
 from distnerf import dist as D
 from distnerf.observe.syncs import SyncCounter, classify
 from distnerf.renderer.packed import PackedSamples
+from tests.conftest import load_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 aten = torch.ops.aten
@@ -92,11 +91,7 @@ def test_device_to_host_copies_are_classified():
 
 
 def _bench_syncs():
-    sys.path.insert(0, str(ROOT / "tools"))  # bench_syncs imports bench_common beside it
-    spec = importlib.util.spec_from_file_location("bench_syncs", ROOT / "tools" / "bench_syncs.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("bench_syncs")
 
 
 def test_grid_training_step_host_syncs_do_not_rise(tmp_path):
