@@ -422,6 +422,10 @@ class EvalConfig:
     appearance_steps: int = positive(64)      # fit_left_half: Adam steps per view
     appearance_rays: int = positive(4096)     # fit_left_half: left-half rays per step (seeded per view)
     appearance_lr: float = positive(1.0e-2)   # fit_left_half: Adam learning rate of the code
+    # ss: time the fusion stage's phases (routing, exchange + compositing) on CUDA too, where each is a
+    # device synchronisation (about 4 per chunk); off: metrics.json's fusion_timing is null there. The CPU
+    # always times them (free)
+    fusion_timing: bool = False
 
 
 @dataclass

@@ -489,7 +489,7 @@ PATH_STEPS=(train.max_steps=30 eval.num_views=1 eval.lpips=false train.log_every
 [ "$MODE" = cpu ] && PATH_STEPS=(train.max_steps=8 eval.num_views=1 eval.lpips=false train.log_every=2)
 for p in ${GPU_CHECK_PATHS:-ss_fusion ss_joint bf16 sampler_device}; do
   case $p in
-    ss_fusion) what="strategy=ss, 2 regions, evaluated through segment fusion"; extra=(strategy=ss strategy.num_regions=2);;
+    ss_fusion) what="strategy=ss, 2 regions, evaluated through segment fusion (timed)"; extra=(strategy=ss strategy.num_regions=2 eval.fusion_timing=true);;
     ss_joint) what="strategy=ss strategy.training=joint, 2 regions, evaluated"; extra=(strategy=ss strategy.training=joint strategy.num_regions=2);;
     bf16) what="experiment=gpu (bf16 autocast, 8192 rays)"; extra=(experiment=gpu);;
     sampler_device) what="sampler=device (batches built on the device)"; extra=(sampler=device);;

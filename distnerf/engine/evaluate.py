@@ -178,6 +178,9 @@ def make_eval_split(cfg, model, strategy):
         timing = renderer.timing if isinstance(renderer, FusedRenderer) else None  # routing, exchange, total
         if timing is not None:
             timing.clear()
+            renderer.timed = cfg.eval.fusion_timing  # CUDA: each phase a device sync (CPU: always timed)
+            if device.type == "cuda" and not renderer.timed:
+                timing = None  # not measured: None, never zeros
         rows = evaluate_views(renderer, scene, mine, cfg.eval.chunk, device,
                               out_dir if strategy.writes_renders else None, lpips, cfg.eval.point_chunk, cfg.eval)
         rows = strategy.gather_rows(rows)

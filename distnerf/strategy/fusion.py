@@ -76,6 +76,10 @@ class FusedRenderer(nn.Module):
         blend_power: exponent of the inverse-distance weights of ``blend``.
         distributed: every rank holds its regions and takes part in every forward
             (collectives: all ranks must render the same rays in the same order).
+
+    Attribute ``timed``: whether :attr:`timing` is kept on CUDA, where each phase's time costs a
+    synchronisation of the device (about four per chunk); False by default there (evaluation sets
+    it from ``eval.fusion_timing``). On the CPU the phases are always timed (the host clock is free).
     Raises:
         ValueError: unknown fusion, ``blend`` with ``distributed``, missing regions.
     """
@@ -117,14 +121,26 @@ class FusedRenderer(nn.Module):
         # compositing) and in total, accumulated over forwards (benchmarks read and reset it);
         # durations on every device (see _clock), never the launch time of an NCCL exchange
         self.timing: dict[str, float] = defaultdict(float)
+        self.timed = False
 
-    def _clock(self) -> float:
-        """Host seconds after this device's queued work (on CUDA a synchronisation: timing is
-        for evaluation, where a stall per phase costs little, and an NCCL exchange returns to
-        the host when it is queued, not done)."""
-        if self.background.is_cuda:
+    def _clock(self) -> float | None:
+        """Host seconds after this device's queued work, or None when not timed (CUDA without
+        :attr:`timed`). On CUDA a synchronisation: an NCCL exchange returns to the host when it is
+        queued, not done."""
+        if self._on_cuda:
+            if not self.timed:
+                return None
             torch.cuda.synchronize(self.background.device)
         return time.perf_counter()
+
+    @property
+    def _on_cuda(self) -> bool:
+        return self.background.is_cuda
+
+    def _add_time(self, key: str, start: float | None) -> None:
+        """Add the seconds since ``start`` (a :meth:`_clock`) to ``timing[key]``; nothing when not timed."""
+        if start is not None:
+            self.timing[key] += self._clock() - start
 
     def _occupancy_prefilter(self) -> OccupancyGrid | None:
         """A conservative empty-space filter for ``blend``'s shared samples, or None.
@@ -160,7 +176,7 @@ class FusedRenderer(nn.Module):
         if self.partition.unbounded:  # the outer regions' segments reach the sky (or end at the floor)
             rays = to_infinity(rays, self.min_altitude)
         out = self._blend(rays) if self.fusion == "blend" else self._segment(rays)
-        self.timing["total_s"] += self._clock() - start
+        self._add_time("total_s", start)
         return out
 
     def _all_regions(self, local: torch.Tensor) -> torch.Tensor:
@@ -197,7 +213,7 @@ class FusedRenderer(nn.Module):
         transmittance = self._all_regions(torch.stack([s["transmittance"] for s in segs], dim=1)[..., None])[..., 0]
         entry = segment_entries(rays.origins, rays.directions, rays.near, rays.far, self.partition.extents())
         before, _ = transmittance_in_front(transmittance, entry)
-        self.timing["exchange_composite_s"] += self._clock() - start
+        self._add_time("exchange_composite_s", start)
         local = torch.zeros(len(rays), len(self.regions), 4, dtype=rays.origins.dtype, device=rays.origins.device)
         for j, (k, seg) in enumerate(zip(self.regions, segs)):
             model = seg["model"]
@@ -214,7 +230,7 @@ class FusedRenderer(nn.Module):
             D.all_reduce_(num_samples)
         rgb, depth, opacity = composite_segments(values[..., :3], transmittance, values[..., 3], entry,
                                                  self.background)
-        self.timing["exchange_composite_s"] += self._clock() - start
+        self._add_time("exchange_composite_s", start)
         return RenderOutput(rgb=rgb, depth=depth, opacity=opacity, num_samples=int(num_samples))
 
     # ------------------------------------------------------------------ nerf
@@ -222,7 +238,7 @@ class FusedRenderer(nn.Module):
         """(P,) int64 region holding each sample's midpoint (one pass over the flat samples)."""
         start = self._clock()
         owner = self.partition.region_of(samples.points(rays.origins, rays.directions))
-        self.timing["routing_s"] += self._clock() - start
+        self._add_time("routing_s", start)
         return owner
 
     def _hierarchical_samples(self, rays: RayBundle) -> PackedSamples:
@@ -277,7 +293,7 @@ class FusedRenderer(nn.Module):
                                                       self.partition.bounds[1].to(points)), enlarged=True)
         dist_k = torch.cdist(points.double(), self.partition.centers.to(points.device))
         inv = torch.where(member, 1.0 / dist_k.clamp(min=1e-9) ** self.blend_power, torch.zeros_like(dist_k))
-        self.timing["routing_s"] += self._clock() - start
+        self._add_time("routing_s", start)
         occupied = torch.zeros_like(member)
         sigma = torch.zeros(points.shape[0], dtype=torch.float64, device=points.device)
         rgb = torch.zeros(points.shape[0], 3, dtype=torch.float64, device=points.device)

@@ -342,3 +342,27 @@ def test_joint_nerf_segments_sample_on_their_own():
     joint = JointRegionModels(dict(enumerate(nerfs(21))), part, BG, distributed=False).eval()
     out = joint(rays)
     assert "rgb_coarse" in out and out["rgb_coarse"].shape == (64, 3)
+
+
+@pytest.mark.parametrize("timed", [False, True])
+def test_fusion_synchronises_a_cuda_device_only_when_timing_is_asked(monkeypatch, timed):
+    """Issue 26 item 10: on CUDA each timed phase synchronises the device (about four per chunk),
+    so segment fusion times its phases there only with ``timed`` (``eval.fusion_timing``). The
+    CUDA branch, exercised on the CPU: the renderer told it is on CUDA, the synchronisations
+    counted. The image is the same either way."""
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append(device))
+    part = grid_partition(AABB, 2, [2, 1, 1], overlap=0.15)
+    models = grid_submodels(part, 0)
+    rays = random_rays(64, 1)
+    reference = FusedRenderer(part, models, "segment", background=BG)(rays)
+    monkeypatch.setattr(FusedRenderer, "_on_cuda", property(lambda self: True))
+    fused = FusedRenderer(part, models, "segment", background=BG)
+    fused.timed = timed
+    out = fused(rays)
+    assert torch.equal(out["rgb"], reference["rgb"])
+    if timed:
+        assert len(calls) == 2 * 3  # total, the two exchange + composite phases: a clock at each end
+        assert set(fused.timing) == {"total_s", "exchange_composite_s"}
+    else:
+        assert calls == [] and not fused.timing
