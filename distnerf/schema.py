@@ -211,6 +211,9 @@ class MarchedModelConfig(ModelConfig):
     # rays end where they go below this height (+y up, scene units): the ground of an aerial capture,
     # under which nothing is visible (Mega-NeRF's ray altitude range); null: no floor
     min_altitude: Optional[float] = None
+    # the floor ends rays only where they reach it above the scene box's footprint (x, z inside the box);
+    # rays reaching it past the box's edge go on (the contracted shell paints the ground beyond the box)
+    floor_footprint: bool = False
     # training renders each ray over a random background colour (Instant-NGP's trick): for opaque captures
     # (no alpha: every pixel sees something), where a ray that is not absorbed must not fit; not with alpha
     # targets composited on dataset.background (Blender), and not in ss joint training's compositing

@@ -556,6 +556,7 @@ MARCH_CELLS = (("before", "one pass (train_round_steps=0)", "0"), ("rounds", "ro
                ("prune", "one pass, final-stage occupancy threshold 0.01", "0"),
                ("floorprune", "one pass, floor, final-stage occupancy threshold 0.01", "0"),
                ("floorprune03", "one pass, floor, final-stage occupancy threshold 0.03", "0"),
+               ("footprintprune", "one pass, floor above the box's footprint only, final-stage threshold 0.01", "0"),
                ("floorprune_time", "floorprune for before's training seconds (train.max_minutes=11.18)", "0"))
 
 

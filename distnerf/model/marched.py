@@ -59,11 +59,11 @@ class MarchingModel(RadianceModel):
     distortion_loss_weight: float = 0.0
 
     def init_contraction(self, contraction: str, min_altitude: float | None = None,
-                         random_background: bool = False) -> None:
+                         random_background: bool = False, floor_footprint: bool = False) -> None:
         """Register ``contraction_aabb``: the unit region of a contracted field ((2, 3) float32
         buffer, the scene box) for ``contraction='mipnerf360'``, None for ``'none'``; keep
-        ``min_altitude`` (rays end below it: :meth:`ray_far`) and ``random_background``
-        (:meth:`forward`).
+        ``min_altitude`` (rays end below it: :meth:`ray_far`; with ``floor_footprint`` only
+        above the box's footprint) and ``random_background`` (:meth:`forward`).
 
         Raises:
             ValueError: an unknown contraction.
@@ -72,6 +72,7 @@ class MarchingModel(RadianceModel):
             raise ValueError(f"model.contraction: unknown contraction {contraction!r} (none | mipnerf360)")
         self.register_buffer("contraction_aabb", self.aabb.clone() if contraction == "mipnerf360" else None)
         self.min_altitude = None if min_altitude is None else float(min_altitude)
+        self.floor_footprint = bool(floor_footprint)
         self.random_background = bool(random_background)
 
     def ray_far(self, rays: RayBundle) -> torch.Tensor:
@@ -81,7 +82,8 @@ class MarchingModel(RadianceModel):
         far = rays.far if self.contraction_aabb is None else torch.full_like(rays.far, float("inf"))
         if self.min_altitude is None:
             return far
-        return far_above_altitude(rays.origins, rays.directions, far, self.min_altitude)
+        return far_above_altitude(rays.origins, rays.directions, far, self.min_altitude,
+                                  self.aabb if self.floor_footprint else None)
 
     def marching_box(self) -> torch.Tensor:
         """(2, 3) float32 box outside which the field is empty (never sampled); unused by a

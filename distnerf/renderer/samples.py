@@ -41,7 +41,7 @@ def clip_to_box(origins: torch.Tensor, directions: torch.Tensor, near: torch.Ten
 
 
 def far_above_altitude(origins: torch.Tensor, directions: torch.Tensor, far: torch.Tensor,
-                       min_altitude: float) -> torch.Tensor:
+                       min_altitude: float, footprint: torch.Tensor | None = None) -> torch.Tensor:
     """End each ray where it goes below ``min_altitude`` (Mega-NeRF's ray altitude range, its
     lower bound: in an aerial capture nothing below the ground is visible, so a ray leaves the
     field where it crosses the ground plane instead of marching on under it).
@@ -51,6 +51,10 @@ def far_above_altitude(origins: torch.Tensor, directions: torch.Tensor, far: tor
     Args:
         origins, directions: (R, 3) float (directions need not be unit). far: (R,) float
             ray-parameter bounds (``inf``: no bound). min_altitude: float height of the floor.
+        footprint: optional (2, 3) float box (the scene box): the floor ends a ray only where the
+            ray reaches it above the box's footprint (its x and z ranges); a ray that reaches the
+            floor past the box's edge keeps ``far`` (the unbounded background beyond the box,
+            e.g. the ground a capture sees past the modelled area, stays visible).
     Returns:
         (R,) float ``min(far, t_floor)`` with ``t_floor`` the ray parameter where a ray going
         down reaches ``y = min_altitude``; rays going up or level keep ``far``. A ray that
@@ -59,6 +63,12 @@ def far_above_altitude(origins: torch.Tensor, directions: torch.Tensor, far: tor
     dy = directions[:, 1]
     down = dy < 0
     t_floor = (min_altitude - origins[:, 1]) / torch.where(down, dy, torch.ones_like(dy))
+    if footprint is not None:
+        hit = origins + directions * t_floor[:, None]
+        box = footprint.to(hit.dtype)
+        inside = ((hit[:, 0] >= box[0, 0]) & (hit[:, 0] <= box[1, 0])
+                  & (hit[:, 2] >= box[0, 2]) & (hit[:, 2] <= box[1, 2]))
+        down = down & inside
     return torch.where(down, torch.minimum(far, t_floor.to(far.dtype)), far)
 
 

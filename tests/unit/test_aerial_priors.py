@@ -46,6 +46,33 @@ def test_far_is_where_a_ray_going_down_crosses_the_floor():
     assert far_above_altitude(o[:1], d[:1], torch.tensor([3.0]), 0.5) == pytest.approx(3.0)  # far first
 
 
+def test_with_a_footprint_the_floor_ends_only_rays_that_reach_it_above_the_box():
+    """``model.floor_footprint``: the floor cuts a ray only where it reaches the floor above the
+    box's x/z range; past the box's edge the ray keeps its far bound. Crossings worked out here."""
+    o = torch.tensor([[0.0, 10.0, 0.0], [0.0, 10.0, 0.0], [0.0, 10.0, 0.0], [3.0, 10.0, 3.0]])
+    #                 straight down;  x = 0 + 8 * 9.5/10 = 7.6 (outside x <= 4);  z = 3.8 (inside);  at (4, 4)
+    d = torch.tensor([[0.0, -1.0, 0.0], [8.0, -10.0, 0.0], [0.0, -10.0, 4.0], [1.0, -9.5, 1.0]])
+    far = torch.full((4,), math.inf)
+    out = far_above_altitude(o, d, far, 0.5, AABB)
+    assert out[0] == pytest.approx(9.5) and math.isinf(out[1])
+    assert out[2] == pytest.approx(0.95) and out[3] == pytest.approx(1.0)  # an edge counts as inside
+    everywhere = far_above_altitude(o, d, far, 0.5)
+    assert everywhere[1] == pytest.approx(0.95)  # without the footprint it is cut too
+    model = GridModel(AABB, BG, resolutions=[8], upsample_steps=[], contraction="mipnerf360", min_altitude=0.5,
+                      floor_footprint=True)
+    rays = _rays(o.tolist(), d.tolist())
+    assert torch.equal(model.ray_far(rays), out)
+
+
+def test_ss_refuses_a_floor_footprint():
+    from distnerf.dist import DistEnv
+    from distnerf.strategy import build_strategy
+
+    strategy = build_strategy({"name": "ss"}, DistEnv())
+    with pytest.raises(ValueError, match="model.floor_footprint=true is not supported with strategy=ss"):
+        strategy.prepare(None, "/nonexistent", 0, {"min_altitude": -0.5, "floor_footprint": True})
+
+
 def _ground_model(min_altitude):
     """A contracted 16^3 grid, opaque under y = 0.5 (in the box and the shell), clear above."""
     torch.manual_seed(0)
