@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ..observe.syncs import host_buffer
+from ..host_buffers import host_buffer
 
 
 class LateFlag:

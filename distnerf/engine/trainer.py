@@ -205,8 +205,9 @@ class Trainer:
     def agree(self, batch, sse: torch.Tensor) -> StepAgreement:
         """The step's one small all-reduce: global valid rays, stop and checkpoint flags.
 
-        It reads nothing from the device when every ray is valid (no ray filter: the count is the
-        batch size) and the model's flags are host values: the non-finite-loss flag is the
+        It reads nothing from the device when the batch was built on the host (its valid count was
+        taken there, ``RayBatch.num_valid``) or every ray is valid (no ray filter: the count is
+        the batch size), and the model's flags are host values: the non-finite-loss flag is the
         *previous* step's (:class:`~.late_flag.LateFlag`), so a non-finite loss at step k stops
         every rank at step k + 1's agreement, before step k + 1's update. Nothing is lost by the
         step's delay: the run stops without saving either way, and every point that would keep the
@@ -214,7 +215,10 @@ class Trainer:
         settles the flag (:meth:`_settle_nonfinite`, a collective at a step every rank reaches);
         a time-mark checkpoint is taken after the agreement that carried step k's flag.
         """
-        valid = float(batch.valid.shape[0]) if self.sampler.every_ray_valid else batch.valid.sum()
+        if batch.num_valid is not None:  # counted on the host before the copy
+            valid = batch.num_valid
+        else:  # a batch built on the device (sampler=device): its count is on the device too
+            valid = float(batch.valid.shape[0]) if self.sampler.every_ray_valid else batch.valid.sum()
         nonfinite, self._late_step = self._late_nonfinite.swap(~torch.isfinite(sse.detach())), self.step
         local = StepStats(valid_rays=valid, nonfinite=nonfinite,
                           over_budget=float(0 < self.cfg.train.max_minutes * 60.0 <= self.train_seconds),

@@ -40,7 +40,7 @@ from the CPU to a device, blocking        ``cudaMemcpyAsync`` + ``cudaStreamSync
 Not counted: non-blocking host-to-device copies (from pinned memory they do not wait;
 from pageable memory they stall on a staging copy, undetected here), ``t.to(device)`` of
 a CPU tensor on a CPU-only run (no operator runs there), non-blocking device-to-host copies
-into pinned memory, reading a tensor marked by :func:`host_buffer` (one such copy's host
+into pinned memory, reading a tensor marked by :func:`distnerf.host_buffers.host_buffer` (one such copy's host
 side: waiting for the copy is an event, below), ``torch.cuda.synchronize`` and events
 (deliberate, named by the profiler), collectives.
 
@@ -74,6 +74,8 @@ from pathlib import Path
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from ..host_buffers import is_host_buffer
 
 PACKAGE = Path(__file__).resolve().parents[1]  # .../distnerf
 ROOT = PACKAGE.parent
@@ -141,18 +143,8 @@ def _has_bool_index(indices) -> bool:
     return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices or ())
 
 
-HOST_BUFFER = "_distnerf_host_buffer"
-
-
-def host_buffer(t: torch.Tensor) -> torch.Tensor:
-    """Mark ``t``, a CPU tensor that stays on the host in a CUDA run too (a pinned buffer that a
-    non-blocking copy fills), so that reading it is not counted: it waits for no device. Returns ``t``."""
-    setattr(t, HOST_BUFFER, True)
-    return t
-
-
 def _is_host_buffer(args) -> bool:
-    return bool(args) and isinstance(args[0], torch.Tensor) and getattr(args[0], HOST_BUFFER, False)
+    return bool(args) and is_host_buffer(args[0])
 
 
 def classify(func, args, kwargs) -> str | None:

@@ -23,6 +23,7 @@ import torch
 
 from ..data.base import SceneData
 from ..data.rays import RayBundle, generate_rays
+from ..host_buffers import host_buffer
 from ..schema import SamplerConfig
 from ..seeds import JITTER_STREAM
 from .files import FilePixels
@@ -41,16 +42,28 @@ class RayBatch:
         rays: R rays. rgb: (R, 3) float32 target colours in [0, 1].
         valid: (R,) bool rays that count in the loss (all, or those the ray filter keeps).
         jitter_seed: seed of the model's sample-jitter generator for this step.
+        num_valid: ``valid``'s count as a host float, when the batch was built on the host
+            (counted there before its copy to the device), else None: reading it from a device
+            batch would be a host sync on CUDA.
     """
 
     rays: RayBundle
     rgb: torch.Tensor
     valid: torch.Tensor
     jitter_seed: int
+    num_valid: Optional[float] = None
 
     def to(self, device, non_blocking: bool = False) -> "RayBatch":
+        """The batch on ``device``; counted first (``num_valid``) while ``valid`` is on the host."""
         move = lambda t: t.to(device, non_blocking=non_blocking)  # noqa: E731
-        return RayBatch(self.rays.map(move), move(self.rgb), move(self.valid), self.jitter_seed)
+        return RayBatch(self.rays.map(move), move(self.rgb), move(self.valid), self.jitter_seed,
+                        self.host_valid_count())
+
+    def host_valid_count(self) -> float | None:
+        """``num_valid``, or ``valid``'s count when it is on the host (None on a device)."""
+        if self.num_valid is not None or self.valid.device.type != "cpu":
+            return self.num_valid
+        return float(host_buffer(self.valid.sum()))
 
 
 @dataclass(frozen=True)

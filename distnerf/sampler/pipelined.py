@@ -336,9 +336,9 @@ class PipelinedSampler(Sampler):
             self._release()
         self.next_step = step + 1
         if self._ahead is not None and self._ahead[0] == step:
-            _, out, event, jitter_seed = self._ahead
+            _, out, event, jitter_seed, count = self._ahead
             self._ahead = None
-            return self._hand_out(out, event, jitter_seed)
+            return self._hand_out(out, event, jitter_seed, count)
         self.start(step)
         _, _, slot, jitter_seed = self._receive(step)
         self._head += 1
@@ -356,9 +356,10 @@ class PipelinedSampler(Sampler):
         batch is already built, its copy starts too (on CUDA on the side stream, so it
         overlaps this step's compute)."""
         if self._held is not None:
+            count = batch.host_valid_count()  # the slot's view: counted on the host before the copy
             out, event = self._copy_out(self._slots[self._held[1]])
             self._release()
-            batch = self._hand_out(out, event, batch.jitter_seed)
+            batch = self._hand_out(out, event, batch.jitter_seed, count)
         # else: copied ahead during the previous step, already on the device
         self._copy_ahead(self.next_step)
         return batch
@@ -372,10 +373,11 @@ class PipelinedSampler(Sampler):
             return
         _, _, slot, jitter_seed = msg
         self._head += 1
+        count = unpack(self._slots[slot], self._num_rays, jitter_seed).host_valid_count()
         out, event = self._copy_out(self._slots[slot])
         self._held = (step, slot)
         self._release()
-        self._ahead = (step, out, event, jitter_seed)
+        self._ahead = (step, out, event, jitter_seed, count)
 
     def _copy_out(self, slot: torch.Tensor):
         """``(copy of slot on the device, CUDA event of the copy or None)``."""
@@ -396,12 +398,12 @@ class PipelinedSampler(Sampler):
         self._events[i] = event
         return out, event
 
-    def _hand_out(self, out: torch.Tensor, event, jitter_seed: int) -> RayBatch:
+    def _hand_out(self, out: torch.Tensor, event, jitter_seed: int, num_valid: float | None) -> RayBatch:
         if event is not None:
             main = torch.cuda.current_stream(self.device)
             main.wait_event(event)  # compute on the batch starts after its copy (no host wait)
             out.record_stream(main)  # allocated on the side stream, used on the main one
-        return unpack(out, self._num_rays, jitter_seed)
+        return replace(unpack(out, self._num_rays, jitter_seed), num_valid=num_valid)
 
     def state_dict(self) -> dict:
         return {**super().state_dict(), "num_workers": self.num_workers, "prefetch": self.prefetch}

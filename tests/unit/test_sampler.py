@@ -241,6 +241,21 @@ def test_box_filter_marks_rays(scene):
     assert bool(b.valid[dist < 0.3].all()) and not bool(b.valid[dist > 0.53].any())
 
 
+def test_a_batch_built_on_the_host_carries_its_valid_count(scene):
+    """``RayBatch.num_valid`` (the trainer's valid count without reading the device): counted on the
+    host before the copy, by both host samplers, for batches copied at once and copied ahead."""
+    spec = BatchSpec(R, 1, 0, ray_filter=BoxFilter([[-0.3, -0.3, -0.3], [0.3, 0.3, 0.3]]))
+    sync = SyncSampler(scene, spec)
+    with PipelinedSampler(scene, spec, "cpu", num_workers=1, prefetch=2) as pipe:
+        pipe.start(0)
+        for step in range(4):
+            want = sync.batch(step)
+            time.sleep(0.2)  # the next batch is ready: to_device copies it ahead (the second path)
+            got = pipe.batch(step)
+            assert torch.equal(got.valid, want.valid) and 0 < want.num_valid < R
+            assert got.num_valid == want.num_valid == float(want.valid.sum())
+
+
 class Boom:
     """A ray filter that raises on the third call (picklable)."""
 
