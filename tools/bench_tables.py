@@ -768,6 +768,7 @@ TABLES = {
     "march_city_small": lambda res: march(res, "march_city_small"),
     "march_city_small_floor": lambda res: march(res, "march_city_small_floor"),
     "march_city_small_prune": lambda res: march(res, "march_city_small_prune"),
+    "march_city_small_footprint": lambda res: march(res, "march_city_small_footprint"),
     "city_small_regions": regions_series,
     "lego_regression": lambda res: regression(res, "lego_regression", "lego"),
     "fern_regression": lambda res: regression(res, "fern_regression", "fern"),
