@@ -214,6 +214,9 @@ class MarchedModelConfig(ModelConfig):
     # the floor ends rays only where they reach it above the scene box's footprint (x, z inside the box);
     # rays reaching it past the box's edge go on (the contracted shell paints the ground beyond the box)
     floor_footprint: bool = False
+    # the floor is opaque: the light a ray has left when the floor ends it takes the colour field's value at the
+    # floor point instead of the background's (an aerial capture's ground hides what is under it); with min_altitude
+    opaque_floor: bool = False
     # training renders each ray over a random background colour (Instant-NGP's trick): for opaque captures
     # (no alpha: every pixel sees something), where a ray that is not absorbed must not fit; not with alpha
     # targets composited on dataset.background (Blender), and not in ss joint training's compositing

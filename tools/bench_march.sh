@@ -18,6 +18,8 @@
 #   footprintprune  floorprune with the floor only above the box's footprint (model.floor_footprint=true: rays
 #               reaching the floor past the box's edge go on into the contracted shell, which paints the ground
 #               there; 13% of city_small's training rays and 17% of its test rays reach the floor outside the box)
+#   opaquefloorprune  floorprune with an opaque floor (model.opaque_floor=true: the light a ray has left at the
+#               floor takes the colour field's value there, not the background's)
 #   [CELLS="before rounds ..."] tools/bench_march.sh STEPS NAME [hydra overrides...]
 # e.g. OMP_NUM_THREADS=2 ../shared/tools/quiet -- tools/bench_march.sh 300 march_city_small dataset.kind=city_small
 # copies each run's metrics.json / metrics.jsonl to bench/results/NAME/CELL/ with a meta.json entry (command,
@@ -41,6 +43,7 @@ declare -A CELL=(
   [floorprune]="model.train_round_steps=0 model.min_altitude=-0.5 model.occupancy_threshold_final=0.01"
   [floorprune03]="model.train_round_steps=0 model.min_altitude=-0.5 model.occupancy_threshold_final=0.03"
   [footprintprune]="model.train_round_steps=0 model.min_altitude=-0.5 model.floor_footprint=true model.occupancy_threshold_final=0.01"
+  [opaquefloorprune]="model.train_round_steps=0 model.min_altitude=-0.5 model.opaque_floor=true model.occupancy_threshold_final=0.01"
 )
 for cell in ${CELLS:-before rounds dist001 dist01}; do
   out="bench/${name}_${cell}"

@@ -557,6 +557,8 @@ MARCH_CELLS = (("before", "one pass (train_round_steps=0)", "0"), ("rounds", "ro
                ("floorprune", "one pass, floor, final-stage occupancy threshold 0.01", "0"),
                ("floorprune03", "one pass, floor, final-stage occupancy threshold 0.03", "0"),
                ("footprintprune", "one pass, floor above the box's footprint only, final-stage threshold 0.01", "0"),
+               ("opaquefloorprune", "one pass, opaque floor (colour field at the floor), final-stage threshold 0.01",
+                "0"),
                ("floorprune_time", "floorprune for before's training seconds (train.max_minutes=11.18)", "0"))
 
 

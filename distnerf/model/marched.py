@@ -59,11 +59,13 @@ class MarchingModel(RadianceModel):
     distortion_loss_weight: float = 0.0
 
     def init_contraction(self, contraction: str, min_altitude: float | None = None,
-                         random_background: bool = False, floor_footprint: bool = False) -> None:
+                         random_background: bool = False, floor_footprint: bool = False,
+                         opaque_floor: bool = False) -> None:
         """Register ``contraction_aabb``: the unit region of a contracted field ((2, 3) float32
         buffer, the scene box) for ``contraction='mipnerf360'``, None for ``'none'``; keep
         ``min_altitude`` (rays end below it: :meth:`ray_far`; with ``floor_footprint`` only
-        above the box's footprint) and ``random_background`` (:meth:`forward`).
+        above the box's footprint; with ``opaque_floor`` the floor absorbs what reaches it:
+        :meth:`forward`) and ``random_background`` (:meth:`forward`).
 
         Raises:
             ValueError: an unknown contraction.
@@ -73,13 +75,14 @@ class MarchingModel(RadianceModel):
         self.register_buffer("contraction_aabb", self.aabb.clone() if contraction == "mipnerf360" else None)
         self.min_altitude = None if min_altitude is None else float(min_altitude)
         self.floor_footprint = bool(floor_footprint)
+        self.opaque_floor = bool(opaque_floor) and self.min_altitude is not None
         self.random_background = bool(random_background)
 
     def ray_far(self, rays: RayBundle) -> torch.Tensor:
         """(R,) float where each ray's field ends: ``rays.far`` (``inf`` for a contracted field,
         whose sky is content), cut where the ray goes below ``min_altitude`` when set
         (:func:`~distnerf.renderer.samples.far_above_altitude`)."""
-        far = rays.far if self.contraction_aabb is None else torch.full_like(rays.far, float("inf"))
+        far = self.ray_far_without_floor(rays)
         if self.min_altitude is None:
             return far
         return far_above_altitude(rays.origins, rays.directions, far, self.min_altitude,
@@ -189,11 +192,35 @@ class MarchingModel(RadianceModel):
             background = torch.rand(len(rays), 3, generator=generator, device=rays.origins.device,
                                     dtype=rays.origins.dtype)
         out = self.render_segment(rays, rays.near, far, anchor, background, step_size)
+        if self.opaque_floor:
+            self._absorb_at_floor(out, rays, far, background)
         samples, weights = out.samples, out.weights
         out.samples = out.weights = None  # the packed samples stay here: a wrapper's output holds pixels only
         if self.distortion_loss_weight > 0 and torch.is_grad_enabled():
             out.distortion_loss = self.distortion_loss_weight * self.ray_distortion(rays, anchor, samples, weights)
         return out
+
+    def _absorb_at_floor(self, out: RenderOutput, rays: RayBundle, far: torch.Tensor, background) -> None:
+        """``model.opaque_floor``: the light a floored ray has left when it reaches the floor takes
+        the colour field's value at the floor point, not the background's: the floor is an opaque
+        surface (what lies under the ground of an aerial capture is hidden, but the ground is
+        there), so a ground that is still translucent early in training is not tinted by the
+        background. In place on ``out.rgb`` (R, 3): ``rgb + [floored] (1 - opacity) (c_floor - bg)``,
+        since a render composites ``(1 - opacity) bg`` behind its samples. Every ray's floor colour
+        is evaluated (R colour evaluations, no size read); the others are masked out."""
+        floored = (far < self.ray_far_without_floor(rays)) & (far > rays.near)  # (R,) the floor ended these rays
+        t = torch.where(floored, far, torch.zeros_like(far))
+        points = rays.origins + rays.directions * t[:, None]
+        floor_rgb = self.colours(points, rays.viewdirs, torch.arange(len(rays), device=points.device),
+                                 image_ids=rays.image_ids)
+        bg = self.appearance_background(background, rays)
+        bg = torch.zeros_like(floor_rgb) if bg is None else bg.expand_as(floor_rgb).to(floor_rgb.dtype)
+        left = (1.0 - out.opacity).to(floor_rgb.dtype) * floored.to(floor_rgb.dtype)
+        out.rgb = out.rgb + (left[:, None] * (floor_rgb - bg)).to(out.rgb.dtype)
+
+    def ray_far_without_floor(self, rays: RayBundle) -> torch.Tensor:
+        """(R,) float: :meth:`ray_far` before the floor's cut."""
+        return rays.far if self.contraction_aabb is None else torch.full_like(rays.far, float("inf"))
 
     def ray_distortion(self, rays: RayBundle, anchor: torch.Tensor, samples, weights: torch.Tensor) -> torch.Tensor:
         """(R,) float distortion loss (:func:`~distnerf.renderer.packed.distortion_loss`) of whole

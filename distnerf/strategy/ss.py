@@ -139,6 +139,10 @@ class SSStrategy(Strategy):
             raise ValueError("model.floor_footprint=true is not supported with strategy=ss (each sub-model's box is "
                              "its region's, so its floor would not match the rays' routing); use it with "
                              "strategy=ddp, or model.floor_footprint=false")
+        if model_cfg.get("opaque_floor") and model_cfg.get("min_altitude") is not None:
+            raise ValueError("model.opaque_floor=true is not supported with strategy=ss (the fusion stage composites "
+                             "the regions' segments over the background); use it with strategy=ddp, or "
+                             "model.opaque_floor=false")
         self.min_altitude = model_cfg.get("min_altitude")  # the sub-models' floor: rays are routed to it
         num = self.cfg.num_regions or self.env.world_size
         path = Path(run_dir) / "partition.json"

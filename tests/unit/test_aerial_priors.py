@@ -64,13 +64,14 @@ def test_with_a_footprint_the_floor_ends_only_rays_that_reach_it_above_the_box()
     assert torch.equal(model.ray_far(rays), out)
 
 
-def test_ss_refuses_a_floor_footprint():
+@pytest.mark.parametrize("key", ["floor_footprint", "opaque_floor"])
+def test_ss_refuses_a_floor_it_does_not_route(key):
     from distnerf.dist import DistEnv
     from distnerf.strategy import build_strategy
 
     strategy = build_strategy({"name": "ss"}, DistEnv())
-    with pytest.raises(ValueError, match="model.floor_footprint=true is not supported with strategy=ss"):
-        strategy.prepare(None, "/nonexistent", 0, {"min_altitude": -0.5, "floor_footprint": True})
+    with pytest.raises(ValueError, match=f"model.{key}=true is not supported with strategy=ss"):
+        strategy.prepare(None, "/nonexistent", 0, {"min_altitude": -0.5, key: True})
 
 
 def _ground_model(min_altitude):
@@ -100,6 +101,36 @@ def test_a_floor_hides_what_is_under_it_and_leaves_rays_going_up_alone():
     assert above["num_samples"] < free["num_samples"]
     # rays going up never cross the floor: the same render with or without one
     assert torch.equal(free["rgb"][2], above["rgb"][2]) and torch.equal(free["rgb"][2], floored["rgb"][2])
+
+
+def test_an_opaque_floor_shows_the_colour_field_at_the_floor_instead_of_the_background():
+    """``model.opaque_floor``: a ray the floor ends composites its leftover light over the colour
+    field's value at the floor point (evaluated here directly), a ray going up over the background."""
+    rays = _rays([[0.3, 6.0, 0.2], [0.3, 6.0, 0.2], [-1.0, 1.5, 0.5]],
+                 [[0.1, -1.0, 0.05], [0.6, -0.5, -0.3], [0.2, 0.7, 0.1]])
+    torch.manual_seed(0)
+    model = GridModel(AABB, BG, resolutions=[16], upsample_steps=[], color="sh", contraction="mipnerf360",
+                      min_altitude=0.6, opaque_floor=True, tv_weight=0.0)
+    plain = GridModel(AABB, BG, resolutions=[16], upsample_steps=[], color="sh", contraction="mipnerf360",
+                      min_altitude=0.6, tv_weight=0.0)
+    plain.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        n = model.resolution
+        ys = torch.linspace(float(model.grid_aabb[0, 1]), float(model.grid_aabb[1, 1]), n)
+        y = ys.view(1, n, 1).expand(n, n, n).reshape(-1)
+        for m in (model, plain):  # content only under y = 0.5, below the floor: nothing is marched
+            m.density.copy_(torch.where(y < 0.5, 20.0, -20.0).view_as(m.density))
+            m.update_occupancy()
+        model.eval(), plain.eval()
+        out, ref = model(rays), plain(rays)
+        t = (0.6 - rays.origins[:2, 1]) / rays.directions[:2, 1]
+        at_floor = model.colours(rays.origins[:2] + rays.directions[:2] * t[:, None], rays.viewdirs[:2],
+                                 torch.arange(2))
+    assert (ref["opacity"][:2] < 1e-3).all() and torch.allclose(ref["rgb"][:2], BG.expand(2, 3), atol=1e-3)
+    left = (1 - out["opacity"][:2])[:, None]
+    assert torch.allclose(out["rgb"][:2], ref["rgb"][:2] + left * (at_floor - BG), atol=1e-6)
+    assert (at_floor - BG).abs().max() > 0.05  # the floor's colour is not the background's
+    assert torch.equal(out["rgb"][2], ref["rgb"][2])  # going up: the background, as without it
 
 
 def test_ss_routes_rays_where_the_sub_models_end_them():
