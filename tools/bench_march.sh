@@ -44,6 +44,8 @@ declare -A CELL=(
   [floorprune03]="model.train_round_steps=0 model.min_altitude=-0.5 model.occupancy_threshold_final=0.03"
   [footprintprune]="model.train_round_steps=0 model.min_altitude=-0.5 model.floor_footprint=true model.occupancy_threshold_final=0.01"
   [opaquefloorprune]="model.train_round_steps=0 model.min_altitude=-0.5 model.opaque_floor=true model.occupancy_threshold_final=0.01"
+  [opaquefloorprune02]="model.train_round_steps=0 model.min_altitude=-0.5 model.opaque_floor=true model.occupancy_threshold_final=0.02"
+  [opaquefloorprune03]="model.train_round_steps=0 model.min_altitude=-0.5 model.opaque_floor=true model.occupancy_threshold_final=0.03"
 )
 for cell in ${CELLS:-before rounds dist001 dist01}; do
   out="bench/${name}_${cell}"

@@ -559,6 +559,8 @@ MARCH_CELLS = (("before", "one pass (train_round_steps=0)", "0"), ("rounds", "ro
                ("footprintprune", "one pass, floor above the box's footprint only, final-stage threshold 0.01", "0"),
                ("opaquefloorprune", "one pass, opaque floor (colour field at the floor), final-stage threshold 0.01",
                 "0"),
+               ("opaquefloorprune02", "one pass, opaque floor, final-stage threshold 0.02", "0"),
+               ("opaquefloorprune03", "one pass, opaque floor, final-stage threshold 0.03", "0"),
                ("floorprune_time", "floorprune for before's training seconds (train.max_minutes=11.18)", "0"))
 
 
@@ -771,6 +773,7 @@ TABLES = {
     "march_city_small_floor": lambda res: march(res, "march_city_small_floor"),
     "march_city_small_prune": lambda res: march(res, "march_city_small_prune"),
     "march_city_small_footprint": lambda res: march(res, "march_city_small_footprint"),
+    "march_city_small_opaque": lambda res: march(res, "march_city_small_opaque"),
     "city_small_regions": regions_series,
     "lego_regression": lambda res: regression(res, "lego_regression", "lego"),
     "fern_regression": lambda res: regression(res, "fern_regression", "fern"),
