@@ -774,6 +774,8 @@ TABLES = {
     "march_city_small_prune": lambda res: march(res, "march_city_small_prune"),
     "march_city_small_footprint": lambda res: march(res, "march_city_small_footprint"),
     "march_city_small_opaque": lambda res: march(res, "march_city_small_opaque"),
+    "march_city_small_opaque_threshold": lambda res: march(res, "march_city_small_opaque_threshold"),
+    "march_city_opaque": lambda res: march(res, "march_city_opaque"),
     "city_small_regions": regions_series,
     "lego_regression": lambda res: regression(res, "lego_regression", "lego"),
     "fern_regression": lambda res: regression(res, "fern_regression", "fern"),
