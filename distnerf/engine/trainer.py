@@ -239,9 +239,9 @@ class Trainer:
         is the same on all)."""
         if not self._late_nonfinite.pending:
             return
-        total = self.strategy.sum_over_ranks([self._late_nonfinite.take()])[0]
-        if total:
-            self._stop_nonfinite(StepStats(valid_rays=0.0, nonfinite=total), self._late_step)
+        ranks = self.strategy.sum_over_ranks([self._late_nonfinite.take()])[0]
+        if ranks:
+            self._stop_nonfinite(ranks, self._late_step)
 
     def fit(self) -> dict:
         """Train until ``train.max_steps``, the time budget or a stop signal, then evaluate the test split."""
@@ -255,7 +255,7 @@ class Trainer:
             agreed = self.agree(batch, sse)
             flags = agreed.total
             if flags.nonfinite:  # the previous step's loss (agree's docstring)
-                self._stop_nonfinite(flags, self.step - 1)
+                self._stop_nonfinite(flags.nonfinite, self.step - 1)
             if flags.collapsed:
                 self._stop_collapsed(flags)
             if flags.over_budget or flags.signal:  # every rank leaves at this step
@@ -288,8 +288,9 @@ class Trainer:
                                        frame_agreed=bool(flags.live_frame))
         return self._finish(stop_reason, progress, segment_start, time.perf_counter() - loop_start)
 
-    def _stop_nonfinite(self, flags: StepStats, step: int) -> None:
-        msg = f"non-finite loss at step {step} on {int(flags.nonfinite)} rank(s); stopping without saving"
+    def _stop_nonfinite(self, ranks: float, step: int) -> None:
+        """Stop without saving: ``ranks`` ranks had a non-finite loss at ``step``."""
+        msg = f"non-finite loss at step {step} on {int(ranks)} rank(s); stopping without saving"
         self._stop_without_saving(NonFiniteLoss(msg), {"event": "nonfinite_loss"})
 
     def _stop_without_saving(self, err: NonFiniteLoss, row: dict) -> None:

@@ -163,13 +163,12 @@ class Strategy:
         """(this rank's stats, the sum over ranks), both as host floats: one device-to-host
         read of the tensor fields, then a CPU all-reduce (gloo, on CPU and CUDA groups alike)."""
         mine = local.host_values()
-        # a CPU tensor on CPU and CUDA runs alike: reading it waits for no device
-        total = D.all_reduce_sum(self.env, torch.tensor(mine, dtype=torch.float64)).numpy().tolist()
-        return StepStats(*mine), StepStats(*total)
+        return StepStats(*mine), StepStats(*self.sum_over_ranks(mine))
 
     def sum_over_ranks(self, values: list[float]) -> list[float]:
         """Host floats summed over every rank (one small CPU all-reduce; every rank must call it
-        at the same step), e.g. a flag read late that a checkpoint must not ignore."""
+        at the same step): the step's stats, or a flag read late that a checkpoint must not ignore."""
+        # a CPU tensor on CPU and CUDA runs alike: reading it waits for no device
         return D.all_reduce_sum(self.env, torch.tensor(values, dtype=torch.float64)).numpy().tolist()
 
     def comm_stats(self) -> dict:

@@ -132,7 +132,8 @@ class SSStrategy(Strategy):
             ValueError: a saved partition with another ``strategy.num_regions`` or contraction, or
                 whose K regions do not split evenly over the world size; ``model.floor_footprint``
                 (a sub-model's box is its region's, not the scene's: its floor would end rays at
-                other footprints than the routing's).
+                other footprints than the routing's) or ``model.opaque_floor`` (the fusion stage
+                composites the segments over the background), with a floor set.
         """
         self.seed = int(seed)
         if model_cfg.get("floor_footprint") and model_cfg.get("min_altitude") is not None:
