@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 
 from .checkpoint import SCENE_TRANSFORM_FILE, atomic_torch_save
 from .engine.runs import find_checkpoint, load_run_config, load_weights
-from .schema import ConfigError
+from .config_check import ConfigError
 from .strategy.ss_loading import region_states
 
 

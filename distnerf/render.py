@@ -44,7 +44,7 @@ from .data.images import undecoded
 from .engine.evaluate import evaluate_run, make_eval_split, render_image
 from .engine.runs import load_renderer, load_run_config
 from .observe.logger import log_render_videos
-from .schema import ConfigError
+from .config_check import ConfigError
 from .strategy import build_strategy
 
 log = logging.getLogger("distnerf")

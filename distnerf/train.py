@@ -26,7 +26,7 @@ from . import dist as D
 from .checkpoint import CheckpointWriteError
 from .rundir import RunDirBusy, release_run_dir, resolve_run_dir, setup_logging
 from .data import DatasetError
-from .schema import ConfigError, validate
+from .config_check import ConfigError, validate
 from .engine.trainer import NonFiniteLoss, Trainer
 from .observe.progress import ProgressBeacon
 from .strategy import build_strategy

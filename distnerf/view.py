@@ -34,7 +34,7 @@ from .data.images import undecoded
 from .engine.runs import load_renderer, load_run_config
 from .engine.viewer import ViewerServer, thumbnail
 from .observe.logger import read_metrics_log
-from .schema import ConfigError
+from .config_check import ConfigError
 from .strategy.partition import Partition
 
 log = logging.getLogger("distnerf")

@@ -63,7 +63,7 @@ print("RESULT " + json.dumps(out))
 def compose(overrides: list[str]):
     from hydra import compose as hydra_compose, initialize_config_dir
 
-    from distnerf.schema import validate
+    from distnerf.config_check import validate
 
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         return validate(hydra_compose("train", overrides=overrides))

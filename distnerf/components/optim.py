@@ -10,7 +10,8 @@ from torch.optim.adam import adam as adam_update
 
 from ..dist import accepts
 from ..model.base import RadianceModel
-from ..schema import TrainLoopConfig, section
+from ..config_check import section
+from ..schema import TrainLoopConfig
 from .schedule import Clock, lr_factor
 
 

@@ -37,7 +37,8 @@ import math
 from dataclasses import dataclass
 from typing import Mapping
 
-from ..schema import DEFAULT_MAX_STEPS, TrainLoopConfig, section
+from ..config_check import section
+from ..schema import DEFAULT_MAX_STEPS, TrainLoopConfig
 
 
 @dataclass(frozen=True)

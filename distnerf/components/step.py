@@ -16,7 +16,8 @@ from typing import Callable, ContextManager
 import torch
 
 from ..model.base import RadianceModel
-from ..schema import TrainLoopConfig, section
+from ..config_check import section
+from ..schema import TrainLoopConfig
 from .loss import photometric_sse
 from .optim import build_optimizer, rebuild_optimizer, set_lr
 from .schedule import Clock, budgeted, stage_step

@@ -19,7 +19,7 @@ from distnerf.data.colmap import load_colmap
 from distnerf.data.images import ImageList
 from distnerf.data.llff import load_llff
 from distnerf.data.nerfstudio import load_nerfstudio
-from distnerf.schema import section
+from distnerf.config_check import section
 
 __all__ = ["Cameras", "DatasetError", "ImageList", "MissingDatasetFile", "NDCParams", "SceneData", "load_blender", "load_colmap",
            "load_llff", "load_nerfstudio", "load_scene", "DATASET_NAMES"]

@@ -264,7 +264,7 @@ def compose_dataset(overrides: Sequence[str]):
     """
     from hydra import compose, initialize_config_dir
 
-    from distnerf.schema import section
+    from distnerf.config_check import section
 
     others = [o for o in overrides if not o.lstrip("+~").startswith("dataset")]
     if others:

@@ -23,7 +23,8 @@ from ..data.base import SceneData
 from ..data.rays import image_rays
 from ..data import load_scene
 from ..observe.metrics import LPIPS, LPIPS_BACKBONE, PSNR_MAX_DB, psnr, ssim
-from ..schema import EvalConfig, section
+from ..config_check import section
+from ..schema import EvalConfig
 from ..strategy.fusion import FusedRenderer
 from .held_out_appearance import appearance_protocol, appearance_tables, clear_appearance, fit_appearance
 

@@ -16,7 +16,8 @@ import torch
 from ..data.base import SceneData
 from ..data.rays import image_rays
 from ..model.appearance import Appearance
-from ..schema import ConfigError, EvalConfig, section
+from ..config_check import ConfigError, section
+from ..schema import EvalConfig
 
 
 def appearance_tables(model) -> list[Appearance]:

@@ -10,7 +10,8 @@ from omegaconf import OmegaConf
 
 from .. import checkpoint as ckpt
 from ..model import build_model
-from ..schema import ConfigError, RenderConfig, validate
+from ..config_check import ConfigError, validate
+from ..schema import RenderConfig
 
 
 def load_run_config(argv: list[str], prog: str = "distnerf.render"):

@@ -28,7 +28,7 @@ from ..observe.logger import METRICS_LOG, JsonlLogger, MultiLogger, NullLogger, 
 from ..observe.run_profiler import RunProfiler, log_profile_summaries
 from ..sampler import batch_config, build_sampler, pixel_source
 from ..model import contracted
-from ..schema import ConfigError, validate
+from ..config_check import ConfigError, validate
 from ..strategy.base import StepAgreement, StepStats, Strategy
 from .checkpoint_cadence import Checkpointer
 from .evaluate import evaluate_run, image_panels, make_eval_split

@@ -5,7 +5,7 @@ from typing import Mapping
 
 import torch
 
-from ..schema import section
+from ..config_check import section
 from .base import RadianceModel
 from .budget import fit_budget
 from .grid import GridModel

@@ -40,7 +40,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..schema import ConfigError
+from ..config_check import ConfigError
 
 #: the table's learning rate relative to the run's base lr: a code is trained only by the rays of
 #: its own image (a 1/N share of the batch), so it moves slower than the shared weights

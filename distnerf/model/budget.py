@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig, OmegaConf
 
-from ..schema import ConfigError, section
+from ..config_check import ConfigError, section
 
 PROBE = {"grid": {"resolutions": [2], "upsample_steps": []}, "ngp": {"log2_table_size": 4}}
 

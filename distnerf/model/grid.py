@@ -42,7 +42,8 @@ from torch import nn
 
 from ..renderer.contraction import contracted_box, world_step_scale
 from ..renderer.occupancy import OccupancyGrid
-from ..schema import GridModelConfig, section
+from ..config_check import section
+from ..schema import GridModelConfig
 from .appearance import LR_SCALE, build_appearance
 from .encoding import PositionalEncoding
 from .marched import MarchingModel

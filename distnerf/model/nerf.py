@@ -26,7 +26,8 @@ from ..data.rays import RayBundle
 from ..renderer.output import RenderOutput
 from ..renderer.samples import intervals_from_points, sample_pdf, stratified_samples
 from ..renderer.volume import volume_render
-from ..schema import NeRFModelConfig, section
+from ..config_check import section
+from ..schema import NeRFModelConfig
 from .appearance import build_appearance
 from .base import RadianceModel
 from .encoding import PositionalEncoding

@@ -19,7 +19,8 @@ from torch import nn
 
 from ..renderer.contraction import contracted_box, world_step_scale
 from ..renderer.occupancy import OccupancyGrid, normalize_points
-from ..schema import NGPModelConfig, section
+from ..config_check import section
+from ..schema import NGPModelConfig
 from .appearance import LR_SCALE, build_appearance
 from .encoding import HashEncoding, PositionalEncoding
 from .marched import MarchingModel

@@ -62,7 +62,7 @@ def schema_default(key: str, settings: dict):
     """The schema's default (:mod:`distnerf.schema`) of a flattened config key, for the option
     ``settings`` names in its group (``model.name`` for ``model.min_altitude``); :data:`ABSENT`
     when the schema declares no such key."""
-    from ..schema import GROUPS, PREFIX
+    from ..config_check import GROUPS, PREFIX
 
     group = key.split(".", 1)[0]
     if group in GROUPS:

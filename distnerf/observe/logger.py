@@ -9,7 +9,8 @@ import logging
 import os
 from pathlib import Path
 
-from ..schema import WandbConfig, section
+from ..config_check import section
+from ..schema import WandbConfig
 from .wandb_records import run_files
 
 log = logging.getLogger("distnerf")

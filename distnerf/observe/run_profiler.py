@@ -20,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-from ..schema import ProfilerConfig, section
+from ..config_check import section
+from ..schema import ProfilerConfig
 from .breakdown import PHASES, StepProfiler
 from .telemetry import Telemetry
 

@@ -13,7 +13,8 @@ import torch
 from omegaconf import OmegaConf
 
 from ..data.base import SceneData
-from ..schema import SamplerConfig, section
+from ..config_check import section
+from ..schema import SamplerConfig
 from .base import BatchSpec, RayBatch, RayFilter, Sampler, batch_rng, draw_indices, make_batch
 from .cache import PixelCache
 from .device import DeviceSampler, fits_on_device

@@ -45,7 +45,8 @@ import torch
 import torch.multiprocessing as mp
 
 from ..data.base import SceneData
-from ..schema import SamplerConfig, choices_of
+from ..config_check import choices_of
+from ..schema import SamplerConfig
 from .base import BatchSpec, RayBatch, Sampler
 from .cache import cached_file, open_pixel_cache, write_pixel_cache
 from .files import image_files

@@ -16,7 +16,8 @@ from typing import Mapping, Optional, Sequence
 import numpy as np
 import torch
 
-from ..schema import SamplerConfig, choices_of
+from ..config_check import choices_of
+from ..schema import SamplerConfig
 
 POLICIES = choices_of(SamplerConfig, "policy")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from ..dist import DistEnv
-from ..schema import section
+from ..config_check import section
 from .base import StepAgreement, StepStats, Strategy
 from .ddp import DDPStrategy
 from .ss import SSStrategy

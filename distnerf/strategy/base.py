@@ -17,7 +17,7 @@ from torch import nn
 from .. import checkpoint as ckpt
 from .. import dist as D
 from ..dist import DistEnv
-from ..schema import section
+from ..config_check import section
 
 
 @dataclass

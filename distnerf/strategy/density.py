@@ -10,7 +10,8 @@ import torch
 from ..components.step import TrainStep
 from ..model import build_model
 from ..sampler import build_sampler
-from ..schema import GridModelConfig, TrainLoopConfig, section
+from ..config_check import section
+from ..schema import GridModelConfig, TrainLoopConfig
 
 
 def estimate_density(scene, model_cfg: dict, steps: int, resolution: int, rays_per_step: int, seed: int,

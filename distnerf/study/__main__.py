@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--wandb", choices=("offline", "online", "disabled"), help=wandb_help)
     args = parser.parse_args(argv)
 
-    from ..schema import ConfigError
+    from ..config_check import ConfigError
     from . import dashboard, document, plan, report, runner
 
     try:

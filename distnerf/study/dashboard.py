@@ -15,7 +15,8 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from ..observe.logger import log_study_report
-from ..schema import WandbConfig, section
+from ..config_check import section
+from ..schema import WandbConfig
 
 TABLES = ("breakdown", "sync", "inference", "input", "quality", "capacity", "ranks", "differs")
 """The report's tables that go to W&B (those that are lists of rows, the headline figures)."""

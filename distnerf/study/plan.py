@@ -33,7 +33,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from ..schema import ConfigError, StudyConfig, section
+from ..config_check import ConfigError, section
+from ..schema import StudyConfig
 
 AXES = ("strategy", "sampler", "world_size", "scene", "model", "budget")
 BUILTIN_LEVELS = {

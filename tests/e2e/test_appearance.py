@@ -15,7 +15,8 @@ from distnerf.data import load_scene
 from distnerf.engine.evaluate import evaluate_views
 from distnerf.model import build_model
 from distnerf.sampler import SyncSampler
-from distnerf.schema import TrainLoopConfig, section
+from distnerf.config_check import section
+from distnerf.schema import TrainLoopConfig
 from tests.conftest import run_cli
 
 GAIN_FLOOR_DB = 4.0  # affine over none on the training images; measured 6.10 dB (15.92 -> 22.02 dB)

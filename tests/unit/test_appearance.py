@@ -17,7 +17,7 @@ from distnerf.engine.evaluate import evaluate_views
 from distnerf.engine.held_out_appearance import appearance_protocol, check_appearance_protocol, fit_appearance
 from distnerf.model import build_model
 from distnerf.model.appearance import Appearance
-from distnerf.schema import ConfigError
+from distnerf.config_check import ConfigError
 
 from .test_models import AABB, WHITE, _rays
 from .test_sampler import tiny_scene

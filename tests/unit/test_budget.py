@@ -6,7 +6,7 @@ import torch
 
 from distnerf.model import build_model
 from distnerf.model.budget import scaled_resolutions
-from distnerf.schema import ConfigError
+from distnerf.config_check import ConfigError
 
 BOX = torch.tensor([[-1.0, -1.0, -0.5], [1.0, 1.0, 0.5]])
 

@@ -22,7 +22,7 @@ from distnerf.data.synthetic.primitives import Building, CityGround
 from distnerf.data.synthetic.scenes import (build_scene, city_num_views, image_size,
                                             split_counts)
 from distnerf.data.synthetic.tracer import Sky
-from distnerf.schema import ConfigError, section
+from distnerf.config_check import ConfigError, section
 
 TINY = dict(kind="city_small", resolution=32, num_views=10, seed=0)
 W, H = 32, 24

@@ -13,7 +13,7 @@ import yaml
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from distnerf import schema
+from distnerf import config_check, schema
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 GROUPS = ("dataset", "model", "strategy", "sampler", "logger", "profiler")
@@ -31,9 +31,9 @@ def compose_train(overrides):
 def test_every_group_file_has_a_schema():
     for group in GROUPS:
         assert options(group), group
-    assert set(options("model")) == set(schema.GROUPS["model"])
-    assert set(options("dataset")) == set(schema.GROUPS["dataset"])
-    assert set(options("strategy")) == set(schema.GROUPS["strategy"])
+    assert set(options("model")) == set(config_check.GROUPS["model"])
+    assert set(options("dataset")) == set(config_check.GROUPS["dataset"])
+    assert set(options("strategy")) == set(config_check.GROUPS["strategy"])
 
 
 @pytest.mark.parametrize("experiment", [None] + options("experiment"))
@@ -45,17 +45,17 @@ def test_every_option_composes_with_every_experiment(experiment):
     for overrides in runs:
         extra = ["dataset.root=/data/x"] if any(o.startswith("dataset=") and o != "dataset=synthetic"
                                                 for o in overrides) else []
-        cfg = schema.validate(compose_train(overrides + extra + ([f"experiment={experiment}"] if experiment else [])))
+        cfg = config_check.validate(compose_train(overrides + extra + ([f"experiment={experiment}"] if experiment else [])))
         for o in overrides:
             group, option = o.split("=")
-            if group in schema.GROUPS:
+            if group in config_check.GROUPS:
                 assert cfg[group].name == option, o
-                assert OmegaConf.get_type(cfg[group]) is schema.GROUPS[group][option]
+                assert OmegaConf.get_type(cfg[group]) is config_check.GROUPS[group][option]
 
 
 def test_smoke_overlay_sets_each_models_own_small_sizes():
-    grid = schema.validate(compose_train(["experiment=smoke"]))
-    ngp = schema.validate(compose_train(["experiment=smoke", "model=ngp"]))
+    grid = config_check.validate(compose_train(["experiment=smoke"]))
+    ngp = config_check.validate(compose_train(["experiment=smoke", "model=ngp"]))
     assert list(grid.model.resolutions) != list(schema.GridModelConfig().resolutions)
     assert ngp.model.log2_table_size < schema.NGPModelConfig().log2_table_size
     assert grid.train.max_steps == ngp.train.max_steps == yaml.safe_load((CONF / "experiment/smoke.yaml").read_text())[
@@ -67,7 +67,7 @@ def test_defaults_are_written_once_in_the_schema():
     for group in GROUPS:
         for option in options(group):
             data = yaml.safe_load((CONF / group / f"{option}.yaml").read_text()) or {}
-            node = schema.GROUPS.get(group, {}).get(option) or {
+            node = config_check.GROUPS.get(group, {}).get(option) or {
                 "sampler": schema.SamplerConfig, "logger": schema.LoggerConfig,
                 "profiler": schema.ProfilerConfig}[group]
             defaults = {f.name: OmegaConf.to_container(OmegaConf.structured(node))[f.name]
@@ -87,33 +87,33 @@ def test_defaults_are_written_once_in_the_schema():
     ("model.termination=2", r"config model.termination=2.0 must be <= 1"),
     # a list that grows with the code is read from the schema (adding a policy must not break this test)
     ("sampler.policy=random", r"config sampler.policy='random' is not one of "
-                              + re.escape(str(list(schema.choices_of(schema.SamplerConfig, "policy"))))),
+                              + re.escape(str(list(config_check.choices_of(schema.SamplerConfig, "policy"))))),
     ("device=tpu", r"config device='tpu' is not one of \['auto', 'cpu', 'cuda'\]"),
 ])
 def test_bad_values_name_key_value_and_allowed(override, message):
     with pytest.raises(ValueError, match=message):
-        schema.validate(compose_train([override]))
+        config_check.validate(compose_train([override]))
 
 
 def test_missing_root_and_unknown_keys_are_named():
     with pytest.raises(ValueError, match=r"config dataset.root is required"):
-        schema.validate(compose_train(["dataset=llff"]))
+        config_check.validate(compose_train(["dataset=llff"]))
     with pytest.raises(ValueError, match=r"config model: Key 'colr' not in 'GridModelConfig'"):
-        schema.section("model", {"name": "grid", "colr": "sh"})
+        config_check.section("model", {"name": "grid", "colr": "sh"})
     with pytest.raises(ValueError, match=r"config model.name='siren' is not one of \['grid', 'nerf', 'ngp'\]"):
-        schema.validate({"dataset": {"name": "synthetic"}, "model": {"name": "siren"}, "strategy": {"name": "ddp"}})
+        config_check.validate({"dataset": {"name": "synthetic"}, "model": {"name": "siren"}, "strategy": {"name": "ddp"}})
     with pytest.raises(Exception, match="model.colr"):  # Hydra refuses an unknown override at composition
         compose_train(["model.colr=sh"])
 
 
 def test_saved_config_round_trips_and_partial_sections_get_the_schema_defaults(tmp_path):
-    cfg = schema.validate(compose_train(["model=ngp", "strategy=ss", "strategy.num_regions=4"]))
+    cfg = config_check.validate(compose_train(["model=ngp", "strategy=ss", "strategy.num_regions=4"]))
     path = tmp_path / "config.yaml"
     path.write_text(OmegaConf.to_yaml(cfg, resolve=True))  # what a run directory holds
-    again = schema.validate(OmegaConf.load(path), schema.RenderConfig)
+    again = config_check.validate(OmegaConf.load(path), schema.RenderConfig)
     assert OmegaConf.to_container(again)["model"] == OmegaConf.to_container(cfg)["model"]
     assert again.strategy.num_regions == 4 and again.fusion is None
-    part = schema.section(schema.SamplerConfig, {"name": "sync"})
+    part = config_check.section(schema.SamplerConfig, {"name": "sync"})
     assert part.num_workers == schema.SamplerConfig().num_workers and part.name == "sync"
 
 
@@ -124,7 +124,7 @@ def test_the_code_restates_no_config_default():
 
     keys = {f.name for node in [schema.TrainConfig, schema.TrainLoopConfig, schema.EvalConfig, schema.SamplerConfig,
                                 schema.ProfilerConfig, schema.TraceConfig, schema.LoggerConfig, schema.WandbConfig,
-                                *(n for options in schema.GROUPS.values() for n in options.values())]
+                                *(n for options in config_check.GROUPS.values() for n in options.values())]
             for f in dataclasses.fields(node)}
     found = []
     for path in sorted((CONF.parent / "distnerf").rglob("*.py")):

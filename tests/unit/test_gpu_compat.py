@@ -43,7 +43,8 @@ def test_accepts_reads_signatures_not_versions():
 def test_the_optimizer_is_built_without_fused_where_adam_lacks_it(monkeypatch):
     from distnerf.components import optim
     from distnerf.model.grid import GridModel
-    from distnerf.schema import GridModelConfig, TrainLoopConfig, section
+    from distnerf.config_check import section
+    from distnerf.schema import GridModelConfig, TrainLoopConfig
 
     model = GridModel(torch.tensor([[-1.0] * 3, [1.0] * 3]), torch.ones(3),
                       section(GridModelConfig, {"resolutions": [8], "upsample_steps": []}))

@@ -7,7 +7,7 @@ import imageio.v3 as iio
 import pytest
 
 from distnerf.render import video_path
-from distnerf.schema import ConfigError
+from distnerf.config_check import ConfigError
 from tests.conftest import run_cli
 
 

@@ -13,7 +13,8 @@ import torch
 
 from distnerf.components.schedule import Clock, lr_factor, stage_step, step_limit
 from distnerf.model.grid import GridModel
-from distnerf.schema import DEFAULT_MAX_STEPS, TrainLoopConfig, describe_schedule
+from distnerf.config_check import describe_schedule
+from distnerf.schema import DEFAULT_MAX_STEPS, TrainLoopConfig
 from tests.conftest import load_tool
 
 REPO = Path(__file__).resolve().parents[2]

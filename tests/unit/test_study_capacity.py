@@ -7,7 +7,8 @@ import math
 import pytest
 from omegaconf import OmegaConf
 
-from distnerf.schema import StudyConfig, section
+from distnerf.config_check import section
+from distnerf.schema import StudyConfig
 from distnerf.study import capacity, plan
 
 

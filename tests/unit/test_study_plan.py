@@ -7,7 +7,8 @@ import os
 import pytest
 from omegaconf import OmegaConf
 
-from distnerf.schema import ConfigError, StudyConfig, section
+from distnerf.config_check import ConfigError, section
+from distnerf.schema import StudyConfig
 from distnerf.study import plan, runner, scaling
 from tests.conftest import REPO, load_tool
 

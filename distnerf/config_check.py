@@ -1,0 +1,207 @@
+"""Config validation: a composed (or saved) config merged into the schemas of :mod:`distnerf.schema`
+(the list of keys, their defaults and bounds) and checked, and the schemas registered with Hydra.
+
+:func:`validate` merges a whole config into the schemas and checks every declared choice and
+bound, raising :class:`ConfigError` (a ``ValueError``) naming the key, the value and what is
+allowed; :func:`section` does the same for one group (components build their settings with it).
+Types are checked by OmegaConf on merge (a string for an int key is an error naming the key),
+unknown keys are refused (struct mode). Importing this module registers the schemas in Hydra's
+ConfigStore (``schema_train``, ``<group>/schema_<option>``) and the ``distnerf_schedule``
+resolver of ``train.schedule`` (:func:`describe_schedule`), so every entry point that composes
+``conf/train.yaml`` imports it.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from .schema import (DEFAULT_MAX_STEPS, BlenderDataset, ColmapDataset, DDPStrategyConfig, EvalConfig,
+                     GridModelConfig, LLFFDataset, LoggerConfig, NeRFModelConfig, NerfstudioDataset,
+                     NGPModelConfig, ProfilerConfig, SamplerConfig, SSStrategyConfig, SyntheticDataset,
+                     TraceConfig, TrainConfig, TrainLoopConfig, ViewerConfig)
+
+
+class ConfigError(ValueError):
+    """A config key is unknown, missing, of the wrong type or out of range (the message names it)."""
+
+
+def choices_of(schema: type, key: str) -> tuple:
+    """The allowed values of a :func:`~distnerf.schema.choice` field, e.g. ``choices_of(SamplerConfig, "policy")``."""
+    return next(f for f in dataclasses.fields(schema) if f.name == key).metadata["choices"]
+
+
+def describe_schedule(max_steps, max_minutes, decay, decay_steps, warmup_steps, schedule_steps,
+                      upsample_steps=None, occupancy_every=None) -> str:
+    """The training schedule's rule, resolved for these ``train`` values (and the model's stage
+    steps and occupancy cadence, where the model has them), as one line: the value of
+    ``train.schedule`` (``--cfg job --resolve``). What computes it: :mod:`distnerf.components.schedule`.
+
+    Without a time budget (``max_minutes`` 0) everything follows the step; with one, ``p``, the
+    fraction of the budget elapsed: ``lr x decay ** p``, grid stage ``i`` at step
+    ``upsample_steps[i]`` (with ``schedule_steps`` set, also at ``p >= upsample_steps[i] /
+    schedule_steps``, whichever first). Warm-up and the occupancy refresh count steps in both."""
+    warm = f"; linear warm-up over {warmup_steps} steps" if warmup_steps else ""
+    occ = f"; occupancy refresh every {occupancy_every} steps" if occupancy_every else ""
+    stages = list(upsample_steps) if upsample_steps else []
+    if not max_minutes or float(max_minutes) <= 0:
+        limit = DEFAULT_MAX_STEPS if max_steps is None else int(max_steps)
+        at = f"; grid stages at steps {stages}" if stages else ""
+        return f"steps (stop at step {limit}): lr x {float(decay):g} ** (step / {float(decay_steps):g}){warm}{at}{occ}"
+    if schedule_steps is None:
+        at = f"; grid stages at steps {stages}" if stages else ""
+    else:
+        fractions = [round(int(s) / float(schedule_steps), 4) for s in stages]
+        at = f"; grid stages at steps {stages} or p >= {fractions}, whichever first" if stages else ""
+    stop = "" if max_steps is None else f" or step {int(max_steps)}"
+    return (f"time budget (stop after {float(max_minutes):g} min of training{stop}; p = the fraction elapsed, "
+            f"agreed across ranks): lr x {float(decay):g} ** p{warm}{at}{occ}")
+
+
+def _schedule_resolver(*, _parent_, _root_) -> str:
+    """``train.schedule``: :func:`describe_schedule` of the ``train`` node holding it and, when
+    the root has one, the ``model`` beside it (a ``train`` section alone: the steps rule only)."""
+    t = _parent_
+    model = _root_.get("model") if _root_ is not _parent_ else None
+    model = model if isinstance(model, DictConfig) else {}
+    return describe_schedule(t.get("max_steps"), t.get("max_minutes"), t.get("decay"), t.get("decay_steps"),
+                             t.get("warmup_steps"), t.get("schedule_steps"), model.get("upsample_steps"),
+                             model.get("occupancy_every"))
+
+
+OmegaConf.register_new_resolver("distnerf_schedule", _schedule_resolver, replace=True)
+
+
+PREFIX = {SamplerConfig: "sampler.", TrainLoopConfig: "train.", EvalConfig: "eval.", ProfilerConfig: "profiler.",
+          LoggerConfig: "logger.", TraceConfig: "profiler.trace.", ViewerConfig: "viewer."}
+PREFIX.update({schema: f"{group}." for group, options in {
+    "dataset": (SyntheticDataset, BlenderDataset, LLFFDataset, ColmapDataset, NerfstudioDataset),
+    "model": (GridModelConfig, NeRFModelConfig, NGPModelConfig),
+    "strategy": (DDPStrategyConfig, SSStrategyConfig)}.items() for schema in options})
+GROUPS = {
+    "dataset": {"synthetic": SyntheticDataset, "blender": BlenderDataset, "llff": LLFFDataset,
+                "colmap": ColmapDataset, "nerfstudio": NerfstudioDataset},
+    "model": {"grid": GridModelConfig, "nerf": NeRFModelConfig, "ngp": NGPModelConfig},
+    "strategy": {"ddp": DDPStrategyConfig, "ss": SSStrategyConfig},
+}
+
+
+def register() -> None:
+    """Register the schemas in Hydra's ConfigStore: ``schema_train`` (root) and
+    ``<group>/schema_<option>`` (the base of each ``conf/<group>/<option>.yaml``)."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(name="schema_train", node=TrainConfig)
+    for group, options in GROUPS.items():
+        for option, node in options.items():
+            cs.store(group=group, name=f"schema_{option}", node=node)
+    cs.store(group="sampler", name="schema", node=SamplerConfig)
+    cs.store(group="profiler", name="schema", node=ProfilerConfig)
+    cs.store(group="logger", name="schema", node=LoggerConfig)
+
+
+def _schema_of(group: str, node) -> type:
+    name = node.get("name") if isinstance(node, (dict, DictConfig)) else None
+    options = GROUPS[group]
+    if name not in options:
+        raise ConfigError(f"config {group}.name={name!r} is not one of {sorted(options)}")
+    return options[name]
+
+
+def _omegaconf_reason(err: Exception) -> tuple[str | None, str]:
+    """(the full key, when the first line does not name it; the first line) of an OmegaConf error."""
+    first, key = str(err).splitlines()[0], getattr(err, "full_key", None)
+    return (key if key and key not in first else None), first
+
+
+def structured(cfg, root: type = TrainConfig) -> DictConfig:
+    """``cfg`` (a composed or saved config) merged into the schemas: defaults filled in,
+    types converted, unknown keys refused. ``root``: :class:`TrainConfig` or a subclass
+    with further top-level keys (:class:`RenderConfig`).
+
+    Raises:
+        ValueError: an unknown group option, key or a value of the wrong type, naming it.
+    """
+    cfg = OmegaConf.create(cfg) if not isinstance(cfg, DictConfig) else cfg
+    try:
+        base = OmegaConf.structured(root)
+        for group in GROUPS:
+            OmegaConf.update(base, group, OmegaConf.structured(_schema_of(group, cfg.get(group))), merge=False)
+        OmegaConf.set_struct(base, True)
+        merged = OmegaConf.merge(base, cfg)
+    except ConfigError:
+        raise
+    except Exception as err:
+        key, first = _omegaconf_reason(err)
+        raise ConfigError(f"config {key}: {first}" if key else f"config: {first}") from None
+    return merged
+
+
+def check(cfg: DictConfig, prefix: str = "") -> None:
+    """Check every declared choice and bound of ``cfg`` (a config built by :func:`structured`).
+
+    Raises:
+        ValueError: ``config KEY=VALUE is not one of [...]`` / ``... must be >= LOW``.
+    """
+    schema = OmegaConf.get_type(cfg)
+    if not dataclasses.is_dataclass(schema):
+        return
+    for f in dataclasses.fields(schema):
+        key = f"{prefix}{f.name}"
+        value = cfg.get(f.name)
+        if isinstance(value, DictConfig):
+            check(value, key + ".")
+            continue
+        if value is None or OmegaConf.is_missing(cfg, f.name):
+            if f.default is MISSING and OmegaConf.is_missing(cfg, f.name):
+                raise ConfigError(f"config {key} is required (e.g. {key}=PATH)")
+            continue
+        meta = f.metadata
+        if "choices" in meta and value not in meta["choices"]:
+            raise ConfigError(f"config {key}={value!r} is not one of {list(meta['choices'])}")
+        low, high = meta.get("low"), meta.get("high")
+        if low is not None and (value <= low if meta.get("low_open") else value < low):
+            raise ConfigError(f"config {key}={value!r} must be {'>' if meta.get('low_open') else '>='} {low}")
+        if high is not None and value > high:
+            raise ConfigError(f"config {key}={value!r} must be <= {high}")
+
+
+def validate(cfg, root: type = TrainConfig) -> DictConfig:
+    """:func:`structured` then :func:`check`: the config every entry point runs on."""
+    merged = structured(cfg, root)
+    check(merged)
+    return merged
+
+
+def section(schema: type | str, cfg=None, **overrides) -> DictConfig:
+    """One group's config, validated: ``cfg`` (a mapping, possibly partial, or None) and
+    ``overrides`` merged into ``schema`` (a dataclass, or a group name of :data:`GROUPS`
+    whose option is ``cfg['name']``) and checked. Components build their settings with it,
+    so a partial mapping (a test, a tool) gets the schema's defaults, never a restated one.
+
+    Raises:
+        ValueError: as :func:`structured` and :func:`check`, keys named relative to the group.
+    """
+    if not overrides and isinstance(cfg, DictConfig) and not isinstance(schema, str) \
+            and OmegaConf.get_type(cfg) is schema:
+        return cfg  # already validated (the composed config's own node)
+    data = OmegaConf.merge(OmegaConf.create(cfg if cfg is not None else {}), overrides) if overrides else cfg
+    data = data if data is not None else {}
+    prefix = f"{schema}." if isinstance(schema, str) else PREFIX.get(schema, "")
+    if isinstance(schema, str):
+        schema = _schema_of(schema, data)
+    try:
+        node = OmegaConf.structured(schema)
+        OmegaConf.set_struct(node, True)
+        merged = OmegaConf.merge(node, data)
+    except Exception as err:
+        key, first = _omegaconf_reason(err)
+        first = f"{key}: {first}" if key else first
+        raise ConfigError(f"config {prefix.rstrip('.') or schema.__name__}: {first} (keys and defaults: "
+                         f"distnerf/schema.py::{schema.__name__})") from None
+    check(merged, prefix)
+    return merged
+
+
+register()  # importing this module makes the schemas composable (Hydra's compose API, tests, tools)
