@@ -61,11 +61,12 @@ class DistEnv:
         return self.distributed and self.world_size > 1
 
 
-def init_distributed(device: str = "auto", timeout_s: float = 600.0, setup_timeout_s: float | None = None) -> DistEnv:
+def init_distributed(device: str, *, timeout_s: float, setup_timeout_s: float | None) -> DistEnv:
     """Join the process group when launched by torchrun.
 
     Args:
-        device: ``"auto"`` (CUDA of the local rank if available, else CPU), ``"cpu"`` or ``"cuda"``.
+        device: ``"auto"`` (CUDA of the local rank if available, else CPU), ``"cpu"`` or ``"cuda"``
+            (``device`` in ``conf/train.yaml``).
         timeout_s: collective timeout (seconds), so that a lost or hung rank ends the job
             with an error instead of hanging (``dist_timeout_s`` in ``conf/train.yaml``).
         setup_timeout_s: the timeout of the rendezvous and of every collective until

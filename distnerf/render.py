@@ -138,7 +138,8 @@ def render_videos(cfg, model, strategy, scene, out_dir: Path, env) -> dict[str, 
 
 def main(argv: list[str] | None = None) -> dict:
     cfg, run_dir = load_run_config(sys.argv[1:] if argv is None else argv)
-    env = D.init_distributed(cfg.device, cfg.dist_timeout_s, cfg.dist_setup_timeout_s)  # the run's timeouts
+    env = D.init_distributed(cfg.device, timeout_s=cfg.dist_timeout_s,  # the run's timeouts
+                             setup_timeout_s=cfg.dist_setup_timeout_s)
     try:
         out_dir = Path(cfg.out_dir or run_dir / "render")
         if env.is_main:

@@ -47,7 +47,7 @@ def run(cfg: DictConfig) -> dict:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
     stop = D.StopRequest().install()  # SIGUSR1/SIGTERM: all ranks stop at one step and checkpoint
-    env = D.init_distributed(cfg.device, cfg.dist_timeout_s, cfg.dist_setup_timeout_s)
+    env = D.init_distributed(cfg.device, timeout_s=cfg.dist_timeout_s, setup_timeout_s=cfg.dist_setup_timeout_s)
     beacon = ProgressBeacon(env.store, env.rank, env.world_size, cfg.dist_progress_s).start()  # step and phase, for hang reports
     run_dir = None
     try:

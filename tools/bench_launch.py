@@ -126,7 +126,7 @@ def _ckpt_worker(strategy: str, repeats: int, out: Path, root: Path) -> None:
                                           "model.resolutions=[160]", "model.upsample_steps=[]", "train.max_steps=2",
                                           "train.ckpt_every=-1", "train.progress=false", "eval.enabled=false",
                                           "logger.wandb.mode=disabled", "sampler=sync", "train.keep_checkpoints=1"])
-    env = D.init_distributed("cpu")
+    env = D.init_distributed("cpu", timeout_s=cfg.dist_timeout_s, setup_timeout_s=cfg.dist_setup_timeout_s)
     trainer = Trainer(cfg, build_strategy(OmegaConf.to_container(cfg.strategy, resolve=True), env),
                       resolve_run_dir(cfg, env))
     trainer.fit()  # 2 steps: the optimizer state (Adam moments) exists, as in any later checkpoint

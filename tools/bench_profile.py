@@ -61,12 +61,14 @@ def micro(iterations: int) -> dict:
     """Per-step cost (us) of the instrumentation calls, enabled vs disabled."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from distnerf.observe.breakdown import PHASES, StepProfiler
+    from distnerf.schema import ProfilerConfig
 
     comm = {"in_hook_s": 1e-4, "last_return": time.perf_counter(), "spans": [(0.0, 1e-3), (1e-3, 2e-3)],
             "bytes": 1 << 20}
-    out = {}
+    out, cfg = {}, ProfilerConfig()
     for enabled in (False, True, False, True):
-        prof = StepProfiler(torch.device("cpu"), world_size=2, enabled=enabled)
+        prof = StepProfiler(torch.device("cpu"), world_size=2, skip_steps=cfg.skip_steps,
+                            max_records=cfg.max_step_records, enabled=enabled)
         start = time.perf_counter()
         for step in range(iterations):
             prof.begin_step()
@@ -126,7 +128,7 @@ def paired(args) -> dict:
                                               f"train.global_rays={args.rays}", "model.upsample_steps=[100000]",
                                               f"run_dir={tmp}/run", "profiler.telemetry=false"])
         Path(tmp, "run").mkdir()
-        env = D.init_distributed("cpu")
+        env = D.init_distributed("cpu", timeout_s=cfg.dist_timeout_s, setup_timeout_s=cfg.dist_setup_timeout_s)
         trainer = Trainer(cfg, build_strategy(dict(cfg.strategy), env), Path(tmp, "run"))
         prof, begin = trainer.timer, trainer.timer.begin_step
         arms = []

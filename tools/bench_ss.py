@@ -86,8 +86,8 @@ def main() -> None:
     args = ap.parse_args()
     meta = start_meta()
     torch.set_num_threads(args.threads)
-    env = D.init_distributed(args.device)
     cfg_ss, run_ss = load_run_config([f"run_dir={args.ss_run}"])
+    env = D.init_distributed(args.device, timeout_s=cfg_ss.dist_timeout_s, setup_timeout_s=cfg_ss.dist_setup_timeout_s)
     cfg_ddp, run_ddp = load_run_config([f"run_dir={args.ddp_run}"])
     scene = load_scene(OmegaConf.to_container(cfg_ss.dataset, resolve=True), "test")
     factor = cfg_ss.eval.downscale

@@ -65,7 +65,7 @@ def build_trainer(overrides: list[str], run_dir: Path):
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("train", overrides=[*COMMON, *overrides, f"run_dir={run_dir}"])
     run_dir.mkdir(parents=True, exist_ok=True)
-    env = D.init_distributed("cpu")
+    env = D.init_distributed("cpu", timeout_s=cfg.dist_timeout_s, setup_timeout_s=cfg.dist_setup_timeout_s)
     return Trainer(cfg, build_strategy(dict(cfg.strategy), env), run_dir), env
 
 

@@ -227,7 +227,7 @@ def frame(args) -> None:
 
     meta = start_meta()
     cfg, run_dir = load_run_config([f"run_dir={args.run_dir}", "device=cpu"], prog="bench_viewer")
-    env = D.init_distributed("cpu")
+    env = D.init_distributed("cpu", timeout_s=cfg.dist_timeout_s, setup_timeout_s=cfg.dist_setup_timeout_s)
     scene = load_scene(cfg.dataset, "test", pixels=undecoded)
     renderer, step = load_renderer(cfg, run_dir, scene, env)
     cams = scene.cameras

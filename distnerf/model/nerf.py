@@ -35,10 +35,14 @@ from .encoding import PositionalEncoding
 
 class NeRFMLP(nn.Module):
     """The NeRF MLP: (P, 3) points and (P, 3) unit view directions (and (P, latent_dim) appearance
-    codes, NeRF-W's colour-head input) -> sigma (P,), rgb (P, 3)."""
+    codes, NeRF-W's colour-head input) -> sigma (P,), rgb (P, 3).
 
-    def __init__(self, pos_frequencies: int = 10, dir_frequencies: int = 4, width: int = 256,
-                 depth: int = 8, skip: int = 4, latent_dim: int = 0):
+    ``pos_frequencies``, ``dir_frequencies``, ``width``, ``depth``: the ``model`` keys of the same
+    names (:class:`~distnerf.schema.NeRFModelConfig`); ``skip``: the trunk layer after which the
+    encoded points are fed again (NeRF's: 4); ``latent_dim``: appearance code width (0: none)."""
+
+    def __init__(self, *, pos_frequencies: int, dir_frequencies: int, width: int, depth: int, skip: int = 4,
+                 latent_dim: int = 0):
         super().__init__()
         self.pos_enc, self.dir_enc = PositionalEncoding(pos_frequencies), PositionalEncoding(dir_frequencies)
         in_pos, in_dir = self.pos_enc.output_dim(3), self.dir_enc.output_dim(3)
@@ -72,8 +76,8 @@ class NeRFModel(RadianceModel):
     Args:
         aabb, background: see :class:`RadianceModel` (aabb unused by sampling).
         cfg, options: the keys of :class:`~distnerf.schema.NeRFModelConfig` (defaults there):
-        num_coarse, num_fine: samples per ray of the two passes (64 and 128).
-        width, depth: MLP size (256, 8).
+        num_coarse, num_fine: samples per ray of the two passes.
+        width, depth: MLP size.
         appearance, appearance_dim: per-image appearance (:mod:`.appearance`): ``embedding`` feeds
             the colour head, ``affine`` transforms the rendered pixel. num_images: rows of its table.
     """
@@ -91,9 +95,10 @@ class NeRFModel(RadianceModel):
         self.num_coarse, self.num_fine = num_coarse, num_fine
         self.appearance = build_appearance(c.appearance, num_images, c.appearance_dim)
         latent_dim = self.appearance.latent_dim if self.appearance is not None else 0
-        self.coarse = NeRFMLP(pos_frequencies, dir_frequencies, width, depth, latent_dim=latent_dim)
-        self.fine = NeRFMLP(pos_frequencies, dir_frequencies, width, depth, latent_dim=latent_dim) \
-            if num_fine > 0 else None
+        mlp = dict(pos_frequencies=pos_frequencies, dir_frequencies=dir_frequencies, width=width, depth=depth,
+                   latent_dim=latent_dim)
+        self.coarse = NeRFMLP(**mlp)
+        self.fine = NeRFMLP(**mlp) if num_fine > 0 else None
 
     def field(self, points: torch.Tensor, viewdirs: torch.Tensor, level: str = "fine"):
         """Point query of the ``fine`` (default; the coarse one without a fine network)

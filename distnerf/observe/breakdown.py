@@ -224,7 +224,7 @@ class StepProfiler:
         model: the unwrapped model; its direct children holding parameters get forward
             hooks (``forward.<name>`` sub-phases); ``None``: no sub-phases.
         rank, world_size: this process (file names, bus bandwidth).
-        skip_steps: leading steps excluded from the steady-state summary.
+        skip_steps: leading steps excluded from the steady-state summary (``profiler.skip_steps``).
         nvtx: push NVTX ranges named after the phases (CUDA only; no-op elsewhere).
         annotate: wrap phases in ``torch.profiler.record_function`` (trace runs).
         enabled: False turns every call into a no-op (``profiler=off``: the baseline of the
@@ -235,12 +235,12 @@ class StepProfiler:
             ``max_records`` records, a systematic sample in step order, the same steps on every
             rank. Phase totals and :meth:`recent_figures` stay exact; the summary's statistics
             come from the sample (``num_steps`` still counts every steady step, ``sampled_every``
-            gives the stride).
+            gives the stride) (``profiler.max_step_records``).
     """
 
-    def __init__(self, device: torch.device, model: nn.Module | None = None, rank: int = 0, world_size: int = 1,
-                 skip_steps: int = 2, nvtx: bool = False, annotate: bool = False, enabled: bool = True,
-                 max_records: int = 20_000, late: bool | None = None):
+    def __init__(self, device: torch.device, model: nn.Module | None = None, rank: int = 0, world_size: int = 1, *,
+                 skip_steps: int, max_records: int, nvtx: bool = False, annotate: bool = False, enabled: bool = True,
+                 late: bool | None = None):
         self.enabled = enabled
         self._null = nullcontext()
         self.cuda = device.type == "cuda"

@@ -78,9 +78,9 @@ class RunProfiler:
         self.trace_cfg = cfg.trace
         # torch.compile'd in place (model.compile=true): no sub-phase hooks inside the compiled region
         self.compiled = model is not None and getattr(model, "_compiled_call_impl", None) is not None
-        self.steps = StepProfiler(device, None if self.compiled else model, rank, world_size, cfg.skip_steps,
-                                  nvtx=cfg.nvtx, annotate=self.trace_cfg is not None, enabled=cfg.breakdown,
-                                  max_records=cfg.max_step_records)
+        self.steps = StepProfiler(device, None if self.compiled else model, rank, world_size,
+                                  skip_steps=cfg.skip_steps, max_records=cfg.max_step_records, nvtx=cfg.nvtx,
+                                  annotate=self.trace_cfg is not None, enabled=cfg.breakdown)
         self.env = environment_fingerprint(device, world_size)
         if rank == 0:
             from ..fileio import atomic_write_text

@@ -70,10 +70,11 @@ class FusedRenderer(nn.Module):
         partition: the K regions.
         models: region index -> sub-model. All K for one-process fusion; this rank's
             regions for distributed ``segment`` fusion (then ``distributed=True``).
-        fusion: ``segment`` or ``blend``.
-        background: (3,) float RGB.
-        color_threshold: global compositing weight below which a sample gets no colour.
-        blend_power: exponent of the inverse-distance weights of ``blend``.
+        fusion: ``segment`` or ``blend`` (``strategy.fusion``).
+        color_threshold: global compositing weight below which a sample gets no colour
+            (``strategy.color_threshold``).
+        blend_power: exponent of the inverse-distance weights of ``blend`` (``strategy.blend_power``).
+        background: (3,) float RGB; None: the first sub-model's.
         distributed: every rank holds its regions and takes part in every forward
             (collectives: all ranks must render the same rays in the same order).
 
@@ -84,8 +85,8 @@ class FusedRenderer(nn.Module):
         ValueError: unknown fusion, ``blend`` with ``distributed``, missing regions.
     """
 
-    def __init__(self, partition: Partition, models: dict[int, RadianceModel], fusion: str = "segment",
-                 background: torch.Tensor | None = None, color_threshold: float = 1e-3, blend_power: float = 2.0,
+    def __init__(self, partition: Partition, models: dict[int, RadianceModel], fusion: str, *,
+                 color_threshold: float, blend_power: float, background: torch.Tensor | None = None,
                  distributed: bool = False):
         super().__init__()
         if fusion not in FUSIONS:

@@ -16,6 +16,7 @@ from distnerf import dist as D
 from distnerf.data.rays import RayBundle
 from distnerf.components.loss import photometric_sse
 from distnerf.model.grid import GridModel
+from distnerf.schema import TrainConfig
 from distnerf.strategy.base import StepStats
 from distnerf.strategy.ddp import DDPStrategy
 
@@ -60,10 +61,16 @@ def valid_mask(rank: int, n: int) -> torch.Tensor:
     return mask
 
 
+def init_gloo() -> D.DistEnv:
+    """This rank's CPU process group, with the schema's ``dist_timeout_s`` throughout (no longer
+    set-up timeout: a hung worker fails within it)."""
+    return D.init_distributed("cpu", timeout_s=TrainConfig().dist_timeout_s, setup_timeout_s=None)
+
+
 def grad_worker(rank: int, world_size: int, port: int, out_dir: str, num_rays: int, sgd_steps: int, lr: float,
                 strategy_cfg: dict):
     set_env(rank, world_size, port)
-    env = D.init_distributed("cpu")
+    env = init_gloo()
     try:
         rays, rgb = make_problem(num_rays)
         per = num_rays // world_size
@@ -111,7 +118,7 @@ def trainer_worker(rank: int, world_size: int, port: int, run_dir: str, override
 
     set_env(rank, world_size, port)
     result = {"rank": rank}
-    env = D.init_distributed("cpu")
+    env = init_gloo()
     try:
         cfg = compose_config(overrides + [f"run_dir={run_dir}"])
         if rank == 1 and mode == "budget":
@@ -162,7 +169,7 @@ def counting_worker(rank: int, world_size: int, port: int, run_dir: str, overrid
 
         setattr(dist, name, counted)
     result = {"rank": rank, "per_step": []}
-    env = D.init_distributed("cpu")
+    env = init_gloo()
     try:
         cfg = compose_config(overrides + [f"run_dir={run_dir}"])
         trainer = trainer_mod.Trainer(cfg, build_strategy({"name": "ddp"}, env), Path(run_dir))

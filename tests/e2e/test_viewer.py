@@ -95,7 +95,8 @@ class Session:
         self.port = free_port()
         cfg, run = view_config([f"run_dir={run_dir}", f"port={self.port}", f"viewer.max_resolution={SIZE}",
                                 "device=cpu"])
-        self.cfg, self.run, self.env = cfg, run, D.init_distributed("cpu")
+        env = D.init_distributed("cpu", timeout_s=cfg.dist_timeout_s, setup_timeout_s=cfg.dist_setup_timeout_s)
+        self.cfg, self.run, self.env = cfg, run, env
         self.viewer = RunViewer(cfg, run, self.env)
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.viewer.serve, args=(self.stop,), daemon=True)
@@ -265,7 +266,8 @@ def test_viewer_waits_for_a_checkpoint_then_follows_the_run(runs, tmp_path):
     run.mkdir()
     shutil.copy(runs / "ddp" / "config.yaml", run / "config.yaml")
     cfg, run_dir = view_config([f"run_dir={run}", f"port={free_port()}", "device=cpu"])
-    viewer = RunViewer(cfg, run_dir, D.init_distributed("cpu"))
+    viewer = RunViewer(cfg, run_dir, D.init_distributed(
+        "cpu", timeout_s=cfg.dist_timeout_s, setup_timeout_s=cfg.dist_setup_timeout_s))
     try:
         assert viewer.poll() is False and viewer.model is None
         assert "waiting for a committed checkpoint" in viewer.server.status.content

@@ -25,7 +25,7 @@ def test_signal_sets_the_flag_once_and_uninstall_restores_handlers():
 
 def test_collective_timeout_must_be_positive():
     with pytest.raises(ValueError, match="dist_timeout_s must be > 0"):
-        D.init_distributed("cpu", timeout_s=0)
+        D.init_distributed("cpu", timeout_s=0, setup_timeout_s=None)
 
 
 def test_preemption_signal_is_configurable_and_checked():

@@ -22,12 +22,21 @@ from distnerf.renderer.packed import PackedSamples
 from distnerf.renderer.samples import clip_to_box, intervals_from_points, sample_pdf, stratified_samples
 from distnerf.renderer.segments import composite_segments
 from distnerf.renderer.volume import render_weights, volume_render
+from distnerf.schema import SSStrategyConfig
 from distnerf.strategy.fusion import FusedRenderer
 from distnerf.strategy.partition import grid_partition
 from tests.reference import render_loop
 
 AABB = torch.tensor([[-1.0, -1.0, -1.0], [1.0, 1.0, 1.0]], dtype=torch.float64)
 BG = torch.tensor([1.0, 0.5, 0.25], dtype=torch.float64)
+
+
+def fused_renderer(partition, models, fusion: str, **options) -> FusedRenderer:
+    """A :class:`FusedRenderer` with the schema's fusion settings (:class:`SSStrategyConfig`'s
+    ``color_threshold``, ``blend_power``) where ``options`` do not set them."""
+    ss = SSStrategyConfig()
+    return FusedRenderer(partition, models, fusion, **{"color_threshold": ss.color_threshold,
+                                                       "blend_power": ss.blend_power, **options})
 
 
 def random_rays(n: int, seed: int) -> RayBundle:
@@ -96,13 +105,14 @@ def union_reference(part, models, rays, step, color_threshold: float, shared: bo
                        colour_threshold=color_threshold)
 
 
-@pytest.mark.parametrize("threshold", [1e-3, 0.0], ids=["default threshold", "threshold 0"])
+@pytest.mark.parametrize("threshold", [SSStrategyConfig().color_threshold, 0.0],
+                         ids=["default threshold", "threshold 0"])
 @pytest.mark.parametrize("counts", [[2, 1, 1], [2, 2, 1]], ids=["2 regions", "4 regions"])
 def test_segment_fusion_equals_single_render_of_union_field(counts, threshold):
     part = grid_partition(AABB, counts[0] * counts[1] * counts[2], counts, overlap=0.15)
     models = grid_submodels(part, 0, termination=0.0)
     rays = random_rays(300, 1)
-    fused = FusedRenderer(part, models, "segment", background=BG, color_threshold=threshold)
+    fused = fused_renderer(part, models, "segment", background=BG, color_threshold=threshold)
     out = fused(rays)
     with torch.no_grad():
         ref = union_reference(part, models, rays, fused.step_size, threshold)
@@ -125,7 +135,7 @@ def test_segment_fusion_with_default_termination(counts):
     models = grid_submodels(part, 0)
     assert all(m.termination == 1e-4 for m in models.values())
     rays = random_rays(300, 1)
-    fused = FusedRenderer(part, models, "segment", background=BG)
+    fused = fused_renderer(part, models, "segment", background=BG)
     out = fused(rays)
     with torch.no_grad():
         ref = union_reference(part, models, rays, fused.step_size, 1e-3)
@@ -137,7 +147,7 @@ def test_blend_equals_union_of_shared_samples_where_regions_do_not_overlap():
     part = grid_partition(AABB, 2, [1, 1, 2], overlap=0.0)
     models = grid_submodels(part, 5)
     rays = random_rays(200, 6)
-    blend = FusedRenderer(part, models, "blend", background=BG, color_threshold=0.0)
+    blend = fused_renderer(part, models, "blend", background=BG, color_threshold=0.0)
     out = blend(rays)
     with torch.no_grad():
         ref = union_reference(part, models, rays, blend.step_size, 0.0, shared=True)
@@ -146,7 +156,7 @@ def test_blend_equals_union_of_shared_samples_where_regions_do_not_overlap():
     assert torch.allclose(out["opacity"], ref["opacity"], atol=1e-10, rtol=0)
     # with overlap the two differ (blend mixes the sub-models inside the overlap)
     part_o = grid_partition(AABB, 2, [1, 1, 2], overlap=0.2)
-    blend_o = FusedRenderer(part_o, models, "blend", background=BG, color_threshold=0.0)(rays)
+    blend_o = fused_renderer(part_o, models, "blend", background=BG, color_threshold=0.0)(rays)
     assert float((blend_o["rgb"] - ref["rgb"]).abs().max()) > 1e-3
 
 
@@ -169,7 +179,7 @@ def test_composite_segments_order_by_entry():
 
 
 def test_one_region_fusion_equals_the_model():
-    """FusedRenderer with ONE region is the model itself (default colour threshold 1e-3 and
+    """FusedRenderer with ONE region is the model itself (the schema's colour threshold 1e-3 and
     termination 1e-4, evaluation): same samples, same cut, same colours."""
     torch.manual_seed(0)
     model = GridModel(AABB.float(), BG.float(), resolutions=[16], upsample_steps=[], color="sh").double()
@@ -184,7 +194,7 @@ def test_one_region_fusion_equals_the_model():
     assert 0.0 < model.occupancy.binary.float().mean() < 1.0
     part = grid_partition(AABB, 1, [1, 1, 1])
     assert torch.equal(part.bounds, model.grid_aabb.double())
-    fused = FusedRenderer(part, {0: model}, "segment", background=BG)
+    fused = fused_renderer(part, {0: model}, "segment", background=BG)
     assert fused.color_threshold == model.color_threshold == 1e-3 and model.termination == 1e-4
     rays = random_rays(300, 2)
     with torch.no_grad():
@@ -254,7 +264,7 @@ def test_nerf_segment_fusion_composites_the_coarse_pass_across_regions():
     rays = random_rays(100, 7)
     rays = RayBundle(rays.origins, rays.directions, rays.viewdirs, torch.full_like(rays.near, 1.5),
                      torch.full_like(rays.far, 4.5))
-    out = FusedRenderer(part, models, "segment", background=BG, color_threshold=0.0)(rays)
+    out = fused_renderer(part, models, "segment", background=BG, color_threshold=0.0)(rays)
 
     def union(level, t_starts, t_ends):
         mid = 0.5 * (t_starts + t_ends)
@@ -283,11 +293,11 @@ def test_fusion_rejects_missing_regions_and_distributed_blend():
     part = grid_partition(AABB, 2, [2, 1, 1])
     models = grid_submodels(part, 0)
     with pytest.raises(ValueError, match="needs all 2 regions"):
-        FusedRenderer(part, {0: models[0]}, "segment")
+        fused_renderer(part, {0: models[0]}, "segment")
     with pytest.raises(ValueError, match="one process"):
-        FusedRenderer(part, models, "blend", distributed=True)
+        fused_renderer(part, models, "blend", distributed=True)
     with pytest.raises(ValueError, match="fusion="):
-        FusedRenderer(part, models, "average")
+        fused_renderer(part, models, "average")
 
 
 def test_region_models_train_only_on_rays_crossing_their_region():
@@ -355,9 +365,9 @@ def test_fusion_synchronises_a_cuda_device_only_when_timing_is_asked(monkeypatch
     part = grid_partition(AABB, 2, [2, 1, 1], overlap=0.15)
     models = grid_submodels(part, 0)
     rays = random_rays(64, 1)
-    reference = FusedRenderer(part, models, "segment", background=BG)(rays)
+    reference = fused_renderer(part, models, "segment", background=BG)(rays)
     monkeypatch.setattr(FusedRenderer, "_on_cuda", property(lambda self: True))
-    fused = FusedRenderer(part, models, "segment", background=BG)
+    fused = fused_renderer(part, models, "segment", background=BG)
     fused.timed = timed
     out = fused(rays)
     assert torch.equal(out["rgb"], reference["rgb"])

@@ -11,6 +11,15 @@ from distnerf.model.nerf import NeRFModel
 from distnerf.observe.breakdown import StepProfiler, exposed_communication, interval_union, summarize
 from distnerf.observe.compare import flatten, setting_differences
 from distnerf.observe.telemetry import Telemetry
+from distnerf.schema import ProfilerConfig
+
+
+def step_profiler(model=None, **options) -> StepProfiler:
+    """A CPU :class:`StepProfiler` with the schema's settings (:class:`ProfilerConfig`'s ``skip_steps``,
+    ``max_step_records``) where ``options`` do not set them."""
+    cfg = ProfilerConfig()
+    return StepProfiler(torch.device("cpu"), model,
+                        **{"skip_steps": cfg.skip_steps, "max_records": cfg.max_step_records, **options})
 
 
 def test_interval_union_matches_a_dense_grid():
@@ -45,7 +54,7 @@ def test_forward_subphases_of_nerf_against_the_tests_own_clock():
     phase; the test's own perf_counter spans around each child call, the forward and the step."""
     model = NeRFModel(torch.tensor([[-1.0] * 3, [1.0] * 3]), torch.ones(3), num_coarse=8, num_fine=8,
                       width=16, depth=2)
-    prof = StepProfiler(torch.device("cpu"), model)
+    prof = step_profiler(model)
     sleeps, spans = {"coarse": 0.02, "fine": 0.01}, {"coarse": [], "fine": []}
     for name, sleep in sleeps.items():
         child = getattr(model, name)
@@ -84,7 +93,7 @@ def test_forward_subphases_of_nerf_against_the_tests_own_clock():
 
 
 def test_step_time_is_the_wall_time_and_phases_add_up():
-    prof = StepProfiler(torch.device("cpu"), skip_steps=0)
+    prof = step_profiler(skip_steps=0)
     walls, waits = [], []
     for step in range(3):
         start = time.perf_counter()
@@ -143,11 +152,7 @@ def test_cpu_overlap_interval_subtraction_matches_a_dense_grid():
 def test_step_records_stay_within_their_bound_as_a_systematic_sample():
     """A long run keeps at most ``max_records`` step records (the soak's flat memory): the
     start-up steps, then every stride-th steady step; totals and recent figures stay exact."""
-    import torch
-
-    from distnerf.observe.breakdown import StepProfiler
-
-    prof = StepProfiler(torch.device("cpu"), None, skip_steps=2, max_records=10)
+    prof = step_profiler(skip_steps=2, max_records=10)
     for step in range(100):
         prof.begin_step()
         time.sleep(0.0005 if step % 3 else 0.0)
@@ -163,7 +168,7 @@ def test_step_records_stay_within_their_bound_as_a_systematic_sample():
 def test_a_cancelled_step_leaves_no_record():
     """fit() leaves the loop after begin_step when the ranks agree to stop (time budget, signal):
     it cancels the step, so nothing later closes a step that was never taken."""
-    prof = StepProfiler(torch.device("cpu"), skip_steps=0)
+    prof = step_profiler(skip_steps=0)
     prof.begin_step()
     with prof.phase("forward"):
         pass
@@ -196,8 +201,7 @@ def test_late_resolution_records_each_step_once_a_step_later_with_the_same_figur
     """CUDA's default (``late``: a step's events resolved at the next ``end_step``, no device
     synchronisation) exercised with the host clock: the records are those of immediate
     resolution, each step's arriving one ``end_step`` later, the last at ``flush``/``summary``."""
-    late, now = StepProfiler(torch.device("cpu"), skip_steps=0, late=True), \
-        StepProfiler(torch.device("cpu"), skip_steps=0)
+    late, now = step_profiler(skip_steps=0, late=True), step_profiler(skip_steps=0)
     for step in range(4):
         for prof in (late, now):
             prof.begin_step()

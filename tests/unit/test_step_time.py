@@ -20,7 +20,7 @@ def test_train_seconds_equals_the_wall_time_of_the_steps_within_2_percent(tmp_pa
             "experiment=smoke", "sampler=sync", "train.max_steps=40", "train.log_every=1000", "train.ckpt_every=-1",
             "train.progress=false", "eval.enabled=false", "profiler.telemetry=false", f"run_dir={tmp_path}",
             f"dataset.cache_dir={synthetic_cache}"])
-    env = D.init_distributed("cpu")
+    env = D.init_distributed("cpu", timeout_s=cfg.dist_timeout_s, setup_timeout_s=cfg.dist_setup_timeout_s)
     trainer = Trainer(cfg, build_strategy(cfg.strategy, env), tmp_path)
     edges: list[float] = []
     real_step, real_end = trainer.train_step, trainer.profiler.end_step

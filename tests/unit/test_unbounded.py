@@ -19,10 +19,10 @@ from distnerf.model.grid import GridModel
 from distnerf.renderer.contraction import ray_breaks
 from distnerf.renderer.occupancy import march
 from distnerf.renderer.samples import clip_to_box
-from distnerf.strategy.fusion import FusedRenderer
 from distnerf.strategy.partition import grid_partition
 from distnerf.strategy.regions import JointRegionModels, RegionRayFilter
 from tests.reference import render_loop
+from tests.unit.test_fusion import fused_renderer
 
 # a flat aerial box (y up): the ground-plane grid splits x and z, so every region is a column
 AABB = torch.tensor([[-4.0, 0.0, -4.0], [4.0, 2.0, 4.0]], dtype=torch.float64)
@@ -119,7 +119,7 @@ def test_rays_leaving_the_box_are_sampled_to_the_sky_and_composite_exactly(mode)
             step = models[0].step_size()
             assert all(m.step_size() == step for m in models.values())  # equal regions: one step
         else:
-            fused = FusedRenderer(part, models, "segment", background=BG, color_threshold=0.0)
+            fused = fused_renderer(part, models, "segment", background=BG, color_threshold=0.0)
             out, step = fused(rays), fused.step_size
         ref, ray, t_end = union_reference(part, models, rays, step)
     # the rays leave the box, through the outer regions, and are sampled far beyond it
@@ -147,4 +147,4 @@ def test_each_sub_model_contracts_around_its_own_region():
 def test_blend_refuses_an_unbounded_partition():
     part = unbounded_partition()
     with pytest.raises(ValueError, match="unbounded"):
-        FusedRenderer(part, contracted_submodels(part, 0), "blend", background=BG)
+        fused_renderer(part, contracted_submodels(part, 0), "blend", background=BG)
