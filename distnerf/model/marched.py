@@ -134,6 +134,13 @@ class MarchingModel(RadianceModel):
             t0, t1 = clip_to_box(origins, directions, t_lo, t_hi, box.to(origins.dtype))
             return march(origins, directions, anchor, t0, t1, step_size, self.occupancy, max_intervals)
 
+        def clip(origins, directions, t_lo, t_hi):  # the part of each segment that can hold a sample
+            occupied = self.occupancy.occupied_box().to(origins.dtype)
+            both = torch.stack([torch.maximum(box[0].to(origins.dtype), occupied[0]),
+                                torch.minimum(box[1].to(origins.dtype), occupied[1])])
+            return clip_to_box(origins, directions, t_lo, t_hi, both)
+
+        fn.clip = clip  # evaluation rounds start and end inside the box and its occupied cells
         return fn
 
     def sample_anchor(self, rays: RayBundle, step_size: float, generator: torch.Generator | None) -> torch.Tensor:

@@ -138,6 +138,9 @@ def _march_rounds(density_fn, marcher: Marcher, origins, directions, anchor, t_l
                   in_front: torch.Tensor | None, step_size: float, round_steps: int):
     """:func:`march_alive` in rounds of ``round_steps`` grid intervals (call under no_grad)."""
     num_rays = origins.shape[0]
+    clip = getattr(marcher, "clip", None)  # the segments' part that can hold samples: no round marches air
+    if clip is not None:
+        t_lo, t_hi = clip(origins, directions, t_lo, t_hi)
     local = torch.ones(num_rays, dtype=origins.dtype, device=origins.device)  # transmittance so far
     alive = (t_hi > t_lo).nonzero().view(-1)
     lo = t_lo.clone()
@@ -192,7 +195,10 @@ def render_segment(density_fn: Callable[[torch.Tensor], torch.Tensor],
         marcher: ``(origins, directions, anchor, t_lo, t_hi, max_intervals=None) -> PackedSamples``,
             e.g. :func:`~distnerf.renderer.occupancy.march` bound to a step and a grid; an
             attribute ``spacing_aabb`` (a contracted field's unit region) makes evaluation
-            rounds end on the edges of the contracted spacing.
+            rounds end on the edges of the contracted spacing; an attribute ``clip``
+            (``(origins, directions, t_lo, t_hi) -> (t_lo, t_hi)``, the part of each segment
+            where the marcher can place a sample) makes the rounds start and end there instead
+            of marching empty rounds through the air in front of and behind the occupied box.
         origins, directions: (R, 3) float. viewdirs: (R, 3) float unit, for colour.
         anchor: (R,) float sample-grid anchor. t_lo, t_hi: (R,) float segment bounds.
         background: (3,) or (R, 3) float RGB, or None (a segment: no background term).

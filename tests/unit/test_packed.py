@@ -306,6 +306,49 @@ def _rounds_equal_one_pass(round_steps):
         assert torch.allclose(rounds[key], single[key], atol=1e-12, rtol=0), key
 
 
+def test_evaluation_rounds_start_and_end_at_the_occupied_box():
+    """The marcher's ``clip`` (the part of a segment inside the model's box and its occupied
+    cells' box) starts and ends the evaluation rounds there: a ray that misses the occupied box
+    costs no round, one that crosses it costs the rounds of that part only (front to back over
+    [near, far] it would march every 8 intervals of air), and the samples, pixels and counts
+    are those of the rounds over the whole segment (termination 0: with termination the samples
+    marched past a cut in the round that makes it, counted but not rendered, depend on where the
+    rounds end)."""
+    model = grid_model(seed=2)
+    with torch.no_grad():  # one opaque blob in empty space: its occupied box is a fraction of the box
+        model.density.fill_(-20.0)
+        model.density.view(16, 16, 16)[6:10, 6:10, 6:10] = 9.0
+    model.update_occupancy()
+    model.eval()
+    rays = sphere_rays(300, 3)
+    step = model.step_size()
+    full_marcher = model.marcher()
+    calls = {"clipped": 0, "whole": 0}
+
+    def counted(name, clip):
+        def fn(*args, **kwargs):
+            calls[name] += 1
+            return full_marcher(*args, **kwargs)
+        if clip:
+            fn.clip = full_marcher.clip
+        return fn
+
+    outs = {}
+    with torch.no_grad():
+        for name in calls:
+            outs[name] = render_segment(model.field_density, model.colours, counted(name, name == "clipped"),
+                                        rays.origins, rays.directions, rays.viewdirs, rays.near, rays.near,
+                                        rays.far, background=WHITE, colour_threshold=1e-3, termination=0.0,
+                                        step_size=step, round_steps=8)
+    clipped, whole = outs["clipped"], outs["whole"]
+    assert clipped["num_samples"] == whole["num_samples"] > 100
+    for key in ("rgb", "depth", "opacity"):
+        assert torch.allclose(clipped[key], whole[key], atol=1e-12, rtol=0), key
+    box = model.occupancy.occupied_box()
+    assert float((box[1] - box[0]).max()) < 0.5 * float((AABB[1] - AABB[0]).min())  # the blob's box is small
+    assert 0 < calls["clipped"] < calls["whole"] / 2, calls
+
+
 def test_training_rounds_keep_the_one_pass_samples_and_gradients():
     """Training in rounds (``train_round_steps``) cuts each ray where its transmittance falls
     below ``termination`` like the one no-grad pass over the whole ray, so the rendered
