@@ -44,7 +44,7 @@ from pathlib import Path
 
 import torch
 
-from .fileio import CheckpointWriteError, atomic_torch_save, atomic_write_text, file_digest
+from .fileio import atomic_write_text, file_digest
 
 log = logging.getLogger("distnerf")
 

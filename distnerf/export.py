@@ -18,7 +18,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from .checkpoint import SCENE_TRANSFORM_FILE, atomic_torch_save
+from .checkpoint import SCENE_TRANSFORM_FILE
+from .fileio import atomic_torch_save
 from .engine.runs import find_checkpoint, load_run_config, load_weights
 from .config_check import ConfigError
 from .strategy.ss_loading import region_states

@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from . import dist as D
-from .checkpoint import CheckpointWriteError
+from .fileio import CheckpointWriteError
 from .rundir import RunDirBusy, release_run_dir, resolve_run_dir, setup_logging
 from .data import DatasetError
 from .config_check import ConfigError, validate

@@ -142,7 +142,7 @@ def main() -> None:
     out_path = args.out or default_out(f"{name[:-3] if name.endswith('_ss') else name}/bench_ss.json")
     write_result(out_path, report, meta)
     m = report["metrics_json"]
-    print(f"| | ss segment | ss blend | ddp |\n|---|---|---|---|")
+    print("| | ss segment | ss blend | ddp |\n|---|---|---|---|")
     print(f"| test PSNR, all views (training eval) | {m['ss']['psnr']:.2f} | | {m['ddp']['psnr']:.2f} |")
     print("| PSNR, timed views | " + " | ".join(f"{report['psnr_timed_views'][k]:.2f}" for k in renderers) + " |")
     print("| SSIM, timed views | " + " | ".join(f"{report['ssim_timed_views'][k]:.4f}" for k in renderers) + " |")

@@ -11,8 +11,6 @@ import logging
 import shutil
 from pathlib import Path
 
-import torch
-
 from .. import checkpoint as ckpt
 from .. import dist as D
 

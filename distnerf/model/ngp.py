@@ -11,10 +11,7 @@ termination and the colour threshold of :class:`~distnerf.model.marched.Marching
 """
 from __future__ import annotations
 
-import math
-
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..renderer.contraction import contracted_box, world_step_scale

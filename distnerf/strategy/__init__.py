@@ -5,7 +5,7 @@ from typing import Mapping
 
 from ..dist import DistEnv
 from ..config_check import section
-from .base import StepAgreement, StepStats, Strategy
+from .base import Strategy
 from .ddp import DDPStrategy
 from .ss import SSStrategy
 

@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"distnerf.study: {saved} differs from {args.config}: replaced (finished cells are kept; "
                           "the report flags settings that now differ between cells)", file=sys.stderr)
                 shutil.copyfile(args.config, saved)
-            statuses = runner.run_study(cfg, args.study_dir, cells, args.retry_failed)
+            runner.run_study(cfg, args.study_dir, cells, args.retry_failed)
         result = report.write_report(args.study_dir)
     except (FileNotFoundError, ConfigError, ValueError, RuntimeError) as err:
         print(f"distnerf.study: {err}", file=sys.stderr)

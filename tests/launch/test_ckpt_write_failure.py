@@ -4,7 +4,6 @@ error naming the file and the cause, the previous committed checkpoint stays loa
 directory is gone, and resume=true continues from the committed one."""
 from __future__ import annotations
 
-import json
 import os
 import resource
 import signal
