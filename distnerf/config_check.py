@@ -179,13 +179,15 @@ def section(schema: type | str, cfg=None, **overrides) -> DictConfig:
     ``overrides`` merged into ``schema`` (a dataclass, or a group name of :data:`GROUPS`
     whose option is ``cfg['name']``) and checked. Components build their settings with it,
     so a partial mapping (a test, a tool) gets the schema's defaults, never a restated one.
+    A node of the validated run config (its type already ``schema``, or the group's option)
+    is returned as it is: the config is validated once, at the entry point, and passed down.
 
     Raises:
         ValueError: as :func:`structured` and :func:`check`, keys named relative to the group.
     """
-    if not overrides and isinstance(cfg, DictConfig) and not isinstance(schema, str) \
-            and OmegaConf.get_type(cfg) is schema:
-        return cfg  # already validated (the composed config's own node)
+    if not overrides and isinstance(cfg, DictConfig) and OmegaConf.get_type(cfg) is (
+            _schema_of(schema, cfg) if isinstance(schema, str) else schema):
+        return cfg  # already validated (the composed config's own node, passed down typed)
     data = OmegaConf.merge(OmegaConf.create(cfg if cfg is not None else {}), overrides) if overrides else cfg
     data = data if data is not None else {}
     prefix = f"{schema}." if isinstance(schema, str) else PREFIX.get(schema, "")

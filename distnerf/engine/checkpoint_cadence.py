@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 from .. import checkpoint as ckpt
+from ..fileio import CheckpointWriteError, atomic_torch_save
 from .. import dist as D
 
 log = logging.getLogger("distnerf")
@@ -69,10 +70,10 @@ class Checkpointer:
                                                                  "budget_fraction": budget_fraction,
                                                                  "budget_minutes": float(self.cfg.max_minutes)})
             # the next batch is the one of `step` even when a stop came after drawing it (signal, time budget)
-            ckpt.atomic_torch_save({"rng": D.rng_state(), "rank": self.env.rank,
+            atomic_torch_save({"rng": D.rng_state(), "rank": self.env.rank,
                                     "sampler": {**sampler.state_dict(), "next_step": step}},
                                    d / ckpt.rank_file(self.env.rank))
-        except (ckpt.CheckpointWriteError, OSError) as err:
+        except (CheckpointWriteError, OSError) as err:
             failed = str(err)
         # every rank's files are complete (or failed) before the manifest commits them: every rank learns
         # of a failure here (no rank is left waiting in a barrier for a writer that died)
@@ -80,14 +81,14 @@ class Checkpointer:
         if not failures and self.env.is_main:
             try:
                 ckpt.write_manifest(d, step, self.env.world_size, self.hashes, self.strategy.manifest_extra())
-            except ckpt.CheckpointWriteError as err:
+            except CheckpointWriteError as err:
                 failures = [(self.env.rank, str(err))]
         failures = D.broadcast_object(self.env, failures)
         if failures:
             if self.env.is_main:
                 shutil.rmtree(d, ignore_errors=True)  # never committed (no manifest): removed, not mistaken for one
             last = ckpt.latest(self.root)
-            raise ckpt.CheckpointWriteError(
+            raise CheckpointWriteError(
                 f"checkpoint {d} not committed: " + "; ".join(f"rank {r}: {e}" for r, e in failures)
                 + (f". The last committed checkpoint, {last}, is intact: resume=true continues from it"
                    if last is not None else ". No earlier checkpoint was committed"))

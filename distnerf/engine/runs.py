@@ -86,7 +86,7 @@ def load_renderer(cfg, run_dir: Path, scene, env):
         else:
             found, manifest = find_checkpoint(cfg, run_dir)
             partition, state, step = manifest["partition"], region_states(found), int(manifest["step"])
-        fused = load_fused(partition, state, OmegaConf.to_container(cfg.model, resolve=True), cfg.strategy,
+        fused = load_fused(partition, state, cfg.model, cfg.strategy,
                            scene.aabb, scene.background, cfg.fusion or cfg.strategy.fusion, env)
         return fused, step
     state, step = load_weights(cfg, run_dir)

@@ -82,7 +82,7 @@ class Trainer:
             load_scene(cfg.dataset, split, pixels=undecoded)
         if strategy.is_main and self.train_scene.transform is not None:
             (self.run_dir / ckpt.SCENE_TRANSFORM_FILE).write_text(json.dumps(self.train_scene.transform, indent=1))
-        model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
+        model_cfg = cfg.model  # validated at the entry point: passed down typed
         if self.train_scene.ndc and contracted(model_cfg):
             raise ConfigError(f"config model.contraction={model_cfg['contraction']!r} with NDC rays "
                               f"(dataset.ndc=true): NDC already maps the frustum to infinity into a bounded "

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from .. import checkpoint as ckpt
+from ..fileio import atomic_torch_save
 from .. import dist as D
 from ..dist import DistEnv
 from ..config_check import section
@@ -190,7 +191,7 @@ class Strategy:
         ``budget_minutes`` (the budget it is a fraction of).
         """
         if self.env.is_main:
-            ckpt.atomic_torch_save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), **meta},
+            atomic_torch_save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), **meta},
                                    Path(ckpt_dir) / ckpt.MODEL_FILE)
 
     def load_model_state(self, ckpt_dir: Path, model: nn.Module) -> dict:

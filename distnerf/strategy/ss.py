@@ -48,9 +48,11 @@ import torch
 from torch import nn
 
 from .. import checkpoint as ckpt
+from ..fileio import atomic_torch_save
 from .. import dist as D
 from ..model import build_model, contracted
 from ..components.optim import merge_optimizer_states, split_optimizer_state
+from ..config_check import section
 from ..model.base import RadianceModel
 from ..seeds import LOAD_STREAM, SHARED_STREAM, region_seed
 from .base import StepAgreement, StepStats, Strategy
@@ -282,10 +284,10 @@ class SSStrategy(Strategy):
         enlarged region at full resolution; joint: the region's box only, black background.
         ``num_images``: rows of its own appearance table (all training images; 0 when a
         checkpoint's table is loaded into it)."""
-        cfg = dict(model_cfg)
-        if cfg["max_params"] is not None:  # a per-rank budget: each of the rank's K / W regions (training W) a share
+        cfg = section("model", model_cfg)  # the run's typed node passes through
+        if cfg.max_params is not None:  # a per-rank budget: each of the rank's K / W regions (training W) a share
             world_size = self.partition.world_size or self.env.world_size
-            cfg["max_params"] = cfg["max_params"] * world_size // len(self.partition)
+            cfg = section("model", cfg, max_params=cfg.max_params * world_size // len(self.partition))
         if self.joint:  # contracted: around its own region (its column to infinity sampled in the shell)
             return build_model(cfg, self.partition.boxes[region].float(), torch.zeros(3), num_images=num_images)
         if self.partition.unbounded:  # contracted around its enlarged region: its resolution where its content is
@@ -341,7 +343,7 @@ class SSStrategy(Strategy):
         optimizer state (the groups named ``regionK/...``), so any rank can take it over."""
         parts = split_optimizer_state(optimizer.state_dict(), _group_region)
         for k, sub in zip(model.regions, model.models):
-            ckpt.atomic_torch_save({"model": sub.state_dict(), "optimizer": parts.get(k, {"state": {},
+            atomic_torch_save({"model": sub.state_dict(), "optimizer": parts.get(k, {"state": {},
                                                                                         "param_groups": []}),
                                     "region": k, **meta}, Path(ckpt_dir) / ckpt.region_file(k))
 

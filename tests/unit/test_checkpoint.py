@@ -7,14 +7,15 @@ import pytest
 import torch
 
 from distnerf import checkpoint as ckpt
+from distnerf.fileio import atomic_torch_save
 
 
 def make(root, step, world_size=2, commit=True):
     d = ckpt.step_dir(root, step)
     d.mkdir(parents=True)
-    ckpt.atomic_torch_save({"model": {"w": torch.full((3,), float(step))}, "step": step}, d / "model.pt")
+    atomic_torch_save({"model": {"w": torch.full((3,), float(step))}, "step": step}, d / "model.pt")
     for r in range(world_size):
-        ckpt.atomic_torch_save({"rank": r}, d / f"rank_{r}.pt")
+        atomic_torch_save({"rank": r}, d / f"rank_{r}.pt")
     if commit:
         ckpt.write_manifest(d, step, world_size, {"model": "m"})
     return d
@@ -99,7 +100,7 @@ def test_format_3_is_read_through_its_converter(tmp_path, caplog):
     per-rank layout; its dataset hash (which covered cache_dir) is not compared on resume, and
     the log says so; a format-4 checkpoint's dataset hash still is."""
     d = make(tmp_path, 5)
-    ckpt.atomic_torch_save({"state": {}}, d / ckpt.optimizer_file(0))
+    atomic_torch_save({"state": {}}, d / ckpt.optimizer_file(0))
     cfg = {"model": {"name": "grid"}, "dataset": {"name": "synthetic", "cache_dir": "/a"}, "strategy": {"name": "ss"}}
     ckpt.write_manifest(d, 5, 2, ckpt.config_hashes(cfg))
     manifest = json.loads((d / ckpt.MANIFEST).read_text())
@@ -167,7 +168,7 @@ def test_rng_state_is_data_only_and_restores_every_generator(tmp_path):
 
     state = D.rng_state()
     path = tmp_path / "rank_0.pt"
-    ckpt.atomic_torch_save({"rng": state}, path)
+    atomic_torch_save({"rng": state}, path)
     expected = (torch.rand(3), np.random.rand(3), [random.random() for _ in range(3)])
     D.set_rng_state(ckpt.load_file(path)["rng"])
     again = (torch.rand(3), np.random.rand(3), [random.random() for _ in range(3)])
