@@ -283,6 +283,13 @@ def lego_budget(res: Results) -> list[str]:
                 f"({e['old_over_new_seconds_same_views']:.2f}x); PSNR with the thresholds minus without "
                 f"{e['psnr_new_minus_exact']:+.3f} dB. Target <= 1.0 s within 0.05 dB: "
                 f"**{'met' if met else 'missed'}**."]
+    e = res.json("lego_budget/2min/bench_engine_eval.json")  # the same on the 2-minute model, later commit
+    new, old = e["new"], e["old"]
+    out += [f"- Evaluation of the 2-minute model, evaluation rounds clipped to the occupied box against `{e['baseline']}` "
+            f"(same tool, {new['views']} views): {f2(new['seconds_median'])} s per view "
+            f"({kilo(new['rays_per_s_median'])} rays/s) against {f2(old['seconds_median'])} s "
+            f"({e['old_over_new_seconds_same_views']:.2f}x); test PSNR {new['psnr']:.3f} against {old['psnr']:.3f} dB; "
+            f"thresholds minus without {e['psnr_new_minus_exact']:+.3f} dB."]
     return out
 
 
@@ -687,18 +694,23 @@ def study_characterization(res: Results) -> list[str]:
     return out[:-1]
 
 
-def study_capacity(res: Results) -> list[str]:
+def study_capacity(res: Results, name: str = "study_capacity") -> list[str]:
     """The capacity study's report (conf/study/capacity.yaml; its committed report.json): wall time, the
     capacity curve, quality against ranks and the targets."""
     sys.path.insert(0, str(ROOT))
     from distnerf.study.document import section_tables, timing_line
 
-    data = res.json("study_capacity/report.json")
+    data = res.json(f"{name}/report.json")
     out = [timing_line(data.get("timing")), ""]
     for title, body in section_tables(data):
         if title.startswith(("Capacity", "Quality against ranks")):
             out += [f"#### {title}", "", *body, ""]
     return out[:-1]
+
+
+def study_capacity_1m(res: Results) -> list[str]:
+    """The earlier capacity study at 1 M parameters per rank (conf/study/capacity_1m.yaml)."""
+    return study_capacity(res, "study_capacity_1m")
 
 
 def gpu_check(res: Results) -> list[str]:
@@ -743,6 +755,7 @@ def gpu_check(res: Results) -> list[str]:
 TABLES = {
     "exits": exits,
     "study_capacity": study_capacity,
+    "study_capacity_1m": study_capacity_1m,
     "soak": soak,
     "study_characterization": study_characterization,
     "lego_quality": lego_quality,
