@@ -237,8 +237,7 @@ class GridModel(MarchingModel):
         self.step_ratio, self.occupancy_threshold = step_ratio, occupancy_threshold
         self.occupancy_threshold_final = c.occupancy_threshold_final
         self.occupancy_every, self.color_threshold = occupancy_every, color_threshold
-        self.init_contraction(c.contraction, c.min_altitude, c.random_background, c.floor_footprint,
-                              c.opaque_floor)
+        self.init_contraction(c)
         # a contracted grid covers all of space: its box stays the doubled box (never tightened)
         self.tv_weight = tv_weight
         self.tighten_aabb = tighten_aabb and focus_aabb is None and self.contraction_aabb is None

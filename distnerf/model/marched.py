@@ -58,10 +58,9 @@ class MarchingModel(RadianceModel):
     train_termination: bool = False
     distortion_loss_weight: float = 0.0
 
-    def init_contraction(self, contraction: str, min_altitude: float | None = None,
-                         random_background: bool = False, floor_footprint: bool = False,
-                         opaque_floor: bool = False) -> None:
-        """Register ``contraction_aabb``: the unit region of a contracted field ((2, 3) float32
+    def init_contraction(self, cfg) -> None:
+        """From the model's validated section (:class:`~distnerf.schema.MarchedModelConfig`'s keys):
+        register ``contraction_aabb``, the unit region of a contracted field ((2, 3) float32
         buffer, the scene box) for ``contraction='mipnerf360'``, None for ``'none'``; keep
         ``min_altitude`` (rays end below it: :meth:`ray_far`; with ``floor_footprint`` only
         above the box's footprint; with ``opaque_floor`` the floor absorbs what reaches it:
@@ -70,13 +69,13 @@ class MarchingModel(RadianceModel):
         Raises:
             ValueError: an unknown contraction.
         """
-        if contraction not in ("none", "mipnerf360"):
-            raise ValueError(f"model.contraction: unknown contraction {contraction!r} (none | mipnerf360)")
-        self.register_buffer("contraction_aabb", self.aabb.clone() if contraction == "mipnerf360" else None)
-        self.min_altitude = None if min_altitude is None else float(min_altitude)
-        self.floor_footprint = bool(floor_footprint)
-        self.opaque_floor = bool(opaque_floor) and self.min_altitude is not None
-        self.random_background = bool(random_background)
+        if cfg.contraction not in ("none", "mipnerf360"):
+            raise ValueError(f"model.contraction: unknown contraction {cfg.contraction!r} (none | mipnerf360)")
+        self.register_buffer("contraction_aabb", self.aabb.clone() if cfg.contraction == "mipnerf360" else None)
+        self.min_altitude = None if cfg.min_altitude is None else float(cfg.min_altitude)
+        self.floor_footprint = bool(cfg.floor_footprint)
+        self.opaque_floor = bool(cfg.opaque_floor) and self.min_altitude is not None
+        self.random_background = bool(cfg.random_background)
 
     def ray_far(self, rays: RayBundle) -> torch.Tensor:
         """(R,) float where each ray's field ends: ``rays.far`` (``inf`` for a contracted field,

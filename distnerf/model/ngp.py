@@ -69,8 +69,7 @@ class NGPModel(MarchingModel):
         diag = (self.aabb[1] - self.aabb[0]).norm().item()
         self._step_size = diag / num_steps
         self.occupancy_threshold, self.occupancy_every = occupancy_threshold, occupancy_every
-        self.init_contraction(c.contraction, c.min_altitude, c.random_background, c.floor_footprint,
-                              c.opaque_floor)
+        self.init_contraction(c)
         self.occupancy = OccupancyGrid(self.aabb, occupancy_resolution, contraction_aabb=self.contraction_aabb)
         assert torch.equal(self.occupancy.aabb, self.table_aabb), "one contracted range for tables and occupancy"
 
