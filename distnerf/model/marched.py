@@ -133,11 +133,10 @@ class MarchingModel(RadianceModel):
             t0, t1 = clip_to_box(origins, directions, t_lo, t_hi, box.to(origins.dtype))
             return march(origins, directions, anchor, t0, t1, step_size, self.occupancy, max_intervals)
 
-        def clip(origins, directions, t_lo, t_hi):  # the part of each segment that can hold a sample
-            occupied = self.occupancy.occupied_box().to(origins.dtype)
-            both = torch.stack([torch.maximum(box[0].to(origins.dtype), occupied[0]),
-                                torch.minimum(box[1].to(origins.dtype), occupied[1])])
-            return clip_to_box(origins, directions, t_lo, t_hi, both)
+        def clip(origins, directions, t_lo, t_hi):  # the part of each segment that can hold a sample:
+            # the same two clips as fn's (the box) and march's own (the occupied cells' box)
+            t0, t1 = clip_to_box(origins, directions, t_lo, t_hi, box.to(origins.dtype))
+            return clip_to_box(origins, directions, t0, t1, self.occupancy.occupied_box().to(origins.dtype))
 
         fn.clip = clip  # evaluation rounds start and end inside the box and its occupied cells
         return fn
