@@ -32,13 +32,14 @@ def choices_of(schema: type, key: str) -> tuple:
 
 
 def describe_schedule(max_steps, max_minutes, decay, decay_steps, warmup_steps, schedule_steps,
-                      upsample_steps=None, occupancy_every=None) -> str:
+                      upsample_steps=None, occupancy_every=None, decay_start=0.0) -> str:
     """The training schedule's rule, resolved for these ``train`` values (and the model's stage
     steps and occupancy cadence, where the model has them), as one line: the value of
     ``train.schedule`` (``--cfg job --resolve``). What computes it: :mod:`distnerf.components.schedule`.
 
     Without a time budget (``max_minutes`` 0) everything follows the step; with one, ``p``, the
-    fraction of the budget elapsed: ``lr x decay ** p``, grid stage ``i`` at step
+    fraction of the budget elapsed: ``lr x decay ** (max(p - decay_start, 0) / (1 - decay_start))``
+    (constant until ``p = decay_start``), grid stage ``i`` at step
     ``upsample_steps[i]`` (with ``schedule_steps`` set, also at ``p >= upsample_steps[i] /
     schedule_steps``, whichever first). Warm-up and the occupancy refresh count steps in both."""
     warm = f"; linear warm-up over {warmup_steps} steps" if warmup_steps else ""
@@ -54,8 +55,11 @@ def describe_schedule(max_steps, max_minutes, decay, decay_steps, warmup_steps, 
         fractions = [round(int(s) / float(schedule_steps), 4) for s in stages]
         at = f"; grid stages at steps {stages} or p >= {fractions}, whichever first" if stages else ""
     stop = "" if max_steps is None else f" or step {int(max_steps)}"
+    start = float(decay_start or 0.0)
+    lr = (f"lr x {float(decay):g} ** p" if start == 0 else
+          f"lr constant until p = {start:g}, then x {float(decay):g} ** ((p - {start:g}) / {1 - start:g})")
     return (f"time budget (stop after {float(max_minutes):g} min of training{stop}; p = the fraction elapsed, "
-            f"agreed across ranks): lr x {float(decay):g} ** p{warm}{at}{occ}")
+            f"agreed across ranks): {lr}{warm}{at}{occ}")
 
 
 def _schedule_resolver(*, _parent_, _root_) -> str:
@@ -66,7 +70,7 @@ def _schedule_resolver(*, _parent_, _root_) -> str:
     model = model if isinstance(model, DictConfig) else {}
     return describe_schedule(t.get("max_steps"), t.get("max_minutes"), t.get("decay"), t.get("decay_steps"),
                              t.get("warmup_steps"), t.get("schedule_steps"), model.get("upsample_steps"),
-                             model.get("occupancy_every"))
+                             model.get("occupancy_every"), t.get("decay_start", 0.0))
 
 
 OmegaConf.register_new_resolver("distnerf_schedule", _schedule_resolver, replace=True)

@@ -107,14 +107,6 @@ class OccupancyGrid(nn.Module):
         scale = self.resolution / (aabb[1] - aabb[0])
         return (origins - aabb[0]) * scale, directions * scale
 
-    def query_rays(self, cell_origins: torch.Tensor, cell_directions: torch.Tensor, ray_indices: torch.Tensor,
-                   t: torch.Tensor) -> torch.Tensor:
-        """Occupancy at ray parameter ``t`` (P,) of rays ``ray_indices`` (P,), given the rays
-        in cell units (:meth:`ray_cells`). Returns (P,) bool, like :meth:`query`."""
-        return _lookup(torch.addcmul(cell_origins.index_select(0, ray_indices),
-                                     cell_directions.index_select(0, ray_indices), t[:, None]),
-                       self.binary)
-
     def coarse(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The coarse level of the two-level walk.
 
@@ -361,14 +353,26 @@ def march(origins: torch.Tensor, directions: torch.Tensor, anchor: torch.Tensor,
         keep &= slot[:-1] < num_groups[:, None]
         first = torch.maximum(g * group, lo_j[:, None])
         last = torch.minimum((g + 1) * group, hi_j[:, None])
-        # host sync: the number of candidate intervals (those of the groups that may touch occupied space)
-        row, rank = _expand(torch.where(keep, last - first, 0).clamp(min=0).view(-1))
-        ray, j = torch.div(row, num_slots, rounding_mode="floor"), first.view(-1)[row] + rank
+        # host sync: the number of groups that may touch occupied space; their intervals are tested
+        # in a dense (groups, group) layout: per-ray values are gathered once per group, not per interval
+        picked = (keep & (last > first)).view(-1).nonzero().view(-1)
+        ray = torch.div(picked, num_slots, rounding_mode="floor")
+        first = first.view(-1).index_select(0, picked)
+        rank = torch.arange(group, device=origins.device)
+        j = first[:, None] + rank  # (groups, group)
+        a, d, lo_r, hi_r = (t.index_select(0, ray)[:, None] for t in (anchor, dt, t_lo, t_hi))
+        t0 = grid_edges(a, d, j).clamp(lo_r, hi_r)
+        t1 = grid_edges(a, d, j + 1).clamp(lo_r, hi_r)
+        keep = (t1 > t0) & (rank < (last.view(-1).index_select(0, picked) - first)[:, None])
+        cell_origins, cell_directions = occupancy.ray_cells(origins, directions)
+        mids = torch.addcmul(cell_origins.index_select(0, ray)[:, None], cell_directions.index_select(0, ray)[:, None],
+                             (0.5 * (t0 + t1))[..., None])  # (groups, group, 3) midpoints in cell units
+        keep &= _lookup(mids.view(-1, 3), occupancy.binary).view(keep.shape)
+        keep = keep.view(-1).nonzero().view(-1)  # host sync: the number of samples (packed layout)
+        return PackedSamples(ray.index_select(0, torch.div(keep, group, rounding_mode="floor")),
+                             t0.view(-1).index_select(0, keep), t1.view(-1).index_select(0, keep), num_rays)
     a, d, lo_r, hi_r = (t.index_select(0, ray) for t in (anchor, dt, t_lo, t_hi))
     t0 = grid_edges(a, d, j).clamp(lo_r, hi_r)
     t1 = grid_edges(a, d, j + 1).clamp(lo_r, hi_r)
-    keep = t1 > t0
-    if occupancy is not None:
-        keep &= occupancy.query_rays(*occupancy.ray_cells(origins, directions), ray, 0.5 * (t0 + t1))
-    keep = keep.nonzero().view(-1)  # host sync: the number of samples (packed layout)
+    keep = (t1 > t0).nonzero().view(-1)  # host sync: the number of samples (packed layout)
     return PackedSamples(ray, t0, t1, num_rays).select(keep)

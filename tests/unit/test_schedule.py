@@ -35,11 +35,21 @@ def test_without_a_budget_the_learning_rate_follows_the_step():
 
 
 def test_with_a_budget_the_learning_rate_falls_by_decay_over_the_budget_whatever_the_steps():
-    cfg = _train(decay=0.1, decay_steps=1500.0, warmup_steps=0, max_minutes=10.0)
+    cfg = _train(decay=0.1, decay_steps=1500.0, warmup_steps=0, max_minutes=10.0, decay_start=0.0)
     assert lr_factor(Clock(4570, 0.0), cfg) == pytest.approx(1.0)
     assert lr_factor(Clock(100, 0.5), cfg) == pytest.approx(0.1 ** 0.5)
     assert lr_factor(Clock(9000, 1.0), cfg) == pytest.approx(0.1)
     assert lr_factor(Clock(9001, 1.3), cfg) == pytest.approx(0.1)  # the stopping step: clamped at 1
+
+
+def test_with_a_decay_start_the_learning_rate_holds_then_falls_by_decay_over_the_rest_of_the_budget():
+    cfg = _train(decay=0.1, decay_steps=1500.0, warmup_steps=0, max_minutes=2.0, decay_start=0.8)
+    assert lr_factor(Clock(10, 0.0), cfg) == 1.0
+    assert lr_factor(Clock(500, 0.8), cfg) == 1.0  # the decay begins at p = 0.8
+    assert lr_factor(Clock(600, 0.9), cfg) == pytest.approx(0.1 ** 0.5)  # half of the last fifth
+    assert lr_factor(Clock(700, 1.0), cfg) == pytest.approx(0.1)
+    assert lr_factor(Clock(701, 1.2), cfg) == pytest.approx(0.1)
+    assert TrainLoopConfig().decay_start == 0.8  # the default (components/schedule.py: the measurement)
 
 
 def test_warm_up_counts_steps_in_both_schedules():
@@ -79,10 +89,12 @@ def test_grid_moves_one_stage_per_call_from_the_stage_clock_and_refreshes_occupa
 
 def test_the_resolved_rule_names_the_budget_and_stage_fractions():
     budget = describe_schedule(None, 10, 0.1, 1500, 0, 1000, [200, 600], 8)
-    assert "0.1 ** p" in budget and "[0.2, 0.6]" in budget and "every 8 steps" in budget
+    assert "0.1 ** p" in budget and "constant" not in budget and "[0.2, 0.6]" in budget and "every 8 steps" in budget
     by_step = describe_schedule(None, 10, 0.1, 1500, 0, None, [200, 600], 8)
     assert "0.1 ** p" in by_step and "grid stages at steps [200, 600];" in by_step and "p >=" not in by_step
-    steps = describe_schedule(None, 0, 0.1, 1500, 0, 1000, [200, 600], 8)
+    held = describe_schedule(None, 2, 0.1, 1500, 0, None, [200, 600], 8, decay_start=0.8)
+    assert "lr constant until p = 0.8, then x 0.1 ** ((p - 0.8) / 0.2)" in held
+    steps = describe_schedule(None, 0, 0.1, 1500, 0, 1000, [200, 600], 8, decay_start=0.8)
     assert f"stop at step {DEFAULT_MAX_STEPS}" in steps and "step / 1500" in steps
 
 
@@ -109,7 +121,8 @@ def test_a_resumed_time_budgeted_run_continues_the_uninterrupted_one_bit_exactly
 
     bench = _bench_syncs()
     overrides = ["model=grid", "sampler=sync", "train.max_minutes=1", "train.warmup_steps=0",
-                 "model.resolutions=[8,12,16]", "model.upsample_steps=[200,600]", "train.schedule_steps=1000"]
+                 "model.resolutions=[8,12,16]", "model.upsample_steps=[200,600]", "train.schedule_steps=1000",
+                 "train.decay_start=0.3"]
 
     def steps(trainer, until, lrs):
         while trainer.step < until:
@@ -130,7 +143,9 @@ def test_a_resumed_time_budgeted_run_continues_the_uninterrupted_one_bit_exactly
         D.shutdown(env)
     base = lrs_a[0]
     # step s's prepare reads p agreed at step s - 1's end: train_seconds then was 6 (s - 1), p = (s - 1) / 10
-    assert lrs_a[1:] == pytest.approx([base * 0.1 ** ((s - 1) / 10) for s in range(1, 8)])
+    # the decay starts at p = 0.3 and runs over the remaining 0.7 of the budget
+    assert lrs_a[1:] == pytest.approx([base * 0.1 ** (max((s - 1) / 10 - 0.3, 0) / 0.7) for s in range(1, 8)])
+    assert lrs_a[3] == base > lrs_a[5]
     assert resolution_a == 16
 
     trainer, env = bench.build_trainer(overrides, tmp_path / "b")
