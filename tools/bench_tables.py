@@ -265,15 +265,18 @@ def engine_step(res: Results) -> list[str]:
 
 
 def lego_budget(res: Results) -> list[str]:
-    """tools/bench_budget.sh: the README's lego line as written at 2 and 10 minutes."""
+    """tools/bench_budget.sh: the README's lego line as written at 2 and 10 minutes, against the same line
+    when the learning rate decayed over the whole budget (train.decay_start=0, the earlier default)."""
     targets = {"2min": (28.0, 25), "10min": (31.0, 200)}
-    out = header("budget", "steps", "test PSNR / SSIM", "views scored", "constant-colour PSNR", "target", "")
+    out = header("budget", "schedule", "steps", "test PSNR / SSIM", "views scored", "constant-colour PSNR", "target", "")
     for name, (target, views) in targets.items():
-        m = res.json(f"lego_budget/{name}/metrics.json")
-        ok = m["psnr"] >= target and m["num_scored_views"] >= views
-        out.append(row(name.replace("min", " min"), m["step"], f"{m['psnr']:.2f} / {m['ssim']:.3f}",
-                       m["num_scored_views"], f"{m['constant_psnr']:.2f}", f">= {target:.1f} dB ({views} views)",
-                       "**met**" if ok else "**missed**"))
+        for run, rule in ((f"{name}_decay_over_budget", "decay over the whole budget (before)"),
+                          (name, "`decay_start` 0.8 (now)")):
+            m = res.json(f"lego_budget/{run}/metrics.json")
+            ok = m["psnr"] >= target and m["num_scored_views"] >= views
+            out.append(row(name.replace("min", " min"), rule, m["step"], f"{m['psnr']:.2f} / {m['ssim']:.3f}",
+                           m["num_scored_views"], f"{m['constant_psnr']:.2f}", f">= {target:.1f} dB ({views} views)",
+                           "**met**" if ok else "**missed**"))
     e = res.json("lego_budget/10min/bench_engine_eval.json")  # tools/bench_engine.py on the 10-minute model
     new, old = e["new"], e["old"]
     met = new["seconds_median"] <= 1.0 and abs(e["psnr_new_minus_exact"]) <= 0.05
@@ -283,13 +286,33 @@ def lego_budget(res: Results) -> list[str]:
                 f"({e['old_over_new_seconds_same_views']:.2f}x); PSNR with the thresholds minus without "
                 f"{e['psnr_new_minus_exact']:+.3f} dB. Target <= 1.0 s within 0.05 dB: "
                 f"**{'met' if met else 'missed'}**."]
-    e = res.json("lego_budget/2min/bench_engine_eval.json")  # the same on the 2-minute model, later commit
+    e = res.json("lego_budget/10min_decay_over_budget/bench_engine_eval.json")  # the earlier 10-minute model
+    out += [f"- The earlier 10-minute model, the same tool against `{e['baseline']}`: "
+            f"{f2(e['new']['seconds_median'])} s per view against {f2(e['old']['seconds_median'])} s "
+            f"({e['old_over_new_seconds_same_views']:.2f}x)."]
+    e = res.json("lego_budget/2min_decay_over_budget/bench_engine_eval.json")  # the earlier 2-minute model
     new, old = e["new"], e["old"]
-    out += [f"- Evaluation of the 2-minute model, evaluation rounds clipped to the occupied box against `{e['baseline']}` "
+    out += [f"- The earlier 2-minute model, evaluation rounds clipped to the occupied box against `{e['baseline']}` "
             f"(same tool, {new['views']} views): {f2(new['seconds_median'])} s per view "
             f"({kilo(new['rays_per_s_median'])} rays/s) against {f2(old['seconds_median'])} s "
             f"({e['old_over_new_seconds_same_views']:.2f}x); test PSNR {new['psnr']:.3f} against {old['psnr']:.3f} dB; "
             f"thresholds minus without {e['psnr_new_minus_exact']:+.3f} dB."]
+    return out
+
+
+def lego_schedule(res: Results) -> list[str]:
+    """tools/bench_budget.sh 2 25 and its schedule probes: the learning-rate rule under a 2-minute budget."""
+    runs = [("2min_decay_over_budget", "`decay` 0.1 over the whole budget (`decay_start` 0, the earlier default)"),
+            ("2min_probe/decay_0.3", "`decay` 0.3 over the whole budget"),
+            ("2min_probe/no_decay", "no decay (`decay` 1.0)"),
+            ("2min_probe/decay_start_0.5", "constant to p = 0.5, then 0.1 over the rest (`decay_start` 0.5)"),
+            ("2min_probe/decay_start_0.8", "constant to p = 0.8, then 0.1 over the rest (`decay_start` 0.8)"),
+            ("2min", "the same, the README line as written now (default `decay_start` 0.8)")]
+    out = header("learning-rate rule (2 minutes)", "steps", "test PSNR / SSIM (25 views)", "vs decay over the budget")
+    base = res.json("lego_budget/2min_decay_over_budget/metrics.json")["psnr"]
+    for run, label in runs:
+        m = res.json(f"lego_budget/{run}/metrics.json")
+        out.append(row(label, m["step"], f"{m['psnr']:.2f} / {m['ssim']:.3f}", f"{m['psnr'] - base:+.2f} dB"))
     return out
 
 
@@ -764,6 +787,7 @@ TABLES = {
     "engine_train": engine_train,
     "engine_step": engine_step,
     "lego_budget": lego_budget,
+    "lego_schedule": lego_schedule,
     "fern_quality": fern_quality,
     "fern_budget": fern_budget,
     "fern_stages": lambda res: stages(res, "fern_1p"),

@@ -45,7 +45,7 @@ import torch
 from .contraction import ray_breaks
 from .occupancy import grid_edges, grid_index
 from .output import RenderOutput
-from .packed import PackedSamples, accumulate, render_transmittance
+from .packed import PackedSamples, accumulate, ray_offsets, render_transmittance
 
 #: ``(origins, directions, anchor, t_lo, t_hi, max_intervals=None) -> PackedSamples``, e.g.
 #: :meth:`~distnerf.model.marched.MarchingModel.marcher` (``max_intervals``: see
@@ -67,7 +67,8 @@ def along_ray(sigmas: torch.Tensor, samples: PackedSamples, directions: torch.Te
 
 
 def shade(density_fn, colour_fn, samples: PackedSamples, origins, directions, viewdirs, in_front,
-           background, colour_threshold: float, sigmas: torch.Tensor | None = None) -> RenderOutput:
+           background, colour_threshold: float, sigmas: torch.Tensor | None = None,
+           transmittance: tuple[torch.Tensor, torch.Tensor] | None = None) -> RenderOutput:
     """Weights, colours and accumulation of packed samples.
 
     Args:
@@ -77,15 +78,21 @@ def shade(density_fn, colour_fn, samples: PackedSamples, origins, directions, vi
         background: (3,) or (R, 3) float, or None. colour_threshold: float.
         sigmas: (P,) float densities (per distance, as ``density_fn`` returns them), or None to
             evaluate them (with autograd if enabled).
+        transmittance: ``(weights, remaining)``, (P,) and (R,) float, the samples' weights and the
+            transmittance behind each ray's last evaluated sample when the caller has them
+            (:func:`march_alive` in rounds, no autograd), or None to compute them from ``sigmas``.
     Returns:
         :func:`~distnerf.renderer.packed.accumulate`'s :class:`~distnerf.renderer.output.RenderOutput`
         with ``num_colour_samples``, ``weights`` (P,) (differentiable) and ``samples`` (the P
         PackedSamples).
     """
     points = samples.points(origins, directions)
-    if sigmas is None:
-        sigmas = density_fn(points)
-    weights, _, remaining = render_transmittance(along_ray(sigmas, samples, directions), samples)
+    if transmittance is not None:
+        weights, remaining = transmittance
+    else:
+        if sigmas is None:
+            sigmas = density_fn(points)
+        weights, _, remaining = render_transmittance(along_ray(sigmas, samples, directions), samples)
     global_w = weights.detach()
     if in_front is not None:
         global_w = global_w * in_front.index_select(0, samples.ray_indices)
@@ -99,7 +106,8 @@ def shade(density_fn, colour_fn, samples: PackedSamples, origins, directions, vi
 
 
 def march_alive(density_fn, marcher: Marcher, origins, directions, anchor, t_lo, t_hi, *, termination: float,
-                in_front: torch.Tensor | None = None, step_size: float = 0.0, round_steps: int | None = None):
+                in_front: torch.Tensor | None = None, step_size: float = 0.0, round_steps: int | None = None,
+                with_transmittance: bool = False):
     """The marched samples in front of each ray's termination point.
 
     With ``round_steps``, the segments are marched ``round_steps`` grid intervals at a
@@ -113,30 +121,38 @@ def march_alive(density_fn, marcher: Marcher, origins, directions, anchor, t_lo,
     Returns:
         samples: the kept PackedSamples (a prefix of each ray's marched samples);
         sigmas: (P,) their densities, or None when autograd is on (the caller evaluates
-        them with gradients); num_marched: int, samples marched (density evaluated).
+        them with gradients); num_marched: int, samples marched (density evaluated);
+        and, with ``with_transmittance``, ``(weights, remaining)``: (P,) the kept samples'
+        weights ``T_i alpha_i`` in the segment and (R,) the transmittance behind each ray's
+        last kept sample, as the rounds computed them (what :func:`shade` would compute from
+        the kept samples' densities), or None (no rounds, or autograd on).
     """
     grad = torch.is_grad_enabled()
     with torch.no_grad():
         if round_steps:
-            samples, sigmas, num_marched = _march_rounds(density_fn, marcher, origins, directions, anchor, t_lo,
-                                                         t_hi, termination, in_front, step_size, round_steps)
-            return samples, (None if grad else sigmas), num_marched
+            samples, sigmas, num_marched, trans = _march_rounds(density_fn, marcher, origins, directions, anchor,
+                                                                t_lo, t_hi, termination, in_front, step_size,
+                                                                round_steps)
+            out = samples, (None if grad else sigmas), num_marched
+            return out + ((None if grad else trans),) if with_transmittance else out
         samples = marcher(origins, directions, anchor, t_lo, t_hi)
         num_marched = len(samples)
         if termination <= 0 or not num_marched:
-            return samples, None, num_marched
+            return (samples, None, num_marched) + ((None,) if with_transmittance else ())
         sigmas = density_fn(samples.points(origins, directions))
         _, trans, _ = render_transmittance(along_ray(sigmas, samples, directions), samples)
         if in_front is not None:
             trans = trans * in_front.index_select(0, samples.ray_indices)
         keep = (trans > termination).nonzero().view(-1)  # host sync: the samples in front of the cut
         samples = samples.select(keep)
-        return samples, (None if grad else sigmas.index_select(0, keep)), num_marched
+        out = samples, (None if grad else sigmas.index_select(0, keep)), num_marched
+        return out + ((None,) if with_transmittance else ())
 
 
 def _march_rounds(density_fn, marcher: Marcher, origins, directions, anchor, t_lo, t_hi, termination: float,
                   in_front: torch.Tensor | None, step_size: float, round_steps: int):
-    """:func:`march_alive` in rounds of ``round_steps`` grid intervals (call under no_grad)."""
+    """:func:`march_alive` in rounds of ``round_steps`` grid intervals (call under no_grad);
+    returns ``(samples, sigmas, num_marched, (weights, remaining))``."""
     num_rays = origins.shape[0]
     clip = getattr(marcher, "clip", None)  # the segments' part that can hold samples: no round marches air
     if clip is not None:
@@ -150,7 +166,7 @@ def _march_rounds(density_fn, marcher: Marcher, origins, directions, anchor, t_l
     # grid edge where each ray's next round starts, counted in integers: recomputing it from
     # ``lo`` by floor((lo - a) / dt) can land one edge short and, with round_steps = 1, never advance
     j_next = grid_index(t_lo, anchor, dt, breaks)
-    parts, sigma_parts, num_marched = [], [], 0
+    parts, sigma_parts, weight_parts, num_marched = [], [], [], 0
     while alive.numel():  # per round: the march's two sizes, the kept samples, the rays still alive
         o, d, a = (t.index_select(0, alive) for t in (origins, directions, anchor))
         # each round ends on an edge of the sample grid, so rounds split no interval
@@ -160,24 +176,45 @@ def _march_rounds(density_fn, marcher: Marcher, origins, directions, anchor, t_l
         # a round touches at most round_steps grid intervals, + 1 at either end from rounding
         samples = marcher(o, d, a, lo[alive], hi, max_intervals=round_steps + 2)
         sigmas = density_fn(samples.points(o, d))
-        _, trans, remaining = render_transmittance(along_ray(sigmas, samples, d), samples)
-        before = local[alive] if in_front is None else local[alive] * in_front[alive]
-        keep = (trans * before.index_select(0, samples.ray_indices) > termination).nonzero().view(-1)
+        weights, trans, remaining = render_transmittance(along_ray(sigmas, samples, d), samples)
+        local_alive = local[alive]
+        before = local_alive if in_front is None else local_alive * in_front[alive]
+        alive_mask = trans * before.index_select(0, samples.ray_indices) > termination
+        keep = alive_mask.nonzero().view(-1)
+        # the transmittance behind each ray's last kept sample: the cut keeps a prefix of the ray, so
+        # it is the transmittance in front of its first dropped sample, the largest over the dropped
+        # ones and at least the transmittance behind them all (``remaining``: no sample dropped)
+        remaining = remaining.scatter_reduce(0, samples.ray_indices,
+                                             torch.where(alive_mask, 0.0, trans).to(remaining.dtype), "amax")
         kept = samples.select(keep)
         parts.append(PackedSamples(alive.index_select(0, kept.ray_indices), kept.t_starts, kept.t_ends, num_rays))
         sigma_parts.append(sigmas.index_select(0, keep))
+        # the weight in the segment: the transmittance of the earlier rounds times the round's own
+        weight_parts.append(weights.index_select(0, keep) * local_alive.index_select(0, kept.ray_indices).to(weights.dtype))
         num_marched += len(samples)
-        local[alive] = local[alive] * remaining
+        local[alive] = local_alive * remaining
         lo[alive] = hi
         alive = alive[(hi < t_hi[alive]) & (before * remaining > termination)]
     if not parts:  # no ray crosses its segment
         empty = origins.new_zeros(0)
-        return PackedSamples(empty.long(), empty, empty, num_rays), empty, 0
-    ray = torch.cat([p.ray_indices for p in parts])
-    order = torch.argsort(ray, stable=True)  # rounds are in order along every ray
-    samples = PackedSamples(ray, torch.cat([p.t_starts for p in parts]), torch.cat([p.t_ends for p in parts]),
-                            num_rays).select(order)
-    return samples, torch.cat(sigma_parts).index_select(0, order), num_marched
+        return PackedSamples(empty.long(), empty, empty, num_rays), empty, 0, (empty, local)
+    # order by ray, then round (rounds are in order along every ray): each round's samples are sorted
+    # by ray, so a sample's place is its ray's start, plus its ray's samples in earlier rounds, plus
+    # its rank in its round (no sort)
+    offsets = [ray_offsets(p.ray_indices, num_rays) for p in parts]
+    counts = torch.stack([c for _, c in offsets])  # (rounds, R)
+    earlier = torch.cumsum(counts, 0) - counts
+    total = counts.sum(0)
+    ray_start = torch.cumsum(total, 0) - total
+    place = torch.cat([(ray_start + earlier[r] - starts).index_select(0, p.ray_indices)
+                       + torch.arange(len(p), device=origins.device)
+                       for r, (p, (starts, _)) in enumerate(zip(parts, offsets))])
+    order = torch.empty_like(place)
+    order[place] = torch.arange(place.shape[0], device=place.device)  # index_put: deterministic everywhere
+    samples = PackedSamples(torch.cat([p.ray_indices for p in parts]), torch.cat([p.t_starts for p in parts]),
+                            torch.cat([p.t_ends for p in parts]), num_rays).select(order)
+    return (samples, torch.cat(sigma_parts).index_select(0, order), num_marched,
+            (torch.cat(weight_parts).index_select(0, order), local))
 
 
 def render_segment(density_fn: Callable[[torch.Tensor], torch.Tensor],
@@ -216,11 +253,12 @@ def render_segment(density_fn: Callable[[torch.Tensor], torch.Tensor],
         ``samples`` with their ``weights`` (P,) (for a loss on the weights, e.g.
         :func:`~distnerf.renderer.packed.distortion_loss`).
     """
-    samples, sigmas, num_marched = march_alive(density_fn, marcher, origins, directions, anchor, t_lo, t_hi,
-                                               termination=termination, in_front=in_front, step_size=step_size,
-                                               round_steps=round_steps)
+    samples, sigmas, num_marched, trans = march_alive(density_fn, marcher, origins, directions, anchor, t_lo, t_hi,
+                                                      termination=termination, in_front=in_front,
+                                                      step_size=step_size, round_steps=round_steps,
+                                                      with_transmittance=True)
     out = shade(density_fn, colour_fn, samples, origins, directions, viewdirs, in_front, background,
-                 colour_threshold, sigmas)
+                 colour_threshold, sigmas, trans)
     extra = len(samples) if (sigmas is None and termination > 0) else 0
     out.num_samples, out.num_density_samples = num_marched, num_marched + extra
     return out
