@@ -268,7 +268,8 @@ def lego_budget(res: Results) -> list[str]:
     """tools/bench_budget.sh: the README's lego line as written at 2 and 10 minutes, against the same line
     when the learning rate decayed over the whole budget (train.decay_start=0, the earlier default)."""
     targets = {"2min": (28.0, 25), "10min": (31.0, 200)}
-    out = header("budget", "schedule", "steps", "test PSNR / SSIM", "views scored", "constant-colour PSNR", "target", "")
+    out = header("budget", "schedule", "steps", "test PSNR / SSIM", "views scored", "constant-colour PSNR", "target",
+                 "")
     for name, (target, views) in targets.items():
         for run, rule in ((f"{name}_decay_over_budget", "decay over the whole budget (before)"),
                           (name, "`decay_start` 0.8 (now)")):

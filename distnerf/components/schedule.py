@@ -20,10 +20,11 @@ The rule (stated once; ``train`` config, :class:`distnerf.schema.TrainLoopConfig
     decays over the whole budget, as DVGO (Sun et al., CVPR 2022: 0.1 over its 20k iterations)
     and Plenoxels decay over their run. Measured on the README's lego line at 2 minutes, 25 test
     views (``bench/results/lego_budget/``): ``s = 0`` 25.06 dB (885 steps), no decay 26.81 dB,
-    ``decay = 0.3`` 26.69 dB, ``s = 0.8`` (the default) 27.26 dB: a grid model learns its detail at
-    the full rate, and a decay over a short budget takes that rate away before the last grid stage
-    has begun. A step-keyed ``decay_steps`` sized for one run length decays 10x per 1500 steps
-    whatever the budget (lego, 10 minutes, ~4500 steps: 1000x, hence BENCHMARKS' tuned
+    ``decay = 0.3`` 26.69 dB, ``s = 0.5`` 27.07 dB, ``s = 0.8`` (the default) 27.26 and 27.33 dB
+    (two runs); fern at 10 minutes 22.48 dB against 21.65 with ``s = 0``. A grid model learns its
+    detail at the full rate, and a decay over a short budget takes that rate away before the last
+    grid stage has begun. A step-keyed ``decay_steps`` sized for one run length decays 10x per 1500
+    steps whatever the budget (lego, 10 minutes, ~4500 steps: 1000x, hence BENCHMARKS' tuned
     decay_steps=4000).
   - the grid's stages follow the step (``model.upsample_steps``) by default: a stage must not
     begin before the coarse grid has carved the empty space, and that takes steps, not seconds.

@@ -138,7 +138,12 @@ class MarchingModel(RadianceModel):
             t0, t1 = clip_to_box(origins, directions, t_lo, t_hi, box.to(origins.dtype))
             return clip_to_box(origins, directions, t0, t1, self.occupancy.occupied_box().to(origins.dtype))
 
+        def inside(origins, directions, anchor, t_lo, t_hi, max_intervals=None):  # fn for segments inside clip's
+            return march(origins, directions, anchor, t_lo, t_hi, step_size, self.occupancy, max_intervals,
+                         inside_occupied_box=True)
+
         fn.clip = clip  # evaluation rounds start and end inside the box and its occupied cells
+        fn.inside = inside  # ... and march their rounds without clipping each round again
         return fn
 
     def sample_anchor(self, rays: RayBundle, step_size: float, generator: torch.Generator | None) -> torch.Tensor:

@@ -157,6 +157,7 @@ def _march_rounds(density_fn, marcher: Marcher, origins, directions, anchor, t_l
     clip = getattr(marcher, "clip", None)  # the segments' part that can hold samples: no round marches air
     if clip is not None:
         t_lo, t_hi = clip(origins, directions, t_lo, t_hi)
+        marcher = getattr(marcher, "inside", marcher)  # the rounds lie inside the clipped segments
     local = torch.ones(num_rays, dtype=origins.dtype, device=origins.device)  # transmittance so far
     alive = (t_hi > t_lo).nonzero().view(-1)
     lo = t_lo.clone()
@@ -190,7 +191,8 @@ def _march_rounds(density_fn, marcher: Marcher, origins, directions, anchor, t_l
         parts.append(PackedSamples(alive.index_select(0, kept.ray_indices), kept.t_starts, kept.t_ends, num_rays))
         sigma_parts.append(sigmas.index_select(0, keep))
         # the weight in the segment: the transmittance of the earlier rounds times the round's own
-        weight_parts.append(weights.index_select(0, keep) * local_alive.index_select(0, kept.ray_indices).to(weights.dtype))
+        weight_parts.append(weights.index_select(0, keep)
+                            * local_alive.index_select(0, kept.ray_indices).to(weights.dtype))
         num_marched += len(samples)
         local[alive] = local_alive * remaining
         lo[alive] = hi
@@ -235,7 +237,9 @@ def render_segment(density_fn: Callable[[torch.Tensor], torch.Tensor],
             rounds end on the edges of the contracted spacing; an attribute ``clip``
             (``(origins, directions, t_lo, t_hi) -> (t_lo, t_hi)``, the part of each segment
             where the marcher can place a sample) makes the rounds start and end there instead
-            of marching empty rounds through the air in front of and behind the occupied box.
+            of marching empty rounds through the air in front of and behind the occupied box; with
+            it, an attribute ``inside`` (the marcher for segments already inside ``clip``'s part)
+            marches the rounds.
         origins, directions: (R, 3) float. viewdirs: (R, 3) float unit, for colour.
         anchor: (R,) float sample-grid anchor. t_lo, t_hi: (R,) float segment bounds.
         background: (3,) or (R, 3) float RGB, or None (a segment: no background term).

@@ -290,7 +290,8 @@ def _march_spaced(origins, directions, anchor, t_lo, t_hi, step_size: float, occ
 
 def march(origins: torch.Tensor, directions: torch.Tensor, anchor: torch.Tensor, t_lo: torch.Tensor,
           t_hi: torch.Tensor, step_size: float, occupancy: OccupancyGrid | None,
-          max_intervals: int | None = None, spacing_aabb: torch.Tensor | None = None) -> PackedSamples:
+          max_intervals: int | None = None, spacing_aabb: torch.Tensor | None = None,
+          inside_occupied_box: bool = False) -> PackedSamples:
     """Packed samples of ray segments on the global sample grid, in occupied space only.
 
     Args:
@@ -310,6 +311,9 @@ def march(origins: torch.Tensor, directions: torch.Tensor, anchor: torch.Tensor,
             box, ``t_hi`` may be inf), ``occupancy`` must cover that contraction, and
             every interval is tested against it (no two-level walk: the walk's straight
             segments are curves in contracted space).
+        inside_occupied_box: the caller has already clipped the segments to
+            ``occupancy.occupied_box()`` (evaluation rounds: once per ray, not once per round),
+            so the march does not clip them again.
     Returns:
         PackedSamples: the grid intervals clipped to ``[t_lo, t_hi]`` (zero-length
         pieces dropped) whose midpoints are occupied; they tile the segment's occupied
@@ -320,7 +324,7 @@ def march(origins: torch.Tensor, directions: torch.Tensor, anchor: torch.Tensor,
         return _march_spaced(origins, directions, anchor, t_lo, t_hi, step_size, occupancy, spacing_aabb)
     num_rays = origins.shape[0]
     dt = step_size / directions.norm(dim=-1)
-    if occupancy is not None:  # nothing outside the occupied cells' box is sampled
+    if occupancy is not None and not inside_occupied_box:  # nothing outside the occupied cells' box is sampled
         t_lo, t_hi = clip_to_box(origins, directions, t_lo, t_hi, occupancy.occupied_box().to(origins.dtype))
     valid = t_hi > t_lo
     lo_j = torch.floor((t_lo - anchor) / dt).long()
