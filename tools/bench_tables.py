@@ -308,8 +308,10 @@ def lego_schedule(res: Results) -> list[str]:
             ("2min_probe/no_decay", "no decay (`decay` 1.0)"),
             ("2min_probe/decay_start_0.5", "constant to p = 0.5, then 0.1 over the rest (`decay_start` 0.5)"),
             ("2min_probe/decay_start_0.8", "constant to p = 0.8, then 0.1 over the rest (`decay_start` 0.8)"),
-            ("2min", "the same, the README line as written now (default `decay_start` 0.8)")]
-    out = header("learning-rate rule (2 minutes)", "steps", "test PSNR / SSIM (25 views)", "vs decay over the budget")
+            ("2min", "the same, the README line as written now (default `decay_start` 0.8)"),
+            ("2min_probe/lr_2e-3", "the same with `train.lr=2e-3` (grid tables at 0.2)"),
+            ("2min_probe/stages_150_450", "the same with the grid's stages at steps 150 and 450 (`model.upsample_steps`)")]
+    out = header("schedule (2 minutes)", "steps", "test PSNR / SSIM (25 views)", "vs decay over the budget")
     base = res.json("lego_budget/2min_decay_over_budget/metrics.json")["psnr"]
     for run, label in runs:
         m = res.json(f"lego_budget/{run}/metrics.json")
