@@ -180,13 +180,13 @@ def _march_rounds(density_fn, marcher: Marcher, origins, directions, anchor, t_l
         weights, trans, remaining = render_transmittance(along_ray(sigmas, samples, d), samples)
         local_alive = local[alive]
         before = local_alive if in_front is None else local_alive * in_front[alive]
-        alive_mask = trans * before.index_select(0, samples.ray_indices) > termination
-        keep = alive_mask.nonzero().view(-1)
+        kept_mask = trans * before.index_select(0, samples.ray_indices) > termination
+        keep = kept_mask.nonzero().view(-1)
         # the transmittance behind each ray's last kept sample: the cut keeps a prefix of the ray, so
         # it is the transmittance in front of its first dropped sample, the largest over the dropped
         # ones and at least the transmittance behind them all (``remaining``: no sample dropped)
         remaining = remaining.scatter_reduce(0, samples.ray_indices,
-                                             torch.where(alive_mask, 0.0, trans).to(remaining.dtype), "amax")
+                                             torch.where(kept_mask, 0.0, trans).to(remaining.dtype), "amax")
         kept = samples.select(keep)
         parts.append(PackedSamples(alive.index_select(0, kept.ray_indices), kept.t_starts, kept.t_ends, num_rays))
         sigma_parts.append(sigmas.index_select(0, keep))
