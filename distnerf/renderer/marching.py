@@ -106,8 +106,7 @@ def shade(density_fn, colour_fn, samples: PackedSamples, origins, directions, vi
 
 
 def march_alive(density_fn, marcher: Marcher, origins, directions, anchor, t_lo, t_hi, *, termination: float,
-                in_front: torch.Tensor | None = None, step_size: float = 0.0, round_steps: int | None = None,
-                with_transmittance: bool = False):
+                in_front: torch.Tensor | None = None, step_size: float = 0.0, round_steps: int | None = None):
     """The marched samples in front of each ray's termination point.
 
     With ``round_steps``, the segments are marched ``round_steps`` grid intervals at a
@@ -122,10 +121,10 @@ def march_alive(density_fn, marcher: Marcher, origins, directions, anchor, t_lo,
         samples: the kept PackedSamples (a prefix of each ray's marched samples);
         sigmas: (P,) their densities, or None when autograd is on (the caller evaluates
         them with gradients); num_marched: int, samples marched (density evaluated);
-        and, with ``with_transmittance``, ``(weights, remaining)``: (P,) the kept samples'
-        weights ``T_i alpha_i`` in the segment and (R,) the transmittance behind each ray's
-        last kept sample, as the rounds computed them (what :func:`shade` would compute from
-        the kept samples' densities), or None (no rounds, or autograd on).
+        transmittance: ``(weights, remaining)``, (P,) the kept samples' weights ``T_i alpha_i``
+        in the segment and (R,) the transmittance behind each ray's last kept sample, as the
+        rounds computed them (what :func:`shade` would compute from the kept samples'
+        densities), or None (no rounds, or autograd on).
     """
     grad = torch.is_grad_enabled()
     with torch.no_grad():
@@ -133,20 +132,18 @@ def march_alive(density_fn, marcher: Marcher, origins, directions, anchor, t_lo,
             samples, sigmas, num_marched, trans = _march_rounds(density_fn, marcher, origins, directions, anchor,
                                                                 t_lo, t_hi, termination, in_front, step_size,
                                                                 round_steps)
-            out = samples, (None if grad else sigmas), num_marched
-            return out + ((None if grad else trans),) if with_transmittance else out
+            return samples, (None if grad else sigmas), num_marched, (None if grad else trans)
         samples = marcher(origins, directions, anchor, t_lo, t_hi)
         num_marched = len(samples)
         if termination <= 0 or not num_marched:
-            return (samples, None, num_marched) + ((None,) if with_transmittance else ())
+            return samples, None, num_marched, None
         sigmas = density_fn(samples.points(origins, directions))
         _, trans, _ = render_transmittance(along_ray(sigmas, samples, directions), samples)
         if in_front is not None:
             trans = trans * in_front.index_select(0, samples.ray_indices)
         keep = (trans > termination).nonzero().view(-1)  # host sync: the samples in front of the cut
         samples = samples.select(keep)
-        out = samples, (None if grad else sigmas.index_select(0, keep)), num_marched
-        return out + ((None,) if with_transmittance else ())
+        return samples, (None if grad else sigmas.index_select(0, keep)), num_marched, None
 
 
 def _march_rounds(density_fn, marcher: Marcher, origins, directions, anchor, t_lo, t_hi, termination: float,
@@ -259,8 +256,7 @@ def render_segment(density_fn: Callable[[torch.Tensor], torch.Tensor],
     """
     samples, sigmas, num_marched, trans = march_alive(density_fn, marcher, origins, directions, anchor, t_lo, t_hi,
                                                       termination=termination, in_front=in_front,
-                                                      step_size=step_size, round_steps=round_steps,
-                                                      with_transmittance=True)
+                                                      step_size=step_size, round_steps=round_steps)
     out = shade(density_fn, colour_fn, samples, origins, directions, viewdirs, in_front, background,
                  colour_threshold, sigmas, trans)
     extra = len(samples) if (sigmas is None and termination > 0) else 0

@@ -197,15 +197,20 @@ class FusedRenderer(nn.Module):
         boxes = self.partition.extents().to(rays.origins.device, rays.origins.dtype)
         for k, model in zip(self.regions, self.models):
             t_lo, t_hi = clip_to_box(rays.origins, rays.directions, rays.near, rays.far, boxes[k])
-            samples, sigmas, _ = march_alive(model.field_density, model.marcher(self.step_size), rays.origins,
-                                             rays.directions, rays.near, t_lo, t_hi, termination=model.termination,
-                                             step_size=self.step_size, round_steps=model.eval_round_steps)
-            segs.append({"samples": samples, "sigmas": sigmas, "rgbs": None, "model": model})
+            samples, sigmas, _, trans = march_alive(model.field_density, model.marcher(self.step_size),
+                                                    rays.origins, rays.directions, rays.near, t_lo, t_hi,
+                                                    termination=model.termination, step_size=self.step_size,
+                                                    round_steps=model.eval_round_steps)
+            # trans: the rounds' weights and segment transmittance (None without rounds)
+            segs.append({"samples": samples, "sigmas": sigmas, "rgbs": None, "model": model, "trans": trans})
         return segs
 
     def _segment(self, rays: RayBundle) -> RenderOutput:
         segs = self._region_samples(rays)
         for seg in segs:
+            if seg.get("trans") is not None:  # computed by the evaluation rounds
+                seg["transmittance"] = seg["trans"][1]
+                continue
             sigmas = seg["sigmas"] if seg["rgbs"] is not None else along_ray(seg["sigmas"], seg["samples"],
                                                                               rays.directions)
             seg["transmittance"] = render_transmittance(sigmas, seg["samples"])[2]
@@ -222,7 +227,8 @@ class FusedRenderer(nn.Module):
                 out = render_packed(seg["sigmas"], seg["rgbs"], seg["samples"], None)
             else:
                 out = shade(model.field_density, model.colours, seg["samples"], rays.origins, rays.directions,
-                            rays.viewdirs, before[:, k], None, self.color_threshold, seg["sigmas"])
+                            rays.viewdirs, before[:, k], None, self.color_threshold, seg["sigmas"],
+                            seg.get("trans"))
             local[:, j, :3], local[:, j, 3] = out.rgb, out.depth
         start = self._clock()
         values = self._all_regions(local)  # exchange 2: segment colour and depth (4 floats per ray and region)
