@@ -240,6 +240,7 @@ class DDPStrategyConfig(StrategyConfig):
     compression: str = choice("none", "fp16", "bf16")  # dtype gradients travel in
     sparse_min_numel: Optional[int] = 1_000_000  # buckets this large travel as (index, value) pairs; null: dense
     sparse_max_density: float = bounded(0.25, 0, 1)  # ... when at most this share of their entries is non-zero
+    sparse_mode: str = choice("auto", "counted", "bounded")  # auto: counted on CPU, bounded (no host sync) on CUDA
 
 
 @dataclass

@@ -73,7 +73,11 @@ VARIANTS = {
     # the grid model at its final resolution, gradients all-reduced densely and sparsely
     "grid160_dense": ["model=grid", "model.resolutions=[160]", "model.upsample_steps=[]",
                       "strategy.sparse_min_numel=null"],
-    "grid160_sparse": ["model=grid", "model.resolutions=[160]", "model.upsample_steps=[]"],
+    "grid160_sparse": ["model=grid", "model.resolutions=[160]", "model.upsample_steps=[]",
+                       "strategy.sparse_mode=counted"],
+    # the device path (no host sync): slots sized by the forward's row bounds
+    "grid160_bounded": ["model=grid", "model.resolutions=[160]", "model.upsample_steps=[]",
+                        "strategy.sparse_mode=bounded"],
     "grid160_bf16": ["model=grid", "model.resolutions=[160]", "model.upsample_steps=[]",
                      "strategy.sparse_min_numel=null", "strategy.compression=bf16"],
 }
@@ -108,7 +112,7 @@ def main():
     s.add_argument("--warmup", type=int, default=20)
     s.add_argument("--repeats", type=int, default=3)
     a = sub.add_parser("allreduce")
-    a.add_argument("--models", nargs="+", default=["grid", "grid160_dense", "grid160_sparse", "grid160_bf16",
+    a.add_argument("--models", nargs="+", default=["grid", "grid160_dense", "grid160_sparse", "grid160_bounded", "grid160_bf16",
                                                    "ngp", "nerf"])
     a.add_argument("--steps", type=int, default=8)
     a.add_argument("--threads", type=int, default=1)

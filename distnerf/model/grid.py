@@ -340,6 +340,11 @@ class GridModel(MarchingModel):
             out.append((self.context_density, self.context_features, c, self._context_box()))
         return out
 
+    def bounded_parameters(self) -> list[nn.Parameter]:
+        """The vertex tables: read only by trilinear interpolation (8 corner rows per point), so
+        their loss gradient is non-zero in the rows read (:meth:`RadianceModel.gradient_entry_bounds`)."""
+        return [t for d, f, _, _ in self._tables() for t in (d, f)]
+
     def param_groups(self, lr: float) -> list[dict]:
         """Tables at ``lr`` * 100 (DVGO uses 0.1 for grids and 1e-3 for the MLP)."""
         tables = [t for d, f, _, _ in self._tables() for t in (d, f)]
@@ -413,7 +418,9 @@ class GridModel(MarchingModel):
             density, _, n, box = tables[t]
             x = ((p - box[0]) / (box[1] - box[0])).clamp(0, 1)
             if grad:
-                return interpolate(density, *trilinear_corners(x, n)).view(-1)
+                index, weights = trilinear_corners(x, n)
+                self.note_rows_read(density, index.numel())
+                return interpolate(density, index, weights).view(-1)
             return F.grid_sample(density.view(1, 1, n, n, n), (x * 2 - 1).flip(-1).view(1, 1, 1, -1, 3),
                                  mode="bilinear", align_corners=True).view(-1)
 
@@ -426,7 +433,9 @@ class GridModel(MarchingModel):
 
         def sample(p: torch.Tensor, t: int) -> torch.Tensor:
             _, features, n, box = tables[t]
-            return interpolate(features, *trilinear_corners((p - box[0]) / (box[1] - box[0]), n), self.sparse_grad)
+            index, weights = trilinear_corners((p - box[0]) / (box[1] - box[0]), n)
+            self.note_rows_read(features, index.numel())
+            return interpolate(features, index, weights, self.sparse_grad)
 
         return self._split(points, sample, self.features.shape[1])
 

@@ -17,13 +17,27 @@ each pair spans the bucket's all-reduce on the GPU timeline. The step breakdown 
 them at its one end-of-step synchronisation (:func:`distnerf.observe.breakdown.gpu_comm_figures`):
 per-bucket durations, communication time, bus bandwidth and the exposed share.
 
-Sparse buckets. A voxel-grid table's gradient touches few rows per step; a bucket of at
-least ``sparse_min_numel`` entries with at most ``sparse_max_density`` of them non-zero
-travels as (index, value) pairs (gloo/CPU). Deciding costs a ``nonzero`` over the bucket
-and an exchange of the counts; a bucket found dense is remembered as dense and looked at
-again only every :data:`SPARSE_REVISIT` steps. On CUDA buckets stay dense: sizing the
-index/value buffers needs the non-zero count on the host (a synchronisation in the hook
-on every step); a fixed-capacity sync-free exchange is future work and was not measured.
+Sparse buckets. A voxel-grid table's gradient touches few rows per step, so a bucket of at
+least ``sparse_min_numel`` entries may travel as (index, value) pairs, in one of two ways
+(``sparse_mode``; ``auto``: ``counted`` on the CPU, ``bounded`` on CUDA):
+
+- ``counted`` (:func:`sparse_allreduce_`): a ``nonzero`` over the bucket and an all-gather of
+  the counts size the pairs exactly; a bucket with more than ``sparse_max_density`` of its
+  entries non-zero falls back to a dense all-reduce and is looked at again only every
+  :data:`SPARSE_REVISIT` steps. Reading the counts is a host synchronisation in the hook (free
+  on the CPU, a stall of the backward on CUDA).
+- ``bounded`` (:func:`bounded_sparse_allreduce_`): no host synchronisation. The forward
+  records how many rows it read of each vertex table (host integers, from shapes:
+  :meth:`~distnerf.model.base.RadianceModel.gradient_entry_bounds`); the step agreement,
+  which already all-reduces host numbers between forward and backward, carries every rank's
+  bounds, so all ranks know the largest (:meth:`DDPStrategy.reduce_step_stats`). A bucket's
+  capacity is the sum of its parameters' agreed bounds (a parameter without one counts all its
+  entries); its non-zeros are compacted into that fixed capacity on the device (a prefix sum
+  and a scatter) and all-gathered. The capacity holds every non-zero by construction, so the
+  result equals the dense average. The bucket goes sparse when that moves fewer bytes than a
+  ring all-reduce (:func:`sparse_pays`) and the bound is at most ``sparse_max_density`` of
+  the bucket; else dense. An overflow (a bound that does not hold: a bug) is counted on the
+  device and raised at the next :meth:`DDPStrategy.comm_stats`.
 """
 from __future__ import annotations
 
@@ -35,7 +49,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from .. import dist as D
 from ..model.base import RadianceModel
-from .base import Strategy
+from .base import StepAgreement, StepStats, Strategy
 
 SPARSE_REVISIT = 50  # steps between two looks at a bucket found too dense for the sparse exchange
 
@@ -98,9 +112,14 @@ class HookState:
     """
 
     def __init__(self, stats: CommStats, wire_dtype: torch.dtype | None, sparse_min_numel: int | None,
-                 sparse_max_density: float):
+                 sparse_max_density: float, mode: str = "counted"):
         self.stats, self.wire_dtype = stats, wire_dtype
         self.sparse_min_numel, self.sparse_max_density = sparse_min_numel, sparse_max_density
+        self.mode = mode  # counted | bounded (module docstring)
+        #: bounded: id(parameter) -> the largest bound over ranks on its gradient's non-zero
+        #: entries for the step in progress (set by the step agreement; empty: no bound, dense)
+        self.bounds: dict[int, int] = {}
+        self.overflow: torch.Tensor | None = None  # bounded: non-zeros that found no slot (a bug), on the device
         # per bucket (index, size: DDP rebuilds its buckets after the first step): the hook call
         # from which a bucket found dense is looked at again, and the calls so far
         self.dense_until: dict[tuple[int, int], int] = {}
@@ -111,8 +130,21 @@ class HookState:
         the same: the rule depends only on call counts and on the counts all ranks exchanged)."""
         call = self.calls.get(key, 0)
         self.calls[key] = call + 1
-        return (self.sparse_min_numel is not None and buffer.numel() >= self.sparse_min_numel
-                and not buffer.is_cuda and call >= self.dense_until.get(key, 0))
+        return (self.mode == "counted" and self.sparse_min_numel is not None
+                and buffer.numel() >= self.sparse_min_numel and not buffer.is_cuda
+                and call >= self.dense_until.get(key, 0))
+
+    def capacity(self, bucket, buffer: torch.Tensor, world_size: int, dense_value_bytes: int) -> int | None:
+        """``bounded``: the fixed number of (index, value) slots per rank for this bucket, or None to
+        all-reduce it densely. The same on every rank: it depends on the agreed bounds and sizes only."""
+        if self.mode != "bounded" or self.sparse_min_numel is None or buffer.numel() < self.sparse_min_numel:
+            return None
+        cap = sum(self.bounds.get(id(p), p.numel()) for p in bucket.parameters())
+        if cap > self.sparse_max_density * buffer.numel():
+            return None
+        if not sparse_pays(cap, buffer.numel(), world_size, buffer.element_size(), dense_value_bytes):
+            return None
+        return cap
 
     def found_dense(self, key: tuple[int, int]) -> None:
         self.dense_until[key] = self.calls[key] - 1 + SPARSE_REVISIT
@@ -148,6 +180,65 @@ def sparse_allreduce_(buffer: torch.Tensor, world_size: int, max_density: float)
     return width * (index_p.element_size() + values_p.element_size())
 
 
+INDEX_DTYPE = torch.int32  # bounded exchange: buckets hold fewer than 2^31 entries (checked)
+
+
+def sparse_pays(capacity: int, numel: int, world_size: int, value_bytes: int, dense_value_bytes: int) -> bool:
+    """Whether an all-gather of ``capacity`` (int32 index, value) pairs per rank sends fewer bytes
+    per rank than a ring all-reduce of the ``numel``-entry bucket.
+
+    A ring all-gather of W parts sends (W - 1) x part bytes per rank; a ring all-reduce sends
+    2 (W - 1) / W x the bucket's bytes (reduce-scatter then all-gather; Thakur et al., "Optimization
+    of collective communication operations in MPICH", 2005). So the pairs pay when
+    ``capacity x (4 + value_bytes) x W < 2 x numel x dense_value_bytes``: at W = 2 with float32,
+    when at most half the entries can be non-zero; at W = 8 an eighth. An all-gather grows with
+    the world size, so the sparse exchange suits few ranks, or very sparse buckets.
+    """
+    index_bytes = torch.tensor([], dtype=INDEX_DTYPE).element_size()
+    return capacity * (index_bytes + value_bytes) * world_size < 2 * numel * dense_value_bytes
+
+
+def bounded_sparse_allreduce_(buffer: torch.Tensor, world_size: int, capacity: int) -> tuple[int, torch.Tensor]:
+    """Average the flat ``buffer`` over ranks, exchanging ``capacity`` (index, value) slots per rank,
+    with no host synchronisation (no data-dependent size is read).
+
+    The non-zeros are compacted in order into the slots by an inclusive prefix sum of the
+    non-zero mask (entry i with mask goes to slot ``cumsum[i] - 1``; zeros and any non-zero past
+    the capacity go to a spare slot that is not sent) and a scatter; unused slots hold
+    (index 0, value 0), which add nothing. Every rank all-gathers the slots (fixed size: the
+    capacity is the same on every rank) and accumulates them into the zeroed buffer in rank
+    order with ``index_add_``. With the capacity at least every rank's non-zero count, the result
+    equals a dense average (bitwise for 2 ranks: a sum of two values does not depend on order;
+    on CUDA ``index_add_`` is atomic, so for more ranks the order of the sum, and its rounding,
+    may vary).
+
+    Args:
+        buffer: (N,) float gradient bucket, N < 2^31; overwritten with the average.
+        world_size: W. capacity: slots per rank (>= 1), the same on every rank.
+    Returns:
+        (bytes this rank sent: capacity x (4 + value bytes), 0-dim int64 tensor on the buffer's
+        device: this rank's non-zeros that found no slot, 0 when the capacity held them).
+    Raises:
+        ValueError: when the bucket has 2^31 entries or more (int32 indices).
+    """
+    n = buffer.numel()
+    if n >= 2 ** 31:
+        raise ValueError(f"bounded sparse exchange: a bucket of {n} entries needs int64 indices")
+    nonzero = buffer != 0
+    slot = torch.cumsum(nonzero, 0, dtype=torch.int64) - 1  # (N,) place among the non-zeros
+    count = slot[-1] + 1 if n else buffer.new_zeros((), dtype=torch.int64)
+    slot = torch.where(nonzero & (slot < capacity), slot, capacity)  # the spare slot: not sent
+    index = torch.zeros(capacity + 1, dtype=INDEX_DTYPE, device=buffer.device)
+    index.scatter_(0, slot, torch.arange(n, dtype=INDEX_DTYPE, device=buffer.device))
+    values = buffer.new_zeros(capacity + 1).scatter_(0, slot, buffer / world_size)
+    all_index, all_values = D.all_gather(index[:capacity]), D.all_gather(values[:capacity])
+    buffer.zero_()
+    for idx, val in zip(all_index, all_values):
+        buffer.index_add_(0, idx, val)
+    overflow = (count - capacity).clamp(min=0)
+    return capacity * (index.element_size() + values.element_size()), overflow
+
+
 def timed_allreduce_hook(state, bucket):  # no annotations: DDP checks them at runtime
     """DDP communication hook: average the bucket over ranks, timing and counting it.
 
@@ -176,6 +267,20 @@ def _allreduce_bucket(state, bucket):
             fut.set_result(buffer)
             state.stats.hook_returned(start)
             return fut
+    wire_bytes = buffer.element_size() if state.wire_dtype is None else torch.tensor([], dtype=state.wire_dtype).element_size()
+    capacity = state.capacity(bucket, buffer, D.world_size(), wire_bytes)
+    if capacity is not None:  # bounded: no host sync (module docstring)
+        events = [D.timing_event(), None, 0] if buffer.is_cuda else None
+        nbytes, overflow = bounded_sparse_allreduce_(buffer, D.world_size(), capacity)
+        if events is not None:  # the current stream waited for the all-gathers: their end on the GPU
+            events[1], events[2] = D.timing_event(), nbytes
+            state.stats.step_events.append(events)
+        state.overflow = overflow if state.overflow is None else state.overflow + overflow
+        state.stats.record(time.perf_counter() - start, nbytes, start)  # on CUDA: the launch (as below)
+        fut = torch.futures.Future()
+        fut.set_result(buffer)
+        state.stats.hook_returned(start)
+        return fut
     wire = buffer if state.wire_dtype is None else buffer.to(state.wire_dtype)
     nbytes = wire.numel() * wire.element_size()
     wire.div_(D.world_size())
@@ -204,8 +309,9 @@ class DDPStrategy(Strategy):
     Config keys: ``bucket_cap_mb`` (DDP bucket size), ``find_unused_parameters``
     (False by default), ``gradient_as_bucket_view``, ``compression`` (``none``,
     ``fp16`` or ``bf16``: the dtype gradients travel in), ``sparse_min_numel``
-    (buckets this large or larger travel as (index, value) pairs when mostly zero;
-    null disables; CPU/gloo only), ``sparse_max_density``.
+    (buckets this large or larger may travel as (index, value) pairs; null disables),
+    ``sparse_max_density``, ``sparse_mode`` (``auto``, ``counted``, ``bounded``: the module
+    docstring).
     """
 
     name = "ddp"
@@ -213,6 +319,14 @@ class DDPStrategy(Strategy):
     def __init__(self, cfg, env):
         super().__init__(cfg, env)
         self.comm = CommStats()
+        self.hook_state: HookState | None = None
+
+    @property
+    def sparse_mode(self) -> str:
+        """``counted`` or ``bounded``: ``auto`` is ``bounded`` on CUDA (no host sync in the hook)
+        and ``counted`` elsewhere (exact sizes, where reading them costs nothing)."""
+        mode = self.cfg.sparse_mode
+        return ("bounded" if self.env.device.type == "cuda" else "counted") if mode == "auto" else mode
 
     def wrap(self, model: nn.Module) -> nn.Module:
         self.model = model.to(self.env.device)
@@ -231,14 +345,53 @@ class DDPStrategy(Strategy):
             gradient_as_bucket_view=self.cfg.gradient_as_bucket_view,
         )
         wire = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}[self.cfg.compression]
-        ddp.register_comm_hook(HookState(self.comm, wire, self.cfg.sparse_min_numel, self.cfg.sparse_max_density),
-                               timed_allreduce_hook)
+        bounded = (self.sparse_mode == "bounded" and self.cfg.sparse_min_numel is not None
+                   and isinstance(self.model, RadianceModel))
+        if bounded:
+            self.model.record_rows_read = True  # the forward notes the rows it reads (host integers)
+            self.model.reset_rows_read()
+        self.hook_state = HookState(self.comm, wire, self.cfg.sparse_min_numel, self.cfg.sparse_max_density,
+                                    "bounded" if bounded else "counted")
+        ddp.register_comm_hook(self.hook_state, timed_allreduce_hook)
         self.wrapped = ddp
         return ddp
 
+    def reduce_step_stats(self, local: StepStats) -> StepAgreement:
+        """The step agreement (:meth:`Strategy.reduce_step_stats`); under the ``bounded`` sparse
+        exchange it also carries every rank's bounds on its tables' gradient entries from this
+        step's forward, in the same one all-reduce: each rank puts its k bounds in its own k of
+        W x k slots (zeros elsewhere), so the sum hands every rank every rank's bounds, and the
+        hook sizes each bucket by the largest. Host numbers only: nothing is read from the device."""
+        state = self.hook_state
+        if state is None or state.mode != "bounded":
+            return super().reduce_step_stats(local)
+        tables = self.model.bounded_parameters()
+        bounds = self.model.gradient_entry_bounds()
+        self.model.reset_rows_read()
+        k, world, rank = len(tables), self.env.world_size, self.env.rank
+        slots = [0.0] * (k * world)
+        slots[rank * k:(rank + 1) * k] = [float(bounds[id(p)]) for p in tables]  # exact in float64 (< 2^53)
+        mine = local.host_values()
+        summed = self.sum_over_ranks(mine + slots)
+        total, per_rank = summed[:len(mine)], summed[len(mine):]
+        state.bounds = {id(p): int(max(per_rank[r * k + i] for r in range(world))) for i, p in enumerate(tables)}
+        return StepAgreement(StepStats(*total), StepStats(*mine), max(total[0], 1.0) / world)
+
     def comm_stats(self) -> dict:
         """Since the last call: seconds (``allreduce_launch_s`` on NCCL, see the module docstring),
-        bytes and calls."""
+        bytes and calls.
+
+        Raises:
+            RuntimeError: when a ``bounded`` sparse exchange found more non-zeros than its capacity
+                (a bound that does not hold; read here, at a logging step, not in the step).
+        """
+        state = self.hook_state
+        if state is not None and state.overflow is not None:
+            lost = int(state.overflow)  # host sync: at a logging step only
+            state.overflow = None
+            if lost:
+                raise RuntimeError(f"ddp bounded sparse exchange: {lost} non-zero gradient entries exceeded the "
+                                   "capacity their bounds gave (model.gradient_entry_bounds is wrong for this model)")
         seconds_key = "allreduce_launch_s" if self.comm.launch_only else "allreduce_s"
         out = {seconds_key: self.comm.seconds, "allreduce_bytes": self.comm.bytes,
                "allreduce_calls": self.comm.calls}

@@ -1,0 +1,106 @@
+"""The bounded sparse gradient exchange (issue 26 item 9), without a process group.
+
+The two-rank run on gloo, against a one-process float64 reference, is
+``tests/dist/test_ddp.py`` (mode ``bounded``). Here: the compaction against the buffer's own
+non-zeros, the overflow count, the absence of host syncs (against the counted exchange,
+which has them), the byte rule by hand, and the forward's bounds against real gradients.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from distnerf.model.grid import GridModel
+from distnerf.observe.syncs import SyncCounter
+from distnerf.strategy.ddp import bounded_sparse_allreduce_, sparse_allreduce_, sparse_pays
+
+
+def _sparse_buffer(n: int, nonzeros: int, seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    buffer = torch.zeros(n)
+    where = torch.randperm(n, generator=gen)[:nonzeros]
+    buffer[where] = torch.randn(nonzeros, generator=gen)
+    return buffer
+
+
+@pytest.mark.parametrize("capacity", [37, 50, 999])
+def test_alone_the_exchange_returns_the_buffer_and_bytes_of_its_slots(capacity):
+    buffer = _sparse_buffer(1000, 37)
+    expected = buffer.clone()
+    nbytes, overflow = bounded_sparse_allreduce_(buffer, 1, capacity)
+    assert torch.equal(buffer, expected)
+    assert nbytes == capacity * (4 + 4)  # int32 index + float32 value per slot
+    assert int(overflow) == 0
+
+
+def test_non_zeros_past_the_capacity_are_counted_as_overflow_not_hidden():
+    buffer = _sparse_buffer(1000, 37, seed=1)
+    original = buffer.clone()
+    _, overflow = bounded_sparse_allreduce_(buffer, 1, 30)
+    assert int(overflow) == 7
+    kept = original.nonzero().view(-1)[:30]  # the first 30 in order found a slot, the rest did not
+    assert torch.equal(buffer.nonzero().view(-1), kept)
+    assert torch.equal(buffer[kept], original[kept])
+
+
+def test_the_bounded_exchange_reads_nothing_from_the_device_the_counted_one_does():
+    with SyncCounter() as bounded:
+        bounded_sparse_allreduce_(_sparse_buffer(4000, 300), 1, 400)
+    with SyncCounter() as counted:
+        sparse_allreduce_(_sparse_buffer(4000, 300), 1, 0.25)
+    assert bounded.total == 0, bounded.by_op()
+    assert counted.total >= 2, counted.by_op()  # the nonzero and the counts' tolist: the counter can fail
+
+
+def test_sparse_pays_against_bytes_by_hand():
+    # W = 2, float32: slots (4 + 4) B x 2 ranks against 2 x numel x 4 B -> capacity < numel / 2
+    assert sparse_pays(49, 100, 2, 4, 4) and not sparse_pays(50, 100, 2, 4, 4)
+    # W = 8: 12 x 8 x 8 = 768 < 800, 13 x 64 = 832 > 800
+    assert sparse_pays(12, 100, 8, 4, 4) and not sparse_pays(13, 100, 8, 4, 4)
+    # a bf16 dense wire halves the dense bytes: 24 x 8 x 2 = 384 < 400, 25 x 16 = 400 is not
+    assert sparse_pays(24, 100, 2, 4, 2) and not sparse_pays(25, 100, 2, 4, 2)
+
+
+def _grid(resolution: int) -> GridModel:
+    torch.manual_seed(0)
+    aabb = torch.tensor([[-1.0, -1.0, -1.0], [1.0, 1.0, 1.0]])
+    model = GridModel(aabb, torch.ones(3), resolutions=[resolution], upsample_steps=[], color="mlp",
+                      hidden_width=16, alpha_init=1e-2, tv_weight=0.0, occupancy_threshold=1e-3)
+    with torch.no_grad():
+        model.density.normal_(-4.0, 4.0)
+        model.features.normal_(0, 0.5)
+    return model
+
+
+@pytest.mark.parametrize("resolution", [6, 48])
+def test_forward_bounds_hold_every_non_zero_gradient_entry(resolution):
+    """The recorded bounds against the gradients a real forward and backward make: every table's
+    non-zero entries within its bound; at 48^3 (110 k rows, 64 rays) the bound is under half the
+    table (a bound of 'everything' would pass the first check trivially); at 6^3 it is the table."""
+    from distnerf.data.rays import RayBundle
+
+    model = _grid(resolution)
+    model.sparse_grad = False  # dense gradients, as under DDP (its buckets hold dense tables)
+    model.record_rows_read = True
+    model.reset_rows_read()
+    gen = torch.Generator().manual_seed(1)
+    origins = torch.randn(64, 3, generator=gen) * 0.1 + torch.tensor([0.0, 0.0, -3.0])
+    directions = torch.nn.functional.normalize(torch.tensor([0.0, 0.0, 1.0]) + 0.2 * torch.randn(64, 3, generator=gen), dim=-1)
+    rays = RayBundle(origins=origins, directions=directions, viewdirs=directions, near=torch.full((64,), 0.5), far=torch.full((64,), 6.0))
+    model.train()
+    out = model(rays, generator=torch.Generator().manual_seed(2))
+    out.rgb.square().sum().backward()
+    bounds = model.gradient_entry_bounds()
+    assert set(bounds) == {id(p) for p in model.bounded_parameters()}
+    for table in model.bounded_parameters():
+        nonzero = int((table.grad != 0).sum())
+        assert 0 < nonzero <= bounds[id(table)], (table.shape, nonzero, bounds[id(table)])
+        if resolution == 48:
+            assert bounds[id(table)] < table.numel() / 2
+        else:
+            assert bounds[id(table)] == table.numel()
+    model.reset_rows_read()
+    assert set(model.gradient_entry_bounds().values()) == {0}
+    model.record_rows_read = False  # off (the default): nothing is recorded
+    model(rays, generator=torch.Generator().manual_seed(2))
+    assert set(model.gradient_entry_bounds().values()) == {0}
