@@ -498,6 +498,18 @@ def ddp_sparse_decision(res: Results) -> list[str]:
     return out
 
 
+def ddp_sparse_bounded(res: Results) -> list[str]:
+    """tools/bench_ddp.py allreduce: the grid at 160^3 on 2 ranks, dense, counted and bounded sparse exchange."""
+    d = res.json("ddp_sparse_bounded/after.json")
+    out = header("variant (`strategy.sparse_mode`)", "all-reduce hook s / step (median)", "bytes / step",
+                 "vs dense bytes", "step s (median)")
+    dense = d["models"]["grid160_dense"]["allreduce_bytes_per_step"]
+    for variant, m in d["models"].items():
+        out.append(row(variant, f"{m['allreduce_s_per_step']:.4f}", mega(m["allreduce_bytes_per_step"]) + "B",
+                       f"{m['allreduce_bytes_per_step'] / dense:.2f}", f"{m['step_s']:.3f}"))
+    return out
+
+
 def capture_import(res: Results) -> list[str]:
     """tools/bench_import.py: import time and peak memory of each format of the same scene."""
     d = res.json("import/bench_import.json")
@@ -804,6 +816,7 @@ TABLES = {
     "eval_memory": eval_memory,
     "timing_overhead": timing_overhead,
     "ddp_sparse_decision": ddp_sparse_decision,
+    "ddp_sparse_bounded": ddp_sparse_bounded,
     "capture_import": capture_import,
     "city_small_quality": city_small_quality,
     "city_capacity": city_capacity,

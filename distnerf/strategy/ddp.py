@@ -32,8 +32,9 @@ least ``sparse_min_numel`` entries may travel as (index, value) pairs, in one of
   which already all-reduces host numbers between forward and backward, carries every rank's
   bounds, so all ranks know the largest (:meth:`DDPStrategy.reduce_step_stats`). A bucket's
   capacity is the sum of its parameters' agreed bounds (a parameter without one counts all its
-  entries); its non-zeros are compacted into that fixed capacity on the device (a prefix sum
-  and a scatter) and all-gathered. The capacity holds every non-zero by construction, so the
+  entries); its non-zeros are compacted into that fixed capacity on the device
+  (``torch.nonzero_static``, or a prefix sum and a scatter where it has no kernel) and
+  all-gathered. The capacity holds every non-zero by construction, so the
   result equals the dense average. The bucket goes sparse when that moves fewer bytes than a
   ring all-reduce (:func:`sparse_pays`) and the bound is at most ``sparse_max_density`` of
   the bucket; else dense. An overflow (a bound that does not hold: a bug) is counted on the
@@ -198,19 +199,60 @@ def sparse_pays(capacity: int, numel: int, world_size: int, value_bytes: int, de
     return capacity * (index_bytes + value_bytes) * world_size < 2 * numel * dense_value_bytes
 
 
-def bounded_sparse_allreduce_(buffer: torch.Tensor, world_size: int, capacity: int) -> tuple[int, torch.Tensor]:
+_STATIC_NONZERO: dict[str, bool] = {}  # device type -> whether torch.nonzero_static runs there
+
+
+def static_nonzero_available(device: torch.device) -> bool:
+    """Whether ``torch.nonzero_static`` has a kernel for ``device``'s type (a probe on a tiny
+    tensor, once per process: CUDA has one, with no host sync, since torch 2.6; the CPU since 2.1)."""
+    kind = device.type
+    if kind not in _STATIC_NONZERO:
+        try:
+            torch.nonzero_static(torch.zeros(2, device=device), size=1, fill_value=0)
+            _STATIC_NONZERO[kind] = True
+        except (AttributeError, NotImplementedError, RuntimeError):
+            _STATIC_NONZERO[kind] = False
+    return _STATIC_NONZERO[kind]
+
+
+def compact_nonzeros(buffer: torch.Tensor, capacity: int, static: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first ``capacity`` non-zero positions of the flat ``buffer``, in order, padded with 0, and
+    the number of non-zeros (a 0-dim int64 tensor on the device): no data-dependent size is read.
+
+    With ``static`` (default: :func:`static_nonzero_available`) one ``torch.nonzero_static``;
+    otherwise an inclusive prefix sum of the non-zero mask gives each non-zero its slot
+    (``cumsum - 1``), and a scatter writes the positions (zeros and non-zeros past the capacity
+    go to a spare slot that is dropped). Both give the same tensor.
+
+    Returns:
+        ((capacity,) int64 positions, 0-dim int64 count).
+    """
+    n = buffer.numel()
+    count = torch.count_nonzero(buffer)
+    if static is None:
+        static = static_nonzero_available(buffer.device)
+    if static:
+        return torch.nonzero_static(buffer, size=capacity, fill_value=0).view(-1), count
+    nonzero = buffer != 0
+    slot = torch.cumsum(nonzero, 0) - 1
+    slot = torch.where(nonzero & (slot < capacity), slot, capacity)
+    index = torch.zeros(capacity + 1, dtype=torch.int64, device=buffer.device)
+    index.scatter_(0, slot, torch.arange(n, device=buffer.device))
+    return index[:capacity], count
+
+
+def bounded_sparse_allreduce_(buffer: torch.Tensor, world_size: int, capacity: int,
+                              static: bool | None = None) -> tuple[int, torch.Tensor]:
     """Average the flat ``buffer`` over ranks, exchanging ``capacity`` (index, value) slots per rank,
     with no host synchronisation (no data-dependent size is read).
 
-    The non-zeros are compacted in order into the slots by an inclusive prefix sum of the
-    non-zero mask (entry i with mask goes to slot ``cumsum[i] - 1``; zeros and any non-zero past
-    the capacity go to a spare slot that is not sent) and a scatter; unused slots hold
-    (index 0, value 0), which add nothing. Every rank all-gathers the slots (fixed size: the
-    capacity is the same on every rank) and accumulates them into the zeroed buffer in rank
-    order with ``index_add_``. With the capacity at least every rank's non-zero count, the result
-    equals a dense average (bitwise for 2 ranks: a sum of two values does not depend on order;
-    on CUDA ``index_add_`` is atomic, so for more ranks the order of the sum, and its rounding,
-    may vary).
+    The non-zeros are compacted in order into the slots (:func:`compact_nonzeros`; ``static``
+    chooses its kernel); unused slots hold (index 0, value 0), which add nothing. Every rank
+    all-gathers the slots (fixed size: the capacity is the same on every rank) and accumulates
+    them into the zeroed buffer in rank order with ``index_add_``. With the capacity at least
+    every rank's non-zero count, the result equals a dense average (bitwise for 2 ranks: a sum of
+    two values does not depend on order; on CUDA ``index_add_`` is atomic, so for more ranks the
+    order of the sum, and its rounding, may vary).
 
     Args:
         buffer: (N,) float gradient bucket, N < 2^31; overwritten with the average.
@@ -224,14 +266,11 @@ def bounded_sparse_allreduce_(buffer: torch.Tensor, world_size: int, capacity: i
     n = buffer.numel()
     if n >= 2 ** 31:
         raise ValueError(f"bounded sparse exchange: a bucket of {n} entries needs int64 indices")
-    nonzero = buffer != 0
-    slot = torch.cumsum(nonzero, 0, dtype=torch.int64) - 1  # (N,) place among the non-zeros
-    count = slot[-1] + 1 if n else buffer.new_zeros((), dtype=torch.int64)
-    slot = torch.where(nonzero & (slot < capacity), slot, capacity)  # the spare slot: not sent
-    index = torch.zeros(capacity + 1, dtype=INDEX_DTYPE, device=buffer.device)
-    index.scatter_(0, slot, torch.arange(n, dtype=INDEX_DTYPE, device=buffer.device))
-    values = buffer.new_zeros(capacity + 1).scatter_(0, slot, buffer / world_size)
-    all_index, all_values = D.all_gather(index[:capacity]), D.all_gather(values[:capacity])
+    position, count = compact_nonzeros(buffer, capacity, static)
+    real = torch.arange(capacity, device=buffer.device) < count
+    values = torch.where(real, buffer.index_select(0, position) / world_size, 0.0).to(buffer.dtype)
+    index = position.to(INDEX_DTYPE)
+    all_index, all_values = D.all_gather(index), D.all_gather(values)
     buffer.zero_()
     for idx, val in zip(all_index, all_values):
         buffer.index_add_(0, idx, val)

@@ -12,7 +12,7 @@ import torch
 
 from distnerf.model.grid import GridModel
 from distnerf.observe.syncs import SyncCounter
-from distnerf.strategy.ddp import bounded_sparse_allreduce_, sparse_allreduce_, sparse_pays
+from distnerf.strategy.ddp import bounded_sparse_allreduce_, compact_nonzeros, sparse_allreduce_, sparse_pays
 
 
 def _sparse_buffer(n: int, nonzeros: int, seed: int = 0) -> torch.Tensor:
@@ -23,29 +23,44 @@ def _sparse_buffer(n: int, nonzeros: int, seed: int = 0) -> torch.Tensor:
     return buffer
 
 
-@pytest.mark.parametrize("capacity", [37, 50, 999])
-def test_alone_the_exchange_returns_the_buffer_and_bytes_of_its_slots(capacity):
+@pytest.mark.parametrize("static", [True, False])  # torch.nonzero_static, and the prefix sum where it has no kernel
+@pytest.mark.parametrize("capacity", [1, 36, 37, 50])
+def test_compaction_is_the_first_non_zeros_in_order_and_their_count(static, capacity):
+    buffer = _sparse_buffer(1000, 37, seed=capacity)
+    position, count = compact_nonzeros(buffer, capacity, static)
+    expected = buffer.nonzero().view(-1)[:capacity]
+    assert int(count) == 37 and position.shape == (capacity,)
+    assert torch.equal(position[:expected.numel()], expected)
+    assert not position[expected.numel():].any()  # padding: 0
+
+
+@pytest.mark.parametrize("static", [True, False])
+@pytest.mark.parametrize("capacity", [38, 50, 999])  # 38 non-zeros: the buffer's 37 and position 0
+def test_alone_the_exchange_returns_the_buffer_and_bytes_of_its_slots(capacity, static):
     buffer = _sparse_buffer(1000, 37)
+    buffer[0] = 0.5  # a real non-zero at position 0, where the padding slots point too
     expected = buffer.clone()
-    nbytes, overflow = bounded_sparse_allreduce_(buffer, 1, capacity)
+    nbytes, overflow = bounded_sparse_allreduce_(buffer, 1, capacity, static)
     assert torch.equal(buffer, expected)
     assert nbytes == capacity * (4 + 4)  # int32 index + float32 value per slot
     assert int(overflow) == 0
 
 
-def test_non_zeros_past_the_capacity_are_counted_as_overflow_not_hidden():
+@pytest.mark.parametrize("static", [True, False])
+def test_non_zeros_past_the_capacity_are_counted_as_overflow_not_hidden(static):
     buffer = _sparse_buffer(1000, 37, seed=1)
     original = buffer.clone()
-    _, overflow = bounded_sparse_allreduce_(buffer, 1, 30)
+    _, overflow = bounded_sparse_allreduce_(buffer, 1, 30, static)
     assert int(overflow) == 7
     kept = original.nonzero().view(-1)[:30]  # the first 30 in order found a slot, the rest did not
     assert torch.equal(buffer.nonzero().view(-1), kept)
     assert torch.equal(buffer[kept], original[kept])
 
 
-def test_the_bounded_exchange_reads_nothing_from_the_device_the_counted_one_does():
+@pytest.mark.parametrize("static", [True, False])
+def test_the_bounded_exchange_reads_nothing_from_the_device_the_counted_one_does(static):
     with SyncCounter() as bounded:
-        bounded_sparse_allreduce_(_sparse_buffer(4000, 300), 1, 400)
+        bounded_sparse_allreduce_(_sparse_buffer(4000, 300), 1, 400, static)
     with SyncCounter() as counted:
         sparse_allreduce_(_sparse_buffer(4000, 300), 1, 0.25)
     assert bounded.total == 0, bounded.by_op()
