@@ -119,3 +119,26 @@ def test_forward_bounds_hold_every_non_zero_gradient_entry(resolution):
     model.record_rows_read = False  # off (the default): nothing is recorded
     model(rays, generator=torch.Generator().manual_seed(2))
     assert set(model.gradient_entry_bounds().values()) == {0}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (tools/gpu_check.sh runs it on a lent GPU)")
+@pytest.mark.parametrize("static", [True, False])
+def test_bounded_exchange_on_cuda_never_synchronises(static):
+    """On a GPU, under ``torch.cuda.set_sync_debug_mode("error")`` (any host sync raises): the exchange
+    (alone: its all-gathers are identities) returns the buffer and counts its overflow on the device."""
+    buffer = _sparse_buffer(100_000, 3_000, seed=5).cuda()
+    expected = buffer.clone()
+    if static:
+        from distnerf.strategy.ddp import static_nonzero_available
+
+        if not static_nonzero_available(buffer.device):
+            pytest.skip("this torch has no CUDA kernel for nonzero_static (the prefix-sum path serves it)")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        _, overflow = bounded_sparse_allreduce_(buffer, 1, 4_000, static)
+        _, lost = bounded_sparse_allreduce_(buffer.clone(), 1, 2_000, static)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert torch.equal(buffer, expected)
+    assert int(overflow) == 0 and int(lost) == 1_000
