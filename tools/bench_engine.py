@@ -1,7 +1,7 @@
 """The packed-sample engine against the engine of an earlier commit, side by side (BENCHMARKS.md, "Engine").
 
     python tools/bench_engine.py RUN_DIR [--baseline bb24e52] [--views 25] [--old-views 25] [--threads 2]
-        [--parts eval,exact,old,memory,train] [--out bench/results/RUN_NAME/bench_engine.json]
+        [--parts eval,exact,old,memory,train] [--set KEY=VALUE ...] [--out bench/results/RUN_NAME/bench_engine.json]
 
 RUN_DIR is a trained ``model=grid`` run (e.g. ``tools/bench_quality.sh``'s). In one invocation:
 
@@ -160,6 +160,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--parts", default="eval,exact,old,memory,train")
     ap.add_argument("--repeats", type=int, default=3, help="worker pairs per grid stage in the train part")
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="overrides of the run's config (e.g. eval.chunk=16384 model.eval_round_steps=96): "
+                         "settings measured against the run's own")
     ap.add_argument("--out", type=Path, default=None,
                     help="result JSON (default bench/results/RUN_NAME/bench_engine.json)")
     args = ap.parse_args()
@@ -176,7 +179,7 @@ def main() -> None:
     from distnerf.engine.runs import load_run_config, load_weights
 
     torch.set_num_threads(args.threads)
-    cfg, run_dir = load_run_config([f"run_dir={args.run_dir}"])
+    cfg, run_dir = load_run_config([f"run_dir={args.run_dir}", *args.set])
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
     dataset = OmegaConf.to_container(cfg.dataset, resolve=True)
     for key in ("root", "cache_dir"):  # workers run in other checkouts: absolute paths
@@ -186,6 +189,7 @@ def main() -> None:
     scene = load_scene(dataset, "test")
     pixels = scene.height * scene.width
     report = {"run_dir": str(run_dir), "step": step, "baseline": args.baseline, "threads": args.threads,
+              "overrides": list(args.set), "chunk": int(cfg.eval.chunk),
               "resolution": [scene.height, scene.width], "load_before": os.getloadavg()}
     runtime = {k: v for k, v in model_cfg.items() if k not in ("compile", "compile_mode")}
     tmp = Path(tempfile.mkdtemp(prefix="bench_engine_"))
