@@ -30,3 +30,29 @@ def host_buffer(t: torch.Tensor) -> torch.Tensor:
 def is_host_buffer(t) -> bool:
     """Whether ``t`` is a tensor marked by :func:`host_buffer`."""
     return isinstance(t, torch.Tensor) and getattr(t, HOST_BUFFER, False)
+
+
+# ----------------------------------------------------------------------------- sync-free paths
+_SYNC_FREE_ON_CPU = [False]
+
+
+def sync_free(device: torch.device | str) -> bool:
+    """Whether code that has a fixed-size alternative to a data-dependent size takes it: on CUDA,
+    where reading a size makes the host wait for the device, and on the CPU inside
+    :func:`sync_free_paths` (tests of those paths, and the host-sync counter counting what a CUDA run
+    does). On the CPU the data-dependent size is free and usually does less work."""
+    return torch.device(device).type == "cuda" or _SYNC_FREE_ON_CPU[0]
+
+
+class sync_free_paths:
+    """Context manager: the CPU takes the sync-free paths too (:func:`sync_free`)."""
+
+    def __init__(self, on: bool = True):
+        self.on, self._before = on, None
+
+    def __enter__(self):
+        self._before, _SYNC_FREE_ON_CPU[0] = _SYNC_FREE_ON_CPU[0], self.on
+        return self
+
+    def __exit__(self, *exc):
+        _SYNC_FREE_ON_CPU[0] = self._before

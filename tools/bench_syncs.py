@@ -21,6 +21,10 @@ Every event is labelled with the step's phase (``input_wait`` ... ``optimizer``,
 (``input_wait``, ``copy``: ``sampler=sync`` builds batches on the host, so these are no
 device syncs on CUDA); and ``by_op``, ``by_location``, ``by_section``, ``events``.
 
+With ``--sync-free`` the CPU takes the paths a CUDA run takes where a fixed-size alternative
+replaces a size read (:func:`distnerf.host_buffers.sync_free`), so the count is the CUDA one.
+``grid_160`` is the grid at lego's final size, where the colour tables' sparse rows branch runs.
+
 Results go to ``bench/results/syncs/syncs.json`` under ``--label`` (other labels already
 in the file are kept), each label with its own meta block (command, date, commit).
 """
@@ -46,6 +50,8 @@ CONFIGS = {
     "nerf": ["model=nerf"],
     "ss_independent": ["strategy=ss", "strategy.num_regions=2"],
     "ss_joint": ["strategy=ss", "strategy.training=joint", "strategy.num_regions=2"],
+    # lego's final grid size: the colour tables' sparse row branch runs (fewer corner references than rows)
+    "grid_160": ["model=grid", "model.resolutions=[160]", "model.upsample_steps=[]"],
 }
 COMMON = ["experiment=smoke", "sampler=sync", "train.ckpt_every=-1", "eval.enabled=false", "train.progress=false",
           "logger.wandb.mode=disabled", "profiler.telemetry=false", "train.max_steps=100000"]
@@ -154,15 +160,21 @@ def main() -> None:
     ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     ap.add_argument("--note", default=None, help="a remark stored with this label (e.g. the state of the tree)")
     ap.add_argument("--out", type=Path, default=None, help="default bench/results/syncs/syncs.json")
+    ap.add_argument("--sync-free", action="store_true",
+                    help="count the paths a CUDA run takes where a fixed-size alternative replaces a size read "
+                         "(distnerf.host_buffers.sync_free_paths)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     out = args.out or default_out("syncs/syncs.json")
     meta = start_meta()
     report = json.loads(out.read_text()) if out.exists() else {}
     report.pop("meta", None)
-    with tempfile.TemporaryDirectory() as tmp:
+    from distnerf.host_buffers import sync_free_paths
+
+    with tempfile.TemporaryDirectory() as tmp, sync_free_paths(args.sync_free):
         configs = {name: measure(name, CONFIGS[name], args.step, Path(tmp)) for name in args.configs}
     label_meta = finish_meta(meta)
+    label_meta["sync_free_paths"] = args.sync_free
     if args.note:
         label_meta["note"] = args.note
     report[args.label] = {"meta": label_meta, "configs": configs}

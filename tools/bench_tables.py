@@ -463,7 +463,8 @@ def syncs(res: Results) -> list[str]:
     out = header("configuration (smoke, 1 process)", *(f"{k} ({d[k]['meta'].get('git_commit', '?')}): total "
                                                        f"(model + trainer)" for k in labels),
                  "occupancy-refresh step, " + " -> ".join(labels))
-    for name in d[labels[-1]]["configs"]:
+    names = list(dict.fromkeys(n for k in labels for n in d[k]["configs"]))  # every label's, in first-seen order
+    for name in names:
         cells, refresh = [], []
         for k in labels:
             c = d[k]["configs"].get(name)

@@ -43,6 +43,7 @@ from torch import nn
 from ..renderer.contraction import contracted_box, world_step_scale
 from ..renderer.occupancy import OccupancyGrid
 from ..config_check import section
+from ..host_buffers import sync_free
 from ..schema import GridModelConfig
 from .appearance import LR_SCALE, build_appearance
 from .encoding import PositionalEncoding
@@ -199,7 +200,10 @@ class GridModel(MarchingModel):
             (:meth:`~distnerf.model.marched.MarchingModel.current_termination`).
         sparse_grad: the colour-feature tables get sparse row gradients (only the rows a
             step touched; trained by :class:`~distnerf.components.optim.LazyAdam`); strategies
-            that all-reduce dense buckets turn it off (``RadianceModel.sparse_grad``).
+            that all-reduce dense buckets turn it off (``RadianceModel.sparse_grad``). On CUDA
+            (:func:`~distnerf.host_buffers.sync_free`) the gradients stay dense: the touched rows'
+            count is a host sync there, and a dense Adam step over the table is a fraction of a
+            millisecond of device bandwidth (untouched rows then follow Adam, as under multi-rank ``ddp``).
         eval_round_steps, train_round_steps: sample-grid intervals marched per round at
             evaluation and in training (0: one pass).
         tv_weight: weight of the density total-variation regulariser.
@@ -384,11 +388,16 @@ class GridModel(MarchingModel):
         """Evaluate ``fn(points, table_index)`` on each table pair's points.
 
         Returns (P, width): the focus tables inside the focus box, the context tables
-        elsewhere (only the focus tables without a focus box).
+        elsewhere (only the focus tables without a focus box). The points are split by a
+        stable partition whose size is read (a host sync); where that stalls the device
+        (:func:`~distnerf.host_buffers.sync_free`: CUDA) both table pairs run on every point
+        instead and ``torch.where`` keeps the right value (twice the interpolation, no size read).
         """
         if self.focus is None:
             return fn(points, 0)
         inside = ((points >= self.focus[0]) & (points <= self.focus[1])).all(dim=-1)
+        if sync_free(points.device):  # no size read: both table pairs at every point, then the right one
+            return torch.where(inside[:, None], fn(points, 0).view(-1, width), fn(points, 1).view(-1, width))
         # a stable partition on the device (the points inside first, each part in order), as
         # inside.nonzero() then (~inside).nonzero() would give, but with one size read
         num_in = inside.sum()
@@ -435,7 +444,8 @@ class GridModel(MarchingModel):
             _, features, n, box = tables[t]
             index, weights = trilinear_corners((p - box[0]) / (box[1] - box[0]), n)
             self.note_rows_read(features, index.numel())
-            return interpolate(features, index, weights, self.sparse_grad)
+            # sparse rows need their count (a host sync); where that stalls the device, dense gradients
+            return interpolate(features, index, weights, self.sparse_grad and not sync_free(p.device))
 
         return self._split(points, sample, self.features.shape[1])
 

@@ -5,6 +5,7 @@ Legend: R rays, K regions.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import torch
@@ -12,6 +13,7 @@ from torch import nn
 
 from .. import dist as D
 from ..data.rays import RayBundle
+from ..host_buffers import sync_free
 from ..model.base import RadianceModel
 from ..model.grid import GridModel
 from ..renderer.output import RenderOutput
@@ -85,7 +87,15 @@ class RegionModels(RadianceModel):
 
     def forward(self, rays: RayBundle, generator=None) -> RenderOutput:
         """Each region's sub-model renders the rays that cross its box: one output row per (ray,
-        region) pair, with ``ray_index`` and ``loss_weight`` (1 / the region's rows)."""
+        region) pair, with ``ray_index`` and ``loss_weight`` (1 / the region's rows).
+
+        Selecting those rays reads their number (a host sync per region). Where that stalls the
+        device (:func:`~distnerf.host_buffers.sync_free`: CUDA) every ray of the region's block
+        (of the batch, without blocks) is rendered instead: the others get an empty segment
+        (``far = near``; a contracted sub-model, which ignores ``far``, renders them whole) and a
+        zero ``loss_weight``, the crossing ones ``1 / their count`` (a device division): the same
+        loss, no size read, other sample jitter (each ray's draw depends on the rays before it).
+        """
         keys = ("rgb", "depth", "opacity", "rgb_coarse", "distortion_loss")
         parts: dict[str, list] = {k: [] for k in keys + ("ray_index", "loss_weight")}
         num_samples = 0
@@ -93,18 +103,28 @@ class RegionModels(RadianceModel):
         if self.blocks and len(rays) % len(self.models):
             raise ValueError(f"a block batch of {len(rays)} rays does not split into {len(self.models)} region blocks")
         size = len(rays) // len(self.models) if self.blocks else len(rays)
+        masked = sync_free(rays.origins.device)
         for i, (k, box, model) in enumerate(zip(self.regions, self.boxes, self.models)):
             lo = i * size if self.blocks else 0
-            sel = BoxFilter(box)(routed.map(lambda t: t[lo:lo + size])).nonzero().view(-1) + lo
-            if sel.numel() == 0:
-                continue
+            crosses = BoxFilter(box)(routed.map(lambda t: t[lo:lo + size]))
             gen = region_generator(generator, k, rays.origins.device) if self.blocks else generator
-            out = model(rays.map(lambda t: t[sel]), gen)
+            if masked:  # no size read: every ray rendered, the others with an empty segment and no weight
+                sel = torch.arange(lo, lo + size, device=rays.origins.device)
+                mine = rays.map(lambda t: t[lo:lo + size])
+                mine = dataclasses.replace(mine, far=torch.where(crosses, mine.far, mine.near))
+                weight = crosses.to(mine.far.dtype) / crosses.sum().clamp(min=1)
+            else:
+                sel = crosses.nonzero().view(-1) + lo  # host sync: the rays crossing the region
+                if sel.numel() == 0:
+                    continue
+                mine = rays.map(lambda t: t[sel])
+                weight = torch.full(sel.shape, 1.0 / sel.numel(), device=sel.device)
+            out = model(mine, gen)
             for key in keys:
                 if getattr(out, key) is not None:
                     parts[key].append(getattr(out, key))
             parts["ray_index"].append(sel)
-            parts["loss_weight"].append(torch.full(sel.shape, 1.0 / sel.numel(), device=sel.device))
+            parts["loss_weight"].append(weight)
             num_samples += int(out.num_samples)
         if not parts["ray_index"]:  # no ray crosses this rank's regions: a zero loss that still has a graph
             zero = sum(p.sum() for p in self.parameters()) * 0.0
