@@ -143,7 +143,9 @@ class Trainer:
         return self.step_fn.optimizer
 
     def save_checkpoint(self, at_mark: bool = False) -> Path:
-        """Write ``step_N/`` for the current step (collective; :meth:`Checkpointer.save`)."""
+        """Write ``step_N/`` for the current step (collective; :meth:`Checkpointer.save`), after the
+        strategy has checked the exchange that made these parameters (:meth:`Strategy.check_exchange`)."""
+        self.strategy.check_exchange()
         return self.checkpointer.save(self.step, self.train_seconds, self.model, self.optimizer, self.sampler,
                                       at_mark, self._fraction_for(self.step))
 

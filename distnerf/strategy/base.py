@@ -176,6 +176,11 @@ class Strategy:
         """Communication measured since the last call (seconds, bytes, calls)."""
         return {}
 
+    def check_exchange(self) -> None:
+        """Raise if the gradient exchange of the steps since the last check went wrong in a way only
+        the device knows (``ddp``'s bounded sparse exchange: :meth:`DDPStrategy.check_exchange`);
+        collective; the trainer calls it before every checkpoint. Nothing to check by default."""
+
     def step_comm(self) -> dict | None:
         """Gradient communication of the step just taken, for the step profiler:
         ``{"in_hook_s", "last_return", "spans": [(launch, done), ...], "bytes"}`` (host

@@ -38,7 +38,11 @@ least ``sparse_min_numel`` entries may travel as (index, value) pairs, in one of
   result equals the dense average. The bucket goes sparse when that moves fewer bytes than a
   ring all-reduce (:func:`sparse_pays`) and the bound is at most ``sparse_max_density`` of
   the bucket; else dense. An overflow (a bound that does not hold: a bug) is counted on the
-  device and raised at the next :meth:`DDPStrategy.comm_stats`.
+  device and raised on every rank at the next logging step or checkpoint
+  (:meth:`DDPStrategy.check_exchange`). Sparse buckets travel in the gradient's dtype
+  (``compression`` applies to dense buckets). Their logged bytes are each rank's payload, and
+  the bus bandwidth the profiler derives applies the all-reduce's 2 (W - 1) / W to them: right at
+  2 ranks, about W / 2 too high for an all-gather at W ranks (both sparse modes).
 """
 from __future__ import annotations
 
@@ -256,7 +260,7 @@ def bounded_sparse_allreduce_(buffer: torch.Tensor, world_size: int, capacity: i
 
     Args:
         buffer: (N,) float gradient bucket, N < 2^31; overwritten with the average.
-        world_size: W. capacity: slots per rank (>= 1), the same on every rank.
+        world_size: W. capacity: slots per rank (>= 0), the same on every rank.
     Returns:
         (bytes this rank sent: capacity x (4 + value bytes), 0-dim int64 tensor on the buffer's
         device: this rank's non-zeros that found no slot, 0 when the capacity held them).
@@ -389,8 +393,10 @@ class DDPStrategy(Strategy):
         if bounded:
             self.model.record_rows_read = True  # the forward notes the rows it reads (host integers)
             self.model.reset_rows_read()
+        pending = self.hook_state.overflow if self.hook_state is not None else None  # a rewrap keeps it for the check
         self.hook_state = HookState(self.comm, wire, self.cfg.sparse_min_numel, self.cfg.sparse_max_density,
                                     "bounded" if bounded else "counted")
+        self.hook_state.overflow = pending
         ddp.register_comm_hook(self.hook_state, timed_allreduce_hook)
         self.wrapped = ddp
         return ddp
@@ -416,21 +422,34 @@ class DDPStrategy(Strategy):
         state.bounds = {id(p): int(max(per_rank[r * k + i] for r in range(world))) for i, p in enumerate(tables)}
         return StepAgreement(StepStats(*total), StepStats(*mine), max(total[0], 1.0) / world)
 
-    def comm_stats(self) -> dict:
-        """Since the last call: seconds (``allreduce_launch_s`` on NCCL, see the module docstring),
-        bytes and calls.
+    def check_exchange(self) -> None:
+        """Raise on every rank when any rank's ``bounded`` sparse exchange found more non-zeros than
+        its capacity since the last check (a bound that does not hold: the gradients of those steps
+        were wrong). Collective (every rank at the same step: a logging step, and before every
+        checkpoint, so no checkpoint keeps such parameters); reads the device there, not in the step.
 
         Raises:
-            RuntimeError: when a ``bounded`` sparse exchange found more non-zeros than its capacity
-                (a bound that does not hold; read here, at a logging step, not in the step).
+            RuntimeError: naming the entries lost over all ranks.
         """
         state = self.hook_state
-        if state is not None and state.overflow is not None:
-            lost = int(state.overflow)  # host sync: at a logging step only
-            state.overflow = None
-            if lost:
-                raise RuntimeError(f"ddp bounded sparse exchange: {lost} non-zero gradient entries exceeded the "
-                                   "capacity their bounds gave (model.gradient_entry_bounds is wrong for this model)")
+        if state is None or state.mode != "bounded" or not self.env.has_peers:
+            return
+        local = 0.0 if state.overflow is None else float(state.overflow)  # host sync: here only
+        state.overflow = None
+        lost = self.sum_over_ranks([local])[0]
+        if lost:
+            raise RuntimeError(f"ddp bounded sparse exchange: {int(lost)} non-zero gradient entries (over all ranks) "
+                               "exceeded the capacity their bounds gave (model.gradient_entry_bounds is wrong for "
+                               "this model); the run stops without saving")
+
+    def comm_stats(self) -> dict:
+        """Since the last call: seconds (``allreduce_launch_s`` on NCCL, see the module docstring),
+        bytes and calls. Collective under the ``bounded`` exchange (:meth:`check_exchange`).
+
+        Raises:
+            RuntimeError: see :meth:`check_exchange`.
+        """
+        self.check_exchange()
         seconds_key = "allreduce_launch_s" if self.comm.launch_only else "allreduce_s"
         out = {seconds_key: self.comm.seconds, "allreduce_bytes": self.comm.bytes,
                "allreduce_calls": self.comm.calls}

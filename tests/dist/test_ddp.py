@@ -92,6 +92,17 @@ def test_comm_hook_counted_allreduce_bytes(ddp_results):
         assert 0 < comm["allreduce_bytes"] < (SGD_STEPS + 1) * param_bytes, comm
 
 
+def test_a_bound_that_does_not_hold_is_raised_on_every_rank_even_across_a_rewrap(tmp_path):
+    """The bounded exchange's overflow guard: bounds a quarter of the forward's drop non-zeros; the
+    count survives a rewrap (grid upsampling rebuilds the wrapper) and the collective check raises
+    on both ranks, naming the entries lost."""
+    spawn(W.overflow_worker, 2, str(tmp_path), NUM_RAYS)
+    results = [torch.load(tmp_path / f"overflow_rank_{r}.pt", weights_only=False) for r in range(2)]
+    for res in results:
+        assert "traceback" not in res, res.get("traceback")
+        assert res["error"] and "exceeded the capacity" in res["error"], res
+
+
 TINY = ["experiment=smoke", "train.progress=false", "eval.enabled=false", "train.ckpt_every=0",
         "train.max_steps=6"]
 

@@ -100,6 +100,39 @@ def grad_worker(rank: int, world_size: int, port: int, out_dir: str, num_rays: i
         D.shutdown(env)
 
 
+def overflow_worker(rank: int, world_size: int, port: int, out_dir: str, num_rays: int):
+    """One bounded-exchange step with bounds a quarter of the forward's (a model whose bound is wrong),
+    then a rewrap (what grid upsampling does), then the strategy's check: every rank must raise."""
+    set_env(rank, world_size, port)
+    env = init_gloo()
+    result = {}
+    try:
+        rays, rgb = make_problem(num_rays)
+        per = num_rays // world_size
+        mine = slice(rank * per, (rank + 1) * per)
+        rays_r, rgb_r, valid_r = rays.map(lambda t: t[mine]), rgb[mine], valid_mask(rank, per)
+        strategy = DDPStrategy({"name": "ddp", "sparse_min_numel": 0, "sparse_max_density": 1.0,
+                                "sparse_mode": "bounded"}, env)
+        model = make_model()
+        wrapped = strategy.wrap(model)
+        real = model.gradient_entry_bounds
+        model.gradient_entry_bounds = lambda: {k: v // 4 for k, v in real().items()}
+        sse = photometric_sse(wrapped(rays_r), rgb_r, valid_r)
+        (sse / strategy.reduce_step_stats(StepStats(valid_r.sum())).loss_normalizer).backward()
+        strategy.rewrap()
+        try:
+            strategy.check_exchange()
+            result["error"] = None
+        except RuntimeError as err:
+            result["error"] = str(err)
+        strategy.check_exchange()  # checked once: nothing pending now, no raise
+    except Exception:  # noqa: BLE001 - reported to the test
+        result["traceback"] = traceback.format_exc()
+    finally:
+        torch.save(result, Path(out_dir) / f"overflow_rank_{rank}.pt")
+        D.shutdown(env)
+
+
 def compose_config(overrides: list[str]):
     """The real Hydra config of ``conf/train.yaml`` with ``overrides``."""
     from hydra import compose, initialize_config_dir
