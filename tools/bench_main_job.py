@@ -1,9 +1,10 @@
 """The README main job in a fresh clone, timed (BENCHMARKS.md, "The README main job").
 
-    python tools/bench_main_job.py [--clone DIR] [--no-setup] [--out bench/results/main_job]
+    python tools/bench_main_job.py [--clone DIR] [--no-setup] [--rev REV] [--out bench/results/main_job]
 
-1. ``git clone`` of this checkout (its HEAD: uncommitted changes are not in the clone) into DIR
-   (default: a new temporary directory; it must not exist);
+1. ``git clone`` of this checkout (its HEAD: uncommitted changes are not in the clone; ``--rev``:
+   that commit instead, for a before/after pair) into DIR (default: a new temporary directory; it
+   must not exist);
 2. ``bash tools/setup_env.sh`` there, as the README says (``--no-setup``: this interpreter runs
    the job instead);
 3. ``python -m distnerf.train run_dir=runs/main`` with no ``.cache`` (the scene is generated
@@ -38,10 +39,13 @@ def main() -> None:
     ap.add_argument("--clone", type=Path, default=None, help="where to clone (default: a new temporary directory)")
     ap.add_argument("--no-setup", action="store_true", help="skip tools/setup_env.sh; run with this interpreter")
     ap.add_argument("--out", type=Path, default=None, help="result directory (default bench/results/main_job)")
+    ap.add_argument("--rev", default=None, help="check this commit out in the clone (default: HEAD)")
     args = ap.parse_args()
     clone = args.clone or Path(tempfile.mkdtemp(prefix="distnerf_main_job_")) / "repo"
     out = args.out or default_out("main_job")
     subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+    if args.rev:
+        subprocess.run(["git", "checkout", "-q", args.rev], cwd=clone, check=True)
     if args.no_setup:
         python = sys.executable
     else:
