@@ -406,6 +406,20 @@ def main_job(res: Results) -> list[str]:
                    f"{render_meta['wall_s']:.1f} s", psnr_ssim(rm)))
     ok = wall <= 240 and m["psnr"] >= 31
     out += ["", f"Target (<= 4 minutes at >= 31 dB): **{'met' if ok else 'missed'}**."]
+    ab = res.root / "main_job/ab_20261205"
+    if ab.is_dir():  # tools/bench_main_job.py --no-setup [--rev], before/after alternating in one invocation
+        walls: dict[str, list] = {"before": [], "after": []}
+        for run in sorted(ab.iterdir()):
+            meta, mm = res.meta(f"main_job/ab_20261205/{run.name}/metrics.json"), res.json(f"main_job/ab_20261205/{run.name}/metrics.json")
+            walls[run.name.split("_")[0]].append((meta["wall_s"], mm["psnr"], meta.get("git_commit", "?")))
+        med = {k: statistics.median(w for w, _, _ in v) for k, v in walls.items()}
+        out += ["", f"- Side by side, the training command in fresh clones with this interpreter (`--no-setup`), "
+                    f"before (`{walls['before'][0][2]}`) and after (`{walls['after'][0][2]}`) alternating, "
+                    f"{len(walls['before'])} runs each in one invocation: {med['after']:.1f} s against {med['before']:.1f} s "
+                    f"({med['after'] / med['before']:.3f}x; runs "
+                    f"{', '.join(f'{w:.1f}' for w, _, _ in walls['after'])} and "
+                    f"{', '.join(f'{w:.1f}' for w, _, _ in walls['before'])} s), test PSNR "
+                    f"{walls['after'][0][1]:.2f} against {walls['before'][0][1]:.2f} dB."]
     return out
 
 
