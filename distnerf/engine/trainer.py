@@ -390,7 +390,12 @@ class Trainer:
 
     def _log_step(self, out, batch, global_valid, local_valid, step_seconds, progress):
         target = batch.rgb[out.ray_index] if out.ray_index is not None else batch.rgb  # ss: (ray, region) rows
-        mse = float(((out.rgb.detach().float() - target) ** 2).mean()) if len(target) else 0.0
+        err = ((out.rgb.detach().float() - target) ** 2).mean(dim=-1)
+        if out.loss_weight is not None:  # ss on the sync-free path: rows of rays a region did not train on weigh 0
+            keep = (out.loss_weight > 0).to(err.dtype)
+            mse = float((err * keep).sum() / keep.sum().clamp(min=1))
+        else:
+            mse = float(err.mean()) if len(target) else 0.0
         row = {"step": self.step, "loss": mse, "psnr": -10 * math.log10(max(mse, 1e-10)),
                "rays_per_s": global_valid / max(step_seconds, 1e-9), "samples_per_ray":
                out.num_samples / max(len(batch.rgb), 1), "lr": self.optimizer.param_groups[0]["lr"],

@@ -230,7 +230,10 @@ class MarchingModel(RadianceModel):
 
     def ray_far_without_floor(self, rays: RayBundle) -> torch.Tensor:
         """(R,) float: :meth:`ray_far` before the floor's cut."""
-        return rays.far if self.contraction_aabb is None else torch.full_like(rays.far, float("inf"))
+        if self.contraction_aabb is None:
+            return rays.far
+        # an empty segment (far <= near: a ray masked out by strategy=ss on the sync-free path) stays empty
+        return torch.where(rays.far > rays.near, torch.full_like(rays.far, float("inf")), rays.near)
 
     def ray_distortion(self, rays: RayBundle, anchor: torch.Tensor, samples, weights: torch.Tensor) -> torch.Tensor:
         """(R,) float distortion loss (:func:`~distnerf.renderer.packed.distortion_loss`) of whole

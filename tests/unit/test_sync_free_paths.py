@@ -103,3 +103,30 @@ def test_a_region_renders_masked_rays_to_the_same_loss_and_gradients_as_selected
     for name in g0:
         torch.testing.assert_close(g1[name], g0[name], rtol=1e-5, atol=1e-6, msg=name)
     assert any("regions.py" in k for k in s0) and not any("regions.py" in k for k in s1), (s0, s1)
+
+
+def test_a_contracted_region_samples_no_masked_ray():
+    """Contracted sub-models ignore ``far``; a masked ray's empty segment (far = near) must still
+    place no sample (else every ray of the block is marched to the sky for a zero weight)."""
+    import dataclasses
+
+    part = dataclasses.replace(grid_partition(AABB, 2, [2, 1, 1], overlap=0.0), unbounded=True)
+    g = torch.Generator().manual_seed(3)
+    n = 48
+    o = torch.cat([(torch.rand(n, 1, generator=g) - 0.5) * 6, torch.full((n, 1), 2.5),
+                   (torch.rand(n, 1, generator=g) - 0.5) * 6], dim=1)
+    d = torch.nn.functional.normalize(torch.randn(n, 3, generator=g) * torch.tensor([1.0, 0.0, 1.0])
+                                      + torch.tensor([0.0, -1.0, 0.0]), dim=-1)
+    rays = RayBundle(o, d, d.clone(), torch.full((n,), 0.05), torch.full((n,), 8.0))
+    counts = []
+    for free in (False, True):
+        torch.manual_seed(0)
+        subs = {k: GridModel(part.enlarged()[k].float(), BG, resolutions=[8], upsample_steps=[], color="sh",
+                             contraction="mipnerf360") for k in range(2)}
+        models = RegionModels(subs, part, blocks=True).eval()
+        with sync_free_paths(free):
+            out = models(rays)
+        counts.append((out.num_samples, out["ray_index"].numel()))
+    (s0, rows0), (s1, rows1) = counts
+    assert rows0 < rows1 == n  # some rays miss their block's region
+    assert s1 == s0
