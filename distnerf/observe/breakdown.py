@@ -402,9 +402,13 @@ class StepProfiler:
         if comm is not None:
             rec["comm_bytes"] = comm["bytes"]
             busy = sum(b - a for a, b in comm["spans"])
-            # ring all-reduce bus bandwidth (nccl-tests convention), only from measured durations
+            # bus bandwidth (nccl-tests convention: each bucket's bus bytes from its own collective, or a
+            # ring all-reduce's without them), only from measured durations
             if busy > 0 and self.world_size > 1 and comm.get("timing", "duration") == "duration":
-                rec["bus_bandwidth_gbps"] = comm["bytes"] / busy * 2 * (self.world_size - 1) / self.world_size / 1e9
+                bus = comm.get("bus_bytes")
+                if bus is None:
+                    bus = comm["bytes"] * 2 * (self.world_size - 1) / self.world_size
+                rec["bus_bandwidth_gbps"] = bus / busy / 1e9
         attributed = sum(rec[p] or 0.0 for p in PHASES)
         rec["unattributed"] = step_s - attributed
         rec["rays_per_s"] = c.num_rays / max(step_s, 1e-12)

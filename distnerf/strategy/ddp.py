@@ -40,9 +40,9 @@ least ``sparse_min_numel`` entries may travel as (index, value) pairs, in one of
   the bucket; else dense. An overflow (a bound that does not hold: a bug) is counted on the
   device and raised on every rank at the next logging step or checkpoint
   (:meth:`DDPStrategy.check_exchange`). Sparse buckets travel in the gradient's dtype
-  (``compression`` applies to dense buckets). Their logged bytes are each rank's payload, and
-  the bus bandwidth the profiler derives applies the all-reduce's 2 (W - 1) / W to them: right at
-  2 ranks, about W / 2 too high for an all-gather at W ranks (both sparse modes).
+  (``compression`` applies to dense buckets). Their logged bytes are each rank's payload; the
+  bus bandwidth the profiler derives counts each bucket in its own collective's convention
+  (:func:`bus_bytes`: all-gather or all-reduce).
 """
 from __future__ import annotations
 
@@ -79,17 +79,20 @@ class CommStats:
         self.seconds, self.bytes, self.calls = 0.0, 0, 0
 
     def _clear_step(self):
-        self.step_in_hook, self.step_last_return, self.step_bytes = 0.0, None, 0
+        self.step_in_hook, self.step_last_return, self.step_bytes, self.step_bus_bytes = 0.0, None, 0, 0.0
         self.step_spans: list[tuple[float, float]] = []
         self.step_events: list[list] = []  # CUDA: [launch event, completion event, bytes] per bucket
 
-    def record(self, seconds: float, nbytes: int, start: float | None = None):
+    def record(self, seconds: float, nbytes: int, start: float | None, bus: float):
+        """One bucket: ``nbytes`` this rank sent; ``bus`` the bucket's bytes in the nccl-tests bus
+        convention (:func:`bus_bytes`), from which the profiler derives bus bandwidth."""
         self.seconds += seconds
         self.bytes += nbytes
         self.calls += 1
         if start is not None:
             self.step_spans.append((start, start + seconds))
             self.step_bytes += nbytes
+            self.step_bus_bytes += bus
 
     def hook_returned(self, entered: float) -> None:
         """Called at the end of every hook call that entered at ``entered``."""
@@ -100,7 +103,7 @@ class CommStats:
     def take_step(self) -> dict:
         """This step's hook timings (see the class docstring); cleared afterwards."""
         out = {"in_hook_s": self.step_in_hook, "last_return": self.step_last_return,
-               "spans": list(self.step_spans), "bytes": self.step_bytes,
+               "spans": list(self.step_spans), "bytes": self.step_bytes, "bus_bytes": self.step_bus_bytes,
                "timing": "launch" if self.launch_only else "duration",
                "events": [tuple(e) for e in self.step_events if e[1] is not None]}
         self._clear_step()
@@ -183,6 +186,18 @@ def sparse_allreduce_(buffer: torch.Tensor, world_size: int, max_density: float)
     for n, idx, val in zip(counts, all_index, all_values):
         buffer.index_add_(0, idx[:n], val[:n])
     return width * (index_p.element_size() + values_p.element_size())
+
+
+def bus_bytes(kind: str, nbytes: float, world_size: int) -> float:
+    """A collective's bytes in the nccl-tests "bus bandwidth" convention, so that bus bytes over time
+    is comparable with the links' bandwidth whatever the collective (NVIDIA nccl-tests,
+    doc/PERFORMANCE.md): an all-reduce of an ``nbytes`` buffer moves ``nbytes x 2 (W - 1) / W`` per
+    rank; an all-gather of ``nbytes`` per rank moves ``nbytes x (W - 1)``."""
+    if kind == "all_reduce":
+        return nbytes * 2 * (world_size - 1) / world_size
+    if kind == "all_gather":
+        return nbytes * (world_size - 1)
+    raise ValueError(f"bus_bytes: unknown collective {kind!r}")
 
 
 INDEX_DTYPE = torch.int32  # bounded exchange: buckets hold fewer than 2^31 entries (checked)
@@ -305,7 +320,7 @@ def _allreduce_bucket(state, bucket):
         if nbytes is None:
             state.found_dense(key)
         else:
-            state.stats.record(time.perf_counter() - start, nbytes, start)
+            state.stats.record(time.perf_counter() - start, nbytes, start, bus_bytes("all_gather", nbytes, D.world_size()))
             fut = torch.futures.Future()
             fut.set_result(buffer)
             state.stats.hook_returned(start)
@@ -319,7 +334,8 @@ def _allreduce_bucket(state, bucket):
             events[1], events[2] = D.timing_event(), nbytes
             state.stats.step_events.append(events)
         state.overflow = overflow if state.overflow is None else state.overflow + overflow
-        state.stats.record(time.perf_counter() - start, nbytes, start)  # on CUDA: the launch (as below)
+        state.stats.record(time.perf_counter() - start, nbytes, start,  # on CUDA: the launch (as below)
+                           bus_bytes("all_gather", nbytes, D.world_size()))
         fut = torch.futures.Future()
         fut.set_result(buffer)
         state.stats.hook_returned(start)
@@ -335,7 +351,7 @@ def _allreduce_bucket(state, bucket):
     def done(f):
         if events is not None:  # the callback's stream waits on the collective: its completion on the GPU
             events[1] = D.timing_event()
-        state.stats.record(time.perf_counter() - start, nbytes, start)
+        state.stats.record(time.perf_counter() - start, nbytes, start, bus_bytes("all_reduce", nbytes, D.world_size()))
         result = f.value()[0]
         if result is not buffer:
             buffer.copy_(result)

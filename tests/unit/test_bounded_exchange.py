@@ -142,3 +142,20 @@ def test_bounded_exchange_on_cuda_never_synchronises(static):
         torch.cuda.set_sync_debug_mode(0)
     assert torch.equal(buffer, expected)
     assert int(overflow) == 0 and int(lost) == 1_000
+
+
+def test_bus_bytes_follow_the_nccl_tests_convention_by_hand():
+    """nccl-tests (doc/PERFORMANCE.md): all-reduce bus bytes = size x 2 (W - 1) / W; all-gather
+    (each rank's part p) = W p x (W - 1) / W = p (W - 1). At W = 2 both equal the size sent."""
+    from distnerf.strategy.ddp import CommStats, bus_bytes
+
+    assert bus_bytes("all_reduce", 100, 2) == 100 and bus_bytes("all_gather", 100, 2) == 100
+    assert bus_bytes("all_reduce", 100, 4) == 150 and bus_bytes("all_gather", 100, 4) == 300
+    assert bus_bytes("all_reduce", 100, 8) == 175 and bus_bytes("all_gather", 100, 8) == 700
+    with pytest.raises(ValueError, match="broadcast"):
+        bus_bytes("broadcast", 100, 4)
+    stats = CommStats()  # a step with one dense and one sparse bucket at W = 4
+    stats.record(0.5, 100, 1.0, bus_bytes("all_reduce", 100, 4))
+    stats.record(0.25, 40, 1.5, bus_bytes("all_gather", 40, 4))
+    step = stats.take_step()
+    assert step["bytes"] == 140 and step["bus_bytes"] == 150 + 120
