@@ -351,8 +351,7 @@ class GridModel(MarchingModel):
 
     def param_groups(self, lr: float) -> list[dict]:
         """Tables at ``lr`` * 100 (DVGO uses 0.1 for grids and 1e-3 for the MLP)."""
-        tables = [t for d, f, _, _ in self._tables() for t in (d, f)]
-        groups = [{"params": tables, "lr": lr * 100.0, "name": "grid"}]
+        groups = [{"params": self.bounded_parameters(), "lr": lr * 100.0, "name": "grid"}]
         if self.color == "mlp":
             groups.append({"params": list(self.color_net.parameters()), "lr": lr, "name": "color_net"})
         if self.appearance is not None:

@@ -157,14 +157,25 @@ class Strategy:
         valid rays.
 
         """
-        mine, total = self._reduce(local)
+        mine, total, extra = self._reduce(local, self.step_extra())
+        self.take_step_extra(extra)
         return StepAgreement(total, mine, max(total.valid_rays, 1.0) / self.env.world_size)
 
-    def _reduce(self, local: StepStats) -> tuple[StepStats, StepStats]:
-        """(this rank's stats, the sum over ranks), both as host floats: one device-to-host
-        read of the tensor fields, then a CPU all-reduce (gloo, on CPU and CUDA groups alike)."""
+    def step_extra(self) -> list[float]:
+        """Host numbers the strategy sends along in the step agreement's all-reduce (after the
+        forward, before the backward); their sums go to :meth:`take_step_extra`. None by default."""
+        return []
+
+    def take_step_extra(self, sums: list[float]) -> None:
+        """The sums over ranks of :meth:`step_extra`'s numbers (empty when it sent none)."""
+
+    def _reduce(self, local: StepStats, extra: list[float] = ()) -> tuple[StepStats, StepStats, list[float]]:
+        """(this rank's stats, the sum over ranks, the sums of ``extra``), all host floats: one
+        device-to-host read of the tensor fields, then one CPU all-reduce (gloo, on CPU and CUDA
+        groups alike) of the stats and ``extra`` together."""
         mine = local.host_values()
-        return StepStats(*mine), StepStats(*self.sum_over_ranks(mine))
+        summed = self.sum_over_ranks(mine + list(extra))
+        return StepStats(*mine), StepStats(*summed[:len(mine)]), summed[len(mine):]
 
     def sum_over_ranks(self, values: list[float]) -> list[float]:
         """Host floats summed over every rank (one small CPU all-reduce; every rank must call it

@@ -30,7 +30,7 @@ least ``sparse_min_numel`` entries may travel as (index, value) pairs, in one of
   records how many rows it read of each vertex table (host integers, from shapes:
   :meth:`~distnerf.model.base.RadianceModel.gradient_entry_bounds`); the step agreement,
   which already all-reduces host numbers between forward and backward, carries every rank's
-  bounds, so all ranks know the largest (:meth:`DDPStrategy.reduce_step_stats`). A bucket's
+  bounds, so all ranks know the largest (:meth:`DDPStrategy.step_extra`). A bucket's
   capacity is the sum of its parameters' agreed bounds (a parameter without one counts all its
   entries); its non-zeros are compacted into that fixed capacity on the device
   (``torch.nonzero_static``, or a prefix sum and a scatter where it has no kernel) and
@@ -54,7 +54,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from .. import dist as D
 from ..model.base import RadianceModel
-from .base import StepAgreement, StepStats, Strategy
+from .base import Strategy
 
 SPARSE_REVISIT = 50  # steps between two looks at a bucket found too dense for the sparse exchange
 
@@ -214,8 +214,7 @@ def sparse_pays(capacity: int, numel: int, world_size: int, value_bytes: int, de
     when at most half the entries can be non-zero; at W = 8 an eighth. An all-gather grows with
     the world size, so the sparse exchange suits few ranks, or very sparse buckets.
     """
-    index_bytes = torch.tensor([], dtype=INDEX_DTYPE).element_size()
-    return capacity * (index_bytes + value_bytes) * world_size < 2 * numel * dense_value_bytes
+    return capacity * (INDEX_DTYPE.itemsize + value_bytes) * world_size < 2 * numel * dense_value_bytes
 
 
 _STATIC_NONZERO: dict[str, bool] = {}  # device type -> whether torch.nonzero_static runs there
@@ -310,6 +309,14 @@ def timed_allreduce_hook(state, bucket):  # no annotations: DDP checks them at r
         return _allreduce_bucket(state, bucket)
 
 
+def _done_in_hook(state, buffer: torch.Tensor, start: float) -> torch.futures.Future:
+    """A completed future holding ``buffer``: a sparse exchange finished inside the hook."""
+    fut = torch.futures.Future()
+    fut.set_result(buffer)
+    state.stats.hook_returned(start)
+    return fut
+
+
 def _allreduce_bucket(state, bucket):
     buffer = bucket.buffer()
     start = time.perf_counter()
@@ -321,11 +328,8 @@ def _allreduce_bucket(state, bucket):
             state.found_dense(key)
         else:
             state.stats.record(time.perf_counter() - start, nbytes, start, bus_bytes("all_gather", nbytes, D.world_size()))
-            fut = torch.futures.Future()
-            fut.set_result(buffer)
-            state.stats.hook_returned(start)
-            return fut
-    wire_bytes = buffer.element_size() if state.wire_dtype is None else torch.tensor([], dtype=state.wire_dtype).element_size()
+            return _done_in_hook(state, buffer, start)
+    wire_bytes = buffer.element_size() if state.wire_dtype is None else state.wire_dtype.itemsize
     capacity = state.capacity(bucket, buffer, D.world_size(), wire_bytes)
     if capacity is not None:  # bounded: no host sync (module docstring)
         events = [D.timing_event(), None, 0] if buffer.is_cuda else None
@@ -336,10 +340,7 @@ def _allreduce_bucket(state, bucket):
         state.overflow = overflow if state.overflow is None else state.overflow + overflow
         state.stats.record(time.perf_counter() - start, nbytes, start,  # on CUDA: the launch (as below)
                            bus_bytes("all_gather", nbytes, D.world_size()))
-        fut = torch.futures.Future()
-        fut.set_result(buffer)
-        state.stats.hook_returned(start)
-        return fut
+        return _done_in_hook(state, buffer, start)
     wire = buffer if state.wire_dtype is None else buffer.to(state.wire_dtype)
     nbytes = wire.numel() * wire.element_size()
     wire.div_(D.world_size())
@@ -379,6 +380,7 @@ class DDPStrategy(Strategy):
         super().__init__(cfg, env)
         self.comm = CommStats()
         self.hook_state: HookState | None = None
+        self._bounded_tables: list[nn.Parameter] = []  # step_extra's tables, in its slot order
 
     @property
     def sparse_mode(self) -> str:
@@ -417,26 +419,29 @@ class DDPStrategy(Strategy):
         self.wrapped = ddp
         return ddp
 
-    def reduce_step_stats(self, local: StepStats) -> StepAgreement:
-        """The step agreement (:meth:`Strategy.reduce_step_stats`); under the ``bounded`` sparse
-        exchange it also carries every rank's bounds on its tables' gradient entries from this
-        step's forward, in the same one all-reduce: each rank puts its k bounds in its own k of
-        W x k slots (zeros elsewhere), so the sum hands every rank every rank's bounds, and the
-        hook sizes each bucket by the largest. Host numbers only: nothing is read from the device."""
+    def step_extra(self) -> list[float]:
+        """Under the ``bounded`` sparse exchange, every rank's bounds on its tables' gradient entries
+        from this step's forward, carried by the step agreement's one all-reduce: each rank puts its
+        k bounds in its own k of W x k slots (zeros elsewhere), so the sum hands every rank every
+        rank's bounds (:meth:`take_step_extra`). Host numbers only: nothing is read from the device."""
         state = self.hook_state
         if state is None or state.mode != "bounded":
-            return super().reduce_step_stats(local)
-        tables = self.model.bounded_parameters()
+            return []
+        self._bounded_tables = tables = self.model.bounded_parameters()
         bounds = self.model.gradient_entry_bounds()
         self.model.reset_rows_read()
-        k, world, rank = len(tables), self.env.world_size, self.env.rank
-        slots = [0.0] * (k * world)
+        k, rank = len(tables), self.env.rank
+        slots = [0.0] * (k * self.env.world_size)
         slots[rank * k:(rank + 1) * k] = [float(bounds[id(p)]) for p in tables]  # exact in float64 (< 2^53)
-        mine = local.host_values()
-        summed = self.sum_over_ranks(mine + slots)
-        total, per_rank = summed[:len(mine)], summed[len(mine):]
-        state.bounds = {id(p): int(max(per_rank[r * k + i] for r in range(world))) for i, p in enumerate(tables)}
-        return StepAgreement(StepStats(*total), StepStats(*mine), max(total[0], 1.0) / world)
+        return slots
+
+    def take_step_extra(self, sums: list[float]) -> None:
+        """The hook sizes each bucket by the largest bound over ranks (the same on every rank)."""
+        if not sums:
+            return
+        tables, world = self._bounded_tables, self.env.world_size
+        k = len(tables)
+        self.hook_state.bounds = {id(p): int(max(sums[r * k + i] for r in range(world))) for i, p in enumerate(tables)}
 
     def check_exchange(self) -> None:
         """Raise on every rank when any rank's ``bounded`` sparse exchange found more non-zeros than

@@ -92,8 +92,7 @@ class RegionModels(RadianceModel):
         Selecting those rays reads their number (a host sync per region). Where that stalls the
         device (:func:`~distnerf.host_buffers.sync_free`: CUDA) every ray of the region's block
         (of the batch, without blocks) is rendered instead: the others get an empty segment
-        (``far = near``; a contracted sub-model, which ignores ``far``, renders them whole) and a
-        zero ``loss_weight``, the crossing ones ``1 / their count`` (a device division): the same
+        (``far = near``, empty for a contracted sub-model too) and a zero ``loss_weight``, the crossing ones ``1 / their count`` (a device division): the same
         loss, no size read, other sample jitter (each ray's draw depends on the rays before it).
         """
         keys = ("rgb", "depth", "opacity", "rgb_coarse", "distortion_loss")

@@ -316,7 +316,7 @@ class SSStrategy(Strategy):
         sub-models are independent and each one's rows carry 1 / its own rays as
         ``loss_weight`` (:class:`.regions.RegionModels`). Joint: every rank holds the same
         rays, so they are counted once, and the composite's mean error is the loss."""
-        mine, total = self._reduce(local)
+        mine, total, _ = self._reduce(local)
         if self.joint:
             total.valid_rays = mine.valid_rays
             return StepAgreement(total, mine, max(mine.valid_rays, 1.0))
