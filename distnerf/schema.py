@@ -57,7 +57,7 @@ class DatasetConfig:
 class SyntheticDataset(DatasetConfig):
     """The built-in procedural scene (generated on first use into ``cache_dir``; no download)."""
     name: str = "synthetic"
-    kind: str = choice("objects", "city_small", "city")  # city_small / city: aerial, for spatial segmentation
+    kind: str = choice("objects", "detail", "city_small", "city")  # detail: smooth texture everywhere (capacity-bound); city_small / city: aerial, for spatial segmentation
     resolution: Optional[int] = positive(None)          # image width, pixels (objects: square; cities: height 3/4 of it); null: the kind's (synthetic/scenes.py DEFAULT_RESOLUTION)
     appearance_jitter: bool = True                      # cities: per-image exposure and white balance (ignored by objects)
     downscale: int = positive(1)

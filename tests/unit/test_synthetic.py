@@ -387,3 +387,46 @@ def test_cli_prints_root(tmp_path, capsys):
                            "--num-train", "1", "--num-val", "1", "--num-test", "1"]) == 0
     root = capsys.readouterr().out.strip()
     assert root == str(tmp_path / synthetic.scene_name("objects", 12, 0, 1, 1, 1))
+
+
+# ---------------------------------------------------------------------------- detail
+DETAIL = dict(kind="detail", resolution=48, num_train=3, num_val=1, num_test=2, seed=0)
+
+
+def test_detail_scene_texture_and_silhouette_against_its_own_formula(tmp_path):
+    """The detail kind: one unit sphere at the origin whose albedo is the documented sum of
+    plane waves, evaluated here from scene.json's numbers (independent of the module), and a
+    silhouette of the disc a unit sphere subtends from the camera's distance."""
+    from distnerf.data.synthetic.scenes import build_scene
+    from distnerf.data.synthetic.tracer import render_view
+
+    root = ensure_scene(tmp_path, **DETAIL)
+    scene = json.loads((root / "scene.json").read_text())
+    (prim,) = scene["primitives"]
+    assert prim["type"] == "textured_sphere" and prim["radius"] == 1.0 and prim["center"] == [0.0, 0.0, 0.0]
+    freqs, phases, amps = (np.array(prim[k]) for k in ("frequencies", "phases", "amplitudes"))
+    norms = np.linalg.norm(freqs, axis=1)
+    assert norms.min() >= 0.5 and norms.max() <= 6.0 and len(norms) >= 64
+    # the same energy per octave: each of the band's octaves holds a share of the waves
+    octaves = np.histogram(np.log2(norms), bins=np.linspace(-1.0, np.log2(6.0), 4))[0]
+    assert octaves.min() >= 0.1 * len(norms), octaves
+
+    def expected_rgb(point):  # the docstring's formula, Lambertian shading (tracer docstring)
+        albedo = np.clip(np.array(prim["color"]) + np.sin(2 * np.pi * freqs @ point + phases) @ amps, 0, 1)
+        light = np.array(scene["light_dir"])
+        return albedo * (scene["ambient"] + (1 - scene["ambient"]) * max(0.0, float(point @ light)))
+
+    meta, images = _load(root, "train")
+    spec = build_scene("detail", 3, 1, 2, seed=0)
+    for frame, image in zip(meta["frames"], images):
+        c2w = np.array(frame["transform_matrix"])
+        eye = c2w[:3, 3]
+        # the centre ray of a 1-pixel, 1e-6 rad camera hits the sphere where the eye's direction does
+        rgba = render_view(spec, c2w, 1, 1, intrinsics=(1e6, 1e6, 0.5, 0.5))
+        np.testing.assert_allclose(rgba[0, 0, :3], expected_rgb(eye / np.linalg.norm(eye)), atol=1e-5)
+        # silhouette: the disc of angular radius asin(1 / |eye|), in pixels
+        focal, cx, cy = _intrinsics(meta, image.shape[1], image.shape[0])
+        disc = math.pi * (focal * math.tan(math.asin(1.0 / np.linalg.norm(eye)))) ** 2
+        assert abs(image[..., 3].astype(float).sum() / 255.0 - disc) < 0.03 * disc
+        opaque = image[..., 3] == 255
+        assert image[opaque][:, :3].std(axis=0).min() > 0.05 * 255  # detail, not a flat colour

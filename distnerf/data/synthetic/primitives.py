@@ -166,6 +166,40 @@ class Sphere(Primitive):
 
 
 @dataclass
+class TexturedSphere(Sphere):
+    """Sphere with a band-limited solid texture: smooth detail everywhere, no edges.
+
+    The albedo at a surface point ``p`` (local frame ``x = R^T (p - c)``) is
+    ``clip(colour + sum_k a_k sin(2 pi f_k . x + phi_k), 0, 1)``, a sum of K plane waves
+    of 3-D frequencies ``f_k`` (cycles per world unit) with RGB amplitudes ``a_k``: a
+    "solid texture" (Perlin, SIGGRAPH 1985) with a known spectrum. The scene ``"detail"``
+    spreads the waves' energy evenly over octaves of frequency, so a grid of voxel edge
+    ``h`` can hold the waves below its Nyquist frequency ``1 / (2 h)`` and loses the
+    others: the information in the pixels grows with the model's resolution, unlike a
+    checkerboard's, whose error sits at its edges.
+
+    Attributes:
+        frequencies: (K, 3) float64 wave vectors, cycles per world unit (local frame).
+        phases: (K,) float64 radians.
+        amplitudes: (K, 3) float64 RGB amplitude of each wave.
+    """
+
+    frequencies: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))
+    phases: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    amplitudes: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))
+    type_name = "textured_sphere"
+
+    def albedo(self, points):
+        local = (points - self.center) @ self.rotation
+        waves = np.sin(2.0 * math.pi * (local @ self.frequencies.T) + self.phases)  # (N, K)
+        return np.clip(self.colour + waves @ self.amplitudes, 0.0, 1.0)
+
+    def to_json(self):
+        return {**super().to_json(), "frequencies": self.frequencies.tolist(),
+                "phases": self.phases.tolist(), "amplitudes": self.amplitudes.tolist()}
+
+
+@dataclass
 class Box(Primitive):
     """Oriented box with a checkerboard on every face.
 

@@ -42,15 +42,15 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from distnerf.data.synthetic.primitives import (Box, Building, CityGround, Cylinder, Primitive,
-                                                Sphere)
+                                                Sphere, TexturedSphere)
 from distnerf.data.synthetic.tracer import Sky, focal_from_angle, look_at
 
-KINDS = ("objects", "city_small", "city")
+KINDS = ("objects", "detail", "city_small", "city")
 CITY_KINDS = ("city_small", "city")
 #: Image width of each kind when ``resolution`` is not given, pixels.
-DEFAULT_RESOLUTION = {"objects": 100, "city_small": 100, "city": 160}
-# Views per split of the objects scene when not given.
-_OBJECTS_COUNTS = (60, 8, 20)
+DEFAULT_RESOLUTION = {"objects": 100, "detail": 200, "city_small": 100, "city": 160}
+# Views per split (train, val, test) of the object-centred kinds when not given.
+_OBJECT_COUNTS = {"objects": (60, 8, 20), "detail": (100, 8, 25)}
 
 
 def image_size(kind: str, resolution: Optional[int] = None) -> Tuple[int, int]:
@@ -61,7 +61,7 @@ def image_size(kind: str, resolution: Optional[int] = None) -> Tuple[int, int]:
     the cities.
     """
     width = DEFAULT_RESOLUTION[kind] if resolution is None else int(resolution)
-    return width, (width if kind == "objects" else max(1, (3 * width + 2) // 4))
+    return width, (max(1, (3 * width + 2) // 4) if kind in CITY_KINDS else width)
 
 
 def _rotation_y(angle: float) -> np.ndarray:
@@ -125,10 +125,9 @@ def _light() -> np.ndarray:
     return light / np.linalg.norm(light)
 
 
-def _objects_cameras(rng: np.random.Generator, num: int, ring: bool) -> np.ndarray:
-    """(num, 4, 4) cameras at radius 4 looking at the origin: random on the upper
+def _objects_cameras(rng: np.random.Generator, num: int, ring: bool, radius: float = 4.0) -> np.ndarray:
+    """(num, 4, 4) cameras at ``radius`` looking at the origin: random on the upper
     hemisphere (elevation 5-75 degrees, uniform in area) or a ring at 30 degrees."""
-    radius = 4.0
     if ring:
         azimuth = np.linspace(0.0, 2.0 * math.pi, num, endpoint=False)
         elevation = np.full(num, math.radians(30.0))
@@ -176,6 +175,40 @@ def _objects_scene(seed: int, num_train: int, num_val: int, num_test: int) -> Sc
            "test": _objects_cameras(np.random.default_rng([seed, 3]), num_test, True)}
     return SceneSpec("objects", prims, _light(), 0.35, 0.6911112070083618, 2.0, 6.0,
                      np.array([[-1.5] * 3, [1.5] * 3]), c2w)
+
+
+# Waves of the detail scene's texture: how many, their frequency band (cycles per world unit,
+# log-uniform: the same energy in every octave) and the texture's standard deviation per channel.
+_DETAIL_WAVES, _DETAIL_BAND, _DETAIL_STD = 96, (0.5, 6.0), 0.18
+
+
+def _detail_scene(seed: int, num_train: int, num_val: int, num_test: int) -> SceneSpec:
+    """Object-centred scene with smooth detail everywhere: one sphere of radius 1 at the
+    origin under a band-limited solid texture (:class:`TexturedSphere`: 96 plane waves,
+    0.5-6 cycles per unit, even energy per octave), cameras at radius 3.2 (the sphere
+    fills about 90% of the image width), transparent background.
+
+    Its one silhouette is a small share of the pixels, so a model's error is in the
+    texture it cannot hold: quality grows with capacity over a wide range of budgets
+    (the capacity study, BENCHMARKS.md section 7), where lego's error sits at edges.
+    """
+    rng = np.random.default_rng([seed, 0])
+    directions = rng.normal(size=(_DETAIL_WAVES, 3))
+    directions /= np.linalg.norm(directions, axis=1, keepdims=True)
+    lo, hi = np.log(_DETAIL_BAND[0]), np.log(_DETAIL_BAND[1])
+    frequencies = directions * np.exp(rng.uniform(lo, hi, _DETAIL_WAVES))[:, None]
+    phases = rng.uniform(0.0, 2.0 * math.pi, _DETAIL_WAVES)
+    # each wave's variance is a^2 / 2: the sum has _DETAIL_STD per channel on average
+    amplitudes = rng.normal(size=(_DETAIL_WAVES, 3)) * _DETAIL_STD * math.sqrt(2.0 / _DETAIL_WAVES)
+    colour = np.array([0.55, 0.50, 0.45])
+    sphere = TexturedSphere(np.zeros(3), np.eye(3), colour, colour.copy(), radius=1.0, num_stripes=1,
+                            frequencies=frequencies, phases=phases, amplitudes=amplitudes)
+    radius = 3.2
+    c2w = {"train": _objects_cameras(np.random.default_rng([seed, 1]), num_train, False, radius),
+           "val": _objects_cameras(np.random.default_rng([seed, 2]), num_val, False, radius),
+           "test": _objects_cameras(np.random.default_rng([seed, 3]), num_test, True, radius)}
+    return SceneSpec("detail", [sphere], _light(), 0.35, 0.6911112070083618, radius - 1.2, radius + 1.2,
+                     np.array([[-1.1] * 3, [1.1] * 3]), c2w)
 
 
 # ------------------------------------------------------------------------------ city
@@ -444,10 +477,10 @@ def split_counts(kind: str, num_train: Optional[int] = None, num_val: Optional[i
                         ("num_views", num_views)):
         if value is not None and int(value) < 0:
             raise ValueError(f"{name} must be >= 0, got {value}")
-    if kind == "objects":
+    if kind not in CITY_KINDS:
         if num_views is not None:
             raise ValueError(f"num_views is for the city kinds, not {kind!r} (got {num_views})")
-        counts = [_OBJECTS_COUNTS[i] if v is None else int(v)
+        counts = [_OBJECT_COUNTS[kind][i] if v is None else int(v)
                   for i, v in enumerate((num_train, num_val, num_test))]
         return counts[0], counts[1], counts[2], 0
     for name, value in (("num_train", num_train), ("num_test", num_test)):
@@ -487,4 +520,6 @@ def build_scene(kind: str = "objects", num_train: Optional[int] = None,
                                                            num_views)
     if kind == "objects":
         return _objects_scene(int(seed), num_train, num_val, num_test)
+    if kind == "detail":
+        return _detail_scene(int(seed), num_train, num_val, num_test)
     return _city_scene(kind, int(seed), num_val, num_views, bool(appearance_jitter))

@@ -35,7 +35,7 @@ import numpy as np
 
 from distnerf.fileio import exclusive_lock
 from distnerf.data.synthetic.formats import write_city
-from distnerf.data.synthetic.scenes import SceneSpec, build_scene, image_size, split_counts
+from distnerf.data.synthetic.scenes import CITY_KINDS, SceneSpec, build_scene, image_size, split_counts
 from distnerf.data.synthetic.tracer import render_view
 
 #: Bumped whenever the generated content changes; part of the scene root name.
@@ -53,7 +53,7 @@ def scene_name(kind: str, resolution: int, seed: int, num_train: int, num_val: i
     """Directory name of a generated scene; includes :data:`VERSION` and every parameter,
     e.g. ``objects_r100_s0_n60-8-20_v1``; cities add the appearance jitter (``j1`` on,
     ``j0`` off), e.g. ``city_small_r100_s0_n52-3-8_j1_v1``."""
-    jitter = "" if kind == "objects" else f"_j{int(bool(appearance_jitter))}"
+    jitter = "" if kind not in CITY_KINDS else f"_j{int(bool(appearance_jitter))}"
     return f"{kind}_r{resolution}_s{seed}_n{num_train}-{num_val}-{num_test}{jitter}_{VERSION}"
 
 
