@@ -58,8 +58,8 @@ class SyntheticDataset(DatasetConfig):
     """The built-in procedural scene (generated on first use into ``cache_dir``; no download)."""
     name: str = "synthetic"
     kind: str = choice("objects", "detail", "city_small", "city")  # detail: smooth texture everywhere (capacity-bound); city_small / city: aerial, for spatial segmentation
-    resolution: Optional[int] = positive(None)          # image width, pixels (objects: square; cities: height 3/4 of it); null: the kind's (synthetic/scenes.py DEFAULT_RESOLUTION)
-    appearance_jitter: bool = True                      # cities: per-image exposure and white balance (ignored by objects)
+    resolution: Optional[int] = positive(None)          # image width, pixels (objects, detail: square; cities: height 3/4 of it); null: the kind's (synthetic/scenes.py DEFAULT_RESOLUTION)
+    appearance_jitter: bool = True                      # cities: per-image exposure and white balance (ignored by objects, detail)
     downscale: int = positive(1)
     cache_dir: str = ".cache/synthetic"
     near: Optional[float] = None                        # null: the scene's own bounds

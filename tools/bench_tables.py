@@ -772,6 +772,11 @@ def study_capacity(res: Results, name: str = "study_capacity") -> list[str]:
     return out[:-1]
 
 
+def study_capacity_lego(res: Results) -> list[str]:
+    """The capacity study on lego at 31 k-500 k parameters per rank (conf/study/capacity_lego.yaml)."""
+    return study_capacity(res, "study_capacity_lego")
+
+
 def study_capacity_1m(res: Results) -> list[str]:
     """The earlier capacity study at 1 M parameters per rank (conf/study/capacity_1m.yaml)."""
     return study_capacity(res, "study_capacity_1m")
@@ -819,6 +824,7 @@ def gpu_check(res: Results) -> list[str]:
 TABLES = {
     "exits": exits,
     "study_capacity": study_capacity,
+    "study_capacity_lego": study_capacity_lego,
     "study_capacity_1m": study_capacity_1m,
     "soak": soak,
     "study_characterization": study_characterization,

@@ -375,6 +375,12 @@ def test_bad_arguments(tmp_path):
         ensure_scene(tmp_path, resolution=0)
     with pytest.raises(ValueError, match="num_val"):
         ensure_scene(tmp_path, resolution=8, num_val=-1)
+    with pytest.raises(ValueError, match="num_train of kind 'detail' must be >= 1"):
+        ensure_scene(tmp_path, kind="detail", resolution=8, num_train=0)
+    with pytest.raises(ValueError, match="seed must be >= 0"):
+        ensure_scene(tmp_path, kind="detail", resolution=8, seed=-1)
+    with pytest.raises(SystemExit):  # the command line: a usage error naming it, no traceback
+        synthetic.main(["--kind", "detail", "--num-views", "5", "--out", str(tmp_path)])
 
 
 def test_cli_prints_root(tmp_path, capsys):

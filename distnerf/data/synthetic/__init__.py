@@ -1,15 +1,18 @@
-"""Procedural default scenes, rendered analytically: an object scene and aerial cities.
+"""Procedural default scenes, rendered analytically: object scenes and aerial cities.
 
 Legend: N rays (one per sub-pixel sample), H, W image size in pixels, V views of a split
 or of a city's flight, K primitives of a scene, P 3D points.
 
 With no dataset given, distnerf trains on a scene that it generates itself:
 :func:`ensure_scene` renders it once into a cache directory and every later call (from
-any rank) reuses it. Three kinds of scene (see :mod:`~distnerf.data.synthetic.scenes`):
+any rank) reuses it. Four kinds of scene (see :mod:`~distnerf.data.synthetic.scenes`):
 
 * ``"objects"`` (the default, object-centred like lego), in the nerf_synthetic
   ("Blender") layout with transparent background (see
   :mod:`~distnerf.data.synthetic.writer`);
+* ``"detail"`` (one sphere under a band-limited texture, 100 train views of 200 x 200: a
+  scene whose quality grows with a model's parameters, for the capacity study), in the
+  same layout;
 * ``"city_small"`` (3 x 3 blocks, 60 views of 100 x 75 by default: trains on one CPU)
   and ``"city"`` (8 x 8 blocks, 245 views of 160 x 120, the benchmark size): aerial
   nadir and oblique views of box buildings on a textured ground under a sky (opaque
@@ -30,7 +33,7 @@ Modules
 * ``tracer``: ``look_at``, pixel rays, nearest hit over a scene, Lambertian shading, the
   sky and the anti-aliased rendering of one view.
 * ``scenes``: :class:`SceneSpec`, the city's cameras and flight (``Survey``), image
-  sizes, view counts and the builders of the three kinds.
+  sizes, view counts and the builders of the four kinds.
 * ``formats``: a city's images, Blender, nerfstudio and COLMAP files, and its 3D points
   with their visibility.
 * ``writer``: the objects' Blender files, the scene name and the atomic cache.
@@ -49,7 +52,7 @@ Conventions
   supersampling, so the objects' alpha is fractional on silhouettes; straight alpha, RGB
   0 where alpha is 0. Details in :mod:`~distnerf.data.synthetic.tracer`.
 * ``resolution`` is the image width (objects: square images; cities: 4:3); unset, the
-  kind's default (objects 100, city_small 100, city 160).
+  kind's default (objects 100, detail 200, city_small 100, city 160).
 
 Command line::
 

@@ -17,7 +17,7 @@ from typing import Sequence
 from distnerf.data.synthetic.scenes import KINDS
 from distnerf.data.synthetic.writer import ensure_scene
 
-_DESCRIPTION = "Procedural default scenes, rendered analytically (objects; aerial cities)."
+_DESCRIPTION = "Procedural default scenes, rendered analytically (objects; detail; aerial cities)."
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -28,9 +28,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--resolution", type=int, default=None,
                         help="image width in pixels (default: the kind's)")
     parser.add_argument("--out", required=True, help="cache directory")
-    parser.add_argument("--num-train", type=int, default=None, help="objects only")
+    parser.add_argument("--num-train", type=int, default=None, help="objects, detail only")
     parser.add_argument("--num-val", type=int, default=None)
-    parser.add_argument("--num-test", type=int, default=None, help="objects only")
+    parser.add_argument("--num-test", type=int, default=None, help="objects, detail only")
     parser.add_argument("--num-views", type=int, default=None,
                         help="cities: first views of the flight to keep (default all)")
     parser.add_argument("--no-appearance-jitter", action="store_true",
@@ -38,8 +38,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    root = ensure_scene(args.out, args.kind, args.resolution, args.num_train, args.num_val,
-                        args.num_test, args.seed, not args.no_appearance_jitter, args.num_views)
+    try:
+        root = ensure_scene(args.out, args.kind, args.resolution, args.num_train, args.num_val,
+                            args.num_test, args.seed, not args.no_appearance_jitter, args.num_views)
+    except ValueError as err:  # bad counts, resolution or seed: a usage error, not a traceback
+        parser.error(str(err))
     print(root)
     print(f"ready in {time.perf_counter() - start:.2f} s", file=sys.stderr)
     return 0

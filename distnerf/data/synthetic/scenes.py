@@ -2,12 +2,18 @@
 
 Legend: V views of a split (or of a city's flight), K primitives of a scene.
 
-Three kinds of scene (:data:`KINDS`), built by :func:`build_scene`:
+Four kinds of scene (:data:`KINDS`), built by :func:`build_scene`:
 
 * ``"objects"`` (the default, object-centred like lego): a checkered platform carrying
   four textured primitives (five primitives in all) inside [-1.2, 1.2]^3, transparent
   background, cameras on the upper hemisphere of radius 4 looking at the origin; three
   independent camera sets for train, val and test.
+* ``"detail"`` (object-centred, capacity-bound): one unit sphere at the origin under a
+  band-limited solid texture (:class:`~distnerf.data.synthetic.primitives.TexturedSphere`),
+  cameras on the upper hemisphere of radius 3.2, transparent background; 100 / 8 / 25
+  views of 200 x 200 by default. Smooth detail everywhere and one silhouette: a model's
+  error is the texture it cannot hold, so quality grows with its parameters
+  (``conf/study/capacity.yaml``).
 * ``"city_small"`` and ``"city"`` (aerial, for spatial segmentation): a grid of blocks
   (3 x 3, resp. 8 x 8, pitch 5 world units, roads 1 wide, sidewalks 0.3) of box
   buildings (:class:`~distnerf.data.synthetic.primitives.Building`: window grids on the
@@ -25,7 +31,8 @@ Three kinds of scene (:data:`KINDS`), built by :func:`build_scene`:
 
 Image sizes (:func:`image_size`): ``resolution`` is the image width; objects' images are
 square, cities' are 4:3 (height ``round(3 W / 4)``). The default resolution is per kind
-(:data:`DEFAULT_RESOLUTION`: objects 100 x 100, city_small 100 x 75, city 160 x 120).
+(:data:`DEFAULT_RESOLUTION`: objects 100 x 100, detail 200 x 200, city_small 100 x 75,
+city 160 x 120).
 
 Conventions: world right-handed, **+Y up** (unlike Blender's Z-up scenes); the ground of
 the cities is the plane y = 0; arbitrary world units. Cameras are (4, 4) float64 ``c2w``
@@ -57,8 +64,8 @@ def image_size(kind: str, resolution: Optional[int] = None) -> Tuple[int, int]:
     """(width, height) in pixels of the images of ``kind``.
 
     ``resolution`` (default :data:`DEFAULT_RESOLUTION` of the kind) is the width; the
-    height equals it for ``"objects"`` and is ``round(3 * width / 4)`` (at least 1) for
-    the cities.
+    height equals it for the object-centred kinds (``"objects"``, ``"detail"``) and is
+    ``round(3 * width / 4)`` (at least 1) for the cities.
     """
     width = DEFAULT_RESOLUTION[kind] if resolution is None else int(resolution)
     return width, (max(1, (3 * width + 2) // 4) if kind in CITY_KINDS else width)
@@ -459,17 +466,18 @@ def split_counts(kind: str, num_train: Optional[int] = None, num_val: Optional[i
                  num_views: Optional[int] = None) -> Tuple[int, int, int, int]:
     """Checks the view counts of a scene and fills in the kind's defaults.
 
-    ``"objects"``: ``num_train``, ``num_val``, ``num_test`` (default 60, 8, 20); no
-    ``num_views``. Cities: ``num_views`` (default: the full flight, 60 or 245) first views
+    ``"objects"`` and ``"detail"``: ``num_train``, ``num_val``, ``num_test`` (default 60, 8, 20,
+    resp. 100, 8, 25); no ``num_views``. Cities: ``num_views`` (default: the full flight, 60 or 245) first views
     of the flight, of which ``ceil(num_views / 8)`` are test views and the rest train;
     ``num_val`` (default :data:`CITY_NUM_VAL`, at most the number of test views) first
     test views are the val split; ``num_train`` and ``num_test`` follow and must be None.
 
     Returns:
-        (num_train, num_val, num_test, num_views); ``num_views`` is 0 for ``"objects"``.
+        (num_train, num_val, num_test, num_views); ``num_views`` is 0 for the object-centred kinds.
 
     Raises:
-        ValueError: unknown ``kind``, negative or inconsistent counts (names the argument).
+        ValueError: unknown ``kind``, negative or inconsistent counts, no train or test view of an
+            object-centred kind (names the argument).
     """
     if kind not in KINDS:
         raise ValueError(f"unknown synthetic scene kind {kind!r}; expected one of {KINDS}")
@@ -482,6 +490,9 @@ def split_counts(kind: str, num_train: Optional[int] = None, num_val: Optional[i
             raise ValueError(f"num_views is for the city kinds, not {kind!r} (got {num_views})")
         counts = [_OBJECT_COUNTS[kind][i] if v is None else int(v)
                   for i, v in enumerate((num_train, num_val, num_test))]
+        for name, value in (("num_train", counts[0]), ("num_test", counts[2])):
+            if value < 1:
+                raise ValueError(f"{name} of kind {kind!r} must be >= 1 (a split with no view), got {value}")
         return counts[0], counts[1], counts[2], 0
     for name, value in (("num_train", num_train), ("num_test", num_test)):
         if value is not None:
@@ -508,7 +519,7 @@ def build_scene(kind: str = "objects", num_train: Optional[int] = None,
         num_train, num_val, num_test, num_views: view counts, see :func:`split_counts`.
         seed: layout and camera seed; the same arguments always give the same scene.
         appearance_jitter: cities: per-image exposure and white-balance gains (else ones);
-            ignored by ``"objects"``.
+            ignored by the object-centred kinds.
 
     Returns:
         The scene's geometry, light, bounds and cameras (and a city's :class:`Survey`).

@@ -1,7 +1,7 @@
 """Writing a procedural scene to disk, and the scene cache.
 
 :func:`ensure_scene` renders a scene once into a cache directory and every later call
-(from any rank) reuses it. The ``"objects"`` scene is written in the nerf_synthetic
+(from any rank) reuses it. The ``"objects"`` and ``"detail"`` scenes are written in the nerf_synthetic
 ("Blender") layout::
 
     <root>/transforms_{train,val,test}.json
@@ -127,29 +127,32 @@ def ensure_scene(cache_dir: str | os.PathLike, kind: str = "objects",
 
     Args:
         cache_dir: directory holding generated scenes (created if missing).
-        kind: ``"objects"`` (default, object-centred), ``"city_small"`` or ``"city"``
-            (aerial); see :mod:`~distnerf.data.synthetic.scenes`.
-        resolution: image width in pixels (objects: also the height; cities: height
-            ``round(3 W / 4)``); default: the kind's (100, 100, 160).
-        num_train, num_val, num_test: objects: views per split (default 60, 8, 20).
+        kind: ``"objects"`` (default, object-centred), ``"detail"`` (object-centred, smooth
+            texture everywhere), ``"city_small"`` or ``"city"`` (aerial); see :mod:`~distnerf.data.synthetic.scenes`.
+        resolution: image width in pixels (objects, detail: also the height; cities: height
+            ``round(3 W / 4)``); default: the kind's (100, 200, 100, 160).
+        num_train, num_val, num_test: objects, detail: views per split (default 60, 8, 20,
+            resp. 100, 8, 25).
             Cities: ``num_val`` first test views are the val split (default 3);
             ``num_train`` and ``num_test`` follow from ``num_views`` and stay None.
         seed: layout and camera seed.
         appearance_jitter: cities: per-image exposure and white-balance gains (part of
-            the scene name); ignored by ``"objects"``.
+            the scene name); ignored by the object-centred kinds.
         num_views: cities: keep the first ``num_views`` views of the flight (default all).
 
     Returns:
         ``cache_dir / scene_name(...)``, holding the files of the module docstring.
 
     Raises:
-        ValueError: unknown ``kind``, ``resolution < 1`` or bad view counts (see
+        ValueError: unknown ``kind``, ``resolution < 1``, ``seed < 0`` or bad view counts (see
             :func:`~distnerf.data.synthetic.scenes.split_counts`).
     """
     counts = split_counts(kind, num_train, num_val, num_test, num_views)
     width, _ = image_size(kind, resolution)
     if width < 1:
         raise ValueError(f"resolution must be >= 1, got {resolution}")
+    if int(seed) < 0:
+        raise ValueError(f"seed must be >= 0, got {seed}")
     cache_dir = Path(cache_dir)
     root = cache_dir / scene_name(kind, width, int(seed), *counts[:3], appearance_jitter)
     if (root / MARKER).is_file():
