@@ -123,7 +123,8 @@ def load_text(meta: dict) -> str:
     src = "../shared/tools/quiet" if "quiet" in meta else "the tool"
     if meta.get("load_before") is None:
         return "load not recorded"
-    return f"load {first(meta['load_before']):.2f} before, {first(meta['load_after']):.2f} after (1-minute average, from {src})"
+    after = "not recorded" if meta.get("load_after") is None else f"{first(meta['load_after']):.2f}"
+    return f"load {first(meta['load_before']):.2f} before, {after} after (1-minute average, from {src})"
 
 
 def commit_text(meta: dict) -> str:
@@ -772,6 +773,33 @@ def study_capacity(res: Results, name: str = "study_capacity") -> list[str]:
     return out[:-1]
 
 
+def study_capacity_stretch(res: Results) -> list[str]:
+    """tools/bench_stretch.py beside the capacity study: each budget at the study's 3000 steps (the study's
+    cells, mean over their seeds) and at k x the steps with the schedule stretched k times (seed 0)."""
+    from math import log2
+
+    study = res.json("study_capacity/report.json")["tables"]["capacity"]
+    at_study = {r["budget"]: r for r in study}
+    rows = res.json("study_capacity/stretch.json")["rows"]
+    steps = sorted({r["steps"] for r in rows})
+    out = header("budget", "params/rank", "3000 steps (the study; n)", *[f"{n} steps (k = {n // 3000})" for n in steps],
+                 "val gain, last 20% of the longest run", "lr at 80% of the steps (x first)")
+    for budget in sorted({r["max_params"] for r in rows}):
+        mine = {r["steps"]: r for r in rows if r["max_params"] == budget}
+        ref = next((v for k, v in at_study.items() if int(float(k.lstrip("p").rstrip("k")) * 1000) in (budget, budget + 250)
+                    or abs(v["params_per_rank"] - next(iter(mine.values()))["parameters_per_rank"]) < 1), None)
+        longest = mine[max(mine)]
+        out.append(row(f"{budget / 1e3:g} k", f"{longest['parameters_per_rank']:.3g}",
+                       f"{ref['psnr_mean']:.2f} ({ref['n']})" if ref else "–",
+                       *[f2(mine[n]["psnr"]) if n in mine else "–" for n in steps],
+                       f"{longest['val_gain_last_20pct']:+.3f} dB", f"{longest['lr_at_80pct_over_first']:.3f}"))
+    at4 = sorted((r["parameters_per_rank"], r["psnr"]) for r in rows if r["steps"] == 4 * 3000)
+    if len(at4) >= 3:
+        out += ["", "dB per doubling of parameters at 4x the steps (around each inner budget): " + ", ".join(
+            f"{p1 / 1e3:.0f} k: {(y2 - y0) / log2(p2 / p0):+.2f}" for (p0, y0), (p1, _), (p2, y2) in zip(at4, at4[1:], at4[2:]))]
+    return out
+
+
 def study_capacity_lego(res: Results) -> list[str]:
     """The capacity study on lego at 31 k-500 k parameters per rank (conf/study/capacity_lego.yaml)."""
     return study_capacity(res, "study_capacity_lego")
@@ -824,6 +852,7 @@ def gpu_check(res: Results) -> list[str]:
 TABLES = {
     "exits": exits,
     "study_capacity": study_capacity,
+    "study_capacity_stretch": study_capacity_stretch,
     "study_capacity_lego": study_capacity_lego,
     "study_capacity_1m": study_capacity_1m,
     "soak": soak,

@@ -94,7 +94,8 @@ def cell_figures(run_dir: Path) -> dict:
         "render_s_per_view_median": statistics.median(view_s) if view_s else None,
         "render_rays_per_view": per_view[0]["num_rays"] if per_view else None,
         "fusion_timing": metrics.get("fusion_timing"),
-        "curve": [{"train_seconds": r["train_seconds"], "step": r["step"], "train_psnr": r["psnr"]} for r in steps],
+        "curve": [{"train_seconds": r["train_seconds"], "step": r["step"], "train_psnr": r["psnr"], "lr": r.get("lr")}
+                  for r in steps],
         "val_curve": [{"step": r["step"], "val_psnr": r["val_psnr"],
                        "train_seconds": next((x["train_seconds"] for x in steps if x["step"] == r["step"]), None)}
                       for r in rows if "val_psnr" in r],

@@ -122,6 +122,7 @@ def _summarise(reps: list[dict]) -> dict:
     out["psnr_mean"], out["psnr_sd"], _ = capacity.mean_sd(psnrs)
     out["plateau_gains"] = [capacity.plateau_gain([(p["step"], p["val_psnr"]) for p in d["val_curve"]])
                             for d in done]
+    out["plateau_lr_shares"] = [capacity.lr_share([(p["step"], p.get("lr")) for p in d["curve"]]) for d in done]
     out["constant_psnr"] = _median([d.get("constant_psnr") for d in done])
     out["steps"] = _median([d.get("steps") for d in done])
     out["phases_mean_s"] = {p: _median([d["phases_mean_s"].get(p) for d in done]) for p in (*BREAKDOWN, "other")}

@@ -70,10 +70,36 @@ def test_capacity_and_ranks_tables_with_the_targets():
     ddp = [r for r in ranks if r["strategy"] == "ddp"]
     assert [r["world_size"] for r in ddp] == [1, 2] and ddp[1]["delta_vs_w1"] == pytest.approx(0.1)
     lines = capacity.verdicts(cap, ranks)
-    assert lines[0].startswith("capacity curve at budget p2") and lines[0].endswith("MISSED")  # 1.45 < 1.5
+    # 1.45 < 1.5, and p4 (a neighbour: one of the slope's points) gained 0.3 dB over its last 20%
+    assert lines[0].startswith("capacity curve at budget p2") and lines[0].endswith("MISSED (not at a plateau: p4)")
     assert any("W 1 -> 2" in ln and ln.endswith(": met") for ln in lines)  # +1.27 dB
     assert any("W 2 -> 4" in ln and ln.endswith("MISSED") for ln in lines)  # +0.73 dB
     assert any(ln.startswith("ddp at p2, W = 2: +0.10") and ln.endswith(": met") for ln in lines)
+
+
+def test_a_flat_curve_under_a_decayed_learning_rate_is_no_plateau():
+    # lr 1e-3 * 0.1 ** (step / 1500) logged every 500 steps to 3000: at step 2400 (the window's start)
+    # the nearest logged step is 2500, 0.1 ** (2500 / 1500) = 0.0215 of the start
+    lrs = [(s, 1e-3 * 0.1 ** (s / 1500)) for s in range(0, 3001, 500)]
+    assert capacity.lr_share(lrs) == pytest.approx(0.1 ** (2500 / 1500))
+    assert capacity.lr_share([(s, 1e-3) for s in range(0, 3001, 500)]) == pytest.approx(1.0)
+    assert capacity.lr_share([(0, 1e-3)]) is None and capacity.lr_share([(0, None), (10, None)]) is None
+    # the same three budgets, 2 dB per doubling, every repeat flat over its last 20%: met with a live
+    # learning rate, missed (naming every budget) when it had decayed to 2% there
+    def keys(share):
+        out = {}
+        for i, (b, y) in enumerate([("p1", 22.0), ("p2", 24.0), ("p4", 26.0)]):
+            s = summary(f"ddp-w1-{b}", "ddp", 1, b, [y, y, y], 1e6 * 2 ** i)
+            s["plateau_lr_shares"] = [share] * 3
+            out[s["key"]] = s
+        out["ss_joint-w2-p2"] = summary("ss_joint-w2-p2", "ss_joint", 2, "p2", [25.0] * 3, 2e6)
+        return out
+    for share, verdict in ((0.5, ": met"), (0.02, "MISSED (not at a plateau: p1, p2, p4)")):
+        cap = capacity.capacity_rows(keys(share))
+        assert [r["plateau"] for r in cap] == [share >= capacity.PLATEAU_MIN_LR_SHARE] * 3
+        assert cap[1]["lr_share_min"] == pytest.approx(share)
+        line = capacity.verdicts(cap, capacity.ranks_rows(keys(share)))[0]
+        assert line.startswith("capacity curve at budget p2") and "+2.00 dB" in line and line.endswith(verdict)
 
 
 def test_a_world_size_level_adds_its_overrides_and_is_declared():
