@@ -793,10 +793,11 @@ def study_capacity_stretch(res: Results) -> list[str]:
                        f"{ref['psnr_mean']:.2f} ({ref['n']})" if ref else "–",
                        *[f2(mine[n]["psnr"]) if n in mine else "–" for n in steps],
                        f"{longest['val_gain_last_20pct']:+.3f} dB", f"{longest['lr_at_80pct_over_first']:.3f}"))
-    at4 = sorted((r["parameters_per_rank"], r["psnr"]) for r in rows if r["steps"] == 4 * 3000)
-    if len(at4) >= 3:
-        out += ["", "dB per doubling of parameters at 4x the steps (around each inner budget): " + ", ".join(
-            f"{p1 / 1e3:.0f} k: {(y2 - y0) / log2(p2 / p0):+.2f}" for (p0, y0), (p1, _), (p2, y2) in zip(at4, at4[1:], at4[2:]))]
+    for n in steps:
+        at = sorted((r["parameters_per_rank"], r["psnr"]) for r in rows if r["steps"] == n)
+        if len(at) >= 3:
+            out += ["", f"dB per doubling of parameters at {n // 3000}x the steps (around each inner budget): " + ", ".join(
+                f"{p1 / 1e3:.0f} k: {(y2 - y0) / log2(p2 / p0):+.2f}" for (p0, y0), (p1, _), (p2, y2) in zip(at, at[1:], at[2:]))]
     return out
 
 
