@@ -801,6 +801,24 @@ def study_capacity_stretch(res: Results) -> list[str]:
     return out
 
 
+def study_capacity_schedule(res: Results) -> list[str]:
+    """tools/bench_stretch.py probes of the capacity study's learning-rate schedule (one rank, seed 0)."""
+    rows = res.json("study_capacity/schedule.json")["rows"]
+
+    def rule(r: dict) -> str:
+        if r["decay"] == 1.0:
+            return "constant"
+        return f"x {r['decay']:g} per {r['decay_steps']:.0f} steps (x {r['decay'] ** (r['steps'] / r['decay_steps']):.2f} at the end)"
+
+    out = header("budget", "params/rank", "steps", "learning rate", "test PSNR dB (25 views)",
+                 "val gain, last 20% of the steps", "lr at 80% of the steps (x first)", "plateau (< 0.2 dB, lr >= 0.1 x)")
+    for r in sorted(rows, key=lambda r: (r["max_params"], r["steps"], -r["decay"], r["decay_steps"])):
+        plateau = r["val_gain_last_20pct"] < 0.2 and r["lr_at_80pct_over_first"] >= 0.1
+        out.append(row(f"{r['max_params'] / 1e3:g} k", f"{r['parameters_per_rank']:.3g}", r["steps"], rule(r), f2(r["psnr"]),
+                       f"{r['val_gain_last_20pct']:+.3f} dB", f"{r['lr_at_80pct_over_first']:.3f}", "yes" if plateau else "no"))
+    return out
+
+
 def study_capacity_lego(res: Results) -> list[str]:
     """The capacity study on lego at 31 k-500 k parameters per rank (conf/study/capacity_lego.yaml)."""
     return study_capacity(res, "study_capacity_lego")
@@ -854,6 +872,7 @@ TABLES = {
     "exits": exits,
     "study_capacity": study_capacity,
     "study_capacity_stretch": study_capacity_stretch,
+    "study_capacity_schedule": study_capacity_schedule,
     "study_capacity_lego": study_capacity_lego,
     "study_capacity_1m": study_capacity_1m,
     "soak": soak,
