@@ -819,6 +819,33 @@ def study_capacity_schedule(res: Results) -> list[str]:
     return out
 
 
+def study_capacity_seams(res: Results) -> list[str]:
+    """tools/seam_psnr.py over the capacity study: PSNR at the partition's seams against the rest."""
+    import statistics
+
+    data = res.json("study_capacity/seams.json")
+    groups: dict[tuple, list[dict]] = {}
+    for r in data["rows"]:
+        groups.setdefault((r["partition_world_size"], r["strategy"], r["world_size"]), []).append(r)
+
+    def mean(rows, k):
+        return statistics.mean(r[k] for r in rows)
+
+    out = header("partition (W regions)", "strategy", "W", "n (seeds)", "seam PSNR dB", "rest PSNR dB",
+                 "gap (seam - rest) dB", "sd", "gap minus the one-rank model's", "seam pixels (share)")
+    for (pw, strategy, w), rows in sorted(groups.items(), key=lambda kv: (kv[0][0], kv[0][2], kv[0][1])):
+        ref = groups.get((pw, "ddp", 1))
+        gaps = [r["gap_db"] for r in rows]
+        share = rows[0]["seam_pixels"] / (rows[0]["seam_pixels"] + rows[0]["rest_pixels"])
+        out.append(row(pw, strategy, w, len(rows), f2(mean(rows, "seam_psnr")), f2(mean(rows, "rest_psnr")),
+                       f"{statistics.mean(gaps):+.2f}", f2(statistics.stdev(gaps)) if len(gaps) > 1 else "–",
+                       "–" if (strategy, w) == ("ddp", 1) or not ref else f"{statistics.mean(gaps) - mean(ref, 'gap_db'):+.2f}",
+                       f"{share:.1%}"))
+    out += ["", f"Seam band: surface points within {data['band']:g} world units of a face shared by two regions "
+                "(the unit sphere's radius is 1)."]
+    return out
+
+
 def study_capacity_lego(res: Results) -> list[str]:
     """The capacity study on lego at 31 k-500 k parameters per rank (conf/study/capacity_lego.yaml)."""
     return study_capacity(res, "study_capacity_lego")
@@ -873,6 +900,7 @@ TABLES = {
     "study_capacity": study_capacity,
     "study_capacity_stretch": study_capacity_stretch,
     "study_capacity_schedule": study_capacity_schedule,
+    "study_capacity_seams": study_capacity_seams,
     "study_capacity_lego": study_capacity_lego,
     "study_capacity_1m": study_capacity_1m,
     "soak": soak,
