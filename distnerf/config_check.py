@@ -48,7 +48,14 @@ def describe_schedule(max_steps, max_minutes, decay, decay_steps, warmup_steps, 
     if not max_minutes or float(max_minutes) <= 0:
         limit = DEFAULT_MAX_STEPS if max_steps is None else int(max_steps)
         at = f"; grid stages at steps {stages}" if stages else ""
-        return f"steps (stop at step {limit}): lr x {float(decay):g} ** (step / {float(decay_steps):g}){warm}{at}{occ}"
+        if decay_steps is None:
+            start = float(decay_start or 0.0)
+            lr = (f"lr x {float(decay):g} ** (step / {limit})" if start == 0 else
+                  f"lr constant until step {round(start * limit)}, then x {float(decay):g} ** "
+                  f"((step / {limit} - {start:g}) / {1 - start:g})")
+        else:
+            lr = f"lr x {float(decay):g} ** (step / {float(decay_steps):g})"
+        return f"steps (stop at step {limit}): {lr}{warm}{at}{occ}"
     if schedule_steps is None:
         at = f"; grid stages at steps {stages}" if stages else ""
     else:

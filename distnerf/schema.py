@@ -331,14 +331,15 @@ class TrainLoopConfig:
     max_minutes: float = bounded(0.0, 0)  # training-time budget (evaluation excluded); 0: none
     lr: float = positive(1.0e-3)        # base lr; models scale it per parameter group
     # Schedules (the rule, once: distnerf/components/schedule.py). No time budget: by step,
-    # lr = lr * decay ** (step / decay_steps), grid stages at model.upsample_steps. With max_minutes > 0:
+    # lr = lr * decay ** (step / decay_steps) (decay_steps null: the rule below with p = step / max_steps),
+    # grid stages at model.upsample_steps. With max_minutes > 0:
     # by p = the fraction of the budget elapsed (agreed across ranks, saved in checkpoints):
     # lr = lr * decay ** (max(p - decay_start, 0) / (1 - decay_start)); grid stages at their steps (or, with schedule_steps, also at p >= upsample_steps[i] /
     # schedule_steps, whichever first). Warm-up and occupancy refresh: steps, in both.
     # `python -m distnerf.train --cfg job --resolve` prints the resolved rule (schedule).
     decay: float = bounded(0.1, 0, 1, low_open=True)
-    decay_steps: float = positive(1500.0)
-    decay_start: float = bounded(0.8, 0, 0.99)  # time budget: p where the decay begins (lr constant before)
+    decay_steps: Optional[float] = positive(1500.0)  # null: over the run (p = step / max_steps, the budget's rule)
+    decay_start: float = bounded(0.8, 0, 0.99)  # time budget (or decay_steps null): p where the decay begins
     warmup_steps: int = bounded(0, 0)
     # null: grid stages by step under a budget too (see components/schedule.py for the measurement);
     # N: also at p >= upsample_steps[i] / N, whichever first (N: the run length upsample_steps are written for)

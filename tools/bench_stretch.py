@@ -62,7 +62,8 @@ def summarise(run_dir: Path) -> dict:
     lr80 = min(lrs, key=lambda r: abs(r[0] - 0.8 * steps))[1] / lrs[0][1] if lrs else None
     params = next((r["parameters_per_rank"] for r in rows if r.get("event") == "model_size"), None)
     return {"run": run_dir.name, "max_params": int(cfg.model.max_params), "parameters_per_rank": params,
-            "steps": steps, "decay": float(cfg.train.decay), "decay_steps": float(cfg.train.decay_steps),
+            "steps": steps, "decay": float(cfg.train.decay), "decay_steps": None if cfg.train.decay_steps is None else float(cfg.train.decay_steps),
+            "decay_start": float(cfg.train.decay_start),
             "upsample_steps": list(cfg.model.upsample_steps), "psnr": final["psnr"], "ssim": final["ssim"],
             "constant_psnr": final.get("constant_psnr"), "num_views": final.get("num_scored_views"),
             "val_gain_last_20pct": plateau_gain([(r["step"], r["val_psnr"]) for r in rows if "val_psnr" in r]),

@@ -808,11 +808,13 @@ def study_capacity_schedule(res: Results) -> list[str]:
     def rule(r: dict) -> str:
         if r["decay"] == 1.0:
             return "constant"
+        if r["decay_steps"] is None:
+            return f"constant to {r['decay_start']:.0%} of the steps, then x {r['decay']:g} over the rest"
         return f"x {r['decay']:g} per {r['decay_steps']:.0f} steps (x {r['decay'] ** (r['steps'] / r['decay_steps']):.2f} at the end)"
 
     out = header("budget", "params/rank", "steps", "learning rate", "test PSNR dB (25 views)",
                  "val gain, last 20% of the steps", "lr at 80% of the steps (x first)", "plateau (< 0.2 dB, lr >= 0.1 x)")
-    for r in sorted(rows, key=lambda r: (r["max_params"], r["steps"], -r["decay"], r["decay_steps"])):
+    for r in sorted(rows, key=lambda r: (r["max_params"], r["steps"], -r["decay"], r["decay_steps"] or 0)):
         plateau = r["val_gain_last_20pct"] < 0.2 and r["lr_at_80pct_over_first"] >= 0.1
         out.append(row(f"{r['max_params'] / 1e3:g} k", f"{r['parameters_per_rank']:.3g}", r["steps"], rule(r), f2(r["psnr"]),
                        f"{r['val_gain_last_20pct']:+.3f} dB", f"{r['lr_at_80pct_over_first']:.3f}", "yes" if plateau else "no"))

@@ -6,7 +6,11 @@ The rule (stated once; ``train`` config, :class:`distnerf.schema.TrainLoopConfig
 * **No time budget** (``train.max_minutes = 0``): everything follows the step.
   ``lr(step) = lr * decay ** (step / decay_steps)`` after a linear warm-up of ``warmup_steps``
   (NeRF: 5e-4 decayed by 0.1 over 250k steps); the grid moves to its next resolution at
-  ``model.upsample_steps``.
+  ``model.upsample_steps``. With ``decay_steps`` null the learning rate follows the budget's
+  rule below with ``p = step / max_steps`` (the run's length in steps): constant, then a
+  cool-down over the last ``1 - decay_start`` of the steps. The capacity study
+  (``conf/study/capacity.yaml``) needs a rate that does not vanish before its cells reach a
+  plateau: the default decay (10x per 1500 steps) leaves 1% of it by step 3000.
 * **A time budget** (``train.max_minutes > 0``): the schedule follows ``p``, the fraction of the
   budget elapsed: the mean of the ranks' training seconds (evaluation excluded) over the budget,
   agreed in the step's all-reduce (so every rank reads the same ``p`` at the same step) and saved
@@ -83,16 +87,18 @@ def lr_factor(clock: Clock | int, cfg: Mapping) -> float:
     """Multiplier of every group's base learning rate at ``clock`` (an int: the step, no budget).
 
     ``decay ** (step / decay_steps)`` without a budget, ``decay ** (max(p - decay_start, 0) /
-    (1 - decay_start))`` with one; times the
+    (1 - decay_start))`` with one (and without one when ``decay_steps`` is null, with
+    ``p = step / max_steps``); times the
     linear warm-up ``(step + 1) / warmup_steps`` during the first ``warmup_steps`` steps.
     """
     clock = clock if isinstance(clock, Clock) else Clock(int(clock))
     cfg = section(TrainLoopConfig, cfg)
-    if clock.budget_fraction is None:
+    if clock.budget_fraction is None and cfg.decay_steps is not None:
         factor = cfg.decay ** (clock.step / cfg.decay_steps)
-    else:
+    else:  # a budget, or the steps' own fraction of the run (decay_steps null)
+        p = clock.budget_fraction if clock.budget_fraction is not None else clock.step / step_limit(cfg)
         start = float(cfg.decay_start)
-        p = min(max(clock.budget_fraction, 0.0), 1.0)
+        p = min(max(p, 0.0), 1.0)
         factor = cfg.decay ** (max(p - start, 0.0) / (1.0 - start))
     if cfg.warmup_steps > 0 and clock.step < cfg.warmup_steps:
         factor *= (clock.step + 1) / cfg.warmup_steps

@@ -52,6 +52,21 @@ def test_with_a_decay_start_the_learning_rate_holds_then_falls_by_decay_over_the
     assert TrainLoopConfig().decay_start == 0.8  # the default (components/schedule.py: the measurement)
 
 
+def test_with_decay_steps_null_the_steps_follow_the_budgets_rule_over_max_steps():
+    cfg = _train(decay=0.1, decay_steps=None, warmup_steps=0, max_steps=3000, decay_start=0.8)
+    assert lr_factor(0, cfg) == 1.0
+    assert lr_factor(2400, cfg) == 1.0  # constant through 80% of the steps
+    assert lr_factor(2700, cfg) == pytest.approx(0.1 ** 0.5)  # half of the last fifth
+    assert lr_factor(3000, cfg) == pytest.approx(0.1)
+    # decay_start 0: over the whole run; max_steps null: the 1000-step default run
+    assert lr_factor(500, _train(decay=0.1, decay_steps=None, warmup_steps=0, decay_start=0.0)) == pytest.approx(
+        0.1 ** 0.5)
+    # a budget keeps its own fraction: decay_steps null changes nothing there
+    budget = _train(decay=0.1, decay_steps=None, warmup_steps=0, max_minutes=2.0, max_steps=3000, decay_start=0.8)
+    assert lr_factor(Clock(2900, 0.5), budget) == 1.0
+    text = describe_schedule(3000, 0, 0.1, None, 0, None, decay_start=0.8)
+    assert "lr constant until step 2400, then x 0.1 ** ((step / 3000 - 0.8) / 0.2)" in text
+
 def test_warm_up_counts_steps_in_both_schedules():
     for cfg, clock in ((_train(warmup_steps=10, decay_steps=1e12), 4),
                        (_train(warmup_steps=10, max_minutes=1.0), Clock(4, 0.0))):
