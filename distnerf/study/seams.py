@@ -130,11 +130,12 @@ def run_seams(run_dir: Path, partition: Partition, band: float, cache: dict | No
         raise ValueError(f"{run_dir / 'config.yaml'}: seams need analytic geometry, and dataset="
                          f"{cfg['dataset'].get('name')!r} is not the built-in synthetic scene (dataset=synthetic)")
     cache = {} if cache is None else cache
-    key = json.dumps(cfg["dataset"], sort_keys=True) + f"/{cfg['eval'].get('downscale', 1)}"
+    downscale = int(cfg["eval"]["downscale"])  # a run's config.yaml holds every key
+    key = json.dumps(cfg["dataset"], sort_keys=True) + f"/{downscale}"
     if key not in cache:
         scene = load_scene(cfg["dataset"], "test")
-        if int(cfg["eval"].get("downscale", 1) or 1) > 1:
-            scene = scene.downscaled(int(cfg["eval"]["downscale"]))
+        if downscale > 1:
+            scene = scene.downscaled(downscale)
         cache[key] = {"scene": scene, "points": {}}
     scene, points = cache[key]["scene"], cache[key]["points"]
     sums = {"seam": [0.0, 0], "rest": [0.0, 0]}
