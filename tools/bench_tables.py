@@ -778,7 +778,7 @@ def study_capacity_stretch(res: Results) -> list[str]:
     cells, mean over their seeds) and at k x the steps with the schedule stretched k times (seed 0)."""
     from math import log2
 
-    study = res.json("study_capacity/report.json")["tables"]["capacity"]
+    study = res.json("study_capacity_decay1500/report.json")["tables"]["capacity"]
     at_study = {r["budget"]: r for r in study}
     rows = res.json("study_capacity/stretch.json")["rows"]
     steps = sorted({r["steps"] for r in rows})
@@ -848,6 +848,11 @@ def study_capacity_seams(res: Results) -> list[str]:
     return out
 
 
+def study_capacity_decay1500(res: Results) -> list[str]:
+    """The first detail study (16 of its 33 cells), under the schema's default decay (10x per 1500 steps)."""
+    return study_capacity(res, "study_capacity_decay1500")
+
+
 def study_capacity_lego(res: Results) -> list[str]:
     """The capacity study on lego at 31 k-500 k parameters per rank (conf/study/capacity_lego.yaml)."""
     return study_capacity(res, "study_capacity_lego")
@@ -900,6 +905,7 @@ def gpu_check(res: Results) -> list[str]:
 TABLES = {
     "exits": exits,
     "study_capacity": study_capacity,
+    "study_capacity_decay1500": study_capacity_decay1500,
     "study_capacity_stretch": study_capacity_stretch,
     "study_capacity_schedule": study_capacity_schedule,
     "study_capacity_seams": study_capacity_seams,
