@@ -782,7 +782,7 @@ def study_capacity_stretch(res: Results) -> list[str]:
     at_study = {r["budget"]: r for r in study}
     rows = res.json("study_capacity/stretch.json")["rows"]
     steps = sorted({r["steps"] for r in rows})
-    out = header("budget", "params/rank", "3000 steps (the study; n)", *[f"{n} steps (k = {n // 3000})" for n in steps],
+    out = header("budget", "params/rank", "3000 steps (the first study, default decay; n)", *[f"{n} steps (k = {n // 3000})" for n in steps],
                  "val gain, last 20% of the longest run", "lr at 80% of the steps (x first)")
     for budget in sorted({r["max_params"] for r in rows}):
         mine = {r["steps"]: r for r in rows if r["max_params"] == budget}
