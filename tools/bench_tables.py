@@ -826,9 +826,12 @@ def study_capacity_seams(res: Results) -> list[str]:
     import statistics
 
     data = res.json("study_capacity/seams.json")
+    budget = lambda r: r["key"].rsplit("-", 1)[-1]  # noqa: E731  (the cell key ends in its budget level)
+    ranked = {budget(r) for r in data["rows"] if r["world_size"] > 1}  # the budgets the ranks were run at
     groups: dict[tuple, list[dict]] = {}
     for r in data["rows"]:
-        groups.setdefault((r["partition_world_size"], r["strategy"], r["world_size"]), []).append(r)
+        if budget(r) in ranked:
+            groups.setdefault((r["partition_world_size"], r["strategy"], r["world_size"]), []).append(r)
 
     def mean(rows, k):
         return statistics.mean(r[k] for r in rows)
