@@ -52,14 +52,12 @@ def summarise(run_dir: Path) -> dict:
     """One run's row from its metrics.json, metrics.jsonl and config.yaml."""
     from omegaconf import OmegaConf
 
-    from distnerf.study.capacity import plateau_gain
+    from distnerf.study.capacity import lr_share, plateau_gain
 
     final = json.loads((run_dir / "metrics.json").read_text())
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     cfg = OmegaConf.load(run_dir / "config.yaml")
     steps = int(cfg.train.max_steps)
-    lrs = [(r["step"], r["lr"]) for r in rows if "lr" in r]
-    lr80 = min(lrs, key=lambda r: abs(r[0] - 0.8 * steps))[1] / lrs[0][1] if lrs else None
     params = next((r["parameters_per_rank"] for r in rows if r.get("event") == "model_size"), None)
     return {"run": run_dir.name, "max_params": int(cfg.model.max_params), "parameters_per_rank": params,
             "steps": steps, "decay": float(cfg.train.decay), "decay_steps": None if cfg.train.decay_steps is None else float(cfg.train.decay_steps),
@@ -67,7 +65,7 @@ def summarise(run_dir: Path) -> dict:
             "upsample_steps": list(cfg.model.upsample_steps), "psnr": final["psnr"], "ssim": final["ssim"],
             "constant_psnr": final.get("constant_psnr"), "num_views": final.get("num_scored_views"),
             "val_gain_last_20pct": plateau_gain([(r["step"], r["val_psnr"]) for r in rows if "val_psnr" in r]),
-            "lr_at_80pct_over_first": lr80}
+            "lr_at_80pct_over_first": lr_share([(r["step"], r["lr"]) for r in rows if "lr" in r])}
 
 
 def main() -> None:

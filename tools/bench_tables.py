@@ -803,6 +803,9 @@ def study_capacity_stretch(res: Results) -> list[str]:
 
 def study_capacity_schedule(res: Results) -> list[str]:
     """tools/bench_stretch.py probes of the capacity study's learning-rate schedule (one rank, seed 0)."""
+    sys.path.insert(0, str(ROOT))
+    from distnerf.study.capacity import PLATEAU_GAIN_DB, PLATEAU_MIN_LR_SHARE
+
     rows = res.json("study_capacity/schedule.json")["rows"]
 
     def rule(r: dict) -> str:
@@ -815,7 +818,7 @@ def study_capacity_schedule(res: Results) -> list[str]:
     out = header("budget", "params/rank", "steps", "learning rate", "test PSNR dB (25 views)",
                  "val gain, last 20% of the steps", "lr at 80% of the steps (x first)", "plateau (< 0.2 dB, lr >= 0.1 x)")
     for r in sorted(rows, key=lambda r: (r["max_params"], r["steps"], -r["decay"], r["decay_steps"] or 0)):
-        plateau = r["val_gain_last_20pct"] < 0.2 and r["lr_at_80pct_over_first"] >= 0.1
+        plateau = r["val_gain_last_20pct"] < PLATEAU_GAIN_DB and r["lr_at_80pct_over_first"] >= PLATEAU_MIN_LR_SHARE
         out.append(row(f"{r['max_params'] / 1e3:g} k", f"{r['parameters_per_rank']:.3g}", r["steps"], rule(r), f2(r["psnr"]),
                        f"{r['val_gain_last_20pct']:+.3f} dB", f"{r['lr_at_80pct_over_first']:.3f}", "yes" if plateau else "no"))
     return out
@@ -826,11 +829,10 @@ def study_capacity_seams(res: Results) -> list[str]:
     import statistics
 
     data = res.json("study_capacity/seams.json")
-    budget = lambda r: r["key"].rsplit("-", 1)[-1]  # noqa: E731  (the cell key ends in its budget level)
-    ranked = {budget(r) for r in data["rows"] if r["world_size"] > 1}  # the budgets the ranks were run at
+    ranked = {r["budget"] for r in data["rows"] if r["world_size"] > 1}  # the budgets the ranks were run at
     groups: dict[tuple, list[dict]] = {}
     for r in data["rows"]:
-        if budget(r) in ranked:
+        if r["budget"] in ranked:
             groups.setdefault((r["partition_world_size"], r["strategy"], r["world_size"]), []).append(r)
 
     def mean(rows, k):

@@ -41,8 +41,7 @@ def main() -> None:
         raise SystemExit(f"seam_psnr: {exc}") from None
     groups: dict[tuple, list[dict]] = {}
     for r in report["rows"]:
-        budget = r["key"].rsplit("-", 1)[-1]  # a study cell's key ends in its last axis level (e.g. p125k)
-        groups.setdefault((r["partition_world_size"], budget, r["strategy"], r["world_size"]), []).append(r)
+        groups.setdefault((r["partition_world_size"], r["budget"] or "-", r["strategy"], r["world_size"]), []).append(r)
     for (pw, budget, strategy, w), rows in sorted(groups.items()):
         mean = {k: statistics.mean(r[k] for r in rows) for k in ("seam_psnr", "rest_psnr", "gap_db")}
         print(f"partition W={pw}, {budget}: {strategy} W={w} (n={len(rows)}): seam {mean['seam_psnr']:.2f} dB, "

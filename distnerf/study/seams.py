@@ -24,6 +24,7 @@ datasets are refused by name.
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 from pathlib import Path
@@ -36,9 +37,6 @@ import yaml
 from ..data import load_scene
 from ..data.rays import image_rays
 from ..strategy.partition import Partition
-
-AXES = np.eye(3)
-
 
 def seam_mask(points: torch.Tensor, partition: Partition, band: float) -> torch.Tensor:
     """Which points lie within ``band`` of a face shared by two regions.
@@ -73,6 +71,14 @@ def pooled_psnr(sq_err_sum: float, count: int) -> float | None:
     return -10.0 * math.log10(max(sq_err_sum / count, 1e-10))
 
 
+@functools.lru_cache(maxsize=4)
+def _built_scene(kind: str):
+    """The generator's scene of ``kind`` with its defaults (built once per kind: every view reads it)."""
+    from ..data.synthetic.scenes import build_scene
+
+    return build_scene(kind)
+
+
 def surface_points(scene_cfg: dict, test_scene, view: int):
     """The analytic surface point behind each pixel centre of test view ``view``.
 
@@ -88,10 +94,9 @@ def surface_points(scene_cfg: dict, test_scene, view: int):
     if scene_cfg.get("name") != "synthetic":
         raise ValueError(f"seams need analytic geometry: dataset={scene_cfg.get('name')!r} is not the built-in "
                          f"synthetic scene (dataset=synthetic)")
-    from ..data.synthetic.scenes import build_scene
     from ..data.synthetic.tracer import nearest_hit
 
-    spec = build_scene(scene_cfg["kind"])
+    spec = _built_scene(scene_cfg["kind"])
     test_c2w = spec.c2w.get("test")
     loaded = test_scene.cameras.c2w[view][:3, :4].double()
     if test_c2w is None or view >= len(test_c2w) or not torch.allclose(
@@ -115,7 +120,8 @@ def run_seams(run_dir: Path, partition: Partition, band: float, cache: dict | No
         run_dir: a training run directory with ``config.yaml``, ``metrics.json`` and the renders.
         partition: the partition whose seams are scored (the run's own, or another run's).
         band: seam half-width in world units.
-        cache: optional dict reused across runs of one scene (test split, surface points).
+        cache: optional dict reused across runs of one scene (test split, surface points, and the
+            seam masks of each partition and view).
     Returns:
         ``seam_psnr``, ``rest_psnr`` (dB, pooled over views, None without pixels), ``gap_db``
         (seam minus rest), ``seam_pixels``, ``rest_pixels``, ``views``.
@@ -136,8 +142,9 @@ def run_seams(run_dir: Path, partition: Partition, band: float, cache: dict | No
         scene = load_scene(cfg["dataset"], "test")
         if downscale > 1:
             scene = scene.downscaled(downscale)
-        cache[key] = {"scene": scene, "points": {}}
-    scene, points = cache[key]["scene"], cache[key]["points"]
+        cache[key] = {"scene": scene, "points": {}, "masks": {}}
+    scene, points, masks = cache[key]["scene"], cache[key]["points"], cache[key]["masks"]
+    boxes = partition.boxes.numpy().tobytes()  # the partition's identity in the mask cache
     sums = {"seam": [0.0, 0], "rest": [0.0, 0]}
     views = [(r["view"], r["name"]) for r in metrics.get("per_view", [])]
     if not views:
@@ -152,9 +159,11 @@ def run_seams(run_dir: Path, partition: Partition, band: float, cache: dict | No
             raise ValueError(f"{path}: render is {tuple(pred.shape)}, the view is {tuple(ref.shape)}")
         if view not in points:
             points[view] = surface_points(cfg["dataset"], scene, view)
-        pts, hit = points[view]
-        seam = seam_mask(pts, partition, band) & hit
-        rest = hit & ~seam
+        if (boxes, band, view) not in masks:  # the same for every cell scored under this partition
+            pts, hit = points[view]
+            seam = seam_mask(pts, partition, band) & hit
+            masks[boxes, band, view] = (seam, hit & ~seam)
+        seam, rest = masks[boxes, band, view]
         err = ((pred - ref) ** 2).reshape(-1, 3).sum(dim=1)
         for name_, mask in (("seam", seam), ("rest", rest)):
             sums[name_][0] += float(err[mask].sum())
@@ -175,7 +184,8 @@ def study_seams(study_dir: Path, band: float) -> dict:
 
     Returns:
         ``{"band": band, "partitions": {W: boxes}, "rows": [...]}``, a row per (cell, W): ``cell``,
-        ``key``, ``strategy``, ``world_size``, ``repeat``, ``partition_world_size`` and
+        ``key``, ``strategy``, ``world_size``, ``budget`` (the cell's budget level, or None),
+        ``repeat``, ``partition_world_size`` and
         :func:`run_seams`'s figures.
     Raises:
         ValueError: no finished ``ss`` cell with a partition; two ``ss`` cells at one W disagree.
@@ -201,7 +211,8 @@ def study_seams(study_dir: Path, band: float) -> dict:
         w = int(info["values"]["world_size"])
         for pw in ([w] if w in partitions else sorted(partitions) if w == 1 else []):
             rows.append({"cell": info["cell"], "key": info["key"], "strategy": info["values"]["strategy"],
-                         "world_size": w, "repeat": info["repeat"], "partition_world_size": pw,
+                         "world_size": w, "budget": info["values"].get("budget"), "repeat": info["repeat"],
+                         "partition_world_size": pw,
                          **run_seams(d, partitions[pw], band, cache)})
     return {"band": band, "partitions": {str(w): p.boxes.tolist() for w, p in sorted(partitions.items())},
             "rows": rows}
