@@ -72,7 +72,7 @@ def section_tables(data: dict) -> list[tuple[str, list[str]]]:
             ("db_per_doubling", "dB per doubling (from previous)", "+.2f"),
             ("db_per_doubling_around", "dB per doubling (around)", "+.2f"), ("steps", "steps", ".0f"),
             ("gain_last_max", f"gain over last {capacity.PLATEAU_FRACTION:.0%} of steps (max over seeds, val dB)",
-             "+.2f"), ("lr_share_min", f"lr there (x start, min over seeds)", ".3f"),
+             "+.2f"), ("lr_share_min", "lr there (x start, min over seeds)", ".3f"),
             ("plateau", f"plateau (< {capacity.PLATEAU_GAIN_DB} dB, lr >= {capacity.PLATEAU_MIN_LR_SHARE} x start)", ""),
             ("constant_psnr", "constant-colour PSNR", ".2f")])))
         out.append(("Quality against ranks (equal steps, equal rays per rank per step)", _table(t["ranks"], [
