@@ -195,6 +195,9 @@ class GridModelConfig(MarchedModelConfig):
     # divided by the shell's world length per step), instead of r^2 times as opaque there
     shell_alpha_init: bool = False
     sparse_grad: bool = True                         # sparse colour-row gradients + lazy Adam (off under ddp, W > 1)
+    # equal voxel edges on every axis: a table over a box that is not a cube (an ss region, an aerial scene) gets about
+    # N^3 vertices spread in proportion to its sides, instead of N per axis (voxels as long as the box's sides / (N - 1))
+    cubic_voxels: bool = False
 
 
 @dataclass

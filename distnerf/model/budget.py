@@ -4,8 +4,9 @@ Every parameter outside the sized tables (MLPs, a sub-model's context tables, ap
 codes) is counted by building a *probe*, the same model with the smallest tables, so the
 budget covers whatever the model holds; the tables then get the rest:
 
-* ``grid``: the last of ``resolutions`` is the largest N with ``fixed + V N^3 <= max_params``
-  (V = values per vertex: density + features); the earlier resolutions keep their ratio to
+* ``grid``: the last of ``resolutions`` is the largest N with ``fixed + V rows(N) <= max_params``
+  (V = values per vertex: density + features; rows(N) = N^3, or with ``cubic_voxels`` the
+  product of :func:`~distnerf.model.grid.voxel_shape`); the earlier resolutions keep their ratio to
   the last (rounded, at least 2). A cube moves in steps of about 3/N of its size, so the
   count is within 1% of the budget once N >= 300; below, within that step.
 * ``ngp``: the hash table size T (rows per level, any integer: the hash is ``mod T``) is the
@@ -66,12 +67,12 @@ def fit_budget(cls, cfg: DictConfig, aabb, background, extra: dict) -> tuple[Dic
     if name == "grid":
         per_vertex = probe.density.shape[1] + probe.features.shape[1]
         fixed = total - probe.density.numel() - probe.features.numel()
-        size = lambda n: fixed + per_vertex * n ** 3  # noqa: E731
+        size = lambda n: fixed + per_vertex * probe.num_vertices(n)  # noqa: E731
         if size(2) > budget:
             raise ConfigError(f"config model.max_params={budget} is too small: the colour network, context "
                               f"tables and other non-grid parameters alone hold {fixed}, and the smallest grid "
                               f"(2^3 vertices) needs {size(2) - fixed} more")
-        final = _largest(lambda n: size(n) <= budget, 2, max(2, round(((budget - fixed) / per_vertex) ** (1 / 3))) + 2)
+        final = _largest(lambda n: size(n) <= budget, 2, max(2, round(((budget - fixed) / per_vertex) ** (1 / 3))) + 4)
         resolutions = scaled_resolutions(list(cfg.resolutions), final)
         return (section(OmegaConf.get_type(cfg), cfg, resolutions=resolutions), {},
                 {"max_params": budget, "final_parameters": size(final), "resolutions": resolutions})

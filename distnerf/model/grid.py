@@ -1,9 +1,10 @@
 """Voxel-grid radiance field (DVGO / Plenoxels style), the CPU-practical default.
 
 Legend: P evaluated samples, C feature channels, N grid resolution per axis
-(vertices), V = N^3 vertices.
+(vertices), V = N^3 vertices (with ``cubic_voxels``: (n_x, n_y, n_z) per axis, about N^3 in
+all, :func:`voxel_shape`).
 
-Two vertex tables in x-major order (vertex ``(i, j, k)`` is row ``(i N + j) N + k``):
+Two vertex tables in x-major order (vertex ``(i, j, k)`` is row ``(i n_y + j) n_z + k``):
 a raw density (V, 1) and colour features (V, C), trilinearly interpolated by
 gathering the 8 corner rows (channels-last, so one fused ``embedding_bag`` moves C
 contiguous floats per corner; the backward is a scatter, or sparse rows).
@@ -53,23 +54,54 @@ SHELL_SCALE_CAP = 64.0
 """Largest world length of a contracted unit step (``r^2``, ``r`` = 8 box units) that the initial
 density compensates (:meth:`GridModel._even_shell_density_`)."""
 
-def trilinear_corners(x: torch.Tensor, resolution: int):
+def voxel_shape(resolution: int, box: torch.Tensor | None = None, cubic: bool = False) -> tuple[int, int, int]:
+    """Vertices per axis of a table at schedule resolution N over ``box``.
+
+    Without ``cubic``: N on every axis, whatever the box's shape (a voxel is as long as its
+    box's side over N - 1). With ``cubic``: about the same vertex count with voxel edges
+    equal on every axis, ``n_a = max(2, round((N - 1) e_a / g) + 1)`` for the box's side
+    lengths ``e_a`` and their geometric mean ``g``, so that ``prod(n_a - 1) ~ (N - 1)^3`` on
+    any box. (A region box of ``strategy=ss`` is a half or a quarter of the scene box: N^3
+    vertices there refine only the split axes, and a band-limited field is resolved by its
+    coarsest axis.) Each ``n_a`` is non-decreasing in N.
+
+    Args:
+        resolution: N >= 2. box: (2, 3) float box [min, max] (any units); needed with ``cubic``.
+    Returns:
+        (n_x, n_y, n_z) Python ints, each >= 2.
+    """
+    n = int(resolution)
+    if not cubic:
+        return (n, n, n)
+    extent = [float(e) for e in (box[1] - box[0]).tolist()]
+    mean = math.prod(extent) ** (1 / 3)
+    return tuple(max(2, round((n - 1) * e / mean) + 1) for e in extent)
+
+
+def trilinear_corners(x: torch.Tensor, resolution: int | tuple[int, int, int]):
     """Corner rows and weights of trilinear interpolation on an x-major vertex table.
 
     Args:
         x: (P, 3) float positions in [0, 1] over the grid box (clamped).
-        resolution: N vertices per axis.
+        resolution: N vertices per axis, or (n_x, n_y, n_z) (each >= 2).
     Returns:
-        index: (P, 8) long rows of the corner vertices; weights: (P, 8) float, summing to 1.
+        index: (P, 8) long rows of the corner vertices (vertex ``(i, j, k)`` is row
+        ``(i n_y + j) n_z + k``); weights: (P, 8) float, summing to 1.
     """
-    n = resolution
-    pos = x.clamp(0, 1) * (n - 1)
-    base = pos.floor().clamp(0, n - 2)
-    frac = pos - base
-    base = base.long()
-    lin = (base[:, 0] * n + base[:, 1]) * n + base[:, 2]  # (P,) row of corner (0, 0, 0)
+    nx, ny, nz = (resolution,) * 3 if isinstance(resolution, int) else resolution
+    if nx == ny == nz:
+        pos = x.clamp(0, 1) * (nx - 1)
+        base = pos.floor().clamp(0, nx - 2)
+        frac = pos - base
+        base = base.long()
+    else:  # per axis (a tensor of the counts would be a host-to-device copy)
+        pos = [x[:, a].clamp(0, 1) * (n - 1) for a, n in enumerate((nx, ny, nz))]
+        lower = [p.floor().clamp(0, n - 2) for p, n in zip(pos, (nx, ny, nz))]
+        frac = torch.stack([p - b for p, b in zip(pos, lower)], dim=1)
+        base = torch.stack(lower, dim=1).long()
+    lin = (base[:, 0] * ny + base[:, 1]) * nz + base[:, 2]  # (P,) row of corner (0, 0, 0)
     c = torch.arange(8, device=x.device)  # corner (i, j, k) = the binary digits of c; made on the device, as
-    offsets = ((c >> 2) * n + ((c >> 1) & 1)) * n + (c & 1)  # torch.tensor(list, device=) is a blocking copy
+    offsets = ((c >> 2) * ny + ((c >> 1) & 1)) * nz + (c & 1)  # torch.tensor(list, device=) is a blocking copy
     index = lin[:, None] + offsets  # (P, 8), corners in (i, j, k) binary order
     fx, fy, fz = frac.unbind(1)
     gx, gy, gz = 1 - fx, 1 - fy, 1 - fz
@@ -208,6 +240,9 @@ class GridModel(MarchingModel):
             evaluation and in training (0: one pass).
         tv_weight: weight of the density total-variation regulariser.
         tighten_aabb: shrink the box to the occupied region at each upsampling.
+        cubic_voxels: equal voxel edges on every axis (:func:`voxel_shape`): the full-resolution
+            tables hold about N^3 vertices spread over the axes in proportion to the box's sides,
+            instead of N per axis; for boxes that are not cubes (``ss`` region boxes).
         focus_aabb: (2, 3) box holding the full-resolution tables, or None (the whole
             scene box). context_resolution: vertices per axis of the context tables
             that cover the scene box outside the focus box.
@@ -252,15 +287,18 @@ class GridModel(MarchingModel):
         # measured in (step_size), so one step of the final grid starts at opacity alpha_init on any
         # box shape. (It was the largest edge / resolution: on a flat box, such as an aerial capture's,
         # the first steps started below color_threshold, no sample got a colour and nothing learned.)
-        self.base_voxel = (box[1] - box[0]).min().item() / (self.resolutions[-1] - 1)
+        self.cubic_voxels = bool(c.cubic_voxels)
+        final = voxel_shape(self.resolutions[-1], box, self.cubic_voxels)
+        self.base_voxel = min(float(e) / (m - 1) for e, m in zip((box[1] - box[0]).tolist(), final))
         # softplus(shift) * step / base_voxel = -log(1 - alpha_init) at step = step_ratio voxels
         self.density_shift = math.log(math.expm1(-math.log(1.0 - alpha_init) / step_ratio))
         self.color, self.sh_degree = color, sh_degree
         if color == "sh":
             num_features = 3 * (sh_degree + 1) ** 2
         n = self.resolutions[0]
-        self.density = nn.Parameter(torch.zeros(n ** 3, 1))
-        self.features = nn.Parameter(torch.zeros(n ** 3, num_features))
+        vertices = math.prod(voxel_shape(n, box, self.cubic_voxels))
+        self.density = nn.Parameter(torch.zeros(vertices, 1))
+        self.features = nn.Parameter(torch.zeros(vertices, num_features))
         self.dir_encoding = PositionalEncoding(viewdir_frequencies)
         self.appearance = build_appearance(c.appearance, num_images, c.appearance_dim, color == "mlp")
         latent_dim = self.appearance.latent_dim if self.appearance is not None else 0
@@ -291,8 +329,8 @@ class GridModel(MarchingModel):
         the box's ``sigma`` (``softplus(raw + shift) = softplus(shift) / scale``); the scale is
         capped at :data:`SHELL_SCALE_CAP` (beyond ``r`` = 8 box units, the sky's far shell keeps
         raw densities from which a few steps reach opacity)."""
-        for table, _, n, box in self._tables():
-            axis = [torch.linspace(float(box[0, a]), float(box[1, a]), n) for a in range(3)]
+        for table, _, shape, box in self._tables():
+            axis = [torch.linspace(float(box[0, a]), float(box[1, a]), shape[a]) for a in range(3)]
             vertices = torch.stack(torch.meshgrid(*axis, indexing="ij"), dim=-1).reshape(-1, 3)
             scale = world_step_scale(vertices, self.contraction_aabb.cpu()).clamp(max=SHELL_SCALE_CAP)
             target = F.softplus(torch.tensor(self.density_shift)) / scale
@@ -302,17 +340,35 @@ class GridModel(MarchingModel):
     # ---------------------------------------------------------------- state
     @property
     def resolution(self) -> int:
+        """N, the schedule's vertices per axis now (``model.resolutions``); the table's own
+        counts per axis are :attr:`shape`."""
         return self._geometry()[0]
 
-    def _geometry(self) -> tuple[int, float]:
-        """(resolution, marching step) as Python numbers, recomputed only when the grid
-        changes (upsampling, loading a state), so the hot path reads no tensor."""
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(n_x, n_y, n_z) vertices per axis of the full-resolution tables now (:func:`voxel_shape`)."""
+        return self._geometry()[2]
+
+    def num_vertices(self, resolution: int) -> int:
+        """Rows of the full-resolution tables at schedule resolution ``resolution`` on the
+        current table box (the parameter budget's count, :mod:`.budget`)."""
+        return math.prod(voxel_shape(resolution, self._table_box(), self.cubic_voxels))
+
+    def _geometry(self) -> tuple[int, float, tuple[int, int, int]]:
+        """(resolution, marching step, table shape) as Python numbers, recomputed only when the
+        grid changes (upsampling, loading a state), so the hot path reads no tensor."""
         key = (self.grid_resolution._version, self._table_box()._version, self._table_box().data_ptr(),
                self.grid_resolution.data_ptr())
         if self._geometry_key != key:
             box = self._table_box()
             n = int(self.grid_resolution)
-            self._geometry_cache = (n, self.step_ratio * float((box[1] - box[0]).min()) / (n - 1))
+            shape = voxel_shape(n, box, self.cubic_voxels)
+            extent = (box[1] - box[0]).tolist()
+            if len(set(shape)) == 1:  # the smallest side over the count (this order of operations: the same step as ever)
+                step = self.step_ratio * min(extent) / (shape[0] - 1)
+            else:
+                step = self.step_ratio * min(e / (m - 1) for e, m in zip(extent, shape))
+            self._geometry_cache = (n, step, shape)
             self._geometry_key = key
         return self._geometry_cache
 
@@ -336,12 +392,12 @@ class GridModel(MarchingModel):
         """(2, 3) box of the full-resolution tables: the focus box, else ``grid_aabb``."""
         return self.focus if self.focus is not None else self.grid_aabb
 
-    def _tables(self) -> list[tuple[nn.Parameter, nn.Parameter, int, torch.Tensor]]:
-        """(density, features, resolution, box) of each table pair, full resolution first."""
-        out = [(self.density, self.features, self.resolution, self._table_box())]
+    def _tables(self) -> list[tuple[nn.Parameter, nn.Parameter, tuple[int, int, int], torch.Tensor]]:
+        """(density, features, vertices per axis, box) of each table pair, full resolution first."""
+        out = [(self.density, self.features, self.shape, self._table_box())]
         if self.focus is not None:
             c = round(self.context_density.shape[0] ** (1 / 3))
-            out.append((self.context_density, self.context_features, c, self._context_box()))
+            out.append((self.context_density, self.context_features, (c, c, c), self._context_box()))
         return out
 
     def bounded_parameters(self) -> list[nn.Parameter]:
@@ -361,7 +417,7 @@ class GridModel(MarchingModel):
     # ---------------------------------------------------------------- field
     def _corners(self, points: torch.Tensor):
         box = self._table_box()
-        return trilinear_corners((points - box[0]) / (box[1] - box[0]), self.resolution)
+        return trilinear_corners((points - box[0]) / (box[1] - box[0]), self.shape)
 
     def _colours(self, feats: torch.Tensor, viewdirs: torch.Tensor, ray_idx: torch.Tensor | None,
                  image_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -423,13 +479,13 @@ class GridModel(MarchingModel):
         points = points if contracted else self.field_coordinates(points)
 
         def sample(p: torch.Tensor, t: int) -> torch.Tensor:
-            density, _, n, box = tables[t]
+            density, _, shape, box = tables[t]
             x = ((p - box[0]) / (box[1] - box[0])).clamp(0, 1)
             if grad:
-                index, weights = trilinear_corners(x, n)
+                index, weights = trilinear_corners(x, shape)
                 self.note_rows_read(density, index.numel())
                 return interpolate(density, index, weights).view(-1)
-            return F.grid_sample(density.view(1, 1, n, n, n), (x * 2 - 1).flip(-1).view(1, 1, 1, -1, 3),
+            return F.grid_sample(density.view(1, 1, *shape), (x * 2 - 1).flip(-1).view(1, 1, 1, -1, 3),
                                  mode="bilinear", align_corners=True).view(-1)
 
         return self._split(points, sample, 1).view(-1)
@@ -440,8 +496,8 @@ class GridModel(MarchingModel):
         points = self.field_coordinates(points)
 
         def sample(p: torch.Tensor, t: int) -> torch.Tensor:
-            _, features, n, box = tables[t]
-            index, weights = trilinear_corners((p - box[0]) / (box[1] - box[0]), n)
+            _, features, shape, box = tables[t]
+            index, weights = trilinear_corners((p - box[0]) / (box[1] - box[0]), shape)
             self.note_rows_read(features, index.numel())
             # sparse rows need their count (a host sync); where that stalls the device, dense gradients
             return interpolate(features, index, weights, self.sparse_grad and not sync_free(p.device))
@@ -481,10 +537,10 @@ class GridModel(MarchingModel):
             return 0.0 if value else None
         total = 0.0
         workspace = self.__dict__.setdefault("_tv_workspace", {})  # the differences' buffer, kept across steps
-        for table, _, n, _ in self._tables():
+        for table, _, shape, _ in self._tables():
             if table.grad is None:
                 table.grad = torch.zeros_like(table)
-            tv = total_variation_grad_(table.detach().view(n, n, n), self.tv_weight, table.grad.view(n, n, n),
+            tv = total_variation_grad_(table.detach().view(shape), self.tv_weight, table.grad.view(shape),
                                        value, workspace)
             if value:
                 total = total + tv
@@ -501,22 +557,28 @@ class GridModel(MarchingModel):
         interpolation never exceeds its largest corner and softplus is monotonic, so no
         point of an empty voxel is above the threshold (one max-pool over the table, no
         interpolation). With a focus box, the density at N^3 cell centres over the scene
-        box, dilated by one cell.
+        box, dilated by one cell; with a table of unequal counts per axis (``cubic_voxels`` on a
+        box that is not a cube), the same at M^3 cell centres over ``grid_aabb``, M = the largest
+        count - 1 (no cell longer than a voxel).
         """
-        n, step_size = self.resolution, self.step_size()
+        n, step_size, shape = self.resolution, self.step_size(), self.shape
         threshold = self.current_occupancy_threshold()
-        if self.focus is None:
-            corner_max = F.max_pool3d(self.density.detach().view(1, 1, n, n, n), 2, stride=1)[0, 0]
-            alpha = 1.0 - torch.exp(-self.densities(corner_max) * step_size * self._step_scale(n - 1))
+        if self.focus is None and len(set(shape)) == 1:
+            m = shape[0]
+            corner_max = F.max_pool3d(self.density.detach().view(1, 1, m, m, m), 2, stride=1)[0, 0]
+            alpha = 1.0 - torch.exp(-self.densities(corner_max) * step_size * self._step_scale(m - 1))
             self.occupancy.aabb.copy_(self.grid_aabb)  # the voxels' box (set_from_alpha refreshes the caches)
             self.occupancy.set_from_alpha(alpha, threshold, dilation=0)
             return
-        if self.occupancy.resolution != n:
-            self.occupancy.resize(self.grid_aabb, n)
+        m = n if self.focus is not None else max(shape) - 1
+        if self.occupancy.resolution != m:
+            self.occupancy.resize(self.grid_aabb, m)
+        else:
+            self.occupancy.aabb.copy_(self.grid_aabb)  # a tightened box (a contracted one never moves)
         sigma = self.densities(self.raw_density(self.occupancy.cell_centers(), contracted=True))
-        scale = self._step_scale(n)
+        scale = self._step_scale(m)
         alpha = 1.0 - torch.exp(-sigma * step_size * (scale.reshape(-1) if torch.is_tensor(scale) else scale))
-        self.occupancy.set_from_alpha(alpha.view(n, n, n), threshold, dilation=1)
+        self.occupancy.set_from_alpha(alpha.view(m, m, m), threshold, dilation=1)
 
     def current_occupancy_threshold(self) -> float:
         """Opacity of one marching step below which a cell is empty now: ``occupancy_threshold_final``
@@ -555,7 +617,8 @@ class GridModel(MarchingModel):
             new_aabb = torch.stack([torch.maximum(box[0] - pad, self.grid_aabb[0]),
                                     torch.minimum(box[1] + pad, self.grid_aabb[1])])
         lo, hi = new_aabb.tolist()  # host sync (once per upsampling): the new box's bounds
-        axes = [torch.linspace(lo[i], hi[i], resolution, device=self.density.device) for i in range(3)]
+        shape = voxel_shape(resolution, new_aabb, self.cubic_voxels)
+        axes = [torch.linspace(lo[i], hi[i], shape[i], device=self.density.device) for i in range(3)]
         points = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(-1, 3)  # x-major
         index, weights = self._corners(points)
         density = interpolate(self.density, index, weights)
