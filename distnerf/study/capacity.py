@@ -176,7 +176,7 @@ def ranks_rows(keys: dict) -> list[dict]:
 
     Returns:
         rows with ``context``, ``budget``, ``strategy``, ``world_size``, ``psnr_mean``, ``psnr_sd``, ``n``,
-        ``source`` (the cell key, or the ddp cell standing in at W = 1), ``db_per_doubling`` (from
+        ``source`` (the cell key, or the ddp cell standing in at W = 1), ``steps``, ``db_per_doubling`` (from
         the previous world size of the same strategy, ``from_world_size``) and ``delta_vs_w1``; sorted by budget,
         strategy, world size.
     """
@@ -202,7 +202,7 @@ def ranks_rows(keys: dict) -> list[dict]:
                 row = {"context": label, "budget": budget, "strategy": strategy, "world_size": w, "psnr_mean": mean, "psnr_sd": sd,
                        "n": n, "source": source, "params_per_rank": (None if s.get("parameters_per_rank") is None
                                                                       else float(s["parameters_per_rank"])),
-                       "from_world_size": None if prev is None else prev[0],
+                       "steps": s.get("steps"), "from_world_size": None if prev is None else prev[0],
                        "db_per_doubling": None if prev is None else per_doubling(prev[0], prev[1], w, mean),
                        "delta_vs_w1": None if base is None or mean is None else mean - base}
                 if w == 1:
@@ -216,11 +216,14 @@ def annotate_equal_total(ranks: list[dict], curve: list[dict], tolerance: float 
     """Beside each row of :func:`ranks_rows`, the one-rank ``ddp`` cell of the capacity curve whose
     parameters are W times the row's per rank (within ``tolerance``): ``single_equal_total_psnr`` (its
     mean) and ``vs_single_equal_total`` (the row's PSNR minus it): the ranks' extra capacity given to
-    one model instead, at one rank's rays per step. None where the curve has no such budget."""
+    one model instead, at one rank's rays per step. None where the curve has no such budget, or has it
+    trained for other steps than the row (a curve cell trained longer to reach its plateau is no
+    equal-steps reference)."""
     for row in ranks:
         want = (row.get("params_per_rank") or 0) * row["world_size"]
         match = next((c for c in curve if want and c["params_per_rank"]
-                      and abs(c["params_per_rank"] - want) <= tolerance * want), None)
+                      and abs(c["params_per_rank"] - want) <= tolerance * want
+                      and (c.get("steps") is None or row.get("steps") is None or c["steps"] == row["steps"])), None)
         row["single_equal_total_psnr"] = match["psnr_mean"] if match else None
         row["vs_single_equal_total"] = (row["psnr_mean"] - match["psnr_mean"]
                                         if match and row["psnr_mean"] is not None else None)

@@ -80,7 +80,7 @@ def section_tables(data: dict) -> list[tuple[str, list[str]]]:
             ("n", "n (seeds)", ""),
             ("psnr_mean", "PSNR mean dB", ".2f"), ("psnr_sd", "sd", ".2f"),
             ("db_per_doubling", "dB per doubling of ranks", "+.2f"), ("delta_vs_w1", "vs W = 1 dB", "+.2f"),
-            ("single_equal_total_psnr", "one rank, W x the params (dB)", ".2f"),
+            ("steps", "steps", ".0f"), ("single_equal_total_psnr", "one rank, W x the params, same steps (dB)", ".2f"),
             ("vs_single_equal_total", "vs that", "+.2f"), ("params_per_rank", "params/rank", ".3g"),
             ("source", "cell", "")])
             + ["", "Targets:", *[f"- {v}" for v in t.get("verdicts", [])]]))

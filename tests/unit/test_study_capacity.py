@@ -141,3 +141,10 @@ def test_each_ranks_row_is_set_beside_the_single_model_of_equal_total_parameters
     assert ranks[1]["single_equal_total_psnr"] == 26.0 and ranks[1]["vs_single_equal_total"] == pytest.approx(1.5)
     assert ranks[0]["vs_single_equal_total"] == 0.0
     assert ranks[2]["single_equal_total_psnr"] is None  # no 4 M cell on the curve
+    # a curve cell trained for more steps (to reach its plateau) is no equal-steps reference
+    long = [curve[0], {**curve[1], "steps": 6000}]
+    rows = [{"world_size": 2, "params_per_rank": 1e6, "psnr_mean": 27.5, "steps": 3000}]
+    capacity.annotate_equal_total(rows, long)
+    assert rows[0]["single_equal_total_psnr"] is None
+    capacity.annotate_equal_total(rows, [curve[0], {**curve[1], "steps": 3000}])
+    assert rows[0]["single_equal_total_psnr"] == 26.0
