@@ -281,7 +281,13 @@ class SSStrategy(Strategy):
     def build_region_model(self, model_cfg: dict, aabb, background, region: int,
                            num_images: int = 0) -> RadianceModel:
         """Sub-model of ``region``. Independent: the whole scene box, a grid holding the
-        enlarged region at full resolution; joint: the region's box only, black background.
+        enlarged region at full resolution; joint: the region's box only, black background,
+        and ``model.tv_weight`` / K: a grid's total variation is a mean over its own vertex
+        pairs, so K joint sub-models (one scene, one loss, equal budgets) at the full weight
+        would regularise each vertex K times as hard as one model holding their vertices (two
+        regions on one process lost 1.7 dB to it on the capacity study's scene, one model 1.0 dB;
+        BENCHMARKS.md section 7). Independent sub-models are models of the whole scene each and
+        keep the weight.
         ``num_images``: rows of its own appearance table (all training images; 0 when a
         checkpoint's table is loaded into it)."""
         cfg = section("model", model_cfg)  # the run's typed node passes through
@@ -289,6 +295,8 @@ class SSStrategy(Strategy):
             world_size = self.partition.world_size or self.env.world_size
             cfg = section("model", cfg, max_params=cfg.max_params * world_size // len(self.partition))
         if self.joint:  # contracted: around its own region (its column to infinity sampled in the shell)
+            if cfg.get("tv_weight"):  # one scene, one regulariser: see the docstring
+                cfg = section("model", cfg, tv_weight=cfg.tv_weight / len(self.partition))
             return build_model(cfg, self.partition.boxes[region].float(), torch.zeros(3), num_images=num_images)
         if self.partition.unbounded:  # contracted around its enlarged region: its resolution where its content is
             return build_model(cfg, self.partition.enlarged()[region].float(), background, num_images=num_images)
