@@ -1,7 +1,7 @@
 """Is a capacity-study cell at its plateau? The same one-rank run at k times the steps, its schedule stretched k times.
 
     python tools/bench_stretch.py OUT_DIR --budgets 31250,62500,125000,250000 --multiples 4 \
-        [--steps 3000] [--set KEY=VALUE ...] [--collect] [--out bench/results/NAME/stretch.json]
+        [--steps 3000] [--set KEY=VALUE ...] [--name SUFFIX] [--collect] [--out bench/results/NAME/stretch.json]
 
 The capacity study's plateau check (``distnerf/study/capacity.py::plateau_gain``) reads the last 20% of
 a run's validation curve; under a learning rate that has already decayed (``train.decay`` over
@@ -59,7 +59,11 @@ def summarise(run_dir: Path) -> dict:
     cfg = OmegaConf.load(run_dir / "config.yaml")
     steps = int(cfg.train.max_steps)
     params = next((r["parameters_per_rank"] for r in rows if r.get("event") == "model_size"), None)
-    return {"run": run_dir.name, "max_params": int(cfg.model.max_params), "parameters_per_rank": params,
+    strategy = cfg.strategy
+    return {"run": run_dir.name, "strategy": strategy.name, "training": strategy.get("training"),
+            "num_regions": strategy.get("num_regions"), "tv_weight": float(cfg.model.tv_weight),
+            "cubic_voxels": bool(cfg.model.get("cubic_voxels", False)),
+            "max_params": int(cfg.model.max_params), "parameters_per_rank": params,
             "steps": steps, "decay": float(cfg.train.decay), "decay_steps": None if cfg.train.decay_steps is None else float(cfg.train.decay_steps),
             "decay_start": float(cfg.train.decay_start),
             "upsample_steps": list(cfg.model.upsample_steps), "psnr": final["psnr"], "ssim": final["ssim"],
@@ -76,6 +80,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--name", default="", help="a suffix of the run directories' names (several probes in one OUT_DIR)")
     ap.add_argument("--collect", action="store_true", help="train nothing: summarise the runs in OUT_DIR")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
@@ -83,7 +88,7 @@ def main() -> None:
     if not args.collect:
         for budget in (int(b) for b in args.budgets.split(",")):
             for k in (int(m) for m in args.multiples.split(",")):
-                run_dir = args.out_dir / f"p{budget}_x{k}"
+                run_dir = args.out_dir / f"p{budget}_x{k}{args.name}"
                 cmd = [sys.executable, "-m", "distnerf.train", *overrides(budget, k, args.steps, args.set),
                        f"run_dir={run_dir}"]
                 print(" ".join(cmd), flush=True)
@@ -92,7 +97,7 @@ def main() -> None:
     dirs = sorted(d for d in args.out_dir.iterdir() if (d / "metrics.json").is_file())
     if not dirs:
         raise SystemExit(f"bench_stretch: no finished run (metrics.json) under {args.out_dir}")
-    rows = sorted((summarise(d) for d in dirs), key=lambda r: (r["max_params"], r["steps"]))
+    rows = sorted((summarise(d) for d in dirs), key=lambda r: (r["max_params"], r["steps"], r["run"]))
     for r in rows:
         print(f"{r['run']}: {r['max_params']} params budget, {r['steps']} steps: PSNR {r['psnr']:.2f} dB, "
               f"val gain over the last 20% {r['val_gain_last_20pct']:+.3f} dB, lr at 80% x{r['lr_at_80pct_over_first']:.3f}")

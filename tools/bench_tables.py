@@ -853,6 +853,35 @@ def study_capacity_seams(res: Results) -> list[str]:
     return out
 
 
+def study_capacity_tv_probe(res: Results) -> list[str]:
+    """tools/bench_stretch.py probes of the total-variation regulariser: one model against two joint sub-models
+    holding the same budget on one process (seed 0, 1500 steps, constant learning rate)."""
+    rows = res.json("study_capacity/tv_probe.json")["rows"]
+
+    def model(r: dict) -> str:
+        if r["strategy"] == "ddp":
+            return "one model"
+        return f"{r['num_regions']} joint sub-models" + (" (cubic voxels)" if r["cubic_voxels"] else "")
+
+    def weight(r: dict) -> str:
+        if r["tv_weight"] == 0:
+            return "0 (none)"
+        if r["strategy"] == "ddp":
+            return f"{r['tv_weight']:g}"
+        k = r["num_regions"]  # ss joint: each sub-model takes tv_weight / K
+        return f"{r['tv_weight']:g} / {k} = {r['tv_weight'] / k:g} each"
+
+    out = header("model", "params (all)", "tv_weight (each model's)", "steps", "test PSNR dB (25 views)")
+    for r in sorted(rows, key=lambda r: (r["strategy"] != "ddp", -r["tv_weight"], r["run"])):
+        out.append(row(model(r), f"{r['parameters_per_rank']:.3g}", weight(r), r["steps"], f2(r["psnr"])))
+    return out
+
+
+def study_capacity_tv(res: Results) -> list[str]:
+    """The capacity study before cubic voxels and without the regulariser's removal (conf/study/capacity.yaml at f57c29d)."""
+    return study_capacity(res, "study_capacity_tv")
+
+
 def study_capacity_decay1500(res: Results) -> list[str]:
     """The first detail study (16 of its 33 cells), under the schema's default decay (10x per 1500 steps)."""
     return study_capacity(res, "study_capacity_decay1500")
@@ -911,6 +940,8 @@ TABLES = {
     "exits": exits,
     "study_capacity": study_capacity,
     "study_capacity_decay1500": study_capacity_decay1500,
+    "study_capacity_tv": study_capacity_tv,
+    "study_capacity_tv_probe": study_capacity_tv_probe,
     "study_capacity_stretch": study_capacity_stretch,
     "study_capacity_schedule": study_capacity_schedule,
     "study_capacity_seams": study_capacity_seams,
