@@ -877,6 +877,19 @@ def study_capacity_tv_probe(res: Results) -> list[str]:
     return out
 
 
+def study_capacity_cubic_tv(res: Results) -> list[str]:
+    """Seed 0 of the ss cells with cubic voxels, the regulariser still at the grid's default (the ddp cells the
+    earlier study's): quality against ranks only."""
+    sys.path.insert(0, str(ROOT))
+    from distnerf.study.document import section_tables
+
+    out = []
+    for title, body in section_tables(res.json("study_capacity_cubic_tv/report.json")):
+        if title.startswith("Quality against ranks"):
+            out += [*body]
+    return out
+
+
 def study_capacity_tv(res: Results) -> list[str]:
     """The capacity study before cubic voxels and without the regulariser's removal (conf/study/capacity.yaml at f57c29d)."""
     return study_capacity(res, "study_capacity_tv")
@@ -941,6 +954,7 @@ TABLES = {
     "study_capacity": study_capacity,
     "study_capacity_decay1500": study_capacity_decay1500,
     "study_capacity_tv": study_capacity_tv,
+    "study_capacity_cubic_tv": study_capacity_cubic_tv,
     "study_capacity_tv_probe": study_capacity_tv_probe,
     "study_capacity_stretch": study_capacity_stretch,
     "study_capacity_schedule": study_capacity_schedule,
