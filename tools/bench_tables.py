@@ -759,16 +759,18 @@ def study_characterization(res: Results) -> list[str]:
     return out[:-1]
 
 
-def study_capacity(res: Results, name: str = "study_capacity") -> list[str]:
+def study_capacity(res: Results, name: str = "study_capacity",
+                   sections: tuple[str, ...] = ("Capacity", "Quality against ranks"), timing: bool = True) -> list[str]:
     """The capacity study's report (conf/study/capacity.yaml; its committed report.json): wall time, the
-    capacity curve, quality against ranks and the targets."""
+    capacity curve, quality against ranks and the targets (``sections``: the report's sections shown,
+    by the start of their titles; ``timing``: the wall-time line first)."""
     sys.path.insert(0, str(ROOT))
     from distnerf.study.document import section_tables, timing_line
 
     data = res.json(f"{name}/report.json")
-    out = [timing_line(data.get("timing")), ""]
+    out = [timing_line(data.get("timing")), ""] if timing else []
     for title, body in section_tables(data):
-        if title.startswith(("Capacity", "Quality against ranks")):
+        if title.startswith(sections):
             out += [f"#### {title}", "", *body, ""]
     return out[:-1]
 
@@ -879,15 +881,8 @@ def study_capacity_tv_probe(res: Results) -> list[str]:
 
 def study_capacity_cubic_tv(res: Results) -> list[str]:
     """Seed 0 of the ss cells with cubic voxels, the regulariser still at the grid's default (the ddp cells the
-    earlier study's): quality against ranks only."""
-    sys.path.insert(0, str(ROOT))
-    from distnerf.study.document import section_tables
-
-    out = []
-    for title, body in section_tables(res.json("study_capacity_cubic_tv/report.json")):
-        if title.startswith("Quality against ranks"):
-            out += [*body]
-    return out
+    earlier study's): quality against ranks only (its wall time counts the copied cells: not shown)."""
+    return study_capacity(res, "study_capacity_cubic_tv", sections=("Quality against ranks",), timing=False)
 
 
 def study_capacity_tv(res: Results) -> list[str]:
