@@ -17,12 +17,15 @@ calling line (NCCL would fail obscurely or hang on the first).
 from __future__ import annotations
 
 import datetime
+import gc
+import importlib
 import inspect
 import logging
 import os
 import random
 import signal
 import threading
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -97,6 +100,10 @@ def init_distributed(device: str, *, timeout_s: float, setup_timeout_s: float | 
         torch.cuda.set_device(dev)
     host_group = None
     if not dist.is_initialized():
+        # DDP imports torch._dynamo on first use; imported after a group exists, it keeps ten
+        # references to that group (torch 2.13, sys.getrefcount), so the group and its gloo threads
+        # outlive destroy_process_group and can abort the interpreter's exit (see shutdown)
+        importlib.import_module("torch._dynamo")
         timeout = datetime.timedelta(seconds=max(timeout_s, setup_timeout_s or 0.0))  # end_setup shortens it
         # torchrun keeps one rendezvous store for all restarts of a worker group: without a prefix per
         # attempt, a restarted rank can read the addresses the dead attempt's ranks published and fail to
@@ -243,9 +250,38 @@ def ddp_buffer_kwargs(ddp_cls) -> dict:
     return {"broadcast_buffers": False}
 
 
-def shutdown(env: DistEnv) -> None:
-    if env.distributed and dist.is_initialized():
-        dist.destroy_process_group()
+def _group_refs(env: DistEnv) -> list[weakref.ref]:
+    """Weak references to this process's groups (the default group and ``env.host_group``)."""
+    groups = {id(g): g for g in (dist.group.WORLD, env.host_group) if g is not None}
+    return [weakref.ref(g) for g in groups.values()]
+
+
+def shutdown(env: DistEnv) -> int:
+    """Destroy the process groups and let their communication threads exit while Python still runs.
+
+    ``destroy_process_group`` only unregisters a group: a gloo group's worker threads live on
+    until its last Python reference goes (a ``DistributedDataParallel`` wrapper holds one). A
+    worker thread that frees the tensors of a finished collective takes the GIL; if that happens
+    during interpreter finalisation, Python ends the thread inside a C++ destructor and the
+    process aborts (SIGABRT, "terminate called without an active exception": a finished run
+    reported as crashed; pytorch/pytorch#190489). So callers drop their trainer, strategy and
+    wrapped model *before* calling this; it clears ``env.host_group``, destroys the groups and
+    collects garbage (the wrappers sit in reference cycles), which joins the threads.
+
+    Returns how many groups are still referenced afterwards (0 when the caller dropped its
+    wrappers; each is logged at debug level). A plain (non-distributed) ``env`` returns 0.
+    """
+    if not (env.distributed and dist.is_initialized()):
+        return 0
+    refs = _group_refs(env)
+    env.host_group = None
+    dist.destroy_process_group()
+    gc.collect()
+    alive = sum(r() is not None for r in refs)
+    if alive:
+        log.debug("rank %d: %d process group(s) still referenced after destroy_process_group; their "
+                  "threads end with the last reference", env.rank, alive)
+    return alive
 
 
 PREEMPT_SIGNALS = ("USR1", "USR2", "HUP")

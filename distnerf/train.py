@@ -49,7 +49,7 @@ def run(cfg: DictConfig) -> dict:
     stop = D.StopRequest().install()  # SIGUSR1/SIGTERM: all ranks stop at one step and checkpoint
     env = D.init_distributed(cfg.device, timeout_s=cfg.dist_timeout_s, setup_timeout_s=cfg.dist_setup_timeout_s)
     beacon = ProgressBeacon(env.store, env.rank, env.world_size, cfg.dist_progress_s).start()  # step and phase, for hang reports
-    run_dir = None
+    run_dir = strategy = trainer = None
     try:
         run_dir = resolve_run_dir(cfg, env)
         setup_logging(env, run_dir, cfg.logger.level)
@@ -75,6 +75,7 @@ def run(cfg: DictConfig) -> dict:
             release_run_dir(run_dir)
         beacon.stop()  # joined before the process group goes
         torch.use_deterministic_algorithms(was_deterministic)
+        strategy = trainer = None  # their DDP wrapper holds the process group: dropped first (D.shutdown)
         D.shutdown(env)
         stop.uninstall()
 

@@ -97,6 +97,7 @@ def grad_worker(rank: int, world_size: int, port: int, out_dir: str, num_rays: i
         torch.save({"grads": grads, "params": params, "occupancy": model.occupancy.binary.clone(), "comm": comm},
                    Path(out_dir) / f"rank_{rank}.pt")
     finally:
+        strategy = wrapped = None  # the DDP wrapper holds the process group (see D.shutdown)
         D.shutdown(env)
 
 
@@ -130,6 +131,7 @@ def overflow_worker(rank: int, world_size: int, port: int, out_dir: str, num_ray
         result["traceback"] = traceback.format_exc()
     finally:
         torch.save(result, Path(out_dir) / f"overflow_rank_{rank}.pt")
+        strategy = wrapped = None  # the DDP wrapper holds the process group (see D.shutdown)
         D.shutdown(env)
 
 
@@ -175,7 +177,9 @@ def trainer_worker(rank: int, world_size: int, port: int, run_dir: str, override
     except Exception:  # noqa: BLE001 - reported to the test
         result["traceback"] = traceback.format_exc()
     finally:
-        D.shutdown(env)
+        trainer = None  # its DDP wrapper holds the process group (see D.shutdown)
+        if D.shutdown(env):
+            result.setdefault("traceback", "a process group outlived D.shutdown (a wrapper still referenced)")
     torch.save(result, Path(run_dir) / f"result_rank_{rank}.pt")
 
 
@@ -222,5 +226,36 @@ def counting_worker(rank: int, world_size: int, port: int, run_dir: str, overrid
     except Exception:  # noqa: BLE001 - reported to the test
         result["traceback"] = traceback.format_exc()
     finally:
-        D.shutdown(env)
+        trainer = None  # its DDP wrapper holds the process group (see D.shutdown)
+        if D.shutdown(env):
+            result.setdefault("traceback", "a process group outlived D.shutdown (a wrapper still referenced)")
     torch.save(result, Path(run_dir) / f"result_rank_{rank}.pt")
+
+
+def gloo_worker_threads() -> int:
+    """This process's gloo worker threads (named ``pt_gloo_runloop`` by torch), from /proc."""
+    tasks = Path("/proc/self/task")
+    return sum((t / "comm").read_text().strip() == "pt_gloo_runloop" for t in tasks.iterdir())
+
+
+def shutdown_worker(rank: int, world_size: int, port: int, out_dir: str):
+    """A DDP step and an object broadcast (the collectives whose tensors a gloo thread frees), then
+    :func:`D.shutdown` twice over: first with the DDP wrapper still referenced, then after dropping it."""
+    import gc
+
+    set_env(rank, world_size, port)
+    result = {"before": gloo_worker_threads()}
+    env = init_gloo()
+    strategy = DDPStrategy({"name": "ddp"}, env)
+    model = make_model()
+    wrapped = strategy.wrap(model)
+    rays, rgb = make_problem(8)
+    photometric_sse(wrapped(rays), rgb, torch.ones(8, dtype=torch.bool)).backward()
+    D.broadcast_object(env, {"step": 1})
+    result["running"] = gloo_worker_threads()
+    result["alive_while_wrapped"] = D.shutdown(env)
+    result["held"] = gloo_worker_threads()
+    strategy = wrapped = None
+    gc.collect()
+    result["after"] = gloo_worker_threads()
+    torch.save(result, Path(out_dir) / f"shutdown_rank_{rank}.pt")
