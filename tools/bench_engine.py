@@ -1,7 +1,7 @@
 """The packed-sample engine against the engine of an earlier commit, side by side (BENCHMARKS.md, "Engine").
 
     python tools/bench_engine.py RUN_DIR [--baseline bb24e52] [--views 25] [--old-views 25] [--threads 2]
-        [--parts eval,exact,old,memory,train] [--set KEY=VALUE ...] [--out bench/results/RUN_NAME/bench_engine.json]
+        [--parts eval,exact,old,alternate,memory,train] [--set KEY=VALUE ...] [--out bench/results/RUN_NAME/bench_engine.json]
 
 RUN_DIR is a trained ``model=grid`` run (e.g. ``tools/bench_quality.sh``'s). In one invocation:
 
@@ -12,6 +12,10 @@ RUN_DIR is a trained ``model=grid`` run (e.g. ``tools/bench_quality.sh``'s). In 
   (``termination=0``, ``color_threshold=0``): the PSNR the thresholds must stay within;
 * ``old``: the same checkpoint rendered by the engine of ``--baseline`` (a ``git worktree`` of
   that commit, in a subprocess with the same thread count) on ``--old-views`` views;
+* ``alternate``: both engines rendering ``--old-views`` views in fresh workers that take turns
+  (new, old, then old, new, ...; ``--repeats`` turns each): the median of each engine's per-turn
+  medians and their ratio, which a machine whose speed drifts within minutes leaves standing where
+  ``old`` after ``eval`` does not;
 * ``memory``: peak RSS (``VmHWM``) of a fresh process rendering one view at ``eval.chunk`` 8192
   and 65536, with the test split's images decoded in it, and the same process's RSS before
   rendering (scene and model loaded) for the share rendering adds;
@@ -159,7 +163,8 @@ def main() -> None:
     ap.add_argument("--old-views", type=int, default=25)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--parts", default="eval,exact,old,memory,train")
-    ap.add_argument("--repeats", type=int, default=3, help="worker pairs per grid stage in the train part")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="worker pairs per grid stage in the train part; turns of each engine in the alternate part")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                     help="overrides of the run's config (e.g. eval.chunk=16384 model.eval_round_steps=96): "
                          "settings measured against the run's own")
@@ -231,6 +236,25 @@ def main() -> None:
                 report["old_over_new_seconds_same_views"] = (statistics.median(r["seconds"] for r in res["rows"])
                                                             / statistics.median(r["seconds"] for r in same))
         print(f"old engine: {report['old']['seconds_median']:.2f} s/view, {report['old']['psnr']:.2f} dB", flush=True)
+    if "alternate" in parts:  # both engines in fresh workers, taking turns: the ratio survives drift of the machine
+        alt_views = select_views(len(scene), args.old_views)
+        turns = {"new": [], "old": []}
+        for rep in range(args.repeats):
+            for name in (("new", "old") if rep % 2 == 0 else ("old", "new")):
+                res = run_worker(ROOT if name == "new" else baseline_checkout(args.baseline),
+                                 {"mode": "render", "legacy": name == "old", "threads": args.threads,
+                                  "model_cfg": model_cfg, "dataset": dataset, "state": str(state_file),
+                                  "views": alt_views, "chunk": int(cfg.eval.chunk)})
+                turns[name].append(summarise(res["rows"], pixels))
+                print(f"turn {rep} {name}: {turns[name][-1]['seconds_median']:.3f} s/view, "
+                      f"{turns[name][-1]['psnr']:.5f} dB", flush=True)
+        med = {k: statistics.median(t["seconds_median"] for t in v) for k, v in turns.items()}
+        report["alternate"] = {"views": len(alt_views), "repeats": args.repeats, "turns": turns,
+                               "new_seconds_median": med["new"], "old_seconds_median": med["old"],
+                               "old_over_new": med["old"] / med["new"],
+                               "psnr_new_minus_old": turns["new"][0]["psnr"] - turns["old"][0]["psnr"]}
+        print(f"alternating: old/new {med['old'] / med['new']:.3f} ({med['old']:.3f} / {med['new']:.3f} s/view)",
+              flush=True)
     if "memory" in parts:
         report["memory"] = {}
         for chunk in (8192, 65536):

@@ -86,11 +86,12 @@ def shade(density_fn, colour_fn, samples: PackedSamples, origins, directions, vi
         with ``num_colour_samples``, ``weights`` (P,) (differentiable) and ``samples`` (the P
         PackedSamples).
     """
-    points = samples.points(origins, directions)
+    points = None  # only the coloured samples' points are needed when the weights are given
     if transmittance is not None:
         weights, remaining = transmittance
     else:
         if sigmas is None:
+            points = samples.points(origins, directions)
             sigmas = density_fn(points)
         weights, _, remaining = render_transmittance(along_ray(sigmas, samples, directions), samples)
     global_w = weights.detach()
@@ -98,8 +99,9 @@ def shade(density_fn, colour_fn, samples: PackedSamples, origins, directions, vi
         global_w = global_w * in_front.index_select(0, samples.ray_indices)
     # host sync: the number of coloured samples (only they run the colour field)
     colour_index = (global_w > colour_threshold).nonzero().view(-1)
-    rgbs = colour_fn(points.index_select(0, colour_index), viewdirs,
-                     samples.ray_indices.index_select(0, colour_index))
+    coloured = samples.select(colour_index)
+    rgbs = colour_fn(coloured.points(origins, directions) if points is None else points.index_select(0, colour_index),
+                     viewdirs, coloured.ray_indices)
     out = accumulate(weights, rgbs.to(weights.dtype), samples, remaining, background, colour_index)
     out.num_colour_samples, out.weights, out.samples = colour_index.shape[0], weights, samples
     return out

@@ -134,10 +134,20 @@ def render_transmittance(sigmas: torch.Tensor, samples: PackedSamples):
         remaining: (R,) ``T_R`` behind each ray's last sample (1 for a ray without samples).
     """
     tau = sigmas * samples.deltas
-    trans = torch.exp(-exclusive_sum(tau, samples.ray_indices, samples.num_rays))
+    if tau.numel() == 0:
+        return tau, tau, torch.ones(samples.num_rays, dtype=samples.t_starts.dtype, device=tau.device)
+    # one float64 scan gives both the exclusive sums and each ray's total (its last inclusive sum
+    # minus the sum in front of the ray): no second pass (index_add) over the samples for the total
+    v = tau.double()
+    inclusive = torch.cumsum(v, 0)
+    excl = inclusive - v
+    starts, counts = ray_offsets(samples.ray_indices, samples.num_rays)
+    front = excl.index_select(0, starts.clamp(max=tau.shape[0] - 1))  # (R,) the scan in front of each ray
+    trans = torch.exp(-(excl - front.index_select(0, samples.ray_indices)).to(tau.dtype))
     weights = trans * (1.0 - torch.exp(-tau))
-    total = sum_along_rays(tau.double(), samples.ray_indices, samples.num_rays)
-    remaining = torch.exp(-total).to(sigmas.dtype if sigmas.numel() else samples.t_starts.dtype)
+    last = (starts + counts - 1).clamp(min=0)
+    total = torch.where(counts > 0, inclusive.index_select(0, last) - front, 0.0)
+    remaining = torch.exp(-total).to(tau.dtype)
     return weights, trans, remaining
 
 
