@@ -279,6 +279,12 @@ def lego_budget(res: Results) -> list[str]:
             out.append(row(name.replace("min", " min"), rule, m["step"], f"{m['psnr']:.2f} / {m['ssim']:.3f}",
                            m["num_scored_views"], f"{m['constant_psnr']:.2f}", f">= {target:.1f} dB ({views} views)",
                            "**met**" if ok else "**missed**"))
+    for run, rule in (("10min_1205", "`decay_start` 0.8, re-run 2026-12-05"),
+                      ("10min_probe/tv0_1205", "the same without the regulariser (`model.tv_weight=0`), probe")):
+        m = res.json(f"lego_budget/{run}/metrics.json")
+        ok = m["psnr"] >= 31.0 and m["num_scored_views"] >= 200
+        out.append(row("10 min", rule, m["step"], f"{m['psnr']:.2f} / {m['ssim']:.3f}", m["num_scored_views"],
+                       f"{m['constant_psnr']:.2f}", ">= 31.0 dB (200 views)", "**met**" if ok else "**missed**"))
     e = res.json("lego_budget/10min/bench_engine_eval.json")  # tools/bench_engine.py on the 10-minute model
     new, old = e["new"], e["old"]
     met = new["seconds_median"] <= 1.0 and abs(e["psnr_new_minus_exact"]) <= 0.05
@@ -299,6 +305,33 @@ def lego_budget(res: Results) -> list[str]:
             f"{med['8192'] / new['seconds_median']:.2f}x slower than at the first bullet's measurement, so the target "
             f"is judged on the ratio: {f2(new['seconds_median'] * med['16384'] / med['8192'])} s at that measurement's "
             f"speed, **missed**."]
+    before = res.json("lego_budget/10min_1205/bench_engine_eval_before.json")  # the re-run's model, 2026-12-05
+    after = res.json("lego_budget/10min_1205/bench_engine_eval_after.json")
+    same = res.json("lego_budget/10min_1205/bench_engine_alternate_same_code.json")["alternate"]
+    alt = after["alternate"]
+    met = after["new"]["seconds_median"] <= 1.0 and abs(after["psnr_new_minus_exact"]) <= 0.05
+    turns = lambda a, k: ", ".join(f2(t["seconds_median"]) for t in a["turns"][k])  # noqa: E731
+    out += [f"- The re-run's 10-minute model (2026-12-05), the same tool: **{f2(after['new']['seconds_median'])} s per "
+            f"view** ({kilo(after['new']['rays_per_s_median'])} rays/s; {after['new']['views']} views; thresholds minus "
+            f"without {after['psnr_new_minus_exact']:+.3f} dB) after the change above the table, "
+            f"{f2(before['new']['seconds_median'])} s before it (its engine then, with `{before['baseline']}`'s engine "
+            f"at {f2(before['old']['seconds_median'])} s in the same invocation, "
+            f"{before['old_over_new_seconds_same_views']:.2f}x). Target <= 1.0 s within 0.05 dB: "
+            f"**{'met' if met else 'missed'} on this measurement**, inside the machine's spread (next bullet).",
+            f"- The machine's speed differs between processes: the same commit in both fresh workers of "
+            f"`--parts alternate` ({same['repeats']} turns each, {same['views']} views) measured "
+            f"{turns(same, 'new')} and {turns(same, 'old')} s per view (ratio of medians {same['old_over_new']:.2f} "
+            f"for identical code). So the change's own turns, {turns(alt, 'new')} s against `{after['baseline']}`'s "
+            f"{turns(alt, 'old')} s (ratio {alt['old_over_new']:.2f}), cannot resolve it; PSNR difference "
+            f"{abs(alt['psnr_new_minus_old']):.0e} dB against it."]
+    swap = res.json("lego_budget/10min_1205/bench_eval_swap.json")  # tools/bench_eval_swap.py: both in one process
+    out += [f"- The change in one process (`bench_eval_swap.py`: `{swap['baseline']}`'s "
+            f"{' and '.join(Path(m).name for m in swap['modules'])} swapped in for alternate renders, "
+            f"{len(swap['views'])} views): {swap['checkout_seconds_median']:.3f} against "
+            f"{swap['baseline_seconds_median']:.3f} s per view, **{swap['baseline_over_checkout']:.2f}x**, PSNR difference "
+            f"{abs(swap['psnr_checkout_minus_baseline']):.0e} dB: no gain this measurement can tell from the "
+            f"views' spread ({min(r['seconds'] for r in swap['rows']['checkout']):.2f} to "
+            f"{max(r['seconds'] for r in swap['rows']['checkout']):.2f} s per view for the checkout)."]
     e = res.json("lego_budget/10min_decay_over_budget/bench_engine_eval.json")  # the earlier 10-minute model
     out += [f"- The earlier 10-minute model, the same tool against `{e['baseline']}`: "
             f"{f2(e['new']['seconds_median'])} s per view against {f2(e['old']['seconds_median'])} s "

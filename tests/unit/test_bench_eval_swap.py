@@ -1,0 +1,36 @@
+"""tools/bench_eval_swap.py: the baseline's functions replace every reference in the package, and only
+for the baseline's turns."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+import bench_eval_swap as S  # noqa: E402
+
+import distnerf.renderer.marching as M  # noqa: E402
+import distnerf.renderer.packed as P  # noqa: E402
+
+
+def test_swap_points_every_reference_at_the_baseline_and_back():
+    live, shadow = S.load_baseline_module("distnerf/renderer/packed.py", "HEAD")
+    assert live is P and shadow is not P and shadow.render_transmittance is not P.render_transmittance
+    table = S.swap_table([(live, shadow)])
+    assert "render_transmittance" in {pair[0].__name__ for pair in table.values()}
+    assert "PackedSamples" not in {pair[0].__name__ for pair in table.values()}  # classes stay the checkout's
+    original = P.render_transmittance
+    try:
+        n = S.point_at(table, True)
+        # the module's own name and the one marching imported from it both point at the baseline's
+        assert P.render_transmittance is shadow.render_transmittance
+        assert M.render_transmittance is shadow.render_transmittance
+        assert n >= 2
+    finally:
+        S.point_at(table, False)
+    assert P.render_transmittance is original and M.render_transmittance is original
+
+
+def test_an_unknown_revision_is_an_error():
+    with pytest.raises(subprocess.CalledProcessError):
+        S.load_baseline_module("distnerf/renderer/packed.py", "no-such-revision")
