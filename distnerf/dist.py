@@ -269,7 +269,8 @@ def shutdown(env: DistEnv) -> int:
     collects garbage (the wrappers sit in reference cycles), which joins the threads.
 
     Returns how many groups are still referenced afterwards (0 when the caller dropped its
-    wrappers; each is logged at debug level). A plain (non-distributed) ``env`` returns 0.
+    wrappers and no exception in flight holds their frames; logged at debug level). A plain
+    (non-distributed) ``env``, or a second call, returns 0.
     """
     if not (env.distributed and dist.is_initialized()):
         return 0

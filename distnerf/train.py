@@ -50,6 +50,7 @@ def run(cfg: DictConfig) -> dict:
     env = D.init_distributed(cfg.device, timeout_s=cfg.dist_timeout_s, setup_timeout_s=cfg.dist_setup_timeout_s)
     beacon = ProgressBeacon(env.store, env.rank, env.world_size, cfg.dist_progress_s).start()  # step and phase, for hang reports
     run_dir = strategy = trainer = None
+    finished = False
     try:
         run_dir = resolve_run_dir(cfg, env)
         setup_logging(env, run_dir, cfg.logger.level)
@@ -61,7 +62,9 @@ def run(cfg: DictConfig) -> dict:
         trainer = Trainer(cfg, strategy, run_dir, stop=stop)
         D.end_setup(env, cfg.dist_setup_timeout_s, cfg.dist_timeout_s)  # names late ranks; then the step timeout
         beacon.watch(trainer.progress)
-        return trainer.fit()
+        result = trainer.fit()
+        finished = True
+        return result
     except RuntimeError as err:
         if not (env.distributed and D.collective_failure(err)):
             raise
@@ -76,7 +79,9 @@ def run(cfg: DictConfig) -> dict:
         beacon.stop()  # joined before the process group goes
         torch.use_deterministic_algorithms(was_deterministic)
         strategy = trainer = None  # their DDP wrapper holds the process group: dropped first (D.shutdown)
-        D.shutdown(env)
+        if D.shutdown(env) and finished:  # (an exception in flight holds the trainer's frames: expected then)
+            log.warning("rank %d: a process group is still referenced after shutdown; its gloo threads may "
+                        "abort the interpreter's exit", env.rank)
         stop.uninstall()
 
 

@@ -9,7 +9,9 @@ processes cannot resolve a few percent. Here both versions run in the same proce
 modules' source at ``REV`` (``git show``) is loaded beside the checkout's, and for the baseline's
 turns every reference in the ``distnerf`` package to one of their top-level functions (the module's
 own attribute and the names other modules imported from it) points at the baseline's function of
-that name. Classes and constants stay the checkout's: only a change confined to functions of the
+that name, and the baseline modules call each other's functions (a name one imported from another
+listed module is relinked to the baseline's); a function of a module not listed stays the
+checkout's in both turns. Classes and constants stay the checkout's: only a change confined to functions of the
 listed modules is measured. The two versions render the same ``--views`` test views of the run's
 checkpoint, alternating per view (order flipped every view) after one warm-up render each.
 
@@ -61,6 +63,19 @@ def swap_table(pairs) -> dict[int, tuple]:
     return table
 
 
+def link_baselines(pairs, table: dict[int, tuple]) -> int:
+    """Make the baseline modules call each other: a name one of them imported from another listed
+    module (``from .packed import render_transmittance``) resolved to the checkout's function when it
+    was loaded; point it at the baseline's. Returns how many names it relinked."""
+    n = 0
+    for _, shadow in pairs:
+        for key, value in list(vars(shadow).items()):
+            if id(value) in table and table[id(value)][0] is value:
+                setattr(shadow, key, table[id(value)][1])
+                n += 1
+    return n
+
+
 def point_at(table: dict[int, tuple], baseline: bool) -> int:
     """Point every ``distnerf`` module attribute holding one of ``table``'s functions at the baseline's
     version (``baseline``) or back at the checkout's; returns how many references it set."""
@@ -105,7 +120,9 @@ def main() -> None:
     model = build_model(model_cfg, scene.aabb, scene.background)
     model.load_state_dict(state)
     model.eval()
-    table = swap_table([load_baseline_module(p, args.baseline) for p in args.modules])
+    pairs = [load_baseline_module(p, args.baseline) for p in args.modules]
+    table = swap_table(pairs)
+    link_baselines(pairs, table)
     chunk, device = int(cfg.eval.chunk), torch.device("cpu")
     views = select_views(len(scene), args.views)
     rows = {"checkout": [], "baseline": []}

@@ -145,7 +145,10 @@ def _ckpt_worker(strategy: str, repeats: int, out: Path, root: Path) -> None:
                          "bytes": sum(sizes.values()), "files": sizes})
     if env.is_main:
         out.write_text(json.dumps(rows_out))
-    D.shutdown(env)
+    trainer = None  # its DDP wrapper holds the process group (see D.shutdown)
+    if D.shutdown(env):
+        print(f"rank {env.rank}: a process group outlived D.shutdown (a DDP wrapper still referenced)",
+              file=sys.stderr)
 
 
 def main() -> None:

@@ -61,8 +61,12 @@ class ProgressBeacon:
         return self
 
     def stop(self) -> None:
-        """Stop and join the thread (before the process group is destroyed and the interpreter exits)."""
+        """Stop and join the thread (before the process group is destroyed and the interpreter exits), and
+        forget the watched source: a bound method of the trainer would keep the trainer, its DDP wrapper
+        and so the process group alive past :func:`distnerf.dist.shutdown`."""
         self._stop.set()
+        born = self._born
+        self.source = lambda: (None, "stopped", born)
         if self._thread is not None:
             self._thread.join(timeout=2 * self.interval_s)
             self._thread = None

@@ -234,8 +234,13 @@ def counting_worker(rank: int, world_size: int, port: int, run_dir: str, overrid
 
 def gloo_worker_threads() -> int:
     """This process's gloo worker threads (named ``pt_gloo_runloop`` by torch), from /proc."""
-    tasks = Path("/proc/self/task")
-    return sum((t / "comm").read_text().strip() == "pt_gloo_runloop" for t in tasks.iterdir())
+    count = 0
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            count += (task / "comm").read_text().strip() == "pt_gloo_runloop"
+        except FileNotFoundError:  # a thread that ended between the listing and the read
+            pass
+    return count
 
 
 def shutdown_worker(rank: int, world_size: int, port: int, out_dir: str):

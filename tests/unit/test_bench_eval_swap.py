@@ -34,3 +34,16 @@ def test_swap_points_every_reference_at_the_baseline_and_back():
 def test_an_unknown_revision_is_an_error():
     with pytest.raises(subprocess.CalledProcessError):
         S.load_baseline_module("distnerf/renderer/packed.py", "no-such-revision")
+
+
+def test_baseline_modules_call_each_other_not_the_checkout():
+    """A baseline marching module that imported render_transmittance from packed must call the baseline
+    packed's function once linked, or the baseline's turns would run part of the checkout's code."""
+    pairs = [S.load_baseline_module(p, "HEAD") for p in ("distnerf/renderer/packed.py",
+                                                         "distnerf/renderer/marching.py")]
+    (_, shadow_packed), (_, shadow_marching) = pairs
+    assert shadow_marching.render_transmittance is P.render_transmittance  # as loaded: the checkout's
+    table = S.swap_table(pairs)
+    assert S.link_baselines(pairs, table) >= 1
+    assert shadow_marching.render_transmittance is shadow_packed.render_transmittance
+    assert shadow_marching.accumulate is shadow_packed.accumulate
