@@ -565,7 +565,13 @@ class GridModel(MarchingModel):
         threshold = self.current_occupancy_threshold()
         if self.focus is None and len(set(shape)) == 1:
             m = shape[0]
-            corner_max = F.max_pool3d(self.density.detach().view(1, 1, m, m, m), 2, stride=1)[0, 0]
+            raw = self.density.detach().view(m, m, m)
+            raw_threshold = self.raw_threshold(threshold, step_size) if self.contraction_aabb is None else None
+            if raw_threshold is not None:  # a bounded field: compare the raw table, not 4 M opacities
+                self.occupancy.aabb.copy_(self.grid_aabb)
+                self.occupancy.set_binary(any_corner(raw > raw_threshold))
+                return
+            corner_max = F.max_pool3d(raw[None, None], 2, stride=1)[0, 0]
             alpha = 1.0 - torch.exp(-self.densities(corner_max) * step_size * self._step_scale(m - 1))
             self.occupancy.aabb.copy_(self.grid_aabb)  # the voxels' box (set_from_alpha refreshes the caches)
             self.occupancy.set_from_alpha(alpha, threshold, dilation=0)
@@ -579,6 +585,21 @@ class GridModel(MarchingModel):
         scale = self._step_scale(m)
         alpha = 1.0 - torch.exp(-sigma * step_size * (scale.reshape(-1) if torch.is_tensor(scale) else scale))
         self.occupancy.set_from_alpha(alpha.view(m, m, m), threshold, dilation=1)
+
+    def raw_threshold(self, threshold: float, step_size: float) -> float | None:
+        """The raw table value above which one marching step of ``step_size`` has opacity above
+        ``threshold``: 1 - exp(-softplus(raw + shift) / base_voxel * step) > threshold
+        <=> raw > log(expm1(-log(1 - threshold) * base_voxel / step)) - shift (softplus and
+        exp are increasing, so the comparison moves to the raw values unchanged). None when it
+        has no finite value (threshold 0, or one so small that expm1 underflows): the caller
+        then compares opacities."""
+        if not 0.0 < threshold < 1.0:
+            return None
+        target = -math.log1p(-threshold) * self.base_voxel / step_size  # softplus(raw + shift) above this
+        inner = math.expm1(target)
+        if not (inner > 0.0 and math.isfinite(inner)):
+            return None
+        return math.log(inner) - self.density_shift
 
     def current_occupancy_threshold(self) -> float:
         """Opacity of one marching step below which a cell is empty now: ``occupancy_threshold_final``
@@ -643,6 +664,20 @@ class GridModel(MarchingModel):
         if step > 0 and step % self.occupancy_every == 0:
             self.update_occupancy()
         return replaced
+
+
+def any_corner(vertex: torch.Tensor) -> torch.Tensor:
+    """Whether any of each voxel's 8 corners is set.
+
+    Args:
+        vertex: (M, M, M) bool, one per grid vertex.
+    Returns:
+        (M - 1, M - 1, M - 1) bool, one per voxel: the OR of its corners (a 2x2x2 max-pool
+        with stride 1, as three pairwise ORs along the axes).
+    """
+    v = vertex[1:] | vertex[:-1]
+    v = v[:, 1:] | v[:, :-1]
+    return v[:, :, 1:] | v[:, :, :-1]
 
 
 def total_variation(grid: torch.Tensor) -> torch.Tensor:

@@ -204,6 +204,12 @@ class OccupancyGrid(nn.Module):
             self.binary = torch.zeros(alpha.shape, dtype=torch.bool, device=self.binary.device)
         self.binary.copy_(alpha > threshold)
 
+    def set_binary(self, occupied: torch.Tensor) -> None:
+        """Occupied where ``occupied`` is: (M, M, M) bool, computed by the caller."""
+        if occupied.shape != self.binary.shape:
+            self.binary = torch.zeros(occupied.shape, dtype=torch.bool, device=self.binary.device)
+        self.binary.copy_(occupied)
+
     def resize(self, aabb: torch.Tensor, resolution: int) -> None:
         """Reset to all-occupied at a new box and resolution (after a grid change)."""
         if self.contracted:

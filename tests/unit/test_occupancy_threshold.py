@@ -70,3 +70,26 @@ def test_a_single_resolution_keeps_the_usual_threshold():
                       occupancy_threshold=1e-3, occupancy_threshold_final=0.05)
     alpha = _set_vertices(model, seed=3)
     assert torch.equal(model.occupancy.binary, _expected(alpha, 1e-3))
+
+
+@pytest.mark.parametrize("threshold", [1e-3, 0.05, 0.5])
+def test_continuous_densities_match_a_float64_opacity_per_voxel(threshold):
+    """Raw values spread over the threshold's neighbourhood: the occupancy equals the voxels whose
+    largest corner opacity, computed here in float64 from 1 - exp(-softplus(raw + shift) /
+    base_voxel * step), exceeds the threshold."""
+    model = GridModel(AABB, BG, resolutions=[9], upsample_steps=[], color="sh", tv_weight=0.0,
+                      tighten_aabb=False, occupancy_threshold=threshold)
+    n = model.resolution
+    centre = _raw_for(model, threshold)
+    raw = centre + 2.0 * torch.randn((n, n, n), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        model.density.copy_(raw.reshape(-1, 1))
+    model.update_occupancy()
+    sigma = torch.nn.functional.softplus(raw.double() + model.density_shift) / model.base_voxel
+    alpha = 1.0 - torch.exp(-sigma * model.step_size())
+    expected = _expected(alpha, threshold)
+    assert expected.any() and not expected.all()  # the case has both kinds of voxel
+    differ = model.occupancy.binary != expected
+    # a float32 comparison may only disagree with float64 on a corner opacity at the threshold itself
+    near = _expected(alpha, threshold * (1 - 1e-5)) & ~_expected(alpha, threshold * (1 + 1e-5))
+    assert not bool((differ & ~near).any())
