@@ -265,6 +265,43 @@ def engine_step(res: Results) -> list[str]:
     return out
 
 
+LEGO_PROBES_1205C = (  # run (under lego_budget/), what it changed, the occupancy refresh it ran with
+    ("10min_probe/base25_1205c", "as written", "before"),
+    ("10min_probe/base25new_1205c", "as written", "after"),
+    ("10min_probe/ds05_1205c", "`train.decay_start=0.5`", "after"),
+    ("10min_probe/tv3e5_1205c", "`model.tv_weight=3e-5`", "after"),
+    ("10min_probe/sh2_1205c", "`model.sh_degree=2`", "after"),
+    ("10min_probe/res192_1205c", "`model.resolutions=[64,128,192]`", "after"),
+    ("10min_probe/as_written_200_1205c", "as written", "after"),
+    ("2min_probe/default_1205", "as written", "before"),
+    ("2min_probe/default_1205b", "as written", "before"),
+    ("2min_probe/as_written_1205c", "as written", "after"),
+    ("2min_probe/as_written_1205d", "as written", "after"),
+)
+
+
+def lego_probes(res: Results) -> list[str]:
+    """tools/bench_budget.sh probes of 2026-12-05 (afternoon): the README's lego line at 10 and 2 minutes as
+    written and with one override, before and after the occupancy refresh compared raw values (9634cfa)."""
+    out = header("budget", "override", "occupancy refresh", "steps", "test PSNR / SSIM", "views scored",
+                 "model_update share of the step", "started (UTC)")
+    for run, label, code in LEGO_PROBES_1205C:
+        if not (res.root / f"lego_budget/{run}/metrics.json").is_file():
+            continue
+        m, meta = res.json(f"lego_budget/{run}/metrics.json"), res.meta(f"lego_budget/{run}/metrics.json")
+        totals: dict[str, float] = {}
+        for r in res.jsonl(f"lego_budget/{run}/metrics.jsonl"):
+            for k, v in r.items():
+                if k.startswith("time_") and isinstance(v, (int, float)):
+                    totals[k] = totals.get(k, 0.0) + v
+        share = totals.get("time_model_update", 0.0) / max(sum(totals.values()), 1e-9)
+        out.append(row(run.split("_probe")[0].replace("min", " min"), label,
+                       "max-pool of opacities (before)" if code == "before" else "raw threshold (after)", m["step"],
+                       f"{m['psnr']:.2f} / {m['ssim']:.3f}", m["num_scored_views"], f"{100 * share:.1f}%",
+                       meta["started"][11:16]))
+    return out
+
+
 def lego_budget(res: Results) -> list[str]:
     """tools/bench_budget.sh: the README's lego line as written at 2 and 10 minutes, against the same line
     when the learning rate decayed over the whole budget (train.decay_start=0, the earlier default)."""
@@ -440,17 +477,17 @@ def main_job(res: Results) -> list[str]:
                    f"{render_meta['wall_s']:.1f} s", psnr_ssim(rm)))
     ok = wall <= 240 and m["psnr"] >= 31
     out += ["", f"Target (<= 4 minutes at >= 31 dB): **{'met' if ok else 'missed'}**."]
-    ab = res.root / "main_job/ab_20261205"
-    if ab.is_dir():  # tools/bench_main_job.py --no-setup [--rev], before/after alternating in one invocation
+    for ab in sorted((res.root / "main_job").glob("ab_*")):  # tools/bench_main_job.py --no-setup [--rev], alternating
         walls: dict[str, list] = {"before": [], "after": []}
-        for run in sorted(ab.iterdir()):
-            meta, mm = res.meta(f"main_job/ab_20261205/{run.name}/metrics.json"), res.json(f"main_job/ab_20261205/{run.name}/metrics.json")
+        for run in sorted(p for p in ab.iterdir() if p.is_dir()):
+            rel = f"main_job/{ab.name}/{run.name}/metrics.json"
+            meta, mm = res.meta(rel), res.json(rel)
             walls[run.name.split("_")[0]].append((meta["wall_s"], mm["psnr"], meta.get("git_commit", "?")))
         med = {k: statistics.median(w for w, _, _ in v) for k, v in walls.items()}
-        out += ["", f"- Side by side, the training command in fresh clones with this interpreter (`--no-setup`), "
-                    f"before (`{walls['before'][0][2]}`) and after (`{walls['after'][0][2]}`) alternating, "
-                    f"{len(walls['before'])} runs each in one invocation: {med['after']:.1f} s against {med['before']:.1f} s "
-                    f"({med['after'] / med['before']:.3f}x; runs "
+        out += ["", f"- Side by side ({ab.name}), the training command in fresh clones with this interpreter "
+                    f"(`--no-setup`), before (`{walls['before'][0][2]}`) and after (`{walls['after'][0][2]}`) "
+                    f"alternating, {len(walls['before'])} runs each in one invocation: {med['after']:.1f} s against "
+                    f"{med['before']:.1f} s ({med['after'] / med['before']:.3f}x; runs "
                     f"{', '.join(f'{w:.1f}' for w, _, _ in walls['after'])} and "
                     f"{', '.join(f'{w:.1f}' for w, _, _ in walls['before'])} s), test PSNR "
                     f"{walls['after'][0][1]:.2f} against {walls['before'][0][1]:.2f} dB."]
@@ -997,6 +1034,7 @@ TABLES = {
     "engine_train": engine_train,
     "engine_step": engine_step,
     "lego_budget": lego_budget,
+    "lego_probes": lego_probes,
     "lego_schedule": lego_schedule,
     "fern_quality": fern_quality,
     "fern_budget": fern_budget,

@@ -555,8 +555,11 @@ class GridModel(MarchingModel):
         ``grid_aabb``, and a voxel is occupied when the opacity of one marching step at
         the *largest* of its 8 corner densities exceeds ``occupancy_threshold``: trilinear
         interpolation never exceeds its largest corner and softplus is monotonic, so no
-        point of an empty voxel is above the threshold (one max-pool over the table, no
-        interpolation). With a focus box, the density at N^3 cell centres over the scene
+        point of an empty voxel is above the threshold (no interpolation). On a bounded field
+        the test moves to the raw table (:meth:`raw_threshold`: a voxel is occupied when any
+        corner's raw value exceeds it, :func:`any_corner`), so no opacity is computed; a
+        contracted field's step length varies per cell, so there the largest corner's opacity
+        is computed (a 2x2x2 max-pool). With a focus box, the density at N^3 cell centres over the scene
         box, dilated by one cell; with a table of unequal counts per axis (``cubic_voxels`` on a
         box that is not a cube), the same at M^3 cell centres over ``grid_aabb``, M = the largest
         count - 1 (no cell longer than a voxel).

@@ -135,3 +135,20 @@ def test_the_code_restates_no_config_default():
                     and "cfg" in ast.unparse(call.func.value)):
                 found.append(f"{path.relative_to(CONF.parent)}:{call.lineno}: {ast.unparse(call)}")
     assert not found, "\n".join(found)
+
+
+def test_a_datasets_model_settings_apply_under_that_dataset_only():
+    """conf/dataset_model/<dataset>_<model>.yaml: lego's grid gets its finer final stage; the built-in scene keeps
+    the schema's, an experiment's overlay and the command line still win."""
+    blender_grid = yaml.safe_load((CONF / "dataset_model/blender_grid.yaml").read_text())["resolutions"]
+    assert blender_grid != list(schema.GridModelConfig().resolutions)
+    lego = config_check.validate(compose_train(["dataset=blender", "dataset.root=/data/x"]))
+    assert list(lego.model.resolutions) == blender_grid
+    assert list(config_check.validate(compose_train([])).model.resolutions) == list(schema.GridModelConfig().resolutions)
+    smoke = config_check.validate(compose_train(["dataset=blender", "dataset.root=/data/x", "experiment=smoke"]))
+    assert list(smoke.model.resolutions) == yaml.safe_load((CONF / "experiment_model/smoke_grid.yaml").read_text())[
+        "resolutions"]
+    given = config_check.validate(compose_train(["dataset=blender", "dataset.root=/data/x", "model.resolutions=[32,64]"]))
+    assert list(given.model.resolutions) == [32, 64]
+    ngp = config_check.validate(compose_train(["dataset=blender", "dataset.root=/data/x", "model=ngp"]))
+    assert "resolutions" not in ngp.model
