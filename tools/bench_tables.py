@@ -405,6 +405,19 @@ def lego_budget(res: Results) -> list[str]:
             f"({kilo(new['rays_per_s_median'])} rays/s) against {f2(old['seconds_median'])} s "
             f"({e['old_over_new_seconds_same_views']:.2f}x); test PSNR {new['psnr']:.3f} against {old['psnr']:.3f} dB; "
             f"thresholds minus without {e['psnr_new_minus_exact']:+.3f} dB."]
+    pair = [(label, res.json(f"lego_budget/10min_probe/{run}/bench_engine_eval.json"))
+            for run, label in (("as_written192_200_1205c", "the 192^3 model of 7a2d0c3's 10-minute run"),
+                               ("base25new_1205c", "the 160^3 model of the same afternoon"))
+            if (res.root / f"lego_budget/10min_probe/{run}/bench_engine_eval.json").is_file()]
+    if pair:  # tools/bench_engine.py --parts eval,exact --views 25, one invocation per model, back to back
+        met = pair[0][1]["new"]["seconds_median"] <= 1.0 and abs(pair[0][1]["psnr_new_minus_exact"]) <= 0.05
+        out += ["- Evaluation at 7a2d0c3 (`bench_engine.py --parts eval,exact`, 25 test views, 2 threads, one invocation "
+                "per model, back to back): " + "; ".join(
+                    f"{label}: **{f2(d['new']['seconds_median'])} s per view** ({kilo(d['new']['rays_per_s_median'])} "
+                    f"rays/s, {d['new']['num_samples']:.1f} samples per ray marched, thresholds minus without "
+                    f"{d['psnr_new_minus_exact']:+.3f} dB)" for label, d in pair)
+                + f". Target <= 1.0 s within 0.05 dB for the 10-minute model: **{'met' if met else 'missed'} on this "
+                  "measurement** (the machine's spread between processes: the bullets above)."]
     return out
 
 
