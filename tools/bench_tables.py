@@ -295,12 +295,8 @@ def lego_probes(res: Results) -> list[str]:
         if not (res.root / f"lego_budget/{run}/metrics.json").is_file():
             continue
         m, meta = res.json(f"lego_budget/{run}/metrics.json"), res.meta(f"lego_budget/{run}/metrics.json")
-        totals: dict[str, float] = {}
-        for r in res.jsonl(f"lego_budget/{run}/metrics.jsonl"):
-            for k, v in r.items():
-                if k.startswith("time_") and isinstance(v, (int, float)):
-                    totals[k] = totals.get(k, 0.0) + v
-        share = totals.get("time_model_update", 0.0) / max(sum(totals.values()), 1e-9)
+        summary = [r for r in res.jsonl(f"lego_budget/{run}/metrics.jsonl") if r.get("event") == "profile_summary"][-1]
+        share = next(v for k, v in summary.items() if k.endswith("/model_update_share"))  # the run's own profiler
         out.append(row(run.split("_probe")[0].replace("min", " min"), label,
                        "max-pool of opacities (before)" if code == "before" else "raw threshold (after)", m["step"],
                        f"{m['psnr']:.2f} / {m['ssim']:.3f}", m["num_scored_views"], f"{100 * share:.1f}%",

@@ -569,14 +569,13 @@ class GridModel(MarchingModel):
         if self.focus is None and len(set(shape)) == 1:
             m = shape[0]
             raw = self.density.detach().view(m, m, m)
+            self.occupancy.aabb.copy_(self.grid_aabb)  # the voxels' box (setting the cells refreshes the caches)
             raw_threshold = self.raw_threshold(threshold, step_size) if self.contraction_aabb is None else None
             if raw_threshold is not None:  # a bounded field: compare the raw table, not 4 M opacities
-                self.occupancy.aabb.copy_(self.grid_aabb)
                 self.occupancy.set_binary(any_corner(raw > raw_threshold))
                 return
             corner_max = F.max_pool3d(raw[None, None], 2, stride=1)[0, 0]
             alpha = 1.0 - torch.exp(-self.densities(corner_max) * step_size * self._step_scale(m - 1))
-            self.occupancy.aabb.copy_(self.grid_aabb)  # the voxels' box (set_from_alpha refreshes the caches)
             self.occupancy.set_from_alpha(alpha, threshold, dilation=0)
             return
         m = n if self.focus is not None else max(shape) - 1

@@ -200,9 +200,7 @@ class OccupancyGrid(nn.Module):
         if dilation > 0:
             k = 2 * dilation + 1
             alpha = F.max_pool3d(alpha[None, None], k, stride=1, padding=dilation)[0, 0]
-        if alpha.shape != self.binary.shape:
-            self.binary = torch.zeros(alpha.shape, dtype=torch.bool, device=self.binary.device)
-        self.binary.copy_(alpha > threshold)
+        self.set_binary(alpha > threshold)
 
     def set_binary(self, occupied: torch.Tensor) -> None:
         """Occupied where ``occupied`` is: (M, M, M) bool, computed by the caller."""
