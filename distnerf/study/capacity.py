@@ -238,18 +238,14 @@ def verdicts(capacity: list[dict], ranks: list[dict]) -> list[str]:
     """The targets, each 'met' or 'missed' with the figure (the capacity issue's three)."""
     out = []
     groups = sorted({(r.get("context", ""), r["budget"]) for r in ranks}, key=str)
-    for label, budget in groups or [("", None)]:
+    if not groups:  # a curve alone (conf/study/capacity_plateau.yaml): every budget with a neighbour on each side
+        groups = [(r.get("context", ""), r["budget"]) for r in capacity
+                  if r["db_per_doubling"] is not None and r is not _last_of_curve(capacity, r)]
+    for label, budget in groups:
         where = f"{budget}" + (f" ({label})" if label else "")
         row = next((r for r in capacity if r["budget"] == budget and r.get("context", "") == label), None)
         if row is not None:
-            slope = row["db_per_doubling_around"]
-            curve = [r for r in capacity if r.get("context", "") == label]
-            i = curve.index(row)
-            short = [r["budget"] for r in curve[max(i - 1, 0):i + 2] if not r["plateau"]]  # the slope's points
-            note = f" (not at a plateau: {', '.join(short)})" if short else ""
-            out.append(f"capacity curve at budget {where} ({_num(row['params_per_rank'])} parameters per rank): "
-                       f"{_fmt(slope, '+.2f')} dB per doubling of parameters (target >= {CAPACITY_TARGET_DB} dB at a "
-                       f"plateau): {_met(slope is not None and slope >= CAPACITY_TARGET_DB and not short)}{note}")
+            out.append(_capacity_verdict(capacity, row, where))
         at = [r for r in ranks if r["budget"] == budget and r.get("context", "") == label]
         for r in at:
             if r["strategy"] == "ss_joint" and r["db_per_doubling"] is not None:
@@ -261,6 +257,22 @@ def verdicts(capacity: list[dict], ranks: list[dict]) -> list[str]:
                 out.append(f"ddp at {where}, W = {r['world_size']}: {r['delta_vs_w1']:+.2f} dB from W = 1 (target "
                            f"within +-{DDP_BAND_DB} dB): {_met(abs(r['delta_vs_w1']) <= DDP_BAND_DB)}")
     return out
+
+
+def _last_of_curve(capacity: list[dict], row: dict) -> dict:
+    return [r for r in capacity if r.get("context", "") == row.get("context", "")][-1]
+
+
+def _capacity_verdict(capacity: list[dict], row: dict, where: str) -> str:
+    """The capacity target at one budget: the mean slope of its two sides, every point of it at a plateau."""
+    slope = row["db_per_doubling_around"]
+    curve = [r for r in capacity if r.get("context", "") == row.get("context", "")]
+    i = curve.index(row)
+    short = [r["budget"] for r in curve[max(i - 1, 0):i + 2] if not r["plateau"]]  # the slope's points
+    note = f" (not at a plateau: {', '.join(short)})" if short else ""
+    return (f"capacity curve at budget {where} ({_num(row['params_per_rank'])} parameters per rank): "
+            f"{_fmt(slope, '+.2f')} dB per doubling of parameters (target >= {CAPACITY_TARGET_DB} dB at a "
+            f"plateau): {_met(slope is not None and slope >= CAPACITY_TARGET_DB and not short)}{note}")
 
 
 def _met(ok: bool) -> str:

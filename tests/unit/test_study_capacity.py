@@ -102,6 +102,23 @@ def test_a_flat_curve_under_a_decayed_learning_rate_is_no_plateau():
         assert line.startswith("capacity curve at budget p2") and "+2.00 dB" in line and line.endswith(verdict)
 
 
+def test_a_curve_without_ranks_is_judged_at_every_inner_budget():
+    # conf/study/capacity_plateau.yaml: one-rank ddp cells only. Slopes by hand: p1 -> p2 +2.0, p2 -> p4
+    # +1.0, p4 -> p8 +1.6 dB per doubling; around p2 (2.0 + 1.0) / 2 = 1.5 (met: >= 1.5), around p4
+    # (1.0 + 1.6) / 2 = 1.3 (missed); the ends have one side and get no verdict
+    keys = {s["key"]: s for s in [
+        summary("ddp-w1-p1", "ddp", 1, "p1", [22.0] * 3, 1e6),
+        summary("ddp-w1-p2", "ddp", 1, "p2", [24.0] * 3, 2e6),
+        summary("ddp-w1-p4", "ddp", 1, "p4", [25.0] * 3, 4e6),
+        summary("ddp-w1-p8", "ddp", 1, "p8", [26.6] * 3, 8e6),
+    ]}
+    cap = capacity.capacity_rows(keys)
+    lines = capacity.verdicts(cap, capacity.ranks_rows(keys))
+    assert capacity.ranks_rows(keys) == [] and len(lines) == 2
+    assert lines[0].startswith("capacity curve at budget p2") and "+1.50 dB" in lines[0] and lines[0].endswith(": met")
+    assert lines[1].startswith("capacity curve at budget p4") and "+1.30 dB" in lines[1] and lines[1].endswith("MISSED")
+
+
 def test_a_world_size_level_adds_its_overrides_and_is_declared():
     cfg = section(StudyConfig, OmegaConf.create({
         "name": "t", "axes": {"strategy": ["ddp"], "world_size": [1, 2]},
