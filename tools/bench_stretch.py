@@ -16,9 +16,10 @@ Every run: ``python -m distnerf.train dataset=synthetic dataset.kind=detail samp
 train.global_rays=2048 train.val_views=4 eval.num_views=25 ... seed=0`` (the study's fixed
 overrides; ``--set`` adds or replaces), run directory ``OUT_DIR/p<budget>_x<k>``. ``--collect``
 trains nothing and summarises the run directories already in OUT_DIR. Writes JSON (``--out``)
-with one row per run (budget, parameters, multiple, steps, test PSNR / SSIM, constant-colour PSNR,
-validation gain over the last 20% of the steps, learning rate at 80% of the steps as a share of
-the first) and a ``meta`` block. Untimed (quality at equal steps): no quiet machine needed.
+with one row per run (budget, parameters, rays per step, steps, test PSNR / SSIM, constant-colour PSNR,
+validation gain over the last 20% of the steps -- and, under a warmup-stable-decay schedule, over the
+last 20% of its constant phase --, learning rate at 80% of the steps as a share of the first, the
+validation curve) and a ``meta`` block. Untimed (quality at equal steps): no quiet machine needed.
 """
 from __future__ import annotations
 
@@ -60,6 +61,7 @@ def summarise(run_dir: Path) -> dict:
     steps = int(cfg.train.max_steps)
     params = next((r["parameters_per_rank"] for r in rows if r.get("event") == "model_size"), None)
     strategy = cfg.strategy
+    val = [(r["step"], r["val_psnr"]) for r in rows if "val_psnr" in r]
     return {"run": run_dir.name, "strategy": strategy.name, "training": strategy.get("training"),
             "num_regions": strategy.get("num_regions"), "tv_weight": float(cfg.model.tv_weight),
             "cubic_voxels": bool(cfg.model.get("cubic_voxels", False)),
@@ -68,7 +70,13 @@ def summarise(run_dir: Path) -> dict:
             "decay_start": float(cfg.train.decay_start),
             "upsample_steps": list(cfg.model.upsample_steps), "psnr": final["psnr"], "ssim": final["ssim"],
             "constant_psnr": final.get("constant_psnr"), "num_views": final.get("num_scored_views"),
-            "val_gain_last_20pct": plateau_gain([(r["step"], r["val_psnr"]) for r in rows if "val_psnr" in r]),
+            "global_rays": int(cfg.train.global_rays),
+            "val_gain_last_20pct": plateau_gain(val),
+            # a warmup-stable-decay run (decay_steps null, decay < 1): the same gain over the last 20% of its
+            # constant phase, before the cool-down begins (None for other schedules)
+            "val_gain_before_decay": plateau_gain([(s, v) for s, v in val if s <= cfg.train.decay_start * steps])
+            if cfg.train.decay_steps is None and float(cfg.train.decay) < 1.0 else None,
+            "val_curve": val,
             "lr_at_80pct_over_first": lr_share([(r["step"], r["lr"]) for r in rows if "lr" in r])}
 
 

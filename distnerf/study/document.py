@@ -66,6 +66,7 @@ def section_tables(data: dict) -> list[tuple[str, list[str]]]:
         ("steps_s", "training s", ".0f"), ("params_per_rank", "params/rank", ".3g"),
         ("peak_rss_mb", "peak RSS MiB", ".0f")])))
     if t.get("capacity") or t.get("ranks"):
+        targets = ["", "Targets:", *[f"- {v}" for v in t.get("verdicts", [])]]
         out.append(("Capacity: test PSNR against parameters per rank (ddp, W = 1)", _table(t["capacity"], [
             ("context", "context", ""), ("budget", "budget", ""), ("params_per_rank", "params/rank", ".3g"), ("n", "n (seeds)", ""),
             ("psnr_mean", "PSNR mean dB", ".2f"), ("psnr_sd", "sd", ".2f"),
@@ -74,7 +75,8 @@ def section_tables(data: dict) -> list[tuple[str, list[str]]]:
             ("gain_last_max", f"gain over last {capacity.PLATEAU_FRACTION:.0%} of steps (max over seeds, val dB)",
              "+.2f"), ("lr_share_min", "lr there (x start, min over seeds)", ".3f"),
             ("plateau", f"plateau (< {capacity.PLATEAU_GAIN_DB} dB, lr >= {capacity.PLATEAU_MIN_LR_SHARE} x start)", ""),
-            ("constant_psnr", "constant-colour PSNR", ".2f")])))
+            ("constant_psnr", "constant-colour PSNR", ".2f")]) + ([] if t.get("ranks") else targets)))
+    if t.get("ranks"):  # a curve alone (conf/study/capacity_plateau.yaml) has its targets under the curve
         out.append(("Quality against ranks (equal steps, equal rays per rank per step)", _table(t["ranks"], [
             ("context", "context", ""), ("budget", "budget", ""), ("strategy", "strategy", ""), ("world_size", "W", ""),
             ("n", "n (seeds)", ""),
@@ -82,8 +84,7 @@ def section_tables(data: dict) -> list[tuple[str, list[str]]]:
             ("db_per_doubling", "dB per doubling of ranks", "+.2f"), ("delta_vs_w1", "vs W = 1 dB", "+.2f"),
             ("steps", "steps", ".0f"), ("single_equal_total_psnr", "one rank, W x the params, same steps (dB)", ".2f"),
             ("vs_single_equal_total", "vs that", "+.2f"), ("params_per_rank", "params/rank", ".3g"),
-            ("source", "cell", "")])
-            + ["", "Targets:", *[f"- {v}" for v in t.get("verdicts", [])]]))
+            ("source", "cell", "")]) + targets))
     sc, chk = t["scaling"], t["scaling_check"]
     if sc:
         inp = sc["inputs"]

@@ -165,3 +165,17 @@ def test_each_ranks_row_is_set_beside_the_single_model_of_equal_total_parameters
     assert rows[0]["single_equal_total_psnr"] is None
     capacity.annotate_equal_total(rows, [curve[0], {**curve[1], "steps": 3000}])
     assert rows[0]["single_equal_total_psnr"] == 26.0
+
+
+def test_a_curve_alone_prints_its_targets_under_the_curve_and_no_ranks_section():
+    from distnerf.study.document import section_tables
+
+    keys = {s["key"]: s for s in [summary(f"ddp-w1-{b}", "ddp", 1, b, [y] * 3, p)
+                                  for b, y, p in (("p1", 22.0, 1e6), ("p2", 24.0, 2e6), ("p4", 26.0, 4e6))]}
+    cap = capacity.capacity_rows(keys)
+    tables = {"breakdown": [], "sync": [], "inference": [], "input": [], "quality": [], "capacity": cap,
+              "ranks": [], "verdicts": capacity.verdicts(cap, []), "scaling": None, "scaling_check": None, "differs": []}
+    sections = dict(section_tables({"tables": tables, "cells": [], "declared": []}))
+    assert not any(title.startswith("Quality against ranks") for title in sections)
+    body = sections["Capacity: test PSNR against parameters per rank (ddp, W = 1)"]
+    assert body[-2] == "Targets:" and body[-1].startswith("- capacity curve at budget p2") and body[-1].endswith(": met")
