@@ -911,19 +911,36 @@ def study_capacity_stretch(res: Results) -> list[str]:
     return out
 
 
+def _schedule_rule(r: dict) -> str:
+    """A tools/bench_stretch.py row's learning-rate rule in words."""
+    if r["decay"] == 1.0:
+        return "constant"
+    if r["decay_steps"] is None:
+        return f"constant to {r['decay_start']:.0%} of the steps, then x {r['decay']:g} over the rest"
+    return f"x {r['decay']:g} per {r['decay_steps']:.0f} steps (x {r['decay'] ** (r['steps'] / r['decay_steps']):.2f} at the end)"
+
+
+def study_capacity_batch(res: Results) -> list[str]:
+    """tools/bench_stretch.py probes of ddp's batch effect at the plateau (one rank, 125 k, seed 0): 2048 rays per
+    step (ddp at W = 1) against 8192 (the gradient of ddp at W = 4: the mean over 4 x 2048 rays), under a
+    constant rate and under a warmup-stable-decay schedule."""
+    rows = res.json("study_capacity_plateau/batch.json")["rows"]
+    out = header("rays per step", "steps", "learning rate", "test PSNR dB (25 views)", "SSIM",
+                 "val gain, last 20% of the steps", "val gain, last 20% of the constant phase", "run")
+    for r in sorted(rows, key=lambda r: (r["decay"] < 1.0, r["global_rays"], r["steps"])):
+        before = r.get("val_gain_before_decay")
+        out.append(row(r["global_rays"], r["steps"], _schedule_rule(r), f2(r["psnr"]), f"{r['ssim']:.4f}",
+                       f"{r['val_gain_last_20pct']:+.3f} dB", "–" if before is None else f"{before:+.3f} dB", r["run"]))
+    return out
+
+
 def study_capacity_schedule(res: Results) -> list[str]:
     """tools/bench_stretch.py probes of the capacity study's learning-rate schedule (one rank, seed 0)."""
     sys.path.insert(0, str(ROOT))
     from distnerf.study.capacity import PLATEAU_GAIN_DB, PLATEAU_MIN_LR_SHARE
 
     rows = res.json("study_capacity/schedule.json")["rows"]
-
-    def rule(r: dict) -> str:
-        if r["decay"] == 1.0:
-            return "constant"
-        if r["decay_steps"] is None:
-            return f"constant to {r['decay_start']:.0%} of the steps, then x {r['decay']:g} over the rest"
-        return f"x {r['decay']:g} per {r['decay_steps']:.0f} steps (x {r['decay'] ** (r['steps'] / r['decay_steps']):.2f} at the end)"
+    rule = _schedule_rule
 
     out = header("budget", "params/rank", "steps", "learning rate", "test PSNR dB (25 views)",
                  "val gain, last 20% of the steps", "lr at 80% of the steps (x first)", "plateau (< 0.2 dB, lr >= 0.1 x)")
@@ -1008,6 +1025,11 @@ def study_capacity_lego(res: Results) -> list[str]:
     return study_capacity(res, "study_capacity_lego")
 
 
+def study_capacity_plateau(res: Results) -> list[str]:
+    """conf/study/capacity_plateau.yaml: the capacity curve at its plateau, with its targets."""
+    return study_capacity(res, "study_capacity_plateau", sections=("Capacity",))
+
+
 def study_capacity_1m(res: Results) -> list[str]:
     """The earlier capacity study at 1 M parameters per rank (conf/study/capacity_1m.yaml)."""
     return study_capacity(res, "study_capacity_1m")
@@ -1064,6 +1086,8 @@ TABLES = {
     "study_capacity_seams": study_capacity_seams,
     "study_capacity_lego": study_capacity_lego,
     "study_capacity_1m": study_capacity_1m,
+    "study_capacity_plateau": study_capacity_plateau,
+    "study_capacity_batch": study_capacity_batch,
     "soak": soak,
     "study_characterization": study_characterization,
     "lego_quality": lego_quality,

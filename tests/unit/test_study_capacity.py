@@ -26,6 +26,17 @@ def test_the_plateau_detector_on_synthetic_curves():
     assert capacity.plateau_gain(line) == pytest.approx(2.0)
     assert capacity.plateau_gain([(900, 1.0), (1000, 2.0)]) is None  # nothing at or before step 800
     assert capacity.plateau_gain([]) is None
+    # validation noise at a plateau: five points every 50 steps over the window 800-1000, 30 dB plus
+    # (0, +0.1, -0.1, -0.1, +0.25). The two single validations differ by 0.25 dB; the least-squares
+    # line (x centred: -2..2 in units of 50 steps) has slope (0 - 0.1 + 0 - 0.1 + 0.5) / 10 = 0.03 per
+    # 50 steps, a rise of 0.03 x 4 = 0.12 dB over the window: a plateau by the fitted line only
+    noisy = [(s, 30.0) for s in range(0, 800, 100)] + [
+        (800, 30.0), (850, 30.1), (900, 29.9), (950, 29.9), (1000, 30.25)]
+    assert capacity.plateau_gain(noisy) == pytest.approx(0.12)
+    assert noisy[-1][1] - noisy[-5][1] == pytest.approx(0.25) and 0.25 > capacity.PLATEAU_GAIN_DB
+    # a rise under the same noise is still seen: + 0.2 dB per 50 steps on top gives 0.12 + 0.8
+    rising = [(s, y + 0.004 * (s - 800)) if s >= 800 else (s, y) for s, y in noisy]
+    assert capacity.plateau_gain(rising) == pytest.approx(0.92)
 
 
 def test_mean_sd_and_gain_per_doubling_by_hand():
