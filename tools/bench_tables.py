@@ -921,15 +921,25 @@ def _schedule_rule(r: dict) -> str:
 
 
 def study_capacity_batch(res: Results) -> list[str]:
-    """tools/bench_stretch.py probes of ddp's batch effect at the plateau (one rank, 125 k, seed 0): 2048 rays per
-    step (ddp at W = 1) against 8192 (the gradient of ddp at W = 4: the mean over 4 x 2048 rays), under a
-    constant rate and under a warmup-stable-decay schedule."""
+    """tools/bench_stretch.py probes of ddp's batch effect at the plateau (one process, seed 0): one 125 k model at
+    2048 rays per step (ddp at W = 1), 4096 and 8192 (the gradient of ddp at W = 2 and 4: the mean over W x 2048
+    rays), and two joint sub-models of 125 k at 4096 (joint ss at W = 2 in one process), under a constant rate
+    and under a warmup-stable-decay schedule."""
     rows = res.json("study_capacity_plateau/batch.json")["rows"]
-    out = header("rays per step", "steps", "learning rate", "test PSNR dB (25 views)", "SSIM",
+
+    def model(r: dict) -> str:
+        if r["strategy"] == "ss":
+            k = r["num_regions"]
+            return f"{k} {r['training']} sub-models, {k} x {r['max_params'] / k / 1e3:g} k" + (
+                " (cubic voxels)" if r["cubic_voxels"] else "")
+        return f"one model, {r['max_params'] / 1e3:g} k"
+
+    out = header("model", "rays per step", "as", "steps", "learning rate", "test PSNR dB (25 views)", "SSIM",
                  "val gain, last 20% of the steps", "val gain, last 20% of the constant phase", "run")
-    for r in sorted(rows, key=lambda r: (r["decay"] < 1.0, r["global_rays"], r["steps"])):
+    for r in sorted(rows, key=lambda r: (r["decay"] < 1.0, r["strategy"] == "ss", r["global_rays"], r["steps"])):
         before = r.get("val_gain_before_decay")
-        out.append(row(r["global_rays"], r["steps"], _schedule_rule(r), f2(r["psnr"]), f"{r['ssim']:.4f}",
+        as_ = f"{'joint ss' if r['strategy'] == 'ss' else 'ddp'} at W = {r['global_rays'] // 2048}"
+        out.append(row(model(r), r["global_rays"], as_, r["steps"], _schedule_rule(r), f2(r["psnr"]), f"{r['ssim']:.4f}",
                        f"{r['val_gain_last_20pct']:+.3f} dB", "–" if before is None else f"{before:+.3f} dB", r["run"]))
     return out
 
