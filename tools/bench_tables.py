@@ -950,13 +950,12 @@ def study_capacity_schedule(res: Results) -> list[str]:
     from distnerf.study.capacity import PLATEAU_GAIN_DB, PLATEAU_MIN_LR_SHARE
 
     rows = res.json("study_capacity/schedule.json")["rows"]
-    rule = _schedule_rule
 
     out = header("budget", "params/rank", "steps", "learning rate", "test PSNR dB (25 views)",
                  "val gain, last 20% of the steps", "lr at 80% of the steps (x first)", "plateau (< 0.2 dB, lr >= 0.1 x)")
     for r in sorted(rows, key=lambda r: (r["max_params"], r["steps"], -r["decay"], r["decay_steps"] or 0)):
         plateau = r["val_gain_last_20pct"] < PLATEAU_GAIN_DB and r["lr_at_80pct_over_first"] >= PLATEAU_MIN_LR_SHARE
-        out.append(row(f"{r['max_params'] / 1e3:g} k", f"{r['parameters_per_rank']:.3g}", r["steps"], rule(r), f2(r["psnr"]),
+        out.append(row(f"{r['max_params'] / 1e3:g} k", f"{r['parameters_per_rank']:.3g}", r["steps"], _schedule_rule(r), f2(r["psnr"]),
                        f"{r['val_gain_last_20pct']:+.3f} dB", f"{r['lr_at_80pct_over_first']:.3f}", "yes" if plateau else "no"))
     return out
 

@@ -80,12 +80,7 @@ def plateau_gain(curve: list[tuple[float, float]], fraction: float = PLATEAU_FRA
         window.insert(0, (start, value_at(pts, start)))
     if len(window) < 2:  # a run of one validation
         return 0.0
-    n = len(window)
-    mx = sum(x for x, _ in window) / n
-    my = sum(y for _, y in window) / n
-    sxx = sum((x - mx) ** 2 for x, _ in window)
-    slope = sum((x - mx) * (y - my) for x, y in window) / sxx
-    return slope * (pts[-1][0] - start)
+    return statistics.linear_regression(*zip(*window)).slope * (pts[-1][0] - start)
 
 
 def lr_share(curve: list[tuple[float, float | None]], fraction: float = PLATEAU_FRACTION) -> float | None:
@@ -259,8 +254,8 @@ def verdicts(capacity: list[dict], ranks: list[dict]) -> list[str]:
     out = []
     groups = sorted({(r.get("context", ""), r["budget"]) for r in ranks}, key=str)
     if not groups:  # a curve alone (conf/study/capacity_plateau.yaml): every budget with a neighbour on each side
-        groups = [(r.get("context", ""), r["budget"]) for r in capacity
-                  if r["db_per_doubling"] is not None and r is not _last_of_curve(capacity, r)]
+        groups = [(label, r["budget"]) for label in sorted({r.get("context", "") for r in capacity})
+                  for r in _curve(capacity, label)[1:-1]]
     for label, budget in groups:
         where = f"{budget}" + (f" ({label})" if label else "")
         row = next((r for r in capacity if r["budget"] == budget and r.get("context", "") == label), None)
@@ -279,14 +274,15 @@ def verdicts(capacity: list[dict], ranks: list[dict]) -> list[str]:
     return out
 
 
-def _last_of_curve(capacity: list[dict], row: dict) -> dict:
-    return [r for r in capacity if r.get("context", "") == row.get("context", "")][-1]
+def _curve(capacity: list[dict], label: str) -> list[dict]:
+    """The capacity rows of one context, in :func:`capacity_rows`' order (by parameters)."""
+    return [r for r in capacity if r.get("context", "") == label]
 
 
 def _capacity_verdict(capacity: list[dict], row: dict, where: str) -> str:
     """The capacity target at one budget: the mean slope of its two sides, every point of it at a plateau."""
     slope = row["db_per_doubling_around"]
-    curve = [r for r in capacity if r.get("context", "") == row.get("context", "")]
+    curve = _curve(capacity, row.get("context", ""))
     i = curve.index(row)
     short = [r["budget"] for r in curve[max(i - 1, 0):i + 2] if not r["plateau"]]  # the slope's points
     note = f" (not at a plateau: {', '.join(short)})" if short else ""
