@@ -18,14 +18,23 @@ Examples::
 ``logger.wandb.mode``), the report's figures and tables go into the study's W&B group as a run of
 job type ``report`` (``--wandb MODE`` overrides the cells' mode; ``distnerf/study/dashboard.py``).
 Exit status: 0 when every cell is finished, 1 when a cell failed (reported, re-run with
-``--retry-failed``), 2 on a bad config or study directory (or a report W&B refused).
+``--retry-failed``), 2 on a bad config or study directory (or a report W&B refused), 130 when
+``run`` was stopped by Ctrl-C or SIGTERM: it passes SIGTERM to the running cell's ranks, which
+checkpoint and exit, and waits for them; the next ``run`` resumes that cell from its checkpoint
+when it is untimed (``runner.resumable_step``) and starts it again when it is timed.
 """
 from __future__ import annotations
 
 import argparse
 import shutil
+import signal
 import sys
 from pathlib import Path
+
+
+def _stop(signum, frame):
+    """SIGTERM handler of ``run``: stop as Ctrl-C does (the runner passes SIGTERM on to the running cell)."""
+    raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,7 +87,14 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"distnerf.study: {saved} differs from {args.config}: replaced (finished cells are kept; "
                           "the report flags settings that now differ between cells)", file=sys.stderr)
                 shutil.copyfile(args.config, saved)
-            runner.run_study(cfg, args.study_dir, cells, args.retry_failed)
+            signal.signal(signal.SIGTERM, _stop)
+            try:
+                runner.run_study(cfg, args.study_dir, cells, args.retry_failed)
+            except KeyboardInterrupt as stop:
+                print(f"distnerf.study: stopped ({stop or 'Ctrl-C'}); a local cell that was running got SIGTERM and "
+                      "has exited (submitted Slurm jobs stay queued); run the same command again to continue",
+                      file=sys.stderr)
+                return 130
         result = report.write_report(args.study_dir)
     except (FileNotFoundError, ConfigError, ValueError, RuntimeError) as err:
         print(f"distnerf.study: {err}", file=sys.stderr)

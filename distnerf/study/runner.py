@@ -16,7 +16,12 @@ anyway (``contended``). A cell is **finished** when its run directory has ``metr
 and a committed checkpoint of the same step (the trainer writes both at the end): re-running
 the study skips it. A failed cell is reported and skipped unless ``retry_failed``; a cell
 left ``running``/``submitted`` by a study that was killed is moved to
-``STUDY_DIR/attempts/<id>.<n>`` (kept, not deleted) and run again from scratch.
+``STUDY_DIR/attempts/<id>.<n>`` (kept, not deleted) and run again from scratch, unless it is
+untimed and has a committed checkpoint (a cell stopped by SIGTERM writes one): then it resumes
+from that checkpoint in place (``resume=true``; a resumed run continues the uninterrupted one
+bit-exactly, ``tests/dist/test_resume.py``), its record keeping the step it resumed from and when
+its first attempt started. A timed cell always starts again: a resumed run's step times would mix
+two processes' start-ups.
 
 World size 1 runs under torchrun too (one rank, no process group: the trainer's
 single-process path), so every cell is launched the same way. Torchrun restarts are off
@@ -200,11 +205,27 @@ def plan_actions(study_dir: Path, cells: list[Cell], retry_failed: bool, log=pri
             raise RuntimeError(f"{cell.id}: still running (process group {record['pgid']} of an earlier "
                                f"`distnerf.study run`): stop it (kill -- -{record['pgid']}) or wait for it")
         if run_dir.exists():
-            why = {"failed": "failed before, retried", "done": "recorded done but unfinished"}.get(
-                (record or {}).get("status"), "interrupted")
-            log(f"{cell.id}: {why}; its directory moved to {_set_aside(study_dir, run_dir)}")
+            step = resumable_step(run_dir, cell, record)
+            if step is not None:
+                log(f"{cell.id}: interrupted; resumes from its checkpoint at step {step} (untimed)")
+            else:
+                why = {"failed": "failed before, retried", "done": "recorded done but unfinished"}.get(
+                    (record or {}).get("status"), "interrupted")
+                log(f"{cell.id}: {why}; its directory moved to {_set_aside(study_dir, run_dir)}")
         todo.append(cell)
     return todo
+
+
+def resumable_step(run_dir: Path, cell: Cell, record: dict | None) -> int | None:
+    """The step an interrupted cell resumes from, or None when it must start again from scratch.
+
+    Resumable: an untimed cell whose record says it was still ``running``/``submitted`` (its study
+    was stopped, not its run failed) and whose run directory holds a committed checkpoint
+    (:func:`distnerf.checkpoint.latest`: torn checkpoints are not counted)."""
+    if cell.timed or not record or record.get("status") not in ("running", "submitted"):
+        return None
+    last = ckpt.latest(Path(run_dir) / "checkpoints")
+    return None if last is None else int(ckpt.read_manifest(last)["step"])
 
 
 def _launch_env(cfg, cell: Cell) -> dict:
@@ -223,14 +244,18 @@ def run_local(cfg, study_dir: Path, cells: list[Cell], log=print) -> dict:
                                                                   "contended": False, "max_load": None}
         command = ["bash", str(REPO / "launch" / "torchrun_local.sh"), str(cell.world_size), str(run_dir), "--",
                    *cell.overrides, "train.progress=false"]
+        earlier = read_record(run_dir) if run_dir.exists() else None  # plan_actions kept it: a resume
         record = {"cell": cell.id, "key": cell.key, "values": cell.values, "repeat": cell.repeat,
                   "status": "running", "launcher": "local", "command": command, "timed": cell.timed,
                   "threads_per_rank": threads_per_rank(cfg, cell), "cpu_count": os.cpu_count(),
                   "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
                   **quiet}
+        if earlier is not None:
+            record.update(resumed_from_step=resumable_step(run_dir, cell, earlier),
+                          first_started=earlier.get("first_started", earlier.get("started")))
         write_record(run_dir, record)
         start = time.monotonic()
-        with open(run_dir / "launch.log", "w") as logfile:
+        with open(run_dir / "launch.log", "a" if earlier is not None else "w") as logfile:
             proc = subprocess.Popen(command, cwd=REPO, env=_launch_env(cfg, cell), stdout=logfile,
                                     stderr=subprocess.STDOUT, start_new_session=True)
             record["pgid"] = proc.pid  # the cell's own process group (torchrun and its ranks)
@@ -245,8 +270,8 @@ def run_local(cfg, study_dir: Path, cells: list[Cell], log=print) -> dict:
                     os.killpg(proc.pid, 9)
                     rc = proc.wait()
                 record["timed_out"] = True
-            except BaseException:  # Ctrl-C: stop the cell's ranks too; its record stays "running"
-                os.killpg(proc.pid, 15)
+            except BaseException:  # Ctrl-C or SIGTERM: stop the cell's ranks too (they checkpoint first);
+                os.killpg(proc.pid, 15)  # its record stays "running": resumable when untimed
                 proc.wait()
                 raise
         record.update(rc=rc, wall_s=time.monotonic() - start, finished=time.strftime("%Y-%m-%dT%H:%M:%S"),

@@ -1,6 +1,7 @@
 """``python -m distnerf.study`` end to end: conf/study/smoke.yaml (2 strategies x world sizes 1 and
 2 x the sync sampler, and the pipelined one at 2 ranks: 6 real torchrun cells), its report, a re-run that trains nothing, a cell
-killed mid-way that is run again, a failing cell, and an undeclared difference flagged."""
+killed mid-way that is run again, an untimed cell stopped by SIGTERM that resumes from its checkpoint, a
+failing cell, and an undeclared difference flagged."""
 from __future__ import annotations
 
 import json
@@ -219,3 +220,44 @@ def test_the_report_goes_to_wandb_as_one_run_of_the_study_group(smoke, tmp_path)
     assert tables == {f"table/{k}": len(v) for k, v in report["tables"].items() if isinstance(v, list) and v
                       and isinstance(v[0], dict)}
     assert tables["table/breakdown"] == 6
+
+
+def test_an_untimed_cell_stopped_by_sigterm_resumes_from_its_checkpoint(tmp_path):
+    """``run`` stopped by SIGTERM mid-cell passes it to the cell's ranks, which checkpoint and exit; run
+    again, the untimed cell resumes in place from that checkpoint instead of starting again, and ends
+    with the same test PSNR as a second repeat of the same seed that ran uninterrupted (resume is
+    bit-exact)."""
+    cfg = yaml.safe_load(SMOKE.read_text())
+    cfg.update(name="resume", exclude=[], repeats=2, vary_seed=False,
+               axes={"strategy": ["ddp"], "sampler": ["sync"], "world_size": [1], "budget": ["s600"]},
+               levels={"budget": {"s600": ["train.max_steps=600"]}})
+    path, root = tmp_path / "resume.yaml", tmp_path / "resume"
+    path.write_text(yaml.safe_dump(cfg))
+    first_cell, second_cell = (root / "cells" / f"ddp-sync-w1-s600-r{r}" for r in (0, 1))
+    proc = subprocess.Popen([sys.executable, "-m", "distnerf.study", "run", str(path), str(root)], cwd=REPO,
+                            env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    metrics = first_cell / "metrics.jsonl"
+    while time.monotonic() < deadline and proc.poll() is None and not (
+            metrics.exists() and sum('"loss"' in ln for ln in metrics.read_text().splitlines()) >= 10):
+        time.sleep(0.05)
+    record = json.loads((first_cell / "study_cell.json").read_text())
+    proc.terminate()  # SIGTERM to the runner alone
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "stopped (SIGTERM)" in err, err[-3000:]
+    assert not (first_cell / "metrics.json").exists() and not second_cell.exists()
+    stopped_at = json.loads(sorted((first_cell / "checkpoints").glob("step_*/manifest.json"))[-1].read_text())["step"]
+    assert 0 < stopped_at < 600  # the ranks checkpointed mid-way
+
+    again = study("run", path, root)
+    assert again.returncode == 0, again.stderr[-5000:]
+    assert f"ddp-sync-w1-s600-r0: interrupted; resumes from its checkpoint at step {stopped_at} (untimed)" in again.stderr
+    assert not (root / "attempts").exists()
+    resumed = json.loads((first_cell / "study_cell.json").read_text())
+    assert resumed["status"] == "done" and resumed["resumed_from_step"] == stopped_at
+    assert resumed["first_started"] == record["started"]
+    rows = [json.loads(ln) for ln in metrics.read_text().splitlines()]
+    assert [r["step"] for r in rows if r.get("event") == "resumed"] == [stopped_at]
+    assert max(r["step"] for r in rows if "loss" in r) == 600
+    psnr = [json.loads((d / "metrics.json").read_text())["psnr"] for d in (first_cell, second_cell)]
+    assert psnr[0] == psnr[1]  # the same seed, one run resumed, one not
