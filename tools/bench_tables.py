@@ -960,11 +960,12 @@ def study_capacity_schedule(res: Results) -> list[str]:
     return out
 
 
-def study_capacity_seams(res: Results) -> list[str]:
-    """tools/seam_psnr.py over the capacity study: PSNR at the partition's seams against the rest."""
+def study_capacity_seams(res: Results, name: str = "study_capacity") -> list[str]:
+    """tools/seam_psnr.py over a capacity study (``name``: its results directory): PSNR at the partition's
+    seams against the rest."""
     import statistics
 
-    data = res.json("study_capacity/seams.json")
+    data = res.json(f"{name}/seams.json")
     ranked = {r["budget"] for r in data["rows"] if r["world_size"] > 1}  # the budgets the ranks were run at
     groups: dict[tuple, list[dict]] = {}
     for r in data["rows"]:
@@ -1039,6 +1040,11 @@ def study_capacity_plateau(res: Results) -> list[str]:
     return study_capacity(res, "study_capacity_plateau", sections=("Capacity",))
 
 
+def study_capacity_cooled(res: Results) -> list[str]:
+    """conf/study/capacity_cooled.yaml: quality against ranks at 125 k, each cell cooled at its end, with its targets."""
+    return study_capacity(res, "study_capacity_cooled", sections=("Quality against ranks",))
+
+
 def study_capacity_1m(res: Results) -> list[str]:
     """The earlier capacity study at 1 M parameters per rank (conf/study/capacity_1m.yaml)."""
     return study_capacity(res, "study_capacity_1m")
@@ -1097,6 +1103,8 @@ TABLES = {
     "study_capacity_1m": study_capacity_1m,
     "study_capacity_plateau": study_capacity_plateau,
     "study_capacity_batch": study_capacity_batch,
+    "study_capacity_cooled": study_capacity_cooled,
+    "study_capacity_cooled_seams": lambda res: study_capacity_seams(res, "study_capacity_cooled"),
     "soak": soak,
     "study_characterization": study_characterization,
     "lego_quality": lego_quality,
