@@ -1045,6 +1045,11 @@ def study_capacity_cooled(res: Results) -> list[str]:
     return study_capacity(res, "study_capacity_cooled", sections=("Quality against ranks",))
 
 
+def study_capacity_cooled_p62k(res: Results) -> list[str]:
+    """conf/study/capacity_cooled_p62k.yaml: the cooled ranks study at 62.5 k parameters per rank, with its targets."""
+    return study_capacity(res, "study_capacity_cooled_p62k", sections=("Quality against ranks",))
+
+
 def study_capacity_1m(res: Results) -> list[str]:
     """The earlier capacity study at 1 M parameters per rank (conf/study/capacity_1m.yaml)."""
     return study_capacity(res, "study_capacity_1m")
@@ -1105,6 +1110,8 @@ TABLES = {
     "study_capacity_batch": study_capacity_batch,
     "study_capacity_cooled": study_capacity_cooled,
     "study_capacity_cooled_seams": lambda res: study_capacity_seams(res, "study_capacity_cooled"),
+    "study_capacity_cooled_p62k": study_capacity_cooled_p62k,
+    "study_capacity_cooled_p62k_seams": lambda res: study_capacity_seams(res, "study_capacity_cooled_p62k"),
     "soak": soak,
     "study_characterization": study_characterization,
     "lego_quality": lego_quality,
