@@ -59,7 +59,8 @@ def cell_figures(run_dir: Path) -> dict:
     steps = [r for r in rows if "loss" in r]
     num_steps = steps[-1]["step"] if steps else 0
     comm = comm_totals(steps)
-    size = next((r for r in rows if r.get("event") == "model_size"), {})
+    # the last: a run stopped and resumed logged one at the stop too, before its grid's last stage
+    size = next((r for r in reversed(rows) if r.get("event") == "model_size"), {})
     inputs = [r for r in rows if r.get("event") == "input_summary"]
     per_view = metrics.get("per_view", [])
     view_s = [v["seconds"] for v in per_view]

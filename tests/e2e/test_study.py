@@ -16,6 +16,7 @@ import pytest
 import yaml
 from PIL import Image
 
+from distnerf.study.collect import cell_figures
 from tests.conftest import REPO
 from tests.launch.conftest import descendants
 
@@ -230,7 +231,8 @@ def test_an_untimed_cell_stopped_by_sigterm_resumes_from_its_checkpoint(tmp_path
     cfg = yaml.safe_load(SMOKE.read_text())
     cfg.update(name="resume", exclude=[], repeats=2, vary_seed=False,
                axes={"strategy": ["ddp"], "sampler": ["sync"], "world_size": [1], "budget": ["s600"]},
-               levels={"budget": {"s600": ["train.max_steps=600"]}})
+               # the grid grows at step 300, after the stop: the size logged at the stop is not the final one
+               levels={"budget": {"s600": ["train.max_steps=600", "model.upsample_steps=[300]"]}})
     path, root = tmp_path / "resume.yaml", tmp_path / "resume"
     path.write_text(yaml.safe_dump(cfg))
     first_cell, second_cell = (root / "cells" / f"ddp-sync-w1-s600-r{r}" for r in (0, 1))
@@ -261,3 +263,8 @@ def test_an_untimed_cell_stopped_by_sigterm_resumes_from_its_checkpoint(tmp_path
     assert max(r["step"] for r in rows if "loss" in r) == 600
     psnr = [json.loads((d / "metrics.json").read_text())["psnr"] for d in (first_cell, second_cell)]
     assert psnr[0] == psnr[1]  # the same seed, one run resumed, one not
+    # the report's model size is the finished model's, not the one logged when the ranks stopped mid-way
+    stopped_size = next(r for r in rows if r.get("event") == "model_size")
+    assert stopped_size["step"] == stopped_at
+    sizes = [cell_figures(d)["parameters_per_rank"] for d in (first_cell, second_cell)]
+    assert sizes[0] == sizes[1] != stopped_size["parameters_per_rank"], (sizes, stopped_size)
