@@ -27,7 +27,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from bench_common import RESULTS, start_meta, write_result
-from distnerf.observe.logger import read_metrics_log  # noqa: E402
+from distnerf.observe.logger import final_model_size, read_metrics_log  # noqa: E402
 
 
 def region_table(run: Path) -> dict:
@@ -51,7 +51,9 @@ def region_table(run: Path) -> dict:
 def rank_table(run: Path) -> dict:
     rows = read_metrics_log(run)
     prof = next(r for r in rows if r.get("event") == "profile_summary")
-    size = next(r for r in rows if r.get("event") == "model_size")
+    size = final_model_size(rows)
+    if size is None:
+        raise SystemExit(f"{run}/metrics.jsonl: no model_size event: the run did not finish")
     world = len(size["ranks"])
     ranks = []
     for r in range(world):

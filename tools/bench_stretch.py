@@ -53,13 +53,14 @@ def summarise(run_dir: Path) -> dict:
     """One run's row from its metrics.json, metrics.jsonl and config.yaml."""
     from omegaconf import OmegaConf
 
+    from distnerf.observe.logger import final_model_size
     from distnerf.study.capacity import lr_share, plateau_gain
 
     final = json.loads((run_dir / "metrics.json").read_text())
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     cfg = OmegaConf.load(run_dir / "config.yaml")
     steps = int(cfg.train.max_steps)
-    params = next((r["parameters_per_rank"] for r in rows if r.get("event") == "model_size"), None)
+    params = (final_model_size(rows) or {}).get("parameters_per_rank")
     strategy = cfg.strategy
     val = [(r["step"], r["val_psnr"]) for r in rows if "val_psnr" in r]
     return {"run": run_dir.name, "strategy": strategy.name, "training": strategy.get("training"),

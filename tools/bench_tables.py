@@ -669,13 +669,15 @@ def city_small_quality(res: Results) -> list[str]:
 
 def city_capacity(res: Results) -> list[str]:
     """tools/bench_capacity.sh: ddp test PSNR at a fixed step count for 0.5x, 1x and 2x the parameters."""
+    from distnerf.observe.logger import final_model_size
+
     out = header("parameters (vs default)", "`model.resolutions`", "parameters per rank", "steps",
                  "test PSNR / SSIM (views)", "peak RSS of rank 0 (MiB)", "samples per ray at the end")
     rows = {}
     for scale in ("x0.5", "x1", "x2"):
         m = res.json(f"city_capacity/{scale}/metrics.json")
         log = res.jsonl(f"city_capacity/{scale}/metrics.jsonl")
-        size = next(r for r in log if r.get("event") == "model_size")
+        size = final_model_size(log)  # the finished model's, the peaks over a resumed run's sessions
         last = [r for r in log if "train_seconds" in r][-1]
         cfg = res.meta(f"city_capacity/{scale}/metrics.json")["command"]
         resolutions = cfg.split("model.resolutions=")[1].split()[0].strip("'\"")
@@ -696,6 +698,8 @@ UNBOUNDED_CELLS = (  # tools/bench_unbounded.sh: cell, strategy (training), cont
 
 def city_unbounded(res: Results) -> list[str]:
     """tools/bench_unbounded.sh: quality at one time and per-rank parameter budget on the city."""
+    from distnerf.observe.logger import final_model_size
+
     out = header("cell", "strategy", "contraction", "appearance", "parameters per rank (distinct in all)",
                  "peak RSS per rank (MiB)", "steps", "test PSNR / SSIM (views)")
     psnr = {}
@@ -705,7 +709,7 @@ def city_unbounded(res: Results) -> list[str]:
             continue
         m = res.json(f"city_unbounded/{cell}/metrics.json")
         log = res.jsonl(f"city_unbounded/{cell}/metrics.jsonl")
-        size = next(r for r in log if r.get("event") == "model_size")
+        size = final_model_size(log)  # the finished model's, the peaks over a resumed run's sessions
         rss = [r["peak_rss_mb"] for r in size["ranks"]]
         # distinct parameters: the regions' under ss, one replica's under ddp
         total = sum(v["parameters"] for v in size.get("parameters_per_region", {}).values()) or size["parameters_per_rank"]
@@ -805,13 +809,15 @@ def regression(res: Results, name: str, label: str) -> list[str]:
 
 def regions_series(res: Results, name: str = "city_small_regions") -> list[str]:
     """tools/bench_regions.sh: ss with K regions of a fixed size on one process, fixed training time."""
+    from distnerf.observe.logger import final_model_size
+
     out = header("regions K", "parameters (all regions)", "steps", "test PSNR / SSIM (views)",
                  "render time per image (s, median)", "fused / single render time")
     ks = sorted(int(p.name[1:]) for p in (res.root / name).glob("k*") if (p / "metrics.json").is_file())
     single = None
     for k in ks:
         m = res.json(f"{name}/k{k}/metrics.json")
-        size = next(r for r in res.jsonl(f"{name}/k{k}/metrics.jsonl") if r.get("event") == "model_size")
+        size = final_model_size(res.jsonl(f"{name}/k{k}/metrics.jsonl"))
         seconds = sorted(v["seconds"] for v in m["per_view"])
         median = seconds[len(seconds) // 2]
         single = median if k == 1 else single

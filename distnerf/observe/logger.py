@@ -70,6 +70,40 @@ def read_metrics_log(run_dir: Path, partial_tail: bool = False, tail_bytes: int 
     return rows
 
 
+PEAK_MEMORY_KEYS = ("peak_rss_mb", "peak_device_memory_mb")
+
+
+def final_model_size(rows: list[dict]) -> dict | None:
+    """The run's ``model_size`` figures from its log rows (:func:`read_metrics_log`): the finished
+    model's, across every session of a stopped and resumed run.
+
+    Each session logs one ``model_size`` event when it stops (the trainer's ``_log_model_size``):
+    a run stopped mid-way logged one before its grid's last stage (fewer parameters) and with that
+    process's peak memory only. The parameters (and ``ranks``, ``parameters_per_region``) are the
+    *last* event's; each peak memory figure (``peak_rss_mb``, ``peak_device_memory_mb``, MiB, and the
+    same per rank where the sessions had the same world size) is the *maximum* over the events, the
+    run's true peak.
+
+    Returns:
+        the event's dict with the peaks so combined, or None when the rows hold no ``model_size``
+        event (a run that never reached its end).
+    """
+    events = [r for r in rows if r.get("event") == "model_size"]
+    if not events:
+        return None
+    out = {**events[-1], "ranks": [dict(r) for r in events[-1].get("ranks", [])]}
+    for key in PEAK_MEMORY_KEYS:
+        seen = [e[key] for e in events if e.get(key) is not None]
+        if seen:
+            out[key] = max(seen)
+        for i, rank in enumerate(out["ranks"]):
+            same = [e["ranks"][i].get(key) for e in events if len(e.get("ranks", [])) == len(out["ranks"])]
+            same = [x for x in same if x is not None]
+            if same:
+                rank[key] = max(same)
+    return out
+
+
 class JsonlLogger:
     """Appends rows to ``path``. On resume from step ``k`` rows with ``step > k`` are
     dropped first, so the file never holds duplicate steps."""

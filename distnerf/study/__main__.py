@@ -12,6 +12,8 @@ Examples::
                                     # the Markdown again from a report's JSON (committed without the runs)
     python -m distnerf.study report bench/results/study_characterization/report.json --html
                                     # ... and its self-contained report.html beside it
+    python -m distnerf.study report bench/results/study_characterization/report.json --rederive
+                                    # its tables again from the cells' figures it holds (a changed model)
     python -m distnerf.study report runs/study_smoke --wandb offline          # the report into W&B too
 
 ``run`` also writes the report at the end. When the cells log to W&B (their
@@ -54,14 +56,26 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--markdown", action="store_true", help="print the Markdown report")
     rep.add_argument("--html", action="store_true",
                      help="with a report.json: write report.html beside it (the figures named in it, embedded)")
+    rep.add_argument("--rederive", action="store_true",
+                     help="with a report.json: recompute its tables (scaling model, check, verdicts) from the cells' "
+                          "figures it holds with this code, rewriting it (before --html / --markdown)")
     rep.add_argument("--wandb", choices=("offline", "online", "disabled"), help=wandb_help)
     args = parser.parse_args(argv)
 
     from ..config_check import ConfigError
     from . import dashboard, document, plan, report, runner
 
+    if args.command == "report" and args.rederive and not args.study_dir.is_file():
+        print(f"distnerf.study: --rederive takes a report.json file; {args.study_dir} is not one (a study "
+              "directory's report is derived afresh by `report STUDY_DIR`)", file=sys.stderr)
+        return 2
     try:
         if args.command == "report" and args.study_dir.is_file():
+            if args.rederive:
+                report.rederive(args.study_dir)
+                print(f"rewrote {args.study_dir} (tables derived again)", file=sys.stderr)
+                if not (args.html or args.markdown):
+                    return 0
             if args.html:  # a committed report without its runs: the page from the JSON and the PNGs beside it
                 print(f"wrote {document.write_html_from_json(args.study_dir)}", file=sys.stderr)
                 return 0

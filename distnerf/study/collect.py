@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from ..observe.logger import read_metrics_log
+from ..observe.logger import final_model_size, read_metrics_log
 from ..observe.run_report import build_report
 
 BREAKDOWN = ("input_wait", "copy", "forward", "backward", "exposed_comm", "step_sync", "optimizer", "unattributed")
@@ -59,8 +59,8 @@ def cell_figures(run_dir: Path) -> dict:
     steps = [r for r in rows if "loss" in r]
     num_steps = steps[-1]["step"] if steps else 0
     comm = comm_totals(steps)
-    # the last: a run stopped and resumed logged one at the stop too, before its grid's last stage
-    size = next((r for r in reversed(rows) if r.get("event") == "model_size"), {})
+    # the finished model's (a run stopped and resumed logged one at the stop too), the peaks over its sessions
+    size = final_model_size(rows) or {}
     inputs = [r for r in rows if r.get("event") == "input_summary"]
     per_view = metrics.get("per_view", [])
     view_s = [v["seconds"] for v in per_view]

@@ -90,8 +90,9 @@ def section_tables(data: dict) -> list[tuple[str, list[str]]]:
         inp = sc["inputs"]
         mode = sc.get("mode", "strong")  # a report.json written before weak scaling existed was strong-scaled
         device = inp.get("device", "measured: the study's world-size-1 ddp cell on this machine")
-        lines = [f"Device speed (an input): {inp['compute_s_per_ray']:.3g} s per training ray per device "
-                 f"({device}); {mode} scaling"
+        fixed = inp.get("fixed_s_per_step") or 0.0
+        lines = [f"Device speed (an input): {inp['compute_s_per_ray']:.3g} s per training ray per device"
+                 + (f" plus {fixed:.3g} s per step" if fixed else "") + f" ({device}); {mode} scaling"
                  + (f" at {inp.get('rays_per_rank') or inp['global_rays']} rays per rank." if mode == "weak" else
                     f" of {inp['global_rays']} rays per step."), "",
                  "Inputs (measured): " + ", ".join(f"{k} = {_fmt(v)}" for k, v in inp.items() if k != "device"), "",

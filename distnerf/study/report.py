@@ -223,9 +223,7 @@ def scaling_inputs(keys: dict) -> tuple[scaling.Measured | None, list[dict], dic
     if not one:
         return None, [], {}
     base = sorted(one, key=lambda s: s["sampler"] != "pipelined")[0]  # the first (in cell order) pipelined one
-    ph = base["phases_mean_s"]
-    compute = sum(ph[p] or 0.0 for p in ("copy", "forward", "backward", "optimizer", "other", "unattributed"))
-    m = scaling.Measured(compute_s_per_ray=compute / base["global_rays"], global_rays=base["global_rays"],
+    m = scaling.Measured(compute_s_per_ray=_compute_s(base) / base["global_rays"], global_rays=base["global_rays"],
                          rays_per_rank=base["global_rays"],
                          device=f"measured: the world-size-1 cell {plan.cell_key(base['values'])} "
                                 f"({keys_threads(base):g} cores per rank)",
@@ -234,6 +232,13 @@ def scaling_inputs(keys: dict) -> tuple[scaling.Measured | None, list[dict], dic
                          render_rays=base["render_rays_per_view"] or 0)
     ddp2 = _counterpart(keys, base["values"], world_size=2)
     host = {}
+    if ddp2 and keys_threads(ddp2) == keys_threads(base) \
+            and ddp2["global_rays"] / ddp2["world_size"] != base["global_rays"]:
+        # the same device at another batch per rank: a fixed time per step and a time per ray (in sample)
+        m.fixed_s_per_step, m.compute_s_per_ray = scaling.fit_compute(
+            [base["global_rays"], ddp2["global_rays"] / ddp2["world_size"]], [_compute_s(base), _compute_s(ddp2)])
+        if m.fixed_s_per_step:
+            m.device += f"; fixed time per step and time per ray fitted with {plan.cell_key(ddp2['values'])}"
     if ddp2:
         m.grad_bytes = ddp2.get("comm_bytes_per_step_median") or ddp2["allreduce_bytes_per_step"] or 0.0
         total = ddp2.get("comm_total_s_median")
@@ -269,9 +274,15 @@ def scaling_inputs(keys: dict) -> tuple[scaling.Measured | None, list[dict], dic
                     and s["world_size"] > FIT_MAX_WORLD_SIZE:  # out of sample: the fit used W <= 2
                 name = s["values"]["strategy"]
                 check.append({"strategy": name, "world_size": s["world_size"], "step_s": s["step_s_median"],
-                              "compute_scale": base_threads / keys_threads(s)})
+                              "global_rays": s["global_rays"], "compute_scale": base_threads / keys_threads(s)})
         check = scaling.check_against(m, check, host["bw"], host["lat"], CHECK_TOLERANCE)
     return m, check, host
+
+
+def _compute_s(s: dict) -> float:
+    """A cell's compute seconds per step: its mean phases but input, communication and step agreement."""
+    ph = s["phases_mean_s"]
+    return sum(ph.get(p) or 0.0 for p in ("copy", "forward", "backward", "optimizer", "other", "unattributed"))
 
 
 def keys_threads(s: dict) -> float:
@@ -286,6 +297,15 @@ def keys_threads(s: dict) -> float:
 
 def build(study_dir: Path) -> dict:
     data = collect(study_dir)
+    data["tables"] = derive_tables(data)
+    data["status"] = {s: sum(c["status"] == s for c in data["cells"]) for s in sorted({c["status"]
+                                                                                         for c in data["cells"]})}
+    data["timing"] = study_timing(data["cells"])
+    return data
+
+
+def derive_tables(data: dict) -> dict:
+    """Every table of the report from the collected cells (``data["keys"]``, ``data["cells"]``)."""
     keys = data["keys"]
     tables = {"breakdown": breakdown_rows(keys), "sync": sync_rows(keys), "inference": inference_rows(keys),
               "input": input_rows(keys), "quality": quality_rows(keys),
@@ -297,10 +317,25 @@ def build(study_dir: Path) -> dict:
     tables["scaling_check"] = {"rows": check, "host_collectives": host, "tolerance": CHECK_TOLERANCE}
     tables["differs"] = [{"cell": c["id"], "against": c["reference"], "key": d["key"], "there": d["reference"],
                           "here": d["cell"]} for c in data["cells"] for d in c.get("undeclared", [])]
-    data["tables"] = tables
-    data["status"] = {s: sum(c["status"] == s for c in data["cells"]) for s in sorted({c["status"]
-                                                                                         for c in data["cells"]})}
-    data["timing"] = study_timing(data["cells"])
+    return tables
+
+
+def rederive(report_json: Path) -> dict:
+    """Recompute a committed ``report.json``'s tables (the scaling model and its check, the verdicts, ...)
+    from the cells' figures it holds, with this version of the code, and rewrite it in place: a report
+    whose runs are not kept follows a change of the model without training again. The cells' figures,
+    status and timing are kept as they are; the figures (PNGs) are not redrawn (``--html`` re-writes
+    the page from the JSON).
+
+    Raises:
+        ValueError: the file is not a study report (no ``keys`` or ``cells``), naming it.
+    """
+    report_json = Path(report_json)
+    data = json.loads(report_json.read_text())
+    if not isinstance(data, dict) or "keys" not in data or "cells" not in data:
+        raise ValueError(f"{report_json}: not a study report.json (no 'keys' and 'cells')")
+    data["tables"] = derive_tables(data)
+    atomic_write_text(report_json, json.dumps(data, indent=1, allow_nan=False, default=str))
     return data
 
 

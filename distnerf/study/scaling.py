@@ -9,7 +9,11 @@ collectives: Hockney 1994; ring all-reduce and all-gather: Thakur, Rabenseifner 
 * compute runs at ``compute_s_per_ray``, the **device speed**, an explicit input: seconds
   per training ray of one device (default: the measured figure of the study's world-size-1
   cell, i.e. of one rank of *this* machine, its threads being the "device"; a GPU figure,
-  e.g. from ``tools/gpu_check.sh`` output, replaces it). **Weak scaling** is the default:
+  e.g. from ``tools/gpu_check.sh`` output, replaces it), plus ``fixed_s_per_step``, the
+  device's seconds per step that do not grow with the rays (the optimizer over dense tables,
+  occupancy-grid updates): a step of ``r`` rays computes ``fixed + r * per_ray`` (fitted by
+  :func:`fit_compute` to the W = 1 and W = 2 ``ddp`` cells where one global batch gives them
+  ``B`` and ``B/2`` rays per rank on the same device; 0 otherwise). **Weak scaling** is the default:
   every rank keeps the measured per-rank batch ``r`` (``rays_per_rank``), the global batch
   is ``B = r N``; **strong scaling** (``mode="strong"``) keeps ``B`` fixed, ``B/N`` per rank,
   and stops at :data:`MIN_RAYS_PER_RANK` rays per rank (below, a step is latency, not
@@ -51,9 +55,11 @@ MIN_RAYS_PER_RANK = 256  # strong scaling stops where a rank's share of the glob
 MODES = ("weak", "strong")
 
 ASSUMPTIONS = [
-    "compute: the device speed (seconds per ray per device, an input) times the rays per rank; weak scaling "
-    "(rays per rank fixed) unless strong is asked for (B/N per rank, down to 256); no change of samples per ray "
-    "with N, no load imbalance",
+    "compute: a fixed time per step plus the device speed (seconds per ray per device, an input) times the "
+    "rays per rank, the two fitted to the W = 1 and W = 2 ddp cells where these ran different rays per rank on "
+    "the same device (else all per ray); "
+    "weak scaling (rays per rank fixed) unless strong is asked for (B/N per rank, down to 256); no change of "
+    "samples per ray with N, no load imbalance",
     "gradient bytes per step are independent of N (every rank all-reduces its whole gradient or sparse rows)",
     "the exposed share of the all-reduce is the measured one at 2 ranks",
     "collectives follow the ring alpha-beta model (Thakur et al. 2005) at the interconnect's bandwidth per "
@@ -74,6 +80,7 @@ class Measured:
     Attributes:
         compute_s_per_ray: the device speed: seconds of one device per training ray (forward +
             backward + optimizer).
+        fixed_s_per_step: seconds of one device per step whatever its rays (0: all per ray).
         global_rays: B, rays per step of the measured cells (strong scaling keeps it).
         grad_bytes: bytes each rank all-reduces per step (``ddp``).
         exposed_fraction: share of the all-reduce not hidden behind backward (0..1).
@@ -99,6 +106,33 @@ class Measured:
     device: str = "measured: one rank of the study's world-size-1 cell on this machine"
     regions_crossed: float | None = None  # c_K: mean regions a ray crosses at measured_regions (None: not measured)
     measured_regions: int = 0             # K of that measurement
+    fixed_s_per_step: float = 0.0         # compute per step that does not grow with the rays (same device)
+
+
+def fit_compute(rays: list[float], seconds: list[float]) -> tuple[float, float]:
+    """Least-squares line ``seconds = fixed + rays * per_ray`` through measured compute times of
+    one device at several batch sizes.
+
+    Args:
+        rays: rays per rank of each measurement (at least one).
+        seconds: that measurement's compute seconds per step (forward, backward, optimizer, ...).
+    Returns:
+        ``(fixed_s_per_step, s_per_ray)``; ``(0, sum(seconds) / sum(rays))`` (all per ray) when fewer
+        than two distinct batch sizes were measured or the line would need a negative fixed time or
+        a non-positive slope.
+    Raises:
+        ValueError: no measurement, or lists of different lengths.
+    """
+    if not rays or len(rays) != len(seconds):
+        raise ValueError(f"fit_compute: {len(rays)} batch sizes and {len(seconds)} times (need >= 1 pair)")
+    proportional = (0.0, sum(seconds) / sum(rays))
+    if len(set(rays)) < 2:
+        return proportional
+    n = len(rays)
+    mr, ms = sum(rays) / n, sum(seconds) / n
+    slope = sum((r - mr) * (t - ms) for r, t in zip(rays, seconds)) / sum((r - mr) ** 2 for r in rays)
+    fixed = ms - slope * mr
+    return proportional if fixed < 0 or slope <= 0 else (fixed, slope)
 
 
 def allreduce_s(nbytes: float, n: int, bw: float, lat: float) -> float:
@@ -134,7 +168,7 @@ def predict(m: Measured, n: int, bw: float, lat: float, mode: str = "weak") -> d
     if mode not in MODES:
         raise ValueError(f"scaling mode {mode!r}: one of {', '.join(MODES)}")
     per_rank = (m.rays_per_rank or m.global_rays) if mode == "weak" else m.global_rays / n
-    compute = m.compute_s_per_ray * per_rank
+    compute = m.fixed_s_per_step + m.compute_s_per_ray * per_rank
     sync = allreduce_s(0.0, n, bw, lat)  # the step's agreement: a few float64s, latency only
     exposed = m.exposed_fraction * allreduce_s(m.grad_bytes, n, bw, lat)
     exchange = allgather_s(m.exchange_bytes_per_ray_region * per_rank * n * n, n, bw, lat)
@@ -166,7 +200,8 @@ def check_against(m: Measured, measured: list[dict], bw: float, lat: float, tole
 
     Args:
         measured: rows ``{"strategy": "ddp"|"ss_independent"|"ss_joint", "world_size", "step_s",
-            "compute_scale"}``; ``compute_scale`` multiplies the compute term (a rank with fewer
+            "compute_scale", "global_rays"}``; ``global_rays``: the cell's rays per step (absent: the
+            model's ``global_rays``), ``B / N`` per rank; ``compute_scale`` multiplies the compute term (a rank with fewer
             threads than the device of ``compute_s_per_ray``: the ratio of their compute speeds).
         bw, lat: the measuring machine's collective bandwidth and latency.
         tolerance: allowed relative error.
@@ -175,8 +210,11 @@ def check_against(m: Measured, measured: list[dict], bw: float, lat: float, tole
     """
     out = []
     for row in measured:
-        scaled = Measured(**{**asdict(m), "compute_s_per_ray": m.compute_s_per_ray * row.get("compute_scale", 1.0)})
-        # the measured cells keep one global batch: strong scaling is what they measured
+        scale = row.get("compute_scale", 1.0)
+        scaled = Measured(**{**asdict(m), "compute_s_per_ray": m.compute_s_per_ray * scale,
+                             "fixed_s_per_step": m.fixed_s_per_step * scale,
+                             "global_rays": row.get("global_rays") or m.global_rays})
+        # the cell's own global batch B over its ranks (B / N each): what it measured
         pred = predict(scaled, row["world_size"], bw, lat, "strong")[row["strategy"]]["step_s"]
         err = (pred - row["step_s"]) / row["step_s"]
         out.append({**row, "predicted_s": pred, "relative_error": err, "within": abs(err) <= tolerance,

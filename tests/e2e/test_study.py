@@ -135,6 +135,13 @@ def test_a_report_json_alone_gives_the_same_html_page(smoke, tmp_path):
         shutil.copy(out / name, copy / name)
     assert study_main(["report", str(copy / "report.json"), "--html"]) == 0
     assert (copy / "report.html").read_text() == (out / "report.html").read_text()
+    # its tables derived again from the figures the JSON holds (a changed model, no runs): the same tables
+    assert study_main(["report", str(copy / "report.json"), "--rederive"]) == 0
+    rederived, written = (json.loads(p.read_text()) for p in (copy / "report.json", out / "report.json"))
+    assert rederived["tables"] == written["tables"] and rederived["cells"] == written["cells"]
+    assert study_main(["report", str(copy), "--rederive"]) == 2  # a directory, not a report.json
+    (copy / "other.json").write_text('{"runs": []}')
+    assert study_main(["report", str(copy / "other.json"), "--rederive"]) == 2  # not a study report
     (copy / names[0]).unlink()
     assert study_main(["report", str(copy / "report.json"), "--html"]) == 2
 

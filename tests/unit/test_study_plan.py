@@ -125,6 +125,27 @@ def test_two_parameter_model_against_hand_computed_steps():
         scaling.predict(m, 4, 1e9, 0.0, "linear")
 
 
+def test_compute_fit_and_a_fixed_time_per_step_against_hand_computed_steps():
+    """Two batch sizes on one device: 0.2 s at 2048 rays, 0.125 s at 1024 -> 7.32421875e-5 s per ray
+    and 0.05 s per step whatever the rays; strong scaling to 4 ranks (512 rays each) then computes
+    0.05 + 512 * 7.32421875e-5 = 0.0875 s, and a rank with half the device (compute_scale 2) twice that."""
+    fixed, per_ray = scaling.fit_compute([2048, 1024], [0.2, 0.125])
+    assert fixed == pytest.approx(0.05) and per_ray == pytest.approx(0.075 / 1024)
+    # three points on a line: the line; one batch size or a negative intercept: all per ray
+    assert scaling.fit_compute([512, 1024, 2048], [0.1, 0.15, 0.25]) == pytest.approx((0.05, 0.05 / 512))
+    assert scaling.fit_compute([2048, 2048], [0.2, 0.3]) == pytest.approx((0.0, 0.5 / 4096))
+    assert scaling.fit_compute([2048, 1024], [0.2, 0.09]) == pytest.approx((0.0, 0.29 / 3072))  # fixed < 0
+    with pytest.raises(ValueError, match="2 batch sizes and 1 times"):
+        scaling.fit_compute([1, 2], [0.1])
+    m = scaling.Measured(compute_s_per_ray=per_ray, global_rays=2048, fixed_s_per_step=fixed)
+    strong = scaling.predict(m, 4, 1e9, 0.0, "strong")
+    assert strong["ss_independent"]["step_s"] == pytest.approx(0.0875)
+    assert scaling.predict(m, 4, 1e9, 0.0)["ss_independent"]["step_s"] == pytest.approx(0.2)  # weak: 2048 each
+    rows = scaling.check_against(m, [{"strategy": "ss_independent", "world_size": 4, "step_s": 0.2,
+                                      "compute_scale": 2.0}], 1e9, 0.0, 0.15)
+    assert rows[0]["predicted_s"] == pytest.approx(0.175) and rows[0]["relative_error"] == pytest.approx(-0.125)
+
+
 def test_fused_render_and_the_check():
     m = scaling.Measured(compute_s_per_ray=1e-6, global_rays=1000, render_s_per_ray=1e-5, render_rays=1000,
                          fusion_s_per_ray_region=1e-7)
@@ -171,3 +192,44 @@ def test_a_repeat_seed_changes_training_and_the_same_seed_repeats_it(tmp_path):
     assert a.keys() == b.keys() == c.keys()
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert any(a[k].is_floating_point() and not torch.equal(a[k], c[k]) for k in a)
+
+
+def test_the_out_of_sample_check_from_cells_fits_the_fixed_time_in_sample():
+    """``report.scaling_inputs`` on hand-made cells of one device (one thread per rank, 2 cores):
+    ddp W = 1 computes 0.2 s for 2048 rays, W = 2 0.125 s for 1024 per rank and all-reduces
+    13.5 MB in 45 ms (300 MB/s), so 0.05 s per step + 7.32421875e-5 s per ray. W = 4 (4 ranks on
+    2 cores: compute x 2) is predicted 2 * (0.05 + 512 * 7.32421875e-5) = 0.175 s + the all-reduce
+    2 * 3/4 * 45 ms + 6 * 50 us = 0.0678 s (exposed: nothing hidden) + the step's agreement 6 * 50 us."""
+    from distnerf.study import report
+
+    def cell(strategy, w, compute, step_s, comm=None):
+        ph = {"input_wait": 0.0, "copy": 0.0, "forward": compute / 2, "backward": compute / 2, "exposed_comm": 0.0,
+              "step_sync": 0.0, "optimizer": 0.0, "unattributed": 0.0, "other": 0.0}
+        return {"n": 3, "strategy": "ddp" if strategy == "ddp" else "ss", "world_size": w, "sampler": "pipelined",
+                "values": {"strategy": strategy, "world_size": w, "sampler": "pipelined"}, "global_rays": 2048,
+                "phases_mean_s": ph, "step_s_median": step_s, "threads_per_rank": 1, "cpu_count": 2,
+                "render_s_per_view_median": None, "render_rays_per_view": None, "allreduce_bytes_per_step": 0,
+                "comm_bytes_per_step_median": 13.5e6 if comm else None, "comm_total_s_median": comm,
+                "comm_hidden_s_median": 0.0 if comm else None}
+
+    keys = {"a": cell("ddp", 1, 0.2, 0.2), "b": cell("ddp", 2, 0.125, 0.17, comm=0.045),
+            "c": cell("ddp", 4, 0.0, 0.25)}
+    m, check, host = report.scaling_inputs(keys)
+    assert m.fixed_s_per_step == pytest.approx(0.05) and m.compute_s_per_ray == pytest.approx(0.075 / 1024)
+    assert host["bw"] == pytest.approx(3e8)
+    assert len(check) == 1 and check[0]["world_size"] == 4 and check[0]["compute_scale"] == 2.0
+    assert check[0]["predicted_s"] == pytest.approx(0.175 + 0.0675 + 3e-4 + 3e-4)
+    assert check[0]["relative_error"] == pytest.approx((0.2431 - 0.25) / 0.25) and check[0]["within"]
+    # a cell of W = 4 at 8192 rays (2048 per rank, equal rays per rank): 2 * 0.2 s of compute + the same comm
+    keys["c"]["global_rays"] = 8192
+    _, check, _ = report.scaling_inputs(keys)
+    assert check[0]["predicted_s"] == pytest.approx(0.4 + 0.0675 + 3e-4 + 3e-4) and not check[0]["within"]
+    # another device at W = 1 (two threads, both cores) than at W = 2: no fit, everything per ray
+    keys["a"]["threads_per_rank"] = 2
+    m, _, _ = report.scaling_inputs(keys)
+    assert m.fixed_s_per_step == 0.0 and m.compute_s_per_ray == pytest.approx(0.2 / 2048)
+    # equal rays per rank at W = 1 and 2 (weak batches): nothing to fit, W = 1's figure as it is
+    keys["a"]["threads_per_rank"] = 1
+    keys["b"]["global_rays"] = 4096
+    m, _, _ = report.scaling_inputs(keys)
+    assert m.fixed_s_per_step == 0.0 and m.compute_s_per_ray == pytest.approx(0.2 / 2048)
