@@ -255,10 +255,11 @@ def path_run(name, run, rc, seconds, what):
     body = json.loads(f.read_text()) if f.exists() else {"runs": {}}
     out = {"what": what, "run_dir": run, "rc": rc, "seconds": seconds}
     m = Path(run) / "metrics.json"
-    rows = [json.loads(x) for x in (Path(run) / "metrics.jsonl").read_text().splitlines() if x.strip()] \
-        if (Path(run) / "metrics.jsonl").exists() else []
+    from distnerf.observe.logger import final_model_size, read_metrics_log
+
+    rows = read_metrics_log(Path(run))
     steps = [r for r in rows if "rays_per_s" in r]
-    size = next((r for r in rows if r.get("event") == "model_size"), {})
+    size = final_model_size(rows) or {}
     if rc != 0 or not m.exists():
         out["status"] = status_of(rc, "training") if rc != 0 else f"failed: no {m}"
     else:

@@ -92,15 +92,15 @@ def final_model_size(rows: list[dict]) -> dict | None:
     if not events:
         return None
     out = {**events[-1], "ranks": [dict(r) for r in events[-1].get("ranks", [])]}
+    same_world = [e.get("ranks", []) for e in events if len(e.get("ranks", [])) == len(out["ranks"])]
     for key in PEAK_MEMORY_KEYS:
         seen = [e[key] for e in events if e.get(key) is not None]
         if seen:
             out[key] = max(seen)
         for i, rank in enumerate(out["ranks"]):
-            same = [e["ranks"][i].get(key) for e in events if len(e.get("ranks", [])) == len(out["ranks"])]
-            same = [x for x in same if x is not None]
-            if same:
-                rank[key] = max(same)
+            seen = [ranks[i][key] for ranks in same_world if ranks[i].get(key) is not None]
+            if seen:
+                rank[key] = max(seen)
     return out
 
 

@@ -232,11 +232,11 @@ def scaling_inputs(keys: dict) -> tuple[scaling.Measured | None, list[dict], dic
                          render_rays=base["render_rays_per_view"] or 0)
     ddp2 = _counterpart(keys, base["values"], world_size=2)
     host = {}
-    if ddp2 and keys_threads(ddp2) == keys_threads(base) \
-            and ddp2["global_rays"] / ddp2["world_size"] != base["global_rays"]:
+    ddp2_rays = ddp2["global_rays"] / ddp2["world_size"] if ddp2 else None
+    if ddp2 and keys_threads(ddp2) == keys_threads(base) and ddp2_rays != base["global_rays"]:
         # the same device at another batch per rank: a fixed time per step and a time per ray (in sample)
         m.fixed_s_per_step, m.compute_s_per_ray = scaling.fit_compute(
-            [base["global_rays"], ddp2["global_rays"] / ddp2["world_size"]], [_compute_s(base), _compute_s(ddp2)])
+            [base["global_rays"], ddp2_rays], [_compute_s(base), _compute_s(ddp2)])
         if m.fixed_s_per_step:
             m.device += f"; fixed time per step and time per ray fitted with {plan.cell_key(ddp2['values'])}"
     if ddp2:
