@@ -129,14 +129,14 @@ class MarchingModel(RadianceModel):
             return spaced
         box = self.marching_box()
 
-        def fn(origins, directions, anchor, t_lo, t_hi, max_intervals=None):
-            t0, t1 = clip_to_box(origins, directions, t_lo, t_hi, box.to(origins.dtype))
-            return march(origins, directions, anchor, t0, t1, step_size, self.occupancy, max_intervals)
+        def clip(origins, directions, t_lo, t_hi):  # the part of each segment that can hold a sample: inside
+            # the box and the occupied cells' box (one clip to both, OccupancyGrid.occupied_box_within)
+            return clip_to_box(origins, directions, t_lo, t_hi, self.occupancy.occupied_box_within(box).to(origins.dtype))
 
-        def clip(origins, directions, t_lo, t_hi):  # the part of each segment that can hold a sample:
-            # the same two clips as fn's (the box) and march's own (the occupied cells' box)
-            t0, t1 = clip_to_box(origins, directions, t_lo, t_hi, box.to(origins.dtype))
-            return clip_to_box(origins, directions, t0, t1, self.occupancy.occupied_box().to(origins.dtype))
+        def fn(origins, directions, anchor, t_lo, t_hi, max_intervals=None):
+            t0, t1 = clip(origins, directions, t_lo, t_hi)
+            return march(origins, directions, anchor, t0, t1, step_size, self.occupancy, max_intervals,
+                         inside_occupied_box=True)
 
         def inside(origins, directions, anchor, t_lo, t_hi, max_intervals=None):  # fn for segments inside clip's
             return march(origins, directions, anchor, t_lo, t_hi, step_size, self.occupancy, max_intervals,

@@ -45,12 +45,24 @@ def normalize_points(points: torch.Tensor, aabb: torch.Tensor) -> torch.Tensor:
     return (points - aabb[0]) / (aabb[1] - aabb[0])
 
 
+def _strides(m: int, device) -> torch.Tensor:
+    """(3,) int32 row strides ``(m^2, m, 1)`` of an x-major (m, m, m) grid, made once per (m, device)."""
+    key = (m, str(device))
+    if key not in _STRIDES:
+        _STRIDES[key] = torch.tensor([m * m, m, 1], dtype=torch.int32, device=device)
+    return _STRIDES[key]
+
+
+_STRIDES: dict = {}
+
+
 def _lookup(cells: torch.Tensor, binary: torch.Tensor) -> torch.Tensor:
     """(P, 3) float positions in cell units (consumed) -> (P,) bool occupancy; outside is False."""
     m = binary.shape[0]
-    inside = ((cells >= 0) & (cells <= m)).all(dim=-1)
-    i = cells.clamp_(0, m - 1).to(torch.int32)
-    return binary.reshape(-1).index_select(0, (i[:, 0] * m + i[:, 1]) * m + i[:, 2]) & inside
+    clamped = cells.clamp(0, m)
+    inside = (clamped == cells).all(dim=-1)  # 0 <= cells <= m (NaN: outside)
+    i = clamped.clamp_(max=m - 1).to(torch.int32)
+    return binary.reshape(-1).index_select(0, (i * _strides(m, i.device)).sum(-1)) & inside
 
 
 class OccupancyGrid(nn.Module):
@@ -155,6 +167,24 @@ class OccupancyGrid(nn.Module):
         self.coarse()
         return self._coarse[2]
 
+    def occupied_box_within(self, box: torch.Tensor) -> torch.Tensor:
+        """(2, 3) float32 :meth:`occupied_box` intersected with ``box`` ((2, 3) float32), cached.
+
+        Clipping a segment to it equals clipping it to ``box`` and then to the occupied box, to the
+        bit (the slab test's entry and exit are monotone in the box's faces, so the faces' maximum
+        and minimum give the maximum and minimum of the two clips' parameters): one clip instead of
+        two per march. Where the boxes are disjoint along an axis, the face at that axis's upper side
+        is moved to the lower one (a box of zero width): every segment comes out empty, as from the
+        two clips, and no size is read to find out.
+        """
+        occupied = self.occupied_box()
+        key = (self._coarse_key, box.data_ptr(), box._version)
+        if getattr(self, "_within_key", None) != key:
+            lo = torch.maximum(box[0], occupied[0])
+            self._within = torch.stack([lo, torch.maximum(torch.minimum(box[1], occupied[1]), lo)])
+            self._within_key = key
+        return self._within
+
     def coarse_blocks(self, starts: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
         """Whether a straight segment may touch an occupied coarse cell (conservative).
 
@@ -185,7 +215,7 @@ class OccupancyGrid(nn.Module):
         from ``lo`` hold an occupied cell (:meth:`coarse`)."""
         blocks, _ = self.coarse()
         mc = blocks.shape[0]
-        flat = (lo[..., 0] * mc + lo[..., 1]) * mc + lo[..., 2]
+        flat = (lo * _strides(mc, lo.device)).sum(-1)  # int64, as lo
         return blocks.reshape(-1).index_select(0, flat.reshape(-1)).view(flat.shape)
 
     @torch.no_grad()
@@ -292,6 +322,63 @@ def _march_spaced(origins, directions, anchor, t_lo, t_hi, step_size: float, occ
     return PackedSamples(ray, t0, t1, num_rays).select(keep)
 
 
+def _march_groups(origins, directions, anchor, dt, t_lo, t_hi, lo_j, hi_j, step_size: float,
+                  occupancy: OccupancyGrid, max_intervals: int | None) -> PackedSamples:
+    """:func:`march`'s two-level walk (module docstring) of segments inside the occupied box.
+
+    Args: as :func:`march`'s, with ``dt`` (R,) the interval in ray parameter and ``lo_j``, ``hi_j``
+    (R,) int64 the first and one past the last interval of each segment (both 0 where it is empty).
+    Written for few operators per call (a GPU step's host cost, :mod:`distnerf.observe.ops`): the
+    per-ray values are gathered in one ``index_select`` of one (R, 10) table, and each group's
+    ``group + 1`` edges are computed once for both ends of its intervals.
+    """
+    num_rays = origins.shape[0]
+    group = max(1, int(math.floor(occupancy.coarse_edge() / step_size)))  # a group is shorter than a coarse cell
+    g_lo = torch.div(lo_j, group, rounding_mode="floor")
+    g_hi = torch.div(hi_j - 1, group, rounding_mode="floor")  # inclusive; -1 for an empty segment
+    # groups in a fixed (R, K) layout sized by Python numbers, so no size is read: a segment
+    # inside the occupied box touches n <= diagonal / step_size + 2 intervals (or max_intervals),
+    # + 2 of margin for rounding in lo_j, hi_j; n intervals lie in at most (n + group - 2) //
+    # group + 1 groups
+    bound = occupancy.occupied_diagonal() / step_size + 2
+    if max_intervals is not None:
+        bound = min(bound, max_intervals)
+    num_slots = int((bound + 2 + group - 2) // group) + 1
+    # an empty segment has g_hi - g_lo = -1 (lo_j = hi_j = 0): no where needed
+    torch._assert_async((g_hi - g_lo < num_slots).all(), "march: more groups than the padded layout holds")
+    slot = torch.arange(num_slots + 1, device=origins.device)
+    edge_j = (g_lo[:, None] + slot) * group  # (R, K + 1) first interval of each group; group k spans edges k, k + 1
+    edges = grid_edges(anchor[:, None], dt[:, None], edge_j).clamp(t_lo[:, None], t_hi[:, None])
+    cells = occupancy.coarse_cells(origins[:, None] + directions[:, None] * edges[..., None])  # (R, K + 1, 3)
+    # coarse_blocks of each group's two ends, each end's cell computed once
+    keep = occupancy.coarse_lookup(torch.minimum(cells[:, :-1], cells[:, 1:]))  # (R, K)
+    first = torch.maximum(edge_j[:, :-1], lo_j[:, None])
+    last = torch.minimum(edge_j[:, 1:], hi_j[:, None])
+    # host sync: the number of groups that may touch occupied space (a slot past a segment's last group has
+    # last <= first); their intervals are tested in a dense (groups, group) layout: per-ray values are
+    # gathered once per group, not per interval
+    picked = (keep & (last > first)).view(-1).nonzero().view(-1)
+    ray = torch.div(picked, num_slots, rounding_mode="floor")
+    first = first.view(-1).index_select(0, picked)
+    cell_origins, cell_directions = occupancy.ray_cells(origins, directions)
+    per_ray = torch.cat([anchor[:, None], dt[:, None], t_lo[:, None], t_hi[:, None], cell_origins, cell_directions],
+                        dim=1).index_select(0, ray)  # (groups, 10)
+    a, d, lo_r, hi_r = per_ray[:, 0:1], per_ray[:, 1:2], per_ray[:, 2:3], per_ray[:, 3:4]
+    rank = torch.arange(group + 1, device=origins.device)
+    edges = grid_edges(a, d, first[:, None] + rank).clamp(lo_r, hi_r)  # (groups, group + 1)
+    t0, t1 = edges[:, :-1], edges[:, 1:]
+    keep = (t1 > t0) & (rank[:-1] < (last.view(-1).index_select(0, picked) - first)[:, None])
+    mids = torch.addcmul(per_ray[:, None, 4:7], per_ray[:, None, 7:10],
+                         (0.5 * (t0 + t1))[..., None])  # (groups, group, 3) midpoints in cell units
+    keep &= _lookup(mids.view(-1, 3), occupancy.binary).view(keep.shape)
+    # host sync: the number of samples (packed layout); (sample, 2) [group, interval] pairs, row-major
+    keep = keep.nonzero()
+    flat = keep[:, 0] * (group + 1) + keep[:, 1]  # the interval's first edge in ``edges``
+    edges = edges.view(-1)
+    return PackedSamples(ray.index_select(0, keep[:, 0]), edges.index_select(0, flat),
+                         edges.index_select(0, flat + 1), num_rays)
+
+
 def march(origins: torch.Tensor, directions: torch.Tensor, anchor: torch.Tensor, t_lo: torch.Tensor,
           t_hi: torch.Tensor, step_size: float, occupancy: OccupancyGrid | None,
           max_intervals: int | None = None, spacing_aabb: torch.Tensor | None = None,
@@ -331,54 +418,14 @@ def march(origins: torch.Tensor, directions: torch.Tensor, anchor: torch.Tensor,
     if occupancy is not None and not inside_occupied_box:  # nothing outside the occupied cells' box is sampled
         t_lo, t_hi = clip_to_box(origins, directions, t_lo, t_hi, occupancy.occupied_box().to(origins.dtype))
     valid = t_hi > t_lo
-    lo_j = torch.floor((t_lo - anchor) / dt).long()
-    hi_j = torch.ceil((t_hi - anchor) / dt).long()  # exclusive
-    lo_j, hi_j = torch.where(valid, lo_j, 0), torch.where(valid, hi_j, 0)
-    if occupancy is None:
-        ray, rank = _expand((hi_j - lo_j).clamp(min=0))  # host sync: the number of samples
-        j = lo_j.index_select(0, ray) + rank
-    else:
-        group = max(1, int(math.floor(occupancy.coarse_edge() / step_size)))  # a group is shorter than a coarse cell
-        g_lo = torch.div(lo_j, group, rounding_mode="floor")
-        g_hi = torch.div(hi_j - 1, group, rounding_mode="floor")  # inclusive
-        # groups in a fixed (R, K) layout sized by Python numbers, so no size is read: a segment
-        # inside the occupied box touches n <= diagonal / step_size + 2 intervals (or max_intervals),
-        # + 2 of margin for rounding in lo_j, hi_j; n intervals lie in at most (n + group - 2) //
-        # group + 1 groups
-        bound = occupancy.occupied_diagonal() / step_size + 2
-        if max_intervals is not None:
-            bound = min(bound, max_intervals)
-        num_slots = int((bound + 2 + group - 2) // group) + 1
-        num_groups = torch.where(valid, g_hi - g_lo + 1, 0)
-        torch._assert_async((num_groups <= num_slots).all(), "march: more groups than the padded layout holds")
-        slot = torch.arange(num_slots + 1, device=origins.device)
-        g = g_lo[:, None] + slot  # (R, K + 1) group index along each ray; group k spans edges k and k + 1
-        edges = grid_edges(anchor[:, None], dt[:, None], g * group).clamp(t_lo[:, None], t_hi[:, None])
-        cells = occupancy.coarse_cells(origins[:, None] + directions[:, None] * edges[..., None])  # (R, K + 1, 3)
-        # coarse_blocks of each group's two ends, each end's cell computed once
-        keep = occupancy.coarse_lookup(torch.minimum(cells[:, :-1], cells[:, 1:]))  # (R, K)
-        g = g[:, :-1]
-        keep &= slot[:-1] < num_groups[:, None]
-        first = torch.maximum(g * group, lo_j[:, None])
-        last = torch.minimum((g + 1) * group, hi_j[:, None])
-        # host sync: the number of groups that may touch occupied space; their intervals are tested
-        # in a dense (groups, group) layout: per-ray values are gathered once per group, not per interval
-        picked = (keep & (last > first)).view(-1).nonzero().view(-1)
-        ray = torch.div(picked, num_slots, rounding_mode="floor")
-        first = first.view(-1).index_select(0, picked)
-        rank = torch.arange(group, device=origins.device)
-        j = first[:, None] + rank  # (groups, group)
-        a, d, lo_r, hi_r = (t.index_select(0, ray)[:, None] for t in (anchor, dt, t_lo, t_hi))
-        t0 = grid_edges(a, d, j).clamp(lo_r, hi_r)
-        t1 = grid_edges(a, d, j + 1).clamp(lo_r, hi_r)
-        keep = (t1 > t0) & (rank < (last.view(-1).index_select(0, picked) - first)[:, None])
-        cell_origins, cell_directions = occupancy.ray_cells(origins, directions)
-        mids = torch.addcmul(cell_origins.index_select(0, ray)[:, None], cell_directions.index_select(0, ray)[:, None],
-                             (0.5 * (t0 + t1))[..., None])  # (groups, group, 3) midpoints in cell units
-        keep &= _lookup(mids.view(-1, 3), occupancy.binary).view(keep.shape)
-        keep = keep.view(-1).nonzero().view(-1)  # host sync: the number of samples (packed layout)
-        return PackedSamples(ray.index_select(0, torch.div(keep, group, rounding_mode="floor")),
-                             t0.view(-1).index_select(0, keep), t1.view(-1).index_select(0, keep), num_rays)
+    # zero intervals where the segment is empty (a product, not a where: one operator, no scalar tensor)
+    lo_j = torch.floor((t_lo - anchor) / dt).long() * valid
+    hi_j = torch.ceil((t_hi - anchor) / dt).long() * valid  # exclusive
+    if occupancy is not None:
+        return _march_groups(origins, directions, anchor, dt, t_lo, t_hi, lo_j, hi_j, step_size, occupancy,
+                             max_intervals)
+    ray, rank = _expand((hi_j - lo_j).clamp(min=0))  # host sync: the number of samples
+    j = lo_j.index_select(0, ray) + rank
     a, d, lo_r, hi_r = (t.index_select(0, ray) for t in (anchor, dt, t_lo, t_hi))
     t0 = grid_edges(a, d, j).clamp(lo_r, hi_r)
     t1 = grid_edges(a, d, j + 1).clamp(lo_r, hi_r)
