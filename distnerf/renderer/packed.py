@@ -141,12 +141,14 @@ def render_transmittance(sigmas: torch.Tensor, samples: PackedSamples):
     v = tau.double()
     inclusive = torch.cumsum(v, 0)
     excl = inclusive - v
-    starts, counts = ray_offsets(samples.ray_indices, samples.num_rays)
+    rays = torch.arange(samples.num_rays, device=tau.device, dtype=samples.ray_indices.dtype)
+    starts = torch.searchsorted(samples.ray_indices, rays)  # (R,) first sample of each ray (as ray_offsets)
+    ends = torch.searchsorted(samples.ray_indices, rays, right=True)  # (R,) one past its last
     front = excl.index_select(0, starts.clamp(max=tau.shape[0] - 1))  # (R,) the scan in front of each ray
-    trans = torch.exp(-(excl - front.index_select(0, samples.ray_indices)).to(tau.dtype))
+    trans = torch.exp((front.index_select(0, samples.ray_indices) - excl).to(tau.dtype))  # -(excl - front), exactly
     weights = trans * (1.0 - torch.exp(-tau))
-    last = (starts + counts - 1).clamp(min=0)
-    total = torch.where(counts > 0, inclusive.index_select(0, last) - front, 0.0)
+    # a ray without samples (ends == starts) keeps T_R = 1: its total is masked to 0 (a product: the total is finite)
+    total = (inclusive.index_select(0, (ends - 1).clamp(min=0)) - front) * (ends > starts)
     remaining = torch.exp(-total).to(tau.dtype)
     return weights, trans, remaining
 
