@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from distnerf.components.regularizer import add_regularizer_grads_
 from distnerf.dist import DistEnv
 from distnerf.strategy.partition import grid_partition
 from distnerf.strategy.ss import SSStrategy
@@ -28,7 +29,7 @@ def _tv_of_sub_models(training: str, num_regions: int, weight: float) -> tuple[f
             density.copy_((vertices @ SLOPE)[:, None])
             for table in model.bounded_parameters()[2:]:  # an independent model's context tables: flat
                 table.zero_()
-        total += float(model.add_regularizer_grads_(value=True))
+        total += float(add_regularizer_grads_(model, value=True))
         edges.append(((box[1] - box[0]) / (torch.tensor(shape) - 1)).tolist())
     return total, edges
 
