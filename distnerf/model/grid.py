@@ -269,7 +269,8 @@ class GridModel(GridOccupancy, GridSchedule, MarchingModel):
     def _corners(self, points: torch.Tensor):
         """(P, 3) points in the full-resolution tables' box -> their (P, 8) corner rows and weights."""
         box, shape = self._table_box(), self.shape
-        return trilinear_corners((points - box[0]) / (box[1] - box[0]), shape, self._corner_offsets(shape, points.device))
+        x = (points - box[0]) / (box[1] - box[0])
+        return trilinear_corners(x, shape, self._corner_offsets(shape, points.device))
 
     def _corner_offsets(self, shape: tuple[int, int, int], device: torch.device) -> torch.Tensor:
         """(8,) long :func:`~.grid_tables.corner_offsets` of a table shape, built once per shape and device."""
@@ -283,8 +284,9 @@ class GridModel(GridOccupancy, GridSchedule, MarchingModel):
                  image_ids: torch.Tensor | None = None) -> torch.Tensor:
         """(P, C) features + view directions -> (P, 3) RGB (:func:`~.grid_color.shade`: ``viewdirs``
         (R, 3) per ray indexed by ``ray_idx`` (P,), or (P, 3) per point when it is None)."""
-        return shade(feats, viewdirs, ray_idx, image_ids, sh_degree=self.cfg.sh_degree if self.cfg.color == "sh" else None,
-                     color_net=self.color_net, dir_encoding=self.dir_encoding, appearance=self.appearance)
+        sh_degree = self.cfg.sh_degree if self.cfg.color == "sh" else None
+        return shade(feats, viewdirs, ray_idx, image_ids, sh_degree=sh_degree, color_net=self.color_net,
+                     dir_encoding=self.dir_encoding, appearance=self.appearance)
 
     def _split(self, points: torch.Tensor, fn, width: int) -> torch.Tensor:
         """Evaluate ``fn(points, table_index)`` on each table pair's points.
