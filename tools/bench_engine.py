@@ -56,6 +56,7 @@ import torch
 args = json.loads(sys.argv[1])
 torch.set_num_threads(args["threads"])
 sys.path.insert(0, ".")
+from distnerf.components.regularizer import add_regularizer_grads_
 from distnerf.data import load_scene
 from distnerf.data.rays import generate_rays
 from distnerf.engine.evaluate import render_image
@@ -113,7 +114,7 @@ else:
         t = time.perf_counter()
         o = model(rays, jitter)
         ((o["rgb"] - target) ** 2).mean(dim=-1).sum().div(n).backward()
-        model.add_regularizer_grads_()
+        add_regularizer_grads_(model)
         opt.step()
         opt.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - t)

@@ -28,6 +28,7 @@ from distnerf.sampler import SyncSampler
 
 from distnerf.components.loss import photometric_sse
 from distnerf.components.optim import build_optimizer
+from distnerf.components.regularizer import add_regularizer_grads_
 
 NERF_FLOPS_PER_SAMPLE = 3.56e6  # forward+backward, per trained sample (issue figure)
 
@@ -47,7 +48,7 @@ def time_steps(model, sampler, optimizer, device, warmup: int, repeats: int):
         out = model(batch.rays, torch.Generator(device).manual_seed(batch.jitter_seed))
         loss = photometric_sse(out, batch.rgb, batch.valid) / len(batch.rgb)
         loss.backward()
-        model.add_regularizer_grads_()
+        add_regularizer_grads_(model)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         sync(device)

@@ -70,7 +70,7 @@ class LazyAdam(torch.optim.Adam):
 
 def _coalesced(grad: torch.Tensor) -> torch.Tensor:
     """``grad`` coalesced: as is when its row indices are already strictly increasing (what
-    :func:`~distnerf.model.grid.sparse_table_grad` makes; autograd's accumulation drops the
+    :func:`~distnerf.model.grid_tables.sparse_table_grad` makes; autograd's accumulation drops the
     flag, and ``coalesce`` would sort again), else ``grad.coalesce()``."""
     if grad.is_coalesced():
         return grad

@@ -20,6 +20,7 @@ from ..config_check import section
 from ..schema import TrainLoopConfig
 from .loss import photometric_sse
 from .optim import build_optimizer, rebuild_optimizer, set_lr
+from .regularizer import add_regularizer_grads_
 from .schedule import Clock, budgeted, stage_step
 
 Phase = Callable[[str], ContextManager]
@@ -82,7 +83,7 @@ class TrainStep:
         with self.phase("backward"):
             loss.backward()
         with self.phase("regularizer"):
-            self.model.add_regularizer_grads_()
+            add_regularizer_grads_(self.model)
         with self.phase("optimizer"):
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)

@@ -76,17 +76,12 @@ class RadianceModel(nn.Module):
         codes = app.codes(rays.image_ids, len(rays))
         return app.transform(background.expand(len(rays), 3), codes, None)
 
-    def add_regularizer_grads_(self, value: bool = False) -> torch.Tensor | float | None:
-        """Add the gradients of parameter-only regularisers (e.g. total variation) to
-        ``.grad``, outside any wrapper's forward; with ``value``, also return the regulariser's
-        value (a 0-dim tensor, or 0.0 without one: reading it is a host sync, left to the
-        caller), else None (computing it is a pass over the tables that training never reads).
-
-        Such a term depends on the parameters alone, which are identical on every
-        replica, so its gradient needs no all-reduce; keeping it out of the wrapped
-        backward keeps the all-reduced gradient sparse for grid tables.
-        """
-        return 0.0
+    def regularized_tables(self) -> list[tuple[nn.Parameter, tuple[int, int, int], float]]:
+        """The vertex tables a parameter-only regulariser (total variation) acts on, as
+        ``(table, vertices per axis, weight)``: a (V, C) table viewed as (n_x, n_y, n_z) (C = 1),
+        and its weight (> 0). The step adds their gradients outside any wrapper's forward
+        (:func:`distnerf.components.regularizer.add_regularizer_grads_`); [] by default."""
+        return []
 
     # -- bounds on a gradient's non-zero entries (for a sparse gradient exchange) ---------
     #: whether the forward records the rows it reads (:meth:`note_rows_read`); set by a strategy
@@ -113,7 +108,7 @@ class RadianceModel(nn.Module):
         A (V, C) table read only through interpolation at rows it references gets a
         non-zero gradient only in those rows (the backward scatters into them), so at most
         ``min(V, references) * C`` entries; an unread table: 0. Parameter-only regularisers
-        add their gradients after the exchange (:meth:`add_regularizer_grads_`), so they do
+        add their gradients after the exchange (:meth:`regularized_tables`), so they do
         not count. Host integers from shapes: computing them needs no device value.
         """
         refs = self.__dict__.get("_rows_read", {})

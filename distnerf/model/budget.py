@@ -6,7 +6,7 @@ budget covers whatever the model holds; the tables then get the rest:
 
 * ``grid``: the last of ``resolutions`` is the largest N with ``fixed + V rows(N) <= max_params``
   (V = values per vertex: density + features; rows(N) = N^3, or with ``cubic_voxels`` the
-  product of :func:`~distnerf.model.grid.voxel_shape`); the earlier resolutions keep their ratio to
+  product of :func:`~distnerf.model.grid_tables.voxel_shape`); the earlier resolutions keep their ratio to
   the last (rounded, at least 2). A cube moves in steps of about 3/N of its size, so the
   count is within 1% of the budget once N >= 300; below, within that step.
 * ``ngp``: the hash table size T (rows per level, any integer: the hash is ``mod T``) is the

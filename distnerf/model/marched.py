@@ -58,6 +58,16 @@ class MarchingModel(RadianceModel):
     train_termination: bool = False
     distortion_loss_weight: float = 0.0
 
+    def init_marching(self, cfg) -> None:
+        """From the model's validated section (:class:`~distnerf.schema.MarchedModelConfig`'s keys):
+        set ``color_threshold``, ``termination``, ``eval_round_steps``, ``train_round_steps``,
+        ``train_termination`` and ``distortion_loss_weight`` (instance attributes: a test or a tool
+        may change them on a built model)."""
+        self.color_threshold, self.termination = float(cfg.color_threshold), float(cfg.termination)
+        self.eval_round_steps, self.train_round_steps = int(cfg.eval_round_steps), int(cfg.train_round_steps)
+        self.train_termination = bool(cfg.train_termination)
+        self.distortion_loss_weight = float(cfg.distortion_loss_weight)
+
     def init_contraction(self, cfg) -> None:
         """From the model's validated section (:class:`~distnerf.schema.MarchedModelConfig`'s keys):
         register ``contraction_aabb``, the unit region of a contracted field ((2, 3) float32

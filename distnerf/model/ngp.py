@@ -46,16 +46,12 @@ class NGPModel(MarchingModel):
     def __init__(self, aabb, background, cfg=None, *, num_images: int = 0, table_size: int | None = None,
                  **options):
         c = section(NGPModelConfig, cfg, **options)  # the keys above; defaults: distnerf/schema.py
-        color_threshold, termination, eval_round_steps = c.color_threshold, c.termination, c.eval_round_steps
         num_steps, occupancy_resolution = c.num_steps, c.occupancy_resolution
         occupancy_threshold, occupancy_every, hidden_width = c.occupancy_threshold, c.occupancy_every, c.hidden_width
         num_levels, features_per_level, log2_table_size = c.num_levels, c.features_per_level, c.log2_table_size
         base_resolution, max_resolution = c.base_resolution, c.max_resolution
         super().__init__(aabb, background)
-        self.color_threshold, self.termination = float(color_threshold), float(termination)
-        self.eval_round_steps, self.train_round_steps = int(eval_round_steps), int(c.train_round_steps)
-        self.train_termination = bool(c.train_termination)
-        self.distortion_loss_weight = float(c.distortion_loss_weight)
+        self.init_marching(c)
         self.encoding = HashEncoding(num_levels, features_per_level, log2_table_size,
                                      base_resolution, max_resolution, table_size=table_size)
         self.density_net = nn.Sequential(nn.Linear(self.encoding.output_dim, hidden_width), nn.ReLU(),

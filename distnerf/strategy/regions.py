@@ -141,9 +141,8 @@ class RegionModels(RadianceModel):
         parts = [[f"region {k}'s {part}" for part in m.collapsed()] for k, m in zip(self.regions, self.models)]
         return [p for ps in parts for p in ps] if parts and all(parts) else []
 
-    def add_regularizer_grads_(self, value: bool = False) -> torch.Tensor | float | None:
-        values = [m.add_regularizer_grads_(value) for m in self.models]
-        return sum(values) if value else None
+    def regularized_tables(self) -> list[tuple[nn.Parameter, tuple[int, int, int], float]]:
+        return [t for m in self.models for t in m.regularized_tables()]
 
     def param_groups(self, lr: float) -> list[dict]:
         groups = []

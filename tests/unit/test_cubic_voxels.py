@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from distnerf.components.regularizer import add_regularizer_grads_
 from distnerf.data.rays import RayBundle
 from distnerf.model import build_model
 from distnerf.model.grid import GridModel, interpolate, trilinear_corners, voxel_shape
@@ -78,7 +79,7 @@ def test_grid_model_holds_a_linear_field_on_cubic_voxels_in_both_density_paths()
     assert model.shape == voxel_shape(8, QUARTER, cubic=True) and len(set(model.shape)) > 1
     assert model.density.shape[0] == math.prod(model.shape)
     edge = (QUARTER[1] - QUARTER[0]) / (torch.tensor(model.shape) - 1)
-    assert model.step_size() == pytest.approx(model.step_ratio * float(edge.min()))
+    assert model.step_size() == pytest.approx(model.cfg.step_ratio * float(edge.min()))
     a = torch.tensor([0.5, -1.0, 0.8])
     with torch.no_grad():
         model.density.copy_((_vertices(model.shape, QUARTER, torch.float32) @ a)[:, None])
@@ -98,7 +99,7 @@ def test_total_variation_on_unequal_counts_matches_autograd():
     model = _model(tv_weight=0.1)
     with torch.no_grad():
         model.density.normal_(generator=torch.Generator().manual_seed(2))
-    value = model.add_regularizer_grads_(value=True)
+    value = add_regularizer_grads_(model, value=True)
     d = model.density.detach().double().view(model.shape).requires_grad_()
     ref = 0.1 * sum(torch.diff(d, dim=k).pow(2).mean() for k in range(3))
     ref.backward()

@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from distnerf.components.regularizer import add_regularizer_grads_
 from distnerf.dist import DistEnv
 from distnerf.strategy.partition import grid_partition
+from distnerf.strategy.regions import RegionModels
 from distnerf.strategy.ss import SSStrategy
 
 BOUNDS = torch.tensor([[-1.0, -1.0, -1.0], [1.0, 1.0, 1.0]])
@@ -18,7 +20,7 @@ def _tv_of_sub_models(training: str, num_regions: int, weight: float) -> tuple[f
     strategy.partition = grid_partition(BOUNDS, num_regions)
     cfg = {"name": "grid", "resolutions": [9], "upsample_steps": [], "tv_weight": weight, "cubic_voxels": True,
            "tighten_aabb": False}
-    total, edges = 0.0, []
+    models, edges = {}, []
     for k in range(num_regions):
         model = strategy.build_region_model(cfg, BOUNDS, torch.ones(3), k)
         density, _, shape, box = model._tables()[0]
@@ -28,8 +30,10 @@ def _tv_of_sub_models(training: str, num_regions: int, weight: float) -> tuple[f
             density.copy_((vertices @ SLOPE)[:, None])
             for table in model.bounded_parameters()[2:]:  # an independent model's context tables: flat
                 table.zero_()
-        total += float(model.add_regularizer_grads_(value=True))
+        models[k] = model
         edges.append(((box[1] - box[0]) / (torch.tensor(shape) - 1)).tolist())
+    # a rank holding every region: its container lists every sub-model's tables, each at its own weight
+    total = float(add_regularizer_grads_(RegionModels(models, strategy.partition), value=True))
     return total, edges
 
 

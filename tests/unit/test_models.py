@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call
 
+from distnerf.components.regularizer import add_regularizer_grads_
 from distnerf.data.rays import RayBundle
 from distnerf.model import NeRFModel, NGPModel, build_model
 from distnerf.model.encoding import HashEncoding, PositionalEncoding
@@ -367,7 +368,7 @@ def test_model_forward_backward(name):
         assert out["rgb_coarse"].shape == (6, 3) and torch.isfinite(out["rgb_coarse"]).all()
         loss = loss + ((out["rgb_coarse"] - 0.5) ** 2).mean()
     loss.backward()
-    model.add_regularizer_grads_()
+    add_regularizer_grads_(model)
     grads = [p.grad.to_dense() if p.grad.is_sparse else p.grad for p in model.parameters() if p.grad is not None]
     assert grads and all(torch.isfinite(g).all() for g in grads)
     assert any(g.abs().sum() > 0 for g in grads)
@@ -431,14 +432,14 @@ def test_grid_tv_regularizer_grads_added_locally_match_reference():
     model = GridModel(AABB, WHITE, resolutions=[n], upsample_steps=[], tv_weight=weight)
     with torch.no_grad():
         model.density.normal_()
-    assert model.add_regularizer_grads_() is None  # training asks for no value
+    assert add_regularizer_grads_(model) is None  # training asks for no value
     model.density.grad = None
-    value = model.add_regularizer_grads_(value=True)
+    value = add_regularizer_grads_(model, value=True)
     d = model.density.detach().double().view(n, n, n).requires_grad_()
     ref = weight * sum(torch.diff(d, dim=k).pow(2).mean() for k in range(3))  # independent formula
     ref.backward()
     assert value == pytest.approx(float(ref.detach()), rel=1e-5)
     torch.testing.assert_close(model.density.grad.view(n, n, n).double(), d.grad, rtol=1e-4, atol=1e-8)
     before = model.density.grad.clone()
-    model.add_regularizer_grads_()  # accumulates like .backward()
+    add_regularizer_grads_(model)  # accumulates like .backward()
     torch.testing.assert_close(model.density.grad, 2 * before)

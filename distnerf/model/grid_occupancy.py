@@ -1,0 +1,134 @@
+"""The grid model's occupancy refresh: which cells of its occupancy grid hold density, derived
+from the density table (deterministic, so identical replicas stay identical).
+
+Legend: N schedule resolution (vertices per axis), M occupancy cells per axis.
+
+:class:`GridOccupancy` is a part of :class:`~distnerf.model.grid.GridModel` (a mixin, so the
+model's state and checkpoint keys stay its own); it reads the model's ``cfg``
+(:class:`~distnerf.schema.GridModelConfig`), ``occupancy``, ``density``, ``focus``,
+``grid_aabb``, ``contraction_aabb``, ``base_voxel``, ``density_shift`` and its geometry
+(``resolution``, ``shape``, ``step_size``, ``densities``, ``raw_density``).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from ..renderer.contraction import world_step_scale
+from ..schema import GridModelConfig
+
+
+def occupancy_threshold_at(cfg: GridModelConfig, resolution: int) -> float:
+    """The opacity threshold of one marching step at schedule resolution ``resolution``:
+    ``cfg.occupancy_threshold_final`` at the final resolution (with two or more resolutions and the
+    key set), else ``cfg.occupancy_threshold``."""
+    if cfg.occupancy_threshold_final is not None and len(cfg.resolutions) > 1 \
+            and resolution == cfg.resolutions[-1]:
+        return float(cfg.occupancy_threshold_final)
+    return float(cfg.occupancy_threshold)
+
+
+def raw_threshold(threshold: float, step_size: float, base_voxel: float, density_shift: float) -> float | None:
+    """The raw table value above which one marching step of ``step_size`` (world units) has opacity
+    above ``threshold`` under the density ``softplus(raw + density_shift) / base_voxel``, or None
+    when it has no finite value (:meth:`GridOccupancy.raw_threshold`)."""
+    if not 0.0 < threshold < 1.0:
+        return None
+    target = -math.log1p(-threshold) * base_voxel / step_size  # softplus(raw + shift) above this
+    inner = math.expm1(target)
+    if not (inner > 0.0 and math.isfinite(inner)):
+        return None
+    return math.log(inner) - density_shift
+
+
+def any_corner(vertex: torch.Tensor) -> torch.Tensor:
+    """Whether any of each voxel's 8 corners is set.
+
+    Args:
+        vertex: (M, M, M) bool, one per grid vertex.
+    Returns:
+        (M - 1, M - 1, M - 1) bool, one per voxel: the OR of its corners (a 2x2x2 max-pool
+        with stride 1, as three pairwise ORs along the axes).
+    """
+    v = vertex[1:] | vertex[:-1]
+    v = v[:, 1:] | v[:, :-1]
+    return v[:, :, 1:] | v[:, :, :-1]
+
+
+class GridOccupancy:
+    """The occupancy refresh of :class:`~distnerf.model.grid.GridModel` (see the module docstring)."""
+
+    @torch.no_grad()
+    def update_occupancy(self) -> None:
+        """Occupancy from the density (deterministic).
+
+        Without a focus box the occupancy cells are the grid's voxels, (N-1)^3 over
+        ``grid_aabb``, and a voxel is occupied when the opacity of one marching step at
+        the *largest* of its 8 corner densities exceeds ``occupancy_threshold``: trilinear
+        interpolation never exceeds its largest corner and softplus is monotonic, so no
+        point of an empty voxel is above the threshold (no interpolation). On a bounded field
+        the test moves to the raw table (:meth:`raw_threshold`: a voxel is occupied when any
+        corner's raw value exceeds it, :func:`any_corner`), so no opacity is computed; a
+        contracted field's step length varies per cell, so there the largest corner's opacity
+        is computed (a 2x2x2 max-pool). With a focus box, the density at N^3 cell centres over the scene
+        box, dilated by one cell; with a table of unequal counts per axis (``cubic_voxels`` on a
+        box that is not a cube), the same at M^3 cell centres over ``grid_aabb``, M = the largest
+        count - 1 (no cell longer than a voxel).
+        """
+        n, step_size, shape = self.resolution, self.step_size(), self.shape
+        threshold = self.current_occupancy_threshold()
+        if self.focus is None and len(set(shape)) == 1:
+            m = shape[0]
+            raw = self.density.detach().view(m, m, m)
+            self.occupancy.aabb.copy_(self.grid_aabb)  # the voxels' box (setting the cells refreshes the caches)
+            raw_threshold = self.raw_threshold(threshold, step_size) if self.contraction_aabb is None else None
+            if raw_threshold is not None:  # a bounded field: compare the raw table, not 4 M opacities
+                self.occupancy.set_binary(any_corner(raw > raw_threshold))
+                return
+            corner_max = F.max_pool3d(raw[None, None], 2, stride=1)[0, 0]
+            alpha = 1.0 - torch.exp(-self.densities(corner_max) * step_size * self._step_scale(m - 1))
+            self.occupancy.set_from_alpha(alpha, threshold, dilation=0)
+            return
+        m = n if self.focus is not None else max(shape) - 1
+        if self.occupancy.resolution != m:
+            self.occupancy.resize(self.grid_aabb, m)
+        else:
+            self.occupancy.aabb.copy_(self.grid_aabb)  # a tightened box (a contracted one never moves)
+        sigma = self.densities(self.raw_density(self.occupancy.cell_centers(), contracted=True))
+        scale = self._step_scale(m)
+        alpha = 1.0 - torch.exp(-sigma * step_size * (scale.reshape(-1) if torch.is_tensor(scale) else scale))
+        self.occupancy.set_from_alpha(alpha.view(m, m, m), threshold, dilation=1)
+
+    def raw_threshold(self, threshold: float, step_size: float) -> float | None:
+        """The raw table value above which one marching step of ``step_size`` has opacity above
+        ``threshold``: 1 - exp(-softplus(raw + shift) / base_voxel * step) > threshold
+        <=> raw > log(expm1(-log(1 - threshold) * base_voxel / step)) - shift (softplus and
+        exp are increasing, so the comparison moves to the raw values unchanged). None when it
+        has no finite value (threshold 0, or one so small that expm1 underflows): the caller
+        then compares opacities."""
+        return raw_threshold(threshold, step_size, self.base_voxel, self.density_shift)
+
+    def current_occupancy_threshold(self) -> float:
+        """Opacity of one marching step below which a cell is empty now: ``occupancy_threshold_final``
+        at the final resolution (with two or more resolutions and the key set), else
+        ``occupancy_threshold``. The coarse stages start every cell at ``alpha_init``, so their
+        threshold must not exceed it; by the final stage the surfaces have formed and the
+        semi-transparent fog grown in free air can be pruned (Instant-NGP, Mueller et al. 2022,
+        Sec. 4: density threshold 0.01)."""
+        return occupancy_threshold_at(self.cfg, self.resolution)
+
+    def _step_scale(self, m: int) -> torch.Tensor | float:
+        """(m, m, m) world length of a unit marching step at the centres of m^3 cells over
+        ``grid_aabb`` (:func:`~distnerf.renderer.contraction.world_step_scale`; cached per m),
+        or 1.0 for a bounded field."""
+        if self.contraction_aabb is None:
+            return 1.0
+        cache = self.__dict__.setdefault("_step_scale_cache", {})
+        if m not in cache:
+            box = self.grid_aabb
+            axis = (torch.arange(m, device=box.device, dtype=torch.float32) + 0.5) / m
+            cells = torch.stack(torch.meshgrid(axis, axis, axis, indexing="ij"), dim=-1).reshape(-1, 3)
+            cache[m] = world_step_scale(box[0] + cells * (box[1] - box[0]), self.contraction_aabb).view(m, m, m)
+        return cache[m]

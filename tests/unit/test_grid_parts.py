@@ -1,0 +1,42 @@
+"""The grid model's parts, against values worked out by hand: the corner offsets of an x-major
+table, the upsampling schedule's next resolution, the raw occupancy threshold (inverted back to an
+opacity) and the colour head's feature count."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from distnerf.model.grid_color import feature_channels
+from distnerf.model.grid_occupancy import raw_threshold
+from distnerf.model.grid_schedule import next_resolution
+from distnerf.model.grid_tables import corner_offsets
+
+
+def test_corner_offsets_of_an_x_major_table():
+    # (n_x, n_y, n_z) = (2, 3, 4): vertex (i, j, k) is row (3 i + j) 4 + k; corners in (i, j, k) binary order
+    assert corner_offsets((2, 3, 4)).tolist() == [0, 1, 4, 5, 12, 13, 16, 17]
+
+
+@pytest.mark.parametrize("resolution, stage_step, expected", [
+    (8, 1, None), (8, 2, 12),      # the first change at step 2
+    (12, 4, None), (12, 5, 16),    # the second at step 5, read from the current resolution
+    (8, 9, 12),                    # one stage per call, even past both changes
+    (16, 100, None), (20, 100, None),  # the last stage, or a resolution off the list: stay
+])
+def test_next_resolution(resolution, stage_step, expected):
+    assert next_resolution([8, 12, 16], [2, 5], resolution, stage_step) == expected
+
+
+def test_raw_threshold_gives_the_opacity_threshold_back():
+    threshold, step, base_voxel, shift = 0.01, 0.02, 0.05, -3.0
+    raw = raw_threshold(threshold, step, base_voxel, shift)
+    sigma = math.log1p(math.exp(raw + shift)) / base_voxel  # softplus(raw + shift) / base_voxel
+    assert 1.0 - math.exp(-sigma * step) == pytest.approx(threshold, rel=1e-9)
+    assert raw_threshold(0.0, step, base_voxel, shift) is None  # no finite value: compare opacities
+    assert raw_threshold(1.0, step, base_voxel, shift) is None
+
+
+def test_feature_channels():
+    assert feature_channels("sh", 12, 1) == 12 and feature_channels("sh", 12, 2) == 27
+    assert feature_channels("mlp", 7, 2) == 7
