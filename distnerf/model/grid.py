@@ -62,7 +62,7 @@ from .encoding import PositionalEncoding
 from .grid_color import build_color_net, feature_channels, shade, spherical_harmonics
 from .grid_occupancy import GridOccupancy, any_corner
 from .grid_schedule import GridSchedule
-from .grid_tables import corner_offsets, interpolate, sparse_table_grad, trilinear_corners, voxel_shape
+from .grid_tables import corner_offsets, interpolate, row_strides, sparse_table_grad, trilinear_corners, voxel_shape
 from .marched import MarchingModel
 
 __all__ = ["GridModel", "SHELL_SCALE_CAP", "any_corner", "interpolate", "sparse_table_grad", "spherical_harmonics",
@@ -269,16 +269,18 @@ class GridModel(GridOccupancy, GridSchedule, MarchingModel):
     def _corners(self, points: torch.Tensor):
         """(P, 3) points in the full-resolution tables' box -> their (P, 8) corner rows and weights."""
         box, shape = self._table_box(), self.shape
-        x = (points - box[0]) / (box[1] - box[0])
-        return trilinear_corners(x, shape, self._corner_offsets(shape, points.device))
+        return self._table_corners((points - box[0]) / (box[1] - box[0]), shape)
 
-    def _corner_offsets(self, shape: tuple[int, int, int], device: torch.device) -> torch.Tensor:
-        """(8,) long :func:`~.grid_tables.corner_offsets` of a table shape, built once per shape and device."""
-        cache = self.__dict__.setdefault("_corner_offsets_cache", {})
-        key = (shape, device)
+    def _table_corners(self, x: torch.Tensor, shape: tuple[int, int, int]):
+        """:func:`~.grid_tables.trilinear_corners` of (P, 3) positions ``x`` in [0, 1] over a table of
+        ``shape``, its corner offsets and row strides built once per shape and device, and the weights in
+        the few-operator form where the host paces the step (:func:`~distnerf.host_buffers.sync_free`)."""
+        cache = self.__dict__.setdefault("_corner_layout_cache", {})
+        key = (shape, x.device)
         if key not in cache:
-            cache[key] = corner_offsets(shape, device)
-        return cache[key]
+            cache[key] = (corner_offsets(shape, x.device), row_strides(shape, x.device))
+        offsets, strides = cache[key]
+        return trilinear_corners(x, shape, offsets, strides, outer=sync_free(x.device))
 
     def _colours(self, feats: torch.Tensor, viewdirs: torch.Tensor, ray_idx: torch.Tensor | None,
                  image_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -331,7 +333,7 @@ class GridModel(GridOccupancy, GridSchedule, MarchingModel):
             density, _, shape, box = tables[t]
             x = ((p - box[0]) / (box[1] - box[0])).clamp(0, 1)
             if grad:
-                index, weights = trilinear_corners(x, shape, self._corner_offsets(shape, x.device))
+                index, weights = self._table_corners(x, shape)
                 self.note_rows_read(density, index.numel())
                 return interpolate(density, index, weights).view(-1)
             return F.grid_sample(density.view(1, 1, *shape), (x * 2 - 1).flip(-1).view(1, 1, 1, -1, 3),
@@ -346,8 +348,7 @@ class GridModel(GridOccupancy, GridSchedule, MarchingModel):
 
         def sample(p: torch.Tensor, t: int) -> torch.Tensor:
             _, features, shape, box = tables[t]
-            index, weights = trilinear_corners((p - box[0]) / (box[1] - box[0]), shape,
-                                               self._corner_offsets(shape, p.device))
+            index, weights = self._table_corners((p - box[0]) / (box[1] - box[0]), shape)
             self.note_rows_read(features, index.numel())
             # sparse rows need their count (a host sync); where that stalls the device, dense gradients
             return interpolate(features, index, weights, self.sparse_grad and not sync_free(p.device))

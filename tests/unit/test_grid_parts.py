@@ -40,3 +40,34 @@ def test_raw_threshold_gives_the_opacity_threshold_back():
 def test_feature_channels():
     assert feature_channels("sh", 12, 1) == 12 and feature_channels("sh", 12, 2) == 27
     assert feature_channels("mlp", 7, 2) == 7
+
+
+@pytest.mark.parametrize("shape", [(5, 5, 5), (3, 6, 4)])
+def test_trilinear_corners_match_a_float64_reference_in_both_weight_forms(shape):
+    """Rows and weights of each point's 8 corners against a float64 computation from the definition
+    (vertex (i, j, k) at row (i n_y + j) n_z + k; weight prod over axes of (1 - f) or f); the few-operator
+    form (``outer``, the CUDA path) gives the column form's bits."""
+    import torch
+
+    from distnerf.model.grid_tables import row_strides, trilinear_corners
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(257, 3, generator=g)
+    x[0] = torch.tensor([0.0, 1.0, 0.5])  # faces of the box: the last cell, not one past it
+    index, weights = trilinear_corners(x, shape)
+    index_o, weights_o = trilinear_corners(x, shape, outer=True)
+    assert torch.equal(index, index_o) and torch.equal(weights, weights_o)
+    assert row_strides(shape).tolist() == [shape[1] * shape[2], shape[2], 1]
+    n = torch.tensor(shape, dtype=torch.float64)
+    pos = x.double() * (n - 1)
+    base = torch.minimum(pos.floor(), n - 2)
+    frac = pos - base
+    for c in range(8):
+        bits = [(c >> 2) & 1, (c >> 1) & 1, c & 1]
+        ijk = [int(b) for b in bits]
+        rows = ((base[:, 0] + ijk[0]) * shape[1] + base[:, 1] + ijk[1]) * shape[2] + base[:, 2] + ijk[2]
+        assert torch.equal(index[:, c], rows.long())
+        w = torch.ones(x.shape[0], dtype=torch.float64)
+        for a in range(3):
+            w = w * (frac[:, a] if ijk[a] else 1 - frac[:, a])
+        torch.testing.assert_close(weights[:, c].double(), w, rtol=1e-6, atol=1e-6)
