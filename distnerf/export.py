@@ -19,7 +19,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from . import cli as C
-from .checkpoint import SCENE_TRANSFORM_FILE
+from .checkpoint import SCENE_TRANSFORM_FILE, CheckpointError
 from .fileio import atomic_torch_save
 from .engine.runs import find_checkpoint, load_run_config, load_weights
 from .config_check import ConfigError
@@ -61,9 +61,13 @@ def main(argv: list[str] | None = None) -> Path:
 
 
 def cli(argv: list[str] | None = None) -> int:
-    """``distnerf-export`` / ``python -m distnerf.export``: :func:`main`; a config error is one line (exit 2)."""
-    with ENTRY.usage_errors(ConfigError):
-        main(argv)
+    """``distnerf-export`` / ``python -m distnerf.export``: :func:`main`; a config error is one line (exit 2), a
+    missing or damaged checkpoint one line (exit 1)."""
+    try:
+        with ENTRY.usage_errors(ConfigError):
+            main(argv)
+    except (FileNotFoundError, CheckpointError) as err:  # no committed checkpoint yet, a damaged one: one line
+        ENTRY.error(err, status=1)
     return 0
 
 

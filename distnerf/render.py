@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from . import cli as C
+from .checkpoint import CheckpointError
 from . import dist as D
 from .rundir import setup_logging
 from .data import load_scene
@@ -182,9 +183,12 @@ def main(argv: list[str] | None = None) -> dict:
 
 def cli(argv: list[str] | None = None) -> int:
     """``distnerf-render`` / ``python -m distnerf.render``: :func:`main`; a config error found while
-    rendering is one line too (exit 2)."""
-    with ENTRY.usage_errors(ConfigError):
-        main(argv)
+    rendering is one line too (exit 2), a missing or damaged checkpoint or file one line (exit 1)."""
+    try:
+        with ENTRY.usage_errors(ConfigError):
+            main(argv)
+    except (FileNotFoundError, CheckpointError) as err:  # no committed checkpoint yet, a damaged one: one line
+        ENTRY.error(err, status=1)
     return 0
 
 

@@ -89,7 +89,10 @@ def run(cfg: DictConfig) -> dict:
         stop.uninstall()
 
 
-@hydra.main(config_path="../conf", config_name="train", version_base="1.3")
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+@hydra.main(config_path=str(CONF), config_name="train", version_base="1.3")  # absolute: also when imported (distnerf-train)
 def main(cfg: DictConfig) -> None:
     COMMAND_LINE.started()  # Hydra composed the config (cli: what it wrote to stderr goes out)
     try:
@@ -98,9 +101,6 @@ def main(cfg: DictConfig) -> None:
         ENTRY.error(err)
     except (NonFiniteLoss, DatasetError, RunDirBusy, CheckpointWriteError) as err:  # the message says it all
         raise SystemExit(f"distnerf: {err}") from None
-
-
-CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
 def _keys(argv) -> str:
