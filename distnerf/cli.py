@@ -20,6 +20,7 @@ import argparse
 import ast
 import contextlib
 import dataclasses
+import inspect
 import io
 import re
 import sys
@@ -91,8 +92,7 @@ def _one_line(text: str) -> str:
 
 
 def _comment(schema: type, name: str) -> str:
-    import inspect
-
+    """The one-line meaning of ``schema``'s field ``name``: the comment where it is declared."""
     for cls in schema.__mro__:  # the class that declares the field (a subclass may restate it)
         if not dataclasses.is_dataclass(cls) or name not in cls.__dict__.get("__annotations__", {}):
             continue
@@ -112,20 +112,19 @@ def _shown(value) -> str:
     return str(value)
 
 
-def schema_keys(schema: type, prefix: str = "", only: Sequence[str] | None = None,
-                skip: Sequence[str] = ()) -> list[Key]:
+def schema_keys(schema: type, prefix: str = "", only: Sequence[str] | None = None) -> list[Key]:
     """The keys of a schema dataclass (:mod:`distnerf.schema`), nested dataclasses expanded.
 
     Args:
         schema: e.g. :class:`~distnerf.schema.EvalConfig`.
         prefix: prepended to each name (``"eval."``).
-        only: these fields (in this order), else all of them, in declaration order.
-        skip: fields left out (with ``only`` None); a field typed ``Any`` (a Hydra group) is always left out.
+        only: these fields (in this order), else all of them, in declaration order; a field typed
+            ``Any`` without a default (a Hydra group: ``dataset``, ...) is left out.
     Returns:
         One :class:`Key` per leaf: its default and the comment beside it (after its allowed values).
     """
     fields = {f.name: f for f in dataclasses.fields(schema)}
-    names = list(only) if only is not None else [n for n in fields if n not in skip]
+    names = list(only) if only is not None else list(fields)
     keys, sections = [], []  # the schema's own keys first, then its nested sections
     for name in names:
         f = fields[name]
@@ -151,11 +150,7 @@ def format_keys(keys: Sequence[Key], indent: int = 2) -> str:
         return ""
     width = min(max(len(k.name) for k in keys), 36)
     dwidth = min(max(len(k.default) for k in keys), 24)
-    rows = []
-    for k in keys:
-        row = f"{' ' * indent}{k.name:<{width}}  {k.default:<{dwidth}}  {k.meaning}".rstrip()
-        rows.append(row)
-    return "\n".join(rows)
+    return "\n".join(f"{' ' * indent}{k.name:<{width}}  {k.default:<{dwidth}}  {k.meaning}".rstrip() for k in keys)
 
 
 # ----------------------------------------------------------------------------- key=value entry points
