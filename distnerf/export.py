@@ -18,15 +18,28 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from .checkpoint import SCENE_TRANSFORM_FILE
+from . import cli as C
+from .checkpoint import SCENE_TRANSFORM_FILE, CheckpointError
 from .fileio import atomic_torch_save
 from .engine.runs import find_checkpoint, load_run_config, load_weights
 from .config_check import ConfigError
+from .schema import RenderConfig
 from .strategy.ss_loading import region_states
+
+ENTRY = C.Entry(
+    "export", "Write a run's model weights (newest committed checkpoint, no optimizer state) to one file, "
+    "for distnerf-render weights=FILE.", "run_dir=PATH [out=FILE] [checkpoint=DIR]",
+    [C.Key("run_dir", "(required)", "the run's directory (RUN/config.yaml, RUN/checkpoints/)"),
+     *C.schema_keys(RenderConfig, only=["out", "checkpoint"])],
+    examples=["run_dir=runs/main", "run_dir=runs/main out=lego.pt checkpoint=runs/main/checkpoints/step_00000500"],
+    notes="The file written is printed on stdout.",
+    required=[("run_dir", "the run to export")], existing=["run_dir", "checkpoint"])
 
 
 def main(argv: list[str] | None = None) -> Path:
-    cfg, run_dir = load_run_config(sys.argv[1:] if argv is None else argv)
+    argv = ENTRY.parse(sys.argv[1:] if argv is None else argv)
+    with ENTRY.usage_errors():  # no config.yaml, an unknown key, a wrong value: one line, exit 2
+        cfg, run_dir = load_run_config(argv, prog=ENTRY.prog)
     config = OmegaConf.to_container(OmegaConf.masked_copy(cfg, ["model", "dataset", "strategy"]), resolve=True)
     if cfg.strategy.name == "ss":
         found, manifest = find_checkpoint(cfg, run_dir)
@@ -47,8 +60,16 @@ def main(argv: list[str] | None = None) -> Path:
     return out
 
 
-if __name__ == "__main__":
+def cli(argv: list[str] | None = None) -> int:
+    """``distnerf-export`` / ``python -m distnerf.export``: :func:`main`; a config error is one line (exit 2), a
+    missing or damaged checkpoint one line (exit 1)."""
     try:
-        main()
-    except ConfigError as err:
-        raise SystemExit(f"distnerf.export: {err}") from None
+        with ENTRY.usage_errors(ConfigError):
+            main(argv)
+    except (FileNotFoundError, CheckpointError) as err:  # no committed checkpoint yet, a damaged one: one line
+        ENTRY.error(err, status=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

@@ -12,13 +12,18 @@ run directory is unusable.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
+from .cli import argument_parser
+
+
+EXAMPLES = [line.strip().removeprefix("python -m distnerf.profile ") for line in __doc__.split("::")[1].split("\n\n")[1]
+            .splitlines()]
+
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m distnerf.profile", description=__doc__.splitlines()[0])
+    parser = argument_parser("profile", __doc__.splitlines()[0].rstrip("."), EXAMPLES)
     sub = parser.add_subparsers(dest="command", required=True)
     rep = sub.add_parser("report", help="breakdown, overlap, top operators of one run")
     rep.add_argument("run_dir", type=Path)
@@ -42,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         result = compare.compare_runs(args.run_a, args.run_b, args.vary, args.force)
     except (FileNotFoundError, ValueError) as err:  # UndeclaredDifference is a ValueError
-        print(f"distnerf.profile: {err}", file=sys.stderr)
+        print(f"{parser.prog}: error: {err}", file=sys.stderr)
         return 2
     text = compare.to_markdown(result)
     if result["undeclared"]:

@@ -36,6 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
+from . import cli as C
+from .checkpoint import CheckpointError
 from . import dist as D
 from .rundir import setup_logging
 from .data import load_scene
@@ -45,6 +47,7 @@ from .engine.evaluate import evaluate_run, make_eval_split, render_image
 from .engine.runs import load_renderer, load_run_config
 from .observe.logger import log_render_videos
 from .config_check import ConfigError
+from .schema import EvalConfig, RenderConfig, TrainConfig
 from .strategy import build_strategy
 
 log = logging.getLogger("distnerf")
@@ -136,8 +139,28 @@ def render_videos(cfg, model, strategy, scene, out_dir: Path, env) -> dict[str, 
     return paths
 
 
+RUN_DIR = C.Key("run_dir", "(required)", "the run's directory (RUN/config.yaml, RUN/checkpoints/)")
+ENTRY = C.Entry(
+    "render", "Render a run's test views again and score them (PSNR, SSIM, LPIPS), optionally a fly-through or "
+    "an orbit video; RUN/config.yaml with key=value overrides.", "run_dir=PATH [key=value ...]",
+    [RUN_DIR, *C.schema_keys(RenderConfig, only=["checkpoint", "weights", "fusion", "out_dir", "video", "orbit",
+                                                 "video_frames", "video_fps"]),
+     *C.schema_keys(EvalConfig, "eval."), *C.schema_keys(TrainConfig, only=["device"])],
+    examples=["run_dir=runs/main", "run_dir=runs/main eval.num_views=25 orbit=true",
+              "run_dir=runs/main video=runs/main/fly.gif video_frames=120",
+              "run_dir=runs/main weights=runs/main/export/model_step_1000.pt out_dir=runs/main/render_export",
+              "run_dir=runs/city_ss fusion=blend"],
+    notes="Any other key of the run's config can be overridden too (distnerf-train --help lists them). "
+          "Under torchrun the views are split across ranks.",
+    required=[("run_dir", "the run to render")], existing=["run_dir", "checkpoint", "weights"])
+
+
 def main(argv: list[str] | None = None) -> dict:
-    cfg, run_dir = load_run_config(sys.argv[1:] if argv is None else argv)
+    argv = ENTRY.parse(sys.argv[1:] if argv is None else argv)
+    with ENTRY.usage_errors():  # no config.yaml, an unknown key, a wrong value: one line, exit 2
+        cfg, run_dir = load_run_config(argv, prog=ENTRY.prog)
+        if cfg.video:
+            video_path(cfg.video)  # a bad path fails before any rendering
     env = D.init_distributed(cfg.device, timeout_s=cfg.dist_timeout_s,  # the run's timeouts
                              setup_timeout_s=cfg.dist_setup_timeout_s)
     try:
@@ -147,8 +170,6 @@ def main(argv: list[str] | None = None) -> dict:
         D.barrier(env)
         setup_logging(env, out_dir, "INFO", "render.log")
         strategy = build_strategy(cfg.strategy, env)
-        if cfg.video:
-            video_path(cfg.video)  # a bad path fails before any rendering
         scene = load_scene(cfg.dataset, "test", pixels=undecoded)  # box, background, cameras: evaluation decodes its own
         model, step = load_renderer(cfg, run_dir, scene, env)
         metrics = evaluate_run(cfg, model, strategy, out_dir, step, make_eval_split(cfg, model, strategy))
@@ -160,8 +181,16 @@ def main(argv: list[str] | None = None) -> dict:
         D.shutdown(env)
 
 
-if __name__ == "__main__":
+def cli(argv: list[str] | None = None) -> int:
+    """``distnerf-render`` / ``python -m distnerf.render``: :func:`main`; a config error found while
+    rendering is one line too (exit 2), a missing or damaged checkpoint or file one line (exit 1)."""
     try:
-        main()
-    except ConfigError as err:
-        raise SystemExit(f"distnerf.render: {err}") from None
+        with ENTRY.usage_errors(ConfigError):
+            main(argv)
+    except (FileNotFoundError, CheckpointError) as err:  # no committed checkpoint yet, a damaged one: one line
+        ENTRY.error(err, status=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

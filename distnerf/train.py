@@ -16,19 +16,23 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
+from pathlib import Path
 
 import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import record
 
+from . import cli as C
 from . import dist as D
 from .fileio import CheckpointWriteError
 from .rundir import RunDirBusy, release_run_dir, resolve_run_dir, setup_logging
 from .data import DatasetError
-from .config_check import ConfigError, validate
+from .config_check import GROUPS, ConfigError, validate
 from .engine.trainer import NonFiniteLoss, Trainer
 from .observe.progress import ProgressBeacon
+from .schema import TrainConfig
 from .strategy import build_strategy
 
 log = logging.getLogger("distnerf")
@@ -85,13 +89,55 @@ def run(cfg: DictConfig) -> dict:
         stop.uninstall()
 
 
-@hydra.main(config_path="../conf", config_name="train", version_base="1.3")
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+@hydra.main(config_path=str(CONF), config_name="train", version_base="1.3")  # absolute: also when imported (distnerf-train)
 def main(cfg: DictConfig) -> None:
+    COMMAND_LINE.started()  # Hydra composed the config (cli: what it wrote to stderr goes out)
     try:
         run(cfg)
-    except (NonFiniteLoss, ConfigError, DatasetError, RunDirBusy, CheckpointWriteError) as err:  # the message says it all
+    except ConfigError as err:  # a key's value: a usage error, one line, exit 2
+        ENTRY.error(err)
+    except (NonFiniteLoss, DatasetError, RunDirBusy, CheckpointWriteError) as err:  # the message says it all
         raise SystemExit(f"distnerf: {err}") from None
 
 
+def _keys(argv) -> str:
+    """``--help``'s keys: the groups, the root and loop keys, and the keys of the dataset, model and
+    strategy options chosen on the command line (the defaults otherwise)."""
+    chosen = dict(a.split("=", 1) for a in argv if "=" in a and a.split("=", 1)[0] in (*GROUPS, "experiment"))
+    groups = C.config_groups(CONF, "train", chosen)
+    picked = {g.name.split("=")[0]: g.name.split("=")[1] for g in groups}
+    parts = ["  groups (group=option; the default shown, or the one on the command line):",
+             C.format_keys(groups, indent=4), "", C.format_keys(C.schema_keys(TrainConfig))]
+    for group, options in GROUPS.items():
+        if picked.get(group) in options:
+            parts += ["", f"  {group}.* of {group}={picked[group]}:",
+                      C.format_keys(C.schema_keys(options[picked[group]], f"{group}."))]
+    return "\n".join(parts)
+
+
+ENTRY = C.Entry(
+    "train", __doc__.splitlines()[0].split(":")[0] + " (Hydra: config conf/train.yaml, key=value overrides).",
+    "[group=option ...] [key=value ...]", _keys,
+    examples=["                    # the built-in scene, grid model, 1000 steps", "dataset=blender dataset.root=../shared/data/nerf_synthetic_half/lego",
+              "model=ngp train.max_steps=2000 run_dir=runs/ngp", "run_dir=runs/ngp resume=true",
+              "--help model=nerf    # the keys of another option",
+              "--cfg job dataset=llff dataset.root=PATH   # print the composed config (Hydra)"],
+    notes="Defaults as declared in distnerf/schema.py (a group file, conf/GROUP/OPTION.yaml, changes a few: "
+          "--cfg job prints the composed values). Multi-process: torchrun --nproc_per_node=N -m distnerf.train ...; "
+          "Hydra's own help: --hydra-help.")
+
+
+COMMAND_LINE = C.HydraCommandLine(ENTRY, CONF, "train", validate)
+
+
+def cli(argv: list[str] | None = None) -> None:
+    """``distnerf-train`` / ``python -m distnerf.train``: ``--help``, then :func:`main` (Hydra) on the
+    overrides; an unknown key or option, a wrong value: one line, exit 2."""
+    COMMAND_LINE.run(main, sys.argv[1:] if argv is None else argv)
+
+
 if __name__ == "__main__":
-    main()
+    cli()

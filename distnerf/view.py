@@ -27,6 +27,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from . import checkpoint as ckpt
+from . import cli as C
 from . import dist as D
 from .rundir import setup_logging
 from .data import load_scene
@@ -35,6 +36,7 @@ from .engine.runs import load_renderer, load_run_config
 from .engine.viewer import ViewerServer, thumbnail
 from .observe.logger import read_metrics_log
 from .config_check import ConfigError
+from .schema import EvalConfig, RenderConfig, TrainConfig, ViewerConfig
 from .strategy.partition import Partition
 
 log = logging.getLogger("distnerf")
@@ -130,10 +132,28 @@ class RunViewer:
         self.server.stop()
 
 
+ENTRY = C.Entry(
+    "view", "Web viewer of a run (http://localhost:PORT): renders its newest committed checkpoint from the camera "
+    "you drag, and follows the run as it trains.", "run_dir=PATH [port=N] [checkpoint=DIR] [key=value ...]",
+    [C.Key("run_dir", "(required)", "the run's directory (RUN/config.yaml, RUN/checkpoints/)"),
+     *(C.Key("port", k.default, f"short for viewer.port: {k.meaning}") for k in C.schema_keys(ViewerConfig, only=["port"])),
+     *C.schema_keys(ViewerConfig, "viewer.", only=["max_resolution"]),
+     *C.schema_keys(RenderConfig, only=["checkpoint"]), *C.schema_keys(EvalConfig, "eval.", only=["chunk", "point_chunk"]),
+     *C.schema_keys(TrainConfig, only=["device"])],
+    examples=["run_dir=runs/main", "run_dir=runs/city_ss port=8080 checkpoint=runs/city_ss/checkpoints/step_00001000"],
+    notes="From another machine: ssh -L 7007:localhost:7007 HOST, then open http://localhost:7007 there.",
+    required=[("run_dir", "the run to view")], existing=["run_dir", "checkpoint"])
+
+
 def view_config(argv: list[str]):
-    """(config, run_dir) of ``distnerf.view``'s command line: ``port=N`` is ``viewer.port=N``."""
-    argv = [f"viewer.{a}" if a.startswith("port=") else a for a in argv]
-    return load_run_config(argv, prog="distnerf.view")
+    """(config, run_dir) of ``distnerf.view``'s command line: ``port=N`` is ``viewer.port=N``.
+
+    Raises:
+        SystemExit: ``--help`` (0); a usage error, one line (2).
+    """
+    argv = [f"viewer.{a}" if a.startswith("port=") else a for a in ENTRY.parse(argv)]
+    with ENTRY.usage_errors():
+        return load_run_config(argv, prog=ENTRY.prog)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -154,8 +174,16 @@ def main(argv: list[str] | None = None) -> None:
         D.shutdown(env)
 
 
-if __name__ == "__main__":
+def cli(argv: list[str] | None = None) -> int:
+    """``distnerf-view`` / ``python -m distnerf.view``: :func:`main`; a config error is one line (exit 2),
+    a port not available one line (exit 1)."""
     try:
-        main()
-    except (ConfigError, OSError) as err:
-        raise SystemExit(f"distnerf.view: {err}") from None
+        with ENTRY.usage_errors(ConfigError):
+            main(argv)
+    except OSError as err:
+        ENTRY.error(err, status=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

@@ -27,11 +27,13 @@ when it is untimed (``runner.resumable_step``) and starts it again when it is ti
 """
 from __future__ import annotations
 
-import argparse
 import shutil
 import signal
 import sys
 from pathlib import Path
+
+from ..cli import argparse_keys, argument_parser, schema_keys
+from ..schema import StudyConfig
 
 
 def _stop(signum, frame):
@@ -39,8 +41,16 @@ def _stop(signum, frame):
     raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
+def _examples() -> list[str]:
+    """The docstring's example commands, after the program's name."""
+    block = __doc__.split("::")[1].split("\n\n")[1]
+    return [line.strip().removeprefix("python -m distnerf.study ") for line in block.splitlines()
+            if line.strip().startswith("python -m")]
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m distnerf.study", description=__doc__.splitlines()[0])
+    keys = argparse_keys("study config keys (conf/study/*.yaml; default; meaning):", schema_keys(StudyConfig))
+    parser = argument_parser("study", __doc__.splitlines()[0].split(": ", 1)[1].rstrip("."), _examples(), keys=keys)
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="train every unfinished cell, then write the report")
     run.add_argument("config", type=Path)
@@ -66,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     from . import dashboard, document, plan, report, runner
 
     if args.command == "report" and args.rederive and not args.study_dir.is_file():
-        print(f"distnerf.study: --rederive takes a report.json file; {args.study_dir} is not one (a study "
+        print(f"{parser.prog}: error: --rederive takes a report.json file; {args.study_dir} is not one (a study "
               "directory's report is derived afresh by `report STUDY_DIR`)", file=sys.stderr)
         return 2
     try:
@@ -111,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 130
         result = report.write_report(args.study_dir)
     except (FileNotFoundError, ConfigError, ValueError, RuntimeError) as err:
-        print(f"distnerf.study: {err}", file=sys.stderr)
+        print(f"{parser.prog}: error: {err}", file=sys.stderr)
         return 2
     try:
         logged = dashboard.log_report(args.study_dir, result, args.wandb)

@@ -9,21 +9,22 @@ defaults (see :func:`~distnerf.data.synthetic.writer.ensure_scene`).
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from typing import Sequence
 
+from distnerf.cli import argument_parser
 from distnerf.data.synthetic.scenes import KINDS
 from distnerf.data.synthetic.writer import ensure_scene
 
 _DESCRIPTION = "Procedural default scenes, rendered analytically (objects; detail; aerial cities)."
+EXAMPLES = [line.strip().removeprefix("python -m distnerf.data.synthetic ") for line in
+            __doc__.split("::")[1].split("\n\n")[1].splitlines()]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Command line: generates a scene (if needed) and prints its root."""
-    parser = argparse.ArgumentParser(prog="python -m distnerf.data.synthetic",
-                                     description=_DESCRIPTION)
+    parser = argument_parser("scene", _DESCRIPTION.rstrip("."), EXAMPLES, module="distnerf.data.synthetic")
     parser.add_argument("--kind", choices=KINDS, default="objects")
     parser.add_argument("--resolution", type=int, default=None,
                         help="image width in pixels (default: the kind's)")
