@@ -341,6 +341,34 @@ class GridModel(GridOccupancy, GridSchedule, MarchingModel):
 
         return self._split(points, sample, 1).view(-1)
 
+    def field_query(self, image_ids: torch.Tensor | None = None):
+        """Density and colour from one corner pass (:meth:`MarchingModel.field_query`): with autograd and
+        one table pair (no focus box), the corner rows and weights found for the density are gathered
+        for the coloured samples (two ``index_select``) instead of found again from their points; the
+        same bits as :meth:`field_density` then :meth:`colours` (the corners of a point do not depend on
+        which pass finds them). Otherwise None."""
+        if self.focus is not None or not torch.is_grad_enabled():
+            return None
+        density, features, shape, box = self._tables()[0]
+
+        def field_fn(points: torch.Tensor):
+            p = self.field_coordinates(points)
+            index, weights = self._table_corners(((p - box[0]) / (box[1] - box[0])).clamp(0, 1), shape)
+            self.note_rows_read(density, index.numel())
+            sigmas = self.densities(interpolate(density, index, weights).view(-1))
+
+            def colour_at(sel: torch.Tensor, viewdirs: torch.Tensor, ray_indices: torch.Tensor) -> torch.Tensor:
+                rows = index.index_select(0, sel)
+                self.note_rows_read(features, rows.numel())
+                # sparse rows need their count (a host sync); where that stalls the device, dense gradients
+                feats = interpolate(features, rows, weights.index_select(0, sel),
+                                    self.sparse_grad and not sync_free(points.device))
+                return self._colours(feats, viewdirs, ray_indices, image_ids)
+
+            return sigmas, colour_at
+
+        return field_fn
+
     def point_features(self, points: torch.Tensor) -> torch.Tensor:
         """(P, 3) world points -> (P, C) trilinearly interpolated colour features."""
         tables = self._tables()

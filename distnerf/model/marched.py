@@ -192,10 +192,18 @@ class MarchingModel(RadianceModel):
         step_size = self.step_size() if step_size is None else step_size
         colours = self.colours if rays.image_ids is None else partial(self.colours, image_ids=rays.image_ids)
         background = self.appearance_background(background, rays)
+        field_fn = self.field_query(rays.image_ids)
         return render_segment(self.field_density, colours, self.marcher(step_size), rays.origins, rays.directions,
                               rays.viewdirs, anchor, t_lo, t_hi, background=background,
                               colour_threshold=self.color_threshold, termination=self.current_termination(),
-                              in_front=in_front, step_size=step_size, round_steps=self.round_steps())
+                              in_front=in_front, step_size=step_size, round_steps=self.round_steps(),
+                              field_fn=field_fn)
+
+    def field_query(self, image_ids: torch.Tensor | None = None):
+        """A ``field_fn`` of :func:`~distnerf.renderer.marching.render_segment` (density and colour from
+        one pass over the field) for rays of training images ``image_ids`` ((R,) int64 or None), or None
+        where the model has none (then :meth:`field_density` and :meth:`colours` run separately)."""
+        return None
 
     def forward(self, rays: RayBundle, generator: torch.Generator | None = None) -> RenderOutput:
         """Render rays over ``[near, far]`` (``[near, inf)`` when contracted; ended below

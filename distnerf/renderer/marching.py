@@ -68,11 +68,11 @@ def along_ray(sigmas: torch.Tensor, samples: PackedSamples, directions: torch.Te
 
 def shade(density_fn, colour_fn, samples: PackedSamples, origins, directions, viewdirs, in_front,
            background, colour_threshold: float, sigmas: torch.Tensor | None = None,
-           transmittance: tuple[torch.Tensor, torch.Tensor] | None = None) -> RenderOutput:
+           transmittance: tuple[torch.Tensor, torch.Tensor] | None = None, field_fn=None) -> RenderOutput:
     """Weights, colours and accumulation of packed samples.
 
     Args:
-        density_fn, colour_fn: see :func:`render_segment`.
+        density_fn, colour_fn, field_fn: see :func:`render_segment`.
         samples: P packed samples of R rays. origins, directions, viewdirs: (R, 3) float.
         in_front: (R,) float transmittance in front of the segment, or None (1).
         background: (3,) or (R, 3) float, or None. colour_threshold: float.
@@ -87,22 +87,30 @@ def shade(density_fn, colour_fn, samples: PackedSamples, origins, directions, vi
         PackedSamples).
     """
     points = None  # only the coloured samples' points are needed when the weights are given
+    colour_at = None  # field_fn's colours of the samples at an index
     if transmittance is not None:
         weights, remaining = transmittance
     else:
         if sigmas is None:
             points = samples.points(origins, directions)
-            sigmas = density_fn(points)
+            if field_fn is not None:
+                sigmas, colour_at = field_fn(points)
+            else:
+                sigmas = density_fn(points)
         weights, _, remaining = render_transmittance(along_ray(sigmas, samples, directions), samples)
     global_w = weights.detach()
     if in_front is not None:
         global_w = global_w * in_front.index_select(0, samples.ray_indices)
     # host sync: the number of coloured samples (only they run the colour field)
     colour_index = (global_w > colour_threshold).nonzero().view(-1)
-    coloured = samples.select(colour_index)
-    rgbs = colour_fn(coloured.points(origins, directions) if points is None else points.index_select(0, colour_index),
-                     viewdirs, coloured.ray_indices)
-    out = accumulate(weights, rgbs.to(weights.dtype), samples, remaining, background, colour_index)
+    colour_rays = samples.ray_indices.index_select(0, colour_index)
+    if colour_at is not None:
+        rgbs = colour_at(colour_index, viewdirs, colour_rays)
+    elif points is not None:
+        rgbs = colour_fn(points.index_select(0, colour_index), viewdirs, colour_rays)
+    else:
+        rgbs = colour_fn(samples.select(colour_index).points(origins, directions), viewdirs, colour_rays)
+    out = accumulate(weights, rgbs.to(weights.dtype), samples, remaining, background, colour_index, colour_rays)
     out.num_colour_samples, out.weights, out.samples = colour_index.shape[0], weights, samples
     return out
 
@@ -224,12 +232,17 @@ def render_segment(density_fn: Callable[[torch.Tensor], torch.Tensor],
                    anchor: torch.Tensor, t_lo: torch.Tensor, t_hi: torch.Tensor, *,
                    background: torch.Tensor | None, colour_threshold: float, termination: float,
                    in_front: torch.Tensor | None = None, step_size: float = 0.0,
-                   round_steps: int | None = None) -> RenderOutput:
+                   round_steps: int | None = None, field_fn=None) -> RenderOutput:
     """Render the segments ``[t_lo, t_hi]`` of R rays (module docstring).
 
     Args:
         density_fn: (P, 3) points -> (P,) float sigma (1 / distance unit; see :func:`along_ray`).
         colour_fn: (Q, 3) points, (R, 3) viewdirs, (Q,) int64 ray indices -> (Q, 3) rgb.
+        field_fn: optional, for the pass that renders (not the no-grad march): (P, 3) points ->
+            ``(sigmas, colour_at)``, density_fn's (P,) sigmas and ``colour_at(index, viewdirs,
+            ray_indices)``, the colours of the samples at ``index`` ((Q,) int64), equal to colour_fn's of
+            their points: a field that shares work between the two (a grid's corner rows and weights,
+            found once) returns both from one pass. None: density_fn, then colour_fn.
         marcher: ``(origins, directions, anchor, t_lo, t_hi, max_intervals=None) -> PackedSamples``,
             e.g. :func:`~distnerf.renderer.occupancy.march` bound to a step and a grid; an
             attribute ``spacing_aabb`` (a contracted field's unit region) makes evaluation
@@ -260,7 +273,7 @@ def render_segment(density_fn: Callable[[torch.Tensor], torch.Tensor],
                                                       termination=termination, in_front=in_front,
                                                       step_size=step_size, round_steps=round_steps)
     out = shade(density_fn, colour_fn, samples, origins, directions, viewdirs, in_front, background,
-                 colour_threshold, sigmas, trans)
+                 colour_threshold, sigmas, trans, field_fn)
     extra = len(samples) if (sigmas is None and termination > 0) else 0
     out.num_samples, out.num_density_samples = num_marched, num_marched + extra
     return out

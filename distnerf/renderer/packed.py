@@ -154,13 +154,15 @@ def render_transmittance(sigmas: torch.Tensor, samples: PackedSamples):
 
 
 def accumulate(weights: torch.Tensor, rgbs: torch.Tensor, samples: PackedSamples, remaining: torch.Tensor,
-               background: torch.Tensor | None, colour_index: torch.Tensor | None = None) -> RenderOutput:
+               background: torch.Tensor | None, colour_index: torch.Tensor | None = None,
+               colour_rays: torch.Tensor | None = None) -> RenderOutput:
     """Colour, depth and opacity of rays from packed weights.
 
     Args:
         weights: (P,) float ``w_i``. rgbs: (Q, 3) float colours in [0, 1] of the kept
             samples ``colour_index`` ((Q,) int64; all P samples when None).
         samples: the P samples. remaining: (R,) ``T_R``.
+        colour_rays: (Q,) int64 the ray of each kept sample when the caller has it, or None.
         background: (3,) or (R, 3) float RGB, or None (a segment: no background term).
     Returns:
         :class:`RenderOutput` with ``rgb`` (R, 3) ``sum_kept w c + T_R bg``, ``depth`` (R,)
@@ -169,7 +171,8 @@ def accumulate(weights: torch.Tensor, rgbs: torch.Tensor, samples: PackedSamples
     """
     ray = samples.ray_indices
     w_col = weights if colour_index is None else weights.index_select(0, colour_index)
-    ray_col = ray if colour_index is None else ray.index_select(0, colour_index)
+    ray_col = ray if colour_index is None else (ray.index_select(0, colour_index) if colour_rays is None
+                                                else colour_rays)
     rgb = sum_along_rays(w_col[:, None] * rgbs, ray_col, samples.num_rays)
     if background is not None:
         rgb = rgb + remaining[:, None] * background
