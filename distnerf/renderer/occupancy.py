@@ -141,8 +141,10 @@ class OccupancyGrid(nn.Module):
             # host sync, once per change of the grid: the march's group length and padded group count,
             # and whether any cell is occupied
             sizes = torch.cat([edge, box[1] - box[0], self.binary.any().to(edge.dtype)[None]]).tolist()
+            mc = blocks.shape[0]  # the coarse cells' extent, as coarse_cells uses it (made once per change)
+            extent = (self.aabb[1] - self.aabb[0]) * (mc * f / self.resolution)
             self._coarse = (blocks, edge, box, min(sizes[:3]), math.sqrt(sum(e * e for e in sizes[3:6])),
-                            sizes[6] == 0.0)
+                            sizes[6] == 0.0, extent)
         return self._coarse[:2]
 
     def coarse_edge(self) -> float:
@@ -206,8 +208,10 @@ class OccupancyGrid(nn.Module):
         """(..., 3) float points -> (..., 3) int64 coarse cell indices, clamped to the grid."""
         mc = self.coarse()[0].shape[0]
         aabb = self.aabb.to(points.dtype)
-        f = min(COARSE_FACTOR, self.resolution)
-        extent = (aabb[1] - aabb[0]) * (mc * f / self.resolution)  # the coarse cells may overhang the box (ceil)
+        extent = self._coarse[6]  # the coarse cells may overhang the box (ceil)
+        if extent.dtype != points.dtype:  # as computed in the points' precision
+            f = min(COARSE_FACTOR, self.resolution)
+            extent = (aabb[1] - aabb[0]) * (mc * f / self.resolution)
         return ((points - aabb[0]) / extent * mc).floor().long().clamp(0, mc - 1)
 
     def coarse_lookup(self, lo: torch.Tensor) -> torch.Tensor:

@@ -52,7 +52,11 @@ class PackedSamples:
 
     @property
     def t_mids(self) -> torch.Tensor:
-        return 0.5 * (self.t_starts + self.t_ends)
+        """(P,) float interval midpoints, computed once (the bounds are not changed in place)."""
+        mids = self.__dict__.get("_t_mids")
+        if mids is None:
+            mids = self.__dict__["_t_mids"] = 0.5 * (self.t_starts + self.t_ends)
+        return mids
 
     @property
     def deltas(self) -> torch.Tensor:

@@ -19,11 +19,10 @@ def ray_aabb(origins: torch.Tensor, directions: torch.Tensor, aabb: torch.Tensor
         ray misses the box. ``t_min`` may be negative (origin inside the box).
     """
     safe = torch.where(directions.abs() < 1e-12, torch.full_like(directions, 1e-12), directions)
-    inv = 1.0 / safe
-    t0 = (aabb[0] - origins) * inv
-    t1 = (aabb[1] - origins) * inv
-    t_min = torch.minimum(t0, t1).amax(dim=-1)
-    t_max = torch.maximum(t0, t1).amin(dim=-1)
+    # both faces at once: (R, 2, 3) ray parameters of the box's min and max faces per axis
+    t = (aabb - origins[:, None]) * safe.reciprocal()[:, None]
+    t_min = t.amin(dim=1).amax(dim=-1)
+    t_max = t.amax(dim=1).amin(dim=-1)
     return t_min, t_max
 
 
