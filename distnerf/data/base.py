@@ -64,6 +64,13 @@ class Cameras:
         h, w = self.sizes[index].tolist()
         return int(h), int(w)
 
+    def intrinsics(self) -> torch.Tensor:
+        """(N, 4) float32 ``(cx, cy, fx, fy)`` per camera in pixels, stacked once (one gather per ray batch)."""
+        stacked = self.__dict__.get("_intrinsics")
+        if stacked is None:
+            stacked = self.__dict__["_intrinsics"] = torch.stack([self.cx, self.cy, self.fx, self.fy], dim=1)
+        return stacked
+
     def tensors(self) -> list:
         """Every tensor the cameras hold (for moving or sharing them)."""
         return [t for t in (self.c2w, self.fx, self.fy, self.cx, self.cy, self.distortion, self.sizes, self.bounds)

@@ -238,3 +238,19 @@ def test_ndc_invariant_to_direction_scale(scale):
     a_o, a_d = ndc_rays(o.float(), d.float(), params)
     b_o, b_d = ndc_rays(o.float(), (scale * d).float(), params)
     assert torch.allclose(a_o, b_o, atol=1e-5) and torch.allclose(a_d, b_d, atol=1e-5)
+
+
+def test_pinhole_directions_equal_camera_directions_bit_for_bit():
+    """The few-operator pinhole form used by generate_rays against the per-axis form, and one pixel by hand."""
+    import torch
+
+    from distnerf.data.rays import camera_directions, pinhole_directions
+
+    g = torch.Generator().manual_seed(3)
+    u, v = torch.randint(0, 400, (500,), generator=g), torch.randint(0, 300, (500,), generator=g)
+    fx, fy = 300 + 50 * torch.rand(500, generator=g), 310 + 50 * torch.rand(500, generator=g)
+    cx, cy = 200 + torch.rand(500, generator=g), 150 + torch.rand(500, generator=g)
+    fast = pinhole_directions(u, v, torch.stack([cx, cy, fx, fy], dim=1))
+    assert torch.equal(fast, camera_directions(u, v, fx, fy, cx, cy))
+    one = pinhole_directions(torch.tensor([10]), torch.tensor([20]), torch.tensor([[4.5, 8.5, 2.0, 4.0]]))
+    assert one.tolist() == [[(10 + 0.5 - 4.5) / 2.0, -(20 + 0.5 - 8.5) / 4.0, -1.0]]
