@@ -1,15 +1,17 @@
-"""What every ``tools/bench_*`` result carries: where it goes and its ``meta`` block.
+"""What every benchmark result carries: where it goes and its ``meta`` block.
 
-Not a benchmark itself. The benchmark scripts import it (``tools/`` is their ``sys.path[0]``):
+Not a benchmark itself. The runners (``bench/<question>/*.py``, run as ``python -m bench.<question>.<name>``)
+import it:
 
-    from bench_common import RESULTS, start_meta, write_result
+    from bench.common import default_out, start_meta, write_result
     meta = start_meta()                  # command, start time, git commit, load before
     ...                                  # measure
-    write_result(out_path, report, meta) # adds end time, load after, wall seconds; writes JSON
+    write_result(default_out(__file__, "NAME/result.json"), report, meta)
+                                         # adds end time, load after, wall seconds; writes JSON
 
-Results go under ``bench/results/`` (committed); ``python tools/bench_tables.py`` turns them into
-the tables of BENCHMARKS.md. The shell scripts write the same block with
-``python tools/bench_common.py meta ...`` (see ``--help``).
+Results go under ``bench/<question>/results/NAME/`` (committed); ``python -m bench.tables`` turns them
+into the tables of the pages (``bench/<question>/README.md``). The shell runners write the same block with
+``python -m bench.common meta ...`` (see ``--help``).
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results"
+BENCH = ROOT / "bench"
 
 
 def _utc() -> str:
@@ -51,16 +53,23 @@ def git_state(root: Path = ROOT) -> dict:
     return {"git_commit": commit, "git_dirty": None if status is None else bool(status)}
 
 
+def _launcher(script: Path) -> list[str]:
+    """``python -m bench.q.name`` for a runner of this checkout (``python -m`` puts its path in argv[0]),
+    else ``python SCRIPT``."""
+    try:
+        rel = script.resolve().relative_to(ROOT)
+    except ValueError:
+        return ["python", str(script)]
+    if rel.suffix == ".py" and rel.parts[0] == "bench":
+        return ["python", "-m", ".".join(rel.with_suffix("").parts)]
+    return ["python", str(rel)]
+
+
 def start_meta(argv: list[str] | None = None, command: str | None = None) -> dict:
     """The meta block at the start of a measurement: command, date, commit, machine, load before."""
     if command is None:
         argv = sys.argv if argv is None else argv
-        script = Path(argv[0])
-        try:
-            script = script.resolve().relative_to(ROOT)
-        except ValueError:
-            pass
-        command = shlex.join(["python", str(script), *argv[1:]])
+        command = shlex.join([*_launcher(Path(argv[0])), *argv[1:]])
     return {"command": command, "cwd": os.getcwd(), "started": _utc(), **git_state(),
             "host": platform.node(), "cpu_count": os.cpu_count(),
             "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "load_before": load_average(),
@@ -75,9 +84,24 @@ def finish_meta(meta: dict) -> dict:
     return out
 
 
-def default_out(name: str) -> Path:
-    """``bench/results/NAME`` (NAME may hold sub-directories)."""
-    return RESULTS / name
+def results_dir(runner_file: str | Path) -> Path:
+    """``bench/<question>/results``: the results folder of the question whose runner is ``runner_file``
+    (pass the runner's ``__file__``)."""
+    return Path(runner_file).resolve().parent / "results"
+
+
+def default_out(runner_file: str | Path, name: str) -> Path:
+    """``bench/<question>/results/NAME`` (NAME may hold sub-directories) of the runner ``runner_file``."""
+    return results_dir(runner_file) / name
+
+
+def status_mb(key: str) -> float:
+    """A memory figure of this process from ``/proc/self/status`` in MiB (``key``: ``VmRSS``, ``VmHWM``, ...).
+    ``VmHWM``, not ``ru_maxrss``: Linux keeps ``ru_maxrss`` across exec, so a child would report its parent's
+    peak. Raises IndexError when the kernel has no such line."""
+    with open("/proc/self/status") as f:
+        line = [ln for ln in f if ln.startswith(key + ":")]
+    return int(line[0].split()[1]) / 1024
 
 
 def write_result(path: Path | str, report, meta: dict) -> Path:
@@ -118,8 +142,13 @@ def main() -> None:
     m.add_argument("--started", required=True, help="UTC start time (date -u +%%FT%%TZ)")
     m.add_argument("--wall-s", type=float, required=True)
     m.add_argument("--phases", default=None, help='JSON object of per-phase wall seconds, e.g. {"train": 610.2}')
+    q = sub.add_parser("quote", help="print the arguments as one shell-quoted command line (shlex.join)")
+    q.add_argument("words", nargs=argparse.REMAINDER)
     args = ap.parse_args()
-    # the commit of the checkout the run ran in (its cwd: a worktree of another commit for bench_regression.sh)
+    if args.cmd == "quote":
+        print(shlex.join(args.words))
+        return
+    # the commit of the checkout the run ran in (its cwd: a worktree of another commit for bench/quality/regression.sh)
     meta = {"files": args.files, "command": args.command, "started": args.started, **git_state(Path.cwd()),
             "host": platform.node(), "cpu_count": os.cpu_count(), "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
             "load_before": args.load_before, "load_source": "/proc/loadavg in the script (1, 5, 15 minutes)"}

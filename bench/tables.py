@@ -1,7 +1,7 @@
 """Regenerate the tables of BENCHMARKS.md from the JSON the benchmark tools wrote in bench/results/.
 
-    python tools/bench_tables.py            # rewrite every table of BENCHMARKS.md
-    python tools/bench_tables.py --check    # exit 1, with a diff, when BENCHMARKS.md is not what the JSON gives
+    python -m bench.tables            # rewrite every table of BENCHMARKS.md
+    python -m bench.tables --check    # exit 1, with a diff, when BENCHMARKS.md is not what the JSON gives
         [--file BENCHMARKS.md] [--results bench/results]
 
 A table lives between the lines ``<!-- table:NAME -->`` and ``<!-- /table:NAME -->`` (each
@@ -154,7 +154,7 @@ def source_lines(res: Results) -> list[str]:
 
 # ----------------------------------------------------------------------------- tables
 def quality(res: Results, run: str, label: str, minutes=(2, 5, 10)) -> list[str]:
-    """bench_quality.sh: PSNR / SSIM at the 2- and 5-minute checkpoints and at the end."""
+    """bench/quality/quality.sh: PSNR / SSIM at the 2- and 5-minute checkpoints and at the end."""
     ms = [res.json(f"{run}/at_{minutes[0]}min/metrics.json"), res.json(f"{run}/at_{minutes[1]}min/metrics.json"),
           res.json(f"{run}/metrics.json")]
     cols = [f"{m} min ({x['protocol']['num_views']} views)" for m, x in zip(minutes, ms)]
@@ -176,7 +176,7 @@ def fern_quality(res: Results) -> list[str]:
 
 
 def fern_budget(res: Results) -> list[str]:
-    """bench_quality.sh fern_budget: the README's fern line with a 10-minute budget, against fern_1p's final PSNR."""
+    """bench/quality/quality.sh fern_budget: the README's fern line with a 10-minute budget, against fern_1p's final PSNR."""
     out = quality(res, "fern_budget", "README line + `train.max_minutes=10` (pipelined sampler, budget schedule)")
     now, before = res.json("fern_budget/metrics.json")["psnr"], res.json("fern_1p/metrics.json")["psnr"]
     if (res.root / "fern_budget_1205c/metrics.json").is_file():  # the same line re-run on 2026-12-05 (afternoon)
@@ -216,7 +216,7 @@ def stages(res: Results, run: str) -> list[str]:
 
 
 def engine_eval(res: Results) -> list[str]:
-    """bench_engine.py eval/exact/old: one checkpoint rendered by both engines."""
+    """bench/throughput/engine.py eval/exact/old: one checkpoint rendered by both engines."""
     d = res.json("lego_1p/bench_engine.json")
     out = header("renderer", "s / view (median)", "rays/s (median)", f"test PSNR / SSIM ({d['new']['views']} views)",
                  "samples per ray: marched / density / coloured")
@@ -241,7 +241,7 @@ def engine_eval(res: Results) -> list[str]:
 
 
 def engine_train(res: Results) -> list[str]:
-    """bench_engine.py train: rays/s of both engines at each grid stage."""
+    """bench/throughput/engine.py train: rays/s of both engines at each grid stage."""
     d = res.json("lego_1p/bench_engine.json")
     out = header("grid", "packed engine rays/s", f"padded engine (`{d['baseline']}`) rays/s", "packed / padded")
     for n, x in sorted(d["train"].items(), key=lambda kv: int(kv[0])):
@@ -251,7 +251,7 @@ def engine_train(res: Results) -> list[str]:
 
 
 def engine_step(res: Results) -> list[str]:
-    """bench_engine.py train (+ eval) of this engine against an earlier commit's, medians of repeated worker pairs."""
+    """bench/throughput/engine.py train (+ eval) of this engine against an earlier commit's, medians of repeated worker pairs."""
     d = res.json("lego_budget_2min/bench_engine_step.json")
     base = d["baseline"]
     out = header("grid", "this commit rays/s (median)", f"`{base}` rays/s (median)", "ratio", "runs: this / baseline")
@@ -287,7 +287,7 @@ LEGO_PROBES_1205C = (  # run (under lego_budget/), what it changed, the occupanc
 
 
 def lego_probes(res: Results) -> list[str]:
-    """tools/bench_budget.sh probes of 2026-12-05 (afternoon): the README's lego line at 10 and 2 minutes as
+    """bench/quality/budget.sh probes of 2026-12-05 (afternoon): the README's lego line at 10 and 2 minutes as
     written and with one override, before and after the occupancy refresh compared raw values (9634cfa)."""
     out = header("budget", "override", "occupancy refresh", "steps", "test PSNR / SSIM", "views scored",
                  "model_update share of the step", "started (UTC)")
@@ -305,7 +305,7 @@ def lego_probes(res: Results) -> list[str]:
 
 
 def occupancy_refresh(res: Results) -> list[str]:
-    """tools/bench_occupancy.py: the grid's occupancy refresh by raw threshold against the opacity path."""
+    """bench/throughput/occupancy.py: the grid's occupancy refresh by raw threshold against the opacity path."""
     d = res.json("occupancy_refresh/bench_occupancy.json")
     out = header("grid (vertices per axis)", "voxels", "raw threshold ms (median)", "opacity path ms (median)",
                  "opacity / raw", "voxels that differ", "occupied share")
@@ -319,7 +319,7 @@ def occupancy_refresh(res: Results) -> list[str]:
 
 
 def lego_budget(res: Results) -> list[str]:
-    """tools/bench_budget.sh: the README's lego line as written at 2 and 10 minutes, against the same line
+    """bench/quality/budget.sh: the README's lego line as written at 2 and 10 minutes, against the same line
     when the learning rate decayed over the whole budget (train.decay_start=0, the earlier default)."""
     targets = {"2min": (28.0, 25), "10min": (31.0, 200)}
     out = header("budget", "schedule", "steps", "test PSNR / SSIM", "views scored", "constant-colour PSNR", "target",
@@ -347,17 +347,17 @@ def lego_budget(res: Results) -> list[str]:
         out.append(row(name.replace("min", " min"), rule, m["step"], f"{m['psnr']:.2f} / {m['ssim']:.3f}",
                        m["num_scored_views"], f"{m['constant_psnr']:.2f}", f">= {target:.1f} dB ({views} views)",
                        "**met**" if ok else "**missed**"))
-    e = res.json("lego_budget/10min/bench_engine_eval.json")  # tools/bench_engine.py on the 10-minute model
+    e = res.json("lego_budget/10min/bench_engine_eval.json")  # bench/throughput/engine.py on the 10-minute model
     new, old = e["new"], e["old"]
     met = new["seconds_median"] <= 1.0 and abs(e["psnr_new_minus_exact"]) <= 0.05
-    out += ["", f"- Evaluation of the 10-minute model (`bench_engine.py --parts eval,exact,old`, {new['views']} test "
+    out += ["", f"- Evaluation of the 10-minute model (`bench/throughput/engine.py --parts eval,exact,old`, {new['views']} test "
                 f"views, 2 threads): **{f2(new['seconds_median'])} s per 400x400 view** "
                 f"({kilo(new['rays_per_s_median'])} rays/s) against {f2(old['seconds_median'])} s at `{e['baseline']}` "
                 f"({e['old_over_new_seconds_same_views']:.2f}x); PSNR with the thresholds minus without "
                 f"{e['psnr_new_minus_exact']:+.3f} dB. Target <= 1.0 s within 0.05 dB: "
                 f"**{'met' if met else 'missed'}**."]
     runs = {c: [res.json(f"lego_budget/10min/eval_chunk/{c}{s}.json")["new"] for s in ("", "_b")]
-            for c in ("8192", "16384")}  # tools/bench_engine.py --set eval.chunk=C, A B A B in one invocation
+            for c in ("8192", "16384")}  # bench/throughput/engine.py --set eval.chunk=C, A B A B in one invocation
     med = {c: statistics.median(r["seconds_median"] for r in v) for c, v in runs.items()}
     out += [f"- `eval.chunk` 16384 (the default now) against 8192 (before), same model and views, two runs of each "
             f"alternating in one invocation: {f2(med['16384'])} against {f2(med['8192'])} s per view "
@@ -388,7 +388,7 @@ def lego_budget(res: Results) -> list[str]:
             f"{abs(alt['psnr_new_minus_old']):.0e} dB against it."]
     swaps = [res.json(f"lego_budget/10min_1205/bench_eval_swap{s}.json") for s in ("", "_b")]  # both in one process
     swap = swaps[0]
-    out += [f"- The change in one process (`bench_eval_swap.py`: `{swap['baseline']}`'s "
+    out += [f"- The change in one process (`bench/throughput/eval_swap.py`: `{swap['baseline']}`'s "
             f"{' and '.join(Path(m).name for m in swap['modules'])} swapped in for alternate renders, "
             f"{len(swap['views'])} views, two invocations): "
             + " and ".join(f"{s['checkout_seconds_median']:.3f} against {s['baseline_seconds_median']:.3f} s per view "
@@ -409,9 +409,9 @@ def lego_budget(res: Results) -> list[str]:
             for run, label in (("as_written192_200_1205c", "the 192^3 model of 7a2d0c3's 10-minute run"),
                                ("base25new_1205c", "the 160^3 model of the same afternoon"))
             if (res.root / f"lego_budget/10min_probe/{run}/bench_engine_eval.json").is_file()]
-    if pair:  # tools/bench_engine.py --parts eval,exact --views 25, one invocation per model, back to back
+    if pair:  # bench/throughput/engine.py --parts eval,exact --views 25, one invocation per model, back to back
         met = pair[0][1]["new"]["seconds_median"] <= 1.0 and abs(pair[0][1]["psnr_new_minus_exact"]) <= 0.05
-        out += ["- Evaluation at 7a2d0c3 (`bench_engine.py --parts eval,exact`, 25 test views, 2 threads, one invocation "
+        out += ["- Evaluation at 7a2d0c3 (`bench/throughput/engine.py --parts eval,exact`, 25 test views, 2 threads, one invocation "
                 "per model, back to back): " + "; ".join(
                     f"{label}: **{f2(d['new']['seconds_median'])} s per view** ({kilo(d['new']['rays_per_s_median'])} "
                     f"rays/s, {d['new']['num_samples']:.1f} samples per ray marched, thresholds minus without "
@@ -422,7 +422,7 @@ def lego_budget(res: Results) -> list[str]:
 
 
 def lego_schedule(res: Results) -> list[str]:
-    """tools/bench_budget.sh 2 25 and its schedule probes: the learning-rate rule under a 2-minute budget."""
+    """bench/quality/budget.sh 2 25 and its schedule probes: the learning-rate rule under a 2-minute budget."""
     runs = [("2min_decay_over_budget", "`decay` 0.1 over the whole budget (`decay_start` 0, the earlier default)"),
             ("2min_probe/decay_0.3", "`decay` 0.3 over the whole budget"),
             ("2min_probe/no_decay", "no decay (`decay` 1.0)"),
@@ -440,7 +440,7 @@ def lego_schedule(res: Results) -> list[str]:
 
 
 def memory(res: Results) -> list[str]:
-    """bench_engine.py --parts memory."""
+    """bench/throughput/engine.py --parts memory."""
     d = res.json("lego_1p/bench_engine_memory.json")
     out = header("`eval.chunk`", "peak RSS (VmHWM)", "RSS before rendering (scene + model)", "added by rendering",
                  "render time of the view")
@@ -454,7 +454,7 @@ SS_EQ = (("lego_eq", "lego"),)  # the wide scene's pairs (wide_eq, wide_eq2) wen
 
 
 def ss_eq(res: Results) -> list[str]:
-    """bench_ss.py on ss / ddp pairs of (nearly) equal parameter counts."""
+    """bench/scaling/ss.py on ss / ddp pairs of (nearly) equal parameter counts."""
     out = header("scene (timed views, resolution; steps in 3 min)", "ss segment s / image", "ss blend s / image",
                  "ddp s / image", "**segment / ddp**", "samples per image, segment / ddp", "parameters ss / ddp",
                  "PSNR timed views: segment / blend / ddp", "PSNR all test views: ss / ddp (views)")
@@ -480,7 +480,7 @@ def ss_eq(res: Results) -> list[str]:
 
 
 def ss_eq_detail(res: Results) -> list[str]:
-    """bench_ss.py: where the fused render's time goes, and the training side."""
+    """bench/scaling/ss.py: where the fused render's time goes, and the training side."""
     out = header("scene", "render time per sample, segment / ddp", "samples, segment / ddp",
                  "segment: exchange + compositing share", "segment: routing share", "blend: routing share",
                  "blend / segment time", "samples outside the sub-model's own region, rank 0 / 1",
@@ -499,7 +499,7 @@ def ss_eq_detail(res: Results) -> list[str]:
 
 
 def main_job(res: Results) -> list[str]:
-    """The README main job in a fresh clone (tools/bench_main_job.py)."""
+    """The README main job in a fresh clone (bench/quality/main_job.py)."""
     m, rm = res.json("main_job/metrics.json"), res.json("main_job/render/metrics.json")
     rows = res.jsonl("main_job/metrics.jsonl")
     train_meta, render_meta = res.meta("main_job/metrics.json"), res.meta("main_job/render/metrics.json")
@@ -515,7 +515,7 @@ def main_job(res: Results) -> list[str]:
                    f"{render_meta['wall_s']:.1f} s", psnr_ssim(rm)))
     ok = wall <= 240 and m["psnr"] >= 31
     out += ["", f"Target (<= 4 minutes at >= 31 dB): **{'met' if ok else 'missed'}**."]
-    for ab in sorted((res.root / "main_job").glob("ab_*")):  # tools/bench_main_job.py --no-setup [--rev], alternating
+    for ab in sorted((res.root / "main_job").glob("ab_*")):  # bench/quality/main_job.py --no-setup [--rev], alternating
         walls: dict[str, list] = {"before": [], "after": []}
         for run in sorted(p for p in ab.iterdir() if p.is_dir()):
             rel = f"main_job/{ab.name}/{run.name}/metrics.json"
@@ -533,7 +533,7 @@ def main_job(res: Results) -> list[str]:
 
 
 def viewer(res: Results) -> list[str]:
-    """tools/bench_viewer.py: training with the live viewer off / on with one client, and frame time."""
+    """bench/throughput/viewer.py: training with the live viewer off / on with one client, and frame time."""
     out = header("engine", "viewer", "runs", "training rays/s (loop wall, median)", "per-step rays/s (median)",
                  "frames pushed", "render share of the loop", "chromium CPU s (reniced)", "slower than off")
     lines = [""]
@@ -579,7 +579,7 @@ def viewer(res: Results) -> list[str]:
 
 
 def syncs(res: Results) -> list[str]:
-    """tools/bench_syncs.py: host syncs of one training step, at each label (before and after issue 14,
+    """bench/throughput/syncs.py: host syncs of one training step, at each label (before and after issue 14,
     then each later label in the file's order)."""
     d = res.json("syncs/syncs.json")
     labels = [k for k in d if k != "meta"]
@@ -599,7 +599,7 @@ def syncs(res: Results) -> list[str]:
 
 
 def eval_memory(res: Results) -> list[str]:
-    """tools/bench_eval_memory.py: peak RSS of one evaluated view, model=nerf experiment=gpu."""
+    """bench/memory/eval_memory.py: peak RSS of one evaluated view, model=nerf experiment=gpu."""
     d = res.json("eval_memory/eval_memory.json")
     out = header("view", "rays per chunk", "points per chunk (fine)", "`eval.point_chunk`", "peak RSS (VmHWM)")
     for r in d["runs"]:
@@ -610,7 +610,7 @@ def eval_memory(res: Results) -> list[str]:
 
 
 def timing_overhead(res: Results) -> list[str]:
-    """tools/bench_profile.py overhead, before (3512202) and after issue 14's timing changes."""
+    """bench/throughput/profile.py overhead, before (3512202) and after issue 14's timing changes."""
     out = header("tree", "in-process cost of one step's timing (us; on - off)", "end-to-end step, off / default (ms)",
                  "ratio on/off (run-to-run spread is several %)")
     for label, rel in (("before (3512202)", "timing_overhead/before_3512202.json"), ("after", "timing_overhead/after.json")):
@@ -622,7 +622,7 @@ def timing_overhead(res: Results) -> list[str]:
 
 
 def ddp_sparse_decision(res: Results) -> list[str]:
-    """tools/bench_ddp.py allreduce: the grid at 160^3 on 2 ranks, sparse rule on (falls back) and off."""
+    """bench/scaling/ddp.py allreduce: the grid at 160^3 on 2 ranks, sparse rule on (falls back) and off."""
     out = header("tree", "variant", "all-reduce hook s / step (median)", "bytes / step", "step s (median)")
     for label, rel in (("before (3512202)", "ddp_sparse_decision/before_3512202.json"),
                        ("after", "ddp_sparse_decision/after.json")):
@@ -634,7 +634,7 @@ def ddp_sparse_decision(res: Results) -> list[str]:
 
 
 def ddp_sparse_bounded(res: Results) -> list[str]:
-    """tools/bench_ddp.py allreduce: the grid at 160^3 on 2 ranks, dense, counted and bounded sparse exchange."""
+    """bench/scaling/ddp.py allreduce: the grid at 160^3 on 2 ranks, dense, counted and bounded sparse exchange."""
     d = res.json("ddp_sparse_bounded/after.json")
     out = header("variant (`strategy.sparse_mode`)", "all-reduce hook s / step (median)", "bytes / step",
                  "vs dense bytes", "step s (median)")
@@ -646,7 +646,7 @@ def ddp_sparse_bounded(res: Results) -> list[str]:
 
 
 def capture_import(res: Results) -> list[str]:
-    """tools/bench_import.py: import time and peak memory of each format of the same scene."""
+    """bench/data/imports.py: import time and peak memory of each format of the same scene."""
     d = res.json("import/bench_import.json")
     out = header("scene (train split)", "format", "images", "load s (median of %d)" % d["repeats"],
                  "peak memory of the load (MiB)", "vs Blender load")
@@ -668,7 +668,7 @@ def city_small_quality(res: Results) -> list[str]:
 
 
 def city_capacity(res: Results) -> list[str]:
-    """tools/bench_capacity.sh: ddp test PSNR at a fixed step count for 0.5x, 1x and 2x the parameters."""
+    """bench/scaling/capacity.sh: ddp test PSNR at a fixed step count for 0.5x, 1x and 2x the parameters."""
     from distnerf.observe.logger import final_model_size
 
     out = header("parameters (vs default)", "`model.resolutions`", "parameters per rank", "steps",
@@ -690,14 +690,14 @@ def city_capacity(res: Results) -> list[str]:
                       f"**{'met' if gain >= 1.5 else 'missed'}** ({gain:+.2f} dB)."]
 
 
-UNBOUNDED_CELLS = (  # tools/bench_unbounded.sh: cell, strategy (training), contraction, appearance
+UNBOUNDED_CELLS = (  # bench/scaling/unbounded.sh: cell, strategy (training), contraction, appearance
     ("ddp", "ddp", "mipnerf360", "affine"), ("ss_independent", "ss (independent)", "mipnerf360", "affine"),
     ("ss_joint", "ss (joint)", "mipnerf360", "affine"), ("ddp_no_contraction", "ddp", "none", "affine"),
     ("ddp_no_appearance", "ddp", "mipnerf360", "none"), ("ddp_neither", "ddp", "none", "none"))
 
 
 def city_unbounded(res: Results) -> list[str]:
-    """tools/bench_unbounded.sh: quality at one time and per-rank parameter budget on the city."""
+    """bench/scaling/unbounded.sh: quality at one time and per-rank parameter budget on the city."""
     from distnerf.observe.logger import final_model_size
 
     out = header("cell", "strategy", "contraction", "appearance", "parameters per rank (distinct in all)",
@@ -749,7 +749,7 @@ MARCH_CELLS = (("before", "one pass (train_round_steps=0)", "0"), ("rounds", "ro
 
 
 def march(res: Results, name: str) -> list[str]:
-    """tools/bench_march.sh: samples per ray and rays/s on the city at equal steps, per training march."""
+    """bench/samples/march.sh: samples per ray and rays/s on the city at equal steps, per training march."""
     out = header("cell", "training march", "distortion loss weight", "samples per ray (density per ray), last 50 steps",
                  "rays/s, last 50 steps", "steps", "test PSNR / SSIM (views)")
     figures = {}
@@ -778,7 +778,7 @@ def march(res: Results, name: str) -> list[str]:
 
 
 def city_balance(res: Results) -> list[str]:
-    """tools/bench_balance.py on the ss runs of tools/bench_unbounded.sh (grid and balanced partitions)."""
+    """bench/scaling/balance.py on the ss runs of bench/scaling/unbounded.sh (grid and balanced partitions)."""
     d = res.json("city_balance/bench_balance.json")
     out = header("run", "partition (training)", "training rays per region (of 65,536)", "owner of each region",
                  "work per rank (ms/step)", "field evaluations per rank and step", "imbalance (slowest / fastest)")
@@ -794,7 +794,7 @@ def city_balance(res: Results) -> list[str]:
 
 
 def regression(res: Results, name: str, label: str) -> list[str]:
-    """tools/bench_regression.sh: the same fixed-step run at the base commit and at HEAD."""
+    """bench/quality/regression.sh: the same fixed-step run at the base commit and at HEAD."""
     out = header(label, "commit", "steps", "test PSNR / SSIM (views)")
     psnr = {}
     for side in ("base", "head"):
@@ -808,7 +808,7 @@ def regression(res: Results, name: str, label: str) -> list[str]:
 
 
 def regions_series(res: Results, name: str = "city_small_regions") -> list[str]:
-    """tools/bench_regions.sh: ss with K regions of a fixed size on one process, fixed training time."""
+    """bench/scaling/regions.sh: ss with K regions of a fixed size on one process, fixed training time."""
     from distnerf.observe.logger import final_model_size
 
     out = header("regions K", "parameters (all regions)", "steps", "test PSNR / SSIM (views)",
@@ -828,7 +828,7 @@ def regions_series(res: Results, name: str = "city_small_regions") -> list[str]:
 
 
 def exits(res: Results) -> list[str]:
-    """tools/bench_exits.py: consecutive 2-rank torchrun smoke runs, exit status and restarts."""
+    """bench/reliability/exits.py: consecutive 2-rank torchrun smoke runs, exit status and restarts."""
     d = res.json("exits/exits.json")
     walls = sorted(r["wall_s"] for r in d["runs"])
     out = header("runs", "exit 0, no restart (clean)", "non-zero exits", "restarted by torchrun", "abort text seen",
@@ -840,7 +840,7 @@ def exits(res: Results) -> list[str]:
 
 
 def soak(res: Results) -> list[str]:
-    """tools/bench_soak.py: what could leak over a long 2-rank run, after the warm-up."""
+    """bench/reliability/soak.py: what could leak over a long 2-rank run, after the warm-up."""
     d = res.json("soak/soak.json")
     summ = d["summary"]
     names = {"rank_rss_mb": ("trainer RSS, both ranks", "MB"), "worker_rss_mb": ("sampler workers' RSS, all", "MB"),
@@ -861,7 +861,7 @@ def soak(res: Results) -> list[str]:
 
 
 def study_characterization(res: Results) -> list[str]:
-    """python -m distnerf.study report bench/results/study_characterization/report.json --markdown: the
+    """python -m distnerf.study report bench/scaling/results/study_characterization/report.json --markdown: the
     sections of the study's report (the committed JSON of conf/study/characterization.yaml's run)."""
     sys.path.insert(0, str(ROOT))
     from distnerf.study.document import section_tables
@@ -890,7 +890,7 @@ def study_capacity(res: Results, name: str = "study_capacity",
 
 
 def study_capacity_stretch(res: Results) -> list[str]:
-    """tools/bench_stretch.py beside the capacity study: each budget at the study's 3000 steps (the study's
+    """bench/scaling/stretch.py beside the capacity study: each budget at the study's 3000 steps (the study's
     cells, mean over their seeds) and at k x the steps with the schedule stretched k times (seed 0)."""
     from math import log2
 
@@ -918,7 +918,7 @@ def study_capacity_stretch(res: Results) -> list[str]:
 
 
 def _schedule_rule(r: dict) -> str:
-    """A tools/bench_stretch.py row's learning-rate rule in words."""
+    """A bench/scaling/stretch.py row's learning-rate rule in words."""
     if r["decay"] == 1.0:
         return "constant"
     if r["decay_steps"] is None:
@@ -927,7 +927,7 @@ def _schedule_rule(r: dict) -> str:
 
 
 def study_capacity_batch(res: Results) -> list[str]:
-    """tools/bench_stretch.py probes of ddp's batch effect at the plateau (one process, seed 0): one 125 k model at
+    """bench/scaling/stretch.py probes of ddp's batch effect at the plateau (one process, seed 0): one 125 k model at
     2048 rays per step (ddp at W = 1), 4096 and 8192 (the gradient of ddp at W = 2 and 4: the mean over W x 2048
     rays), and two joint sub-models of 125 k at 4096 (joint ss at W = 2 in one process), under a constant rate
     and under a warmup-stable-decay schedule."""
@@ -951,7 +951,7 @@ def study_capacity_batch(res: Results) -> list[str]:
 
 
 def study_capacity_schedule(res: Results) -> list[str]:
-    """tools/bench_stretch.py probes of the capacity study's learning-rate schedule (one rank, seed 0)."""
+    """bench/scaling/stretch.py probes of the capacity study's learning-rate schedule (one rank, seed 0)."""
     sys.path.insert(0, str(ROOT))
     from distnerf.study.capacity import PLATEAU_GAIN_DB, PLATEAU_MIN_LR_SHARE
 
@@ -967,7 +967,7 @@ def study_capacity_schedule(res: Results) -> list[str]:
 
 
 def study_capacity_seams(res: Results, name: str = "study_capacity") -> list[str]:
-    """tools/seam_psnr.py over a capacity study (``name``: its results directory): PSNR at the partition's
+    """bench/scaling/seam_psnr.py over a capacity study (``name``: its results directory): PSNR at the partition's
     seams against the rest."""
     import statistics
 
@@ -997,7 +997,7 @@ def study_capacity_seams(res: Results, name: str = "study_capacity") -> list[str
 
 
 def study_capacity_tv_probe(res: Results) -> list[str]:
-    """tools/bench_stretch.py probes of the total-variation regulariser: one model against two joint sub-models
+    """bench/scaling/stretch.py probes of the total-variation regulariser: one model against two joint sub-models
     holding the same budget on one process (seed 0, 1500 steps, constant learning rate)."""
     rows = res.json("study_capacity/tv_probe.json")["rows"]
 
@@ -1203,14 +1203,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         new = regenerate(text, args.results.resolve())
     except ResultError as err:
-        print(f"bench_tables: {err}", file=sys.stderr)
+        print(f"bench.tables: {err}", file=sys.stderr)
         return 2
     if args.check:
         if new != text:
             sys.stdout.writelines(difflib.unified_diff(text.splitlines(True), new.splitlines(True),
                                                        str(args.file), "from the JSON"))
-            print(f"bench_tables: {args.file} differs from the tables the JSON gives; "
-                  f"run python tools/bench_tables.py", file=sys.stderr)
+            print(f"bench.tables: {args.file} differs from the tables the JSON gives; "
+                  f"run python -m bench.tables", file=sys.stderr)
             return 1
         print(f"{args.file}: tables match the JSON in {args.results}")
         return 0

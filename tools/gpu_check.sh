@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything one GPU can check, in one run of at most ~8 minutes (issue 14, item 7); supersedes
-# tools/bench_profile_gpu.sh and the CUDA tests of tools/bench_sampler_gpu.sh (not its sampler
-# throughput comparison). Run on a lent H200 on 2026-12-04 (torch 2.11.0+cu130; BENCHMARKS section 1, bench/results/gpu_check_h200). From the repository root:
+# bench/gpu/profile_gpu.sh and the CUDA tests of bench/gpu/sampler_gpu.sh (not its sampler
+# throughput comparison). Run on a lent H200 on 2026-12-04 (torch 2.11.0+cu130; BENCHMARKS section 1, bench/gpu/results/gpu_check_h200). From the repository root:
 #
 #   bash tools/gpu_check.sh [--out DIR] [--runs DIR]      # on a CUDA machine (default)
 #   bash tools/gpu_check.sh --cpu [--out DIR] [--runs DIR] # the same script end to end on the CPU,
@@ -23,7 +23,7 @@
 #   hta_overlap    HolisticTraceAnalysis communication/computation overlap of the two kernel traces
 #   sync_debug     torch.cuda.set_sync_debug_mode("warn") over a few training steps of each model
 #                  (GPU_CHECK_SYNC_MODELS, default "grid ngp nerf"): warnings per step and where
-#   sync_counter   tools/bench_syncs.py (counts the would-be syncs on the CPU, any machine), if present
+#   sync_counter   bench/throughput/syncs.py (counts the would-be syncs on the CPU, any machine), if present
 #   nsys           an Nsight Systems capture of a short 1-rank run and its NVTX summary, if nsys is on PATH
 # Writes OUT/summary.json (default bench/results/gpu_check/; every section with "status": "ok",
 # "failed: why" or "skipped: why", and its numbers) and OUT/log.txt; the runs (traces, checkpoints
@@ -356,7 +356,7 @@ def sync_debug(mode, models, steps, overrides):
 def sync_counter_section(path, rc, seconds):
     out = {"seconds": seconds, "rc": rc, "file": path}
     if rc != 0 or not Path(path).exists():
-        out["status"] = status_of(rc, "tools/bench_syncs.py")
+        out["status"] = status_of(rc, "bench/throughput/syncs.py")
         return write("sync_counter", out)
     data = json.loads(Path(path).read_text())
     label = data.get("gpu_check", {})
@@ -513,9 +513,9 @@ fi
 banner sync_counter
 t=$(limit 90)
 if ! want sync_counter; then :
-elif [ ! -f tools/bench_syncs.py ]; then helper skipped sync_counter "tools/bench_syncs.py not in this checkout"
+elif [ ! -f bench/throughput/syncs.py ]; then helper skipped sync_counter "bench/throughput/syncs.py not in this checkout"
 elif [ "$t" = 0 ]; then helper skipped sync_counter "time budget of $BUDGET s spent"; else
-  s=$(now); timeout -k 10 "$t" "$PY" tools/bench_syncs.py --label gpu_check "${SYNC_ARGS[@]}" --out "$RUNS/bench_syncs.json"
+  s=$(now); timeout -k 10 "$t" "$PY" bench/throughput/syncs.py --label gpu_check "${SYNC_ARGS[@]}" --out "$RUNS/bench_syncs.json"
   helper sync_counter "$RUNS/bench_syncs.json" "$?" "$(since "$s")"
 fi
 

@@ -1,8 +1,8 @@
 """Import time and peak memory of user-format scenes (issue 15): the built-in city through its
 COLMAP and nerfstudio copies, and lego converted to COLMAP text and to nerfstudio.
 
-    python tools/bench_import.py [--repeats 3] [--kinds city_small city] [--lego PATH]
-        [--out bench/results/import/bench_import.json]
+    python -m bench.data.imports [--repeats 3] [--kinds city_small city] [--lego PATH]
+        [--out bench/data/results/import/bench_import.json]
 
 For each case a fresh subprocess loads the **train** split with ``distnerf.data.load_scene``
 (pixels decoded into RAM, the default) and reports its wall time and its peak RSS (``VmHWM`` of
@@ -12,8 +12,8 @@ scenes are prepared first, outside the timing: the city generated with
 ``python -m distnerf.data.convert``. Medians of ``--repeats`` runs; the Blender-format load of the
 same scene is measured beside each one, in the same invocation, as the reference.
 
-Writes JSON (``--out``) with a ``meta`` block (see ``bench_common.py``). Run on a quiet machine:
-``/work/shared/tools/quiet -- python tools/bench_import.py``.
+Writes JSON (``--out``) with a ``meta`` block (see ``bench/common.py``). Run on a quiet machine:
+``/work/shared/tools/quiet -- python -m bench.data.imports``.
 """
 from __future__ import annotations
 
@@ -27,35 +27,29 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
 
-from bench_common import default_out, start_meta, write_result  # noqa: E402
+from bench.common import ROOT, default_out, start_meta, status_mb, write_result
 
-WORKER = r'''
-import json, sys, time
-import torch
-torch.set_num_threads(1)
-from distnerf.data import load_scene
+def worker(cfg: dict) -> None:
+    """A fresh process (``python -m bench.data.imports worker JSON``): load the train split of dataset config
+    ``cfg``; prints one JSON line: seconds, peak memory above the start (MiB), images and pixels."""
+    import torch
 
-def status_mb(key):
-    line = [ln for ln in open("/proc/self/status") if ln.startswith(key + ":")]
-    return int(line[0].split()[1]) / 1024
+    from distnerf.data import load_scene
 
-cfg = json.loads(sys.argv[1])
-before = status_mb("VmRSS")
-start = time.perf_counter()
-scene = load_scene(cfg, "train")
-seconds = time.perf_counter() - start
-print(json.dumps({"seconds": seconds, "peak_mb": status_mb("VmHWM") - before, "images": len(scene),
-                  "pixels": int(scene.images.shape[0] * scene.images.shape[1] * scene.images.shape[2])}))
-'''
+    torch.set_num_threads(1)
+    before = status_mb("VmRSS")
+    start = time.perf_counter()
+    scene = load_scene(cfg, "train")
+    seconds = time.perf_counter() - start
+    print(json.dumps({"seconds": seconds, "peak_mb": status_mb("VmHWM") - before, "images": len(scene),
+                      "pixels": int(scene.images.shape[0] * scene.images.shape[1] * scene.images.shape[2])}))
 
 
 def measure(cfg: dict, repeats: int) -> dict:
     runs = []
     for _ in range(repeats):
-        proc = subprocess.run([sys.executable, "-c", WORKER, json.dumps(cfg)], capture_output=True, text=True,
+        proc = subprocess.run([sys.executable, "-m", "bench.data.imports", "worker", json.dumps(cfg)], capture_output=True, text=True,
                               cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
         if proc.returncode != 0:
             raise SystemExit(f"loading {cfg} failed:\n{proc.stderr[-3000:]}")
@@ -77,7 +71,10 @@ def main(argv=None) -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--kinds", nargs="+", default=["city_small", "city"])
     parser.add_argument("--lego", default=str(ROOT.parent / "shared" / "data" / "nerf_synthetic_half" / "lego"))
-    parser.add_argument("--out", type=Path, default=default_out("import/bench_import.json"))
+    parser.add_argument("--out", type=Path, default=default_out(__file__, "import/bench_import.json"))
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["worker"]:
+        return worker(json.loads(argv[1]))
     args = parser.parse_args(argv)
     meta = start_meta()
     work = Path(tempfile.mkdtemp(prefix="bench_import-"))

@@ -1,8 +1,8 @@
 """Peak memory of evaluating one test view with NeRF at ``experiment=gpu`` settings, with and
 without ``eval.point_chunk`` (issue 14, item 6).
 
-    python tools/bench_eval_memory.py [--resolutions 100 256] [--threads 1] [--max-before-gb 20]
-        [--out bench/results/eval_memory/eval_memory.json] [-- HYDRA_OVERRIDES...]
+    python -m bench.memory.eval_memory [--resolutions 100 256] [--threads 1] [--max-before-gb 20]
+        [--out bench/memory/results/eval_memory/eval_memory.json] [-- HYDRA_OVERRIDES...]
 
 ``model=nerf experiment=gpu`` sets ``eval.chunk=65536`` rays; NeRF turns a chunk into
 ``chunk x (num_coarse + num_fine)`` points, and without a point limit the fine pass sends
@@ -19,7 +19,7 @@ For each built-in-scene resolution (``dataset.resolution``; a 256 x 256 view is 
   point measured in the largest ``before`` run that did run (3.7 kB, measured here, when none did).
 
 Writes JSON (``--out``) with a ``meta`` block (command, date, commit, load before/after; see
-``bench_common.py``). Run it on a quiet machine: ``/work/shared/tools/quiet -- python tools/...``.
+``bench/common.py``). Run it on a quiet machine: ``/work/shared/tools/quiet -- python tools/...``.
 """
 from __future__ import annotations
 
@@ -30,34 +30,29 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tools"))
 
-from bench_common import default_out, start_meta, write_result  # noqa: E402
+from bench.common import ROOT, default_out, start_meta, status_mb, write_result
 
-# fresh process: load the test split, build the model, render one view, report VmRSS/VmHWM
-WORKER = r'''
-import json, sys, time
-import torch
-args = json.loads(sys.argv[1])
-torch.set_num_threads(args["threads"])
-from distnerf.data import load_scene
-from distnerf.engine.evaluate import render_image
-from distnerf.model import build_model
+def worker(args: dict) -> None:
+    """A fresh process (``python -m bench.memory.eval_memory worker JSON``): load the test split, build the
+    model, render view 0; prints one ``RESULT`` JSON line with RSS before rendering and the peak (MiB)."""
+    import time
 
-def status_mb(key):
-    line = [ln for ln in open("/proc/self/status") if ln.startswith(key + ":")]
-    return int(line[0].split()[1]) / 1024
-scene = load_scene(args["dataset"], "test")
-torch.manual_seed(args["seed"])
-model = build_model(args["model"], scene.aabb, scene.background)
-out = {"rss_before_mb": status_mb("VmRSS"), "rays": scene.height * scene.width}
-t = time.perf_counter()
-r = render_image(model, scene, 0, args["chunk"], torch.device("cpu"), args["point_chunk"])
-out.update(seconds=time.perf_counter() - t, num_samples=r["num_samples"], peak_rss_mb=status_mb("VmHWM"))
-print("RESULT " + json.dumps(out))
-'''
+    import torch
+
+    from distnerf.data import load_scene
+    from distnerf.engine.evaluate import render_image
+    from distnerf.model import build_model
+
+    torch.set_num_threads(args["threads"])
+    scene = load_scene(args["dataset"], "test")
+    torch.manual_seed(args["seed"])
+    model = build_model(args["model"], scene.aabb, scene.background)
+    out = {"rss_before_mb": status_mb("VmRSS"), "rays": scene.height * scene.width}
+    t = time.perf_counter()
+    r = render_image(model, scene, 0, args["chunk"], torch.device("cpu"), args["point_chunk"])
+    out.update(seconds=time.perf_counter() - t, num_samples=r["num_samples"], peak_rss_mb=status_mb("VmHWM"))
+    print("RESULT " + json.dumps(out))
 
 
 def compose(overrides: list[str]):
@@ -71,7 +66,7 @@ def compose(overrides: list[str]):
 
 def run_worker(args: dict) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": str(args["threads"]), "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-c", WORKER, json.dumps(args)], cwd=ROOT, env=env,
+    proc = subprocess.run([sys.executable, "-m", "bench.memory.eval_memory", "worker", json.dumps(args)], cwd=ROOT, env=env,
                           capture_output=True, text=True)
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     if proc.returncode != 0 or not line:
@@ -79,16 +74,19 @@ def run_worker(args: dict) -> dict:
     return json.loads(line[-1][len("RESULT "):])
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--resolutions", type=int, nargs="+", default=[100, 256],
                     help="built-in scene image sizes (dataset.resolution), rendered in this order")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--max-before-gb", type=float, default=20.0,
                     help="skip a 'before' run whose estimated peak RSS exceeds this (GiB)")
-    ap.add_argument("--out", type=Path, default=default_out("eval_memory/eval_memory.json"))
+    ap.add_argument("--out", type=Path, default=default_out(__file__, "eval_memory/eval_memory.json"))
     ap.add_argument("overrides", nargs="*", help="further Hydra overrides (after --)")
-    args = ap.parse_args()
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["worker"]:
+        return worker(json.loads(argv[1]))
+    args = ap.parse_args(argv)
     meta = start_meta()
     from omegaconf import OmegaConf
 

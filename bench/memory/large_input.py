@@ -1,6 +1,6 @@
 """Input larger than memory: train from a Blender-layout set of >= 6 GiB of decoded pixels.
 
-    python tools/bench_large_input.py [--copies 34] [--ranks 2] [--steps 20] [--out PATH]
+    python -m bench.memory.large_input [--copies 34] [--ranks 2] [--steps 20] [--out PATH]
 
 Builds ``--work/large_lego`` (default ``/tmp/distnerf_large_input``): the lego training frames
 of ``../shared/data/nerf_synthetic_half/lego`` replicated ``--copies`` times under new names
@@ -10,7 +10,7 @@ on it with ``sampler.cache_dir`` (the decoded pixels go to one memory-mapped ``.
 and, every 0.5 s, reads ``RssAnon`` (anonymous resident memory: heap, not the mapped cache's
 page-cache pages) of every rank and sampler worker from ``/proc/PID/status``.
 
-Writes JSON (``bench/results/large_input/large_input.json`` by default): decoded GiB, the cache
+Writes JSON (``bench/memory/results/large_input/large_input.json`` by default): decoded GiB, the cache
 build's wall time and images/s (from its log line), RssAnon max per process, time from start
 to the first logged step, and the checks: RssAnon <= 2 GiB per rank, first step within the
 decode time + 30 s, and a progress line while the cache built. The cache is removed at the
@@ -29,8 +29,7 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import RESULTS, ROOT, start_meta, write_result  # noqa: E402
+from bench.common import ROOT, default_out, start_meta, write_result
 
 LEGO = ROOT.parent / "shared" / "data" / "nerf_synthetic_half" / "lego"
 GIB = 2 ** 30
@@ -129,7 +128,7 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--work", type=Path, default=Path("/tmp/distnerf_large_input"))
-    ap.add_argument("--out", type=Path, default=RESULTS / "large_input" / "large_input.json")
+    ap.add_argument("--out", type=Path, default=default_out(__file__, "large_input/large_input.json"))
     ap.add_argument("--keep", action="store_true", help="keep the scene and its cache")
     args = ap.parse_args()
     meta = start_meta()

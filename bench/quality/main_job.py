@@ -1,6 +1,6 @@
 """The README main job in a fresh clone, timed (BENCHMARKS.md, "The README main job").
 
-    python tools/bench_main_job.py [--clone DIR] [--no-setup] [--rev REV] [--out bench/results/main_job]
+    python -m bench.quality.main_job [--clone DIR] [--no-setup] [--rev REV] [--out bench/quality/results/main_job]
 
 1. ``git clone`` of this checkout (its HEAD: uncommitted changes are not in the clone; ``--rev``:
    that commit instead, for a before/after pair) into DIR (default: a new temporary directory; it
@@ -24,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench_common import ROOT, append_meta, default_out, finish_meta, git_state, start_meta
+from bench.common import ROOT, append_meta, default_out, finish_meta, git_state, start_meta
 
 
 def timed(cmd: list[str], cwd: Path, files: list[str]) -> dict:
@@ -38,11 +38,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--clone", type=Path, default=None, help="where to clone (default: a new temporary directory)")
     ap.add_argument("--no-setup", action="store_true", help="skip tools/setup_env.sh; run with this interpreter")
-    ap.add_argument("--out", type=Path, default=None, help="result directory (default bench/results/main_job)")
+    ap.add_argument("--out", type=Path, default=None, help="result directory (default bench/quality/results/main_job)")
     ap.add_argument("--rev", default=None, help="check this commit out in the clone (default: HEAD)")
     args = ap.parse_args()
     clone = args.clone or Path(tempfile.mkdtemp(prefix="distnerf_main_job_")) / "repo"
-    out = args.out or default_out("main_job")
+    out = args.out or default_out(__file__, "main_job")
     subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
     if args.rev:
         subprocess.run(["git", "checkout", "-q", args.rev], cwd=clone, check=True)

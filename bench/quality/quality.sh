@@ -2,19 +2,19 @@
 # Quality at a training-time budget (BENCHMARKS.md): train for MINUTES of training time with
 # checkpoints at 2 and 5 minutes, score the final model on every test view and the 2- and
 # 5-minute checkpoints on the fixed 25-view subset (r_0, r_8, ...).
-#   tools/bench_quality.sh NAME NPROC MINUTES [hydra overrides...]
-# e.g. tools/bench_quality.sh lego_1p 1 10 dataset=blender dataset.root=../shared/data/nerf_synthetic_half/lego
-# The run goes to bench/NAME (git-ignored: checkpoints, images); its JSON results (metrics.json,
-# metrics.jsonl, at_2min/metrics.json, at_5min/metrics.json) are copied to bench/results/NAME/
-# (committed; BENCHMARKS_RESULTS overrides bench/results) with a meta.json entry: command, date,
-# git commit, load before/after, wall seconds per phase. `python tools/bench_tables.py` reads them.
+#   bench/quality/quality.sh NAME NPROC MINUTES [hydra overrides...]
+# e.g. bench/quality/quality.sh lego_1p 1 10 dataset=blender dataset.root=../shared/data/nerf_synthetic_half/lego
+# The run goes to runs/bench/NAME (git-ignored: checkpoints, images); its JSON results (metrics.json,
+# metrics.jsonl, at_2min/metrics.json, at_5min/metrics.json) are copied to bench/quality/results/NAME/
+# (committed; BENCHMARKS_RESULTS overrides bench/quality/results) with a meta.json entry: command, date,
+# git commit, load before/after, wall seconds per phase. `python -m bench.tables` reads them.
 set -euo pipefail
-cmdline=$(python -c 'import shlex, sys; print(shlex.join(sys.argv[1:]))' tools/bench_quality.sh "$@")
+cmdline=$(python -m bench.common quote bench/quality/quality.sh "$@")
 [ "${OMP_NUM_THREADS:-}" ] && cmdline="OMP_NUM_THREADS=$OMP_NUM_THREADS $cmdline"
 name="$1"; nproc="$2"; minutes="$3"; shift 3
-out="bench/$name"
-res="${BENCHMARKS_RESULTS:-bench/results}/$name"
-mkdir -p bench
+out="runs/bench/$name"
+res="${BENCHMARKS_RESULTS:-bench/quality/results}/$name"
+mkdir -p runs/bench
 read -r l1 l5 l15 _ < /proc/loadavg
 started=$(date -u +%FT%TZ); t0=$(date +%s.%N)
 elapsed() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN{printf "%.2f", b - a}'; }
@@ -36,14 +36,7 @@ wall=$(elapsed "$t0")
 mkdir -p "$res/at_2min" "$res/at_5min"
 cp "$out/metrics.json" "$out/metrics.jsonl" "$res/"
 for m in 2 5; do cp "$out/at_${m}min/metrics.json" "$res/at_${m}min/metrics.json"; done
-python tools/bench_common.py meta "$res" --command "$cmdline" --started "$started" --wall-s "$wall" \
+python -m bench.common meta "$res" --command "$cmdline" --started "$started" --wall-s "$wall" \
   --load-before "$l1" "$l5" "$l15" --phases "{$phases}" \
   --files metrics.json metrics.jsonl at_2min/metrics.json at_5min/metrics.json
-python - "$out" <<'PY'
-import json, sys
-from pathlib import Path
-out = Path(sys.argv[1])
-for name in ("at_2min", "at_5min", "."):
-    m = json.loads((out / name / "metrics.json").read_text())
-    print(f"{name:8s} step {m['step']:6d}  PSNR {m['psnr']:.2f}  SSIM {m['ssim']:.4f}  views {m['protocol']['num_views']}")
-PY
+python -m bench.quality.summary "$out"

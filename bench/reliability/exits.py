@@ -1,6 +1,6 @@
 """Clean exits: N consecutive 2-rank ``experiment=smoke`` runs under torchrun (BENCHMARKS.md, "Clean exits").
 
-    python tools/bench_exits.py [--runs 30] [--out bench/results/exits/exits.json] [-- extra overrides]
+    python -m bench.reliability.exits [--runs 30] [--out bench/reliability/results/exits/exits.json] [-- extra overrides]
 
 Each run is ``launch/torchrun_local.sh 2 RUN -- experiment=smoke`` with ``MAX_RESTARTS=1``:
 a rank that aborts at interpreter exit after a completed run ("terminate called without an
@@ -19,9 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import ROOT, start_meta, write_result  # noqa: E402
-from distnerf.observe.logger import read_metrics_log  # noqa: E402
+from bench.common import ROOT, default_out, start_meta, write_result
+from distnerf.observe.logger import read_metrics_log
 
 ABORTS = ("terminate called", "Aborted", "core dumped", "SIGABRT", "Segmentation fault", "SIGSEGV")
 
@@ -48,8 +47,8 @@ def one_run(run: Path, overrides: list[str]) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=30)
-    ap.add_argument("--run-dir", type=Path, default=ROOT / "bench" / "exits")
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "exits" / "exits.json")
+    ap.add_argument("--run-dir", type=Path, default=ROOT / "runs" / "bench" / "exits")
+    ap.add_argument("--out", type=Path, default=default_out(__file__, "exits/exits.json"))
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     meta = start_meta()

@@ -1,15 +1,15 @@
 """Launch and recovery figures (BENCHMARKS.md, "Launch and recovery").
 
-    python tools/bench_launch.py first-step --repeats 3   # sbatch -> first step on a local Slurm vs torchrun
-    python tools/bench_launch.py kill --repeats 3         # SIGKILL of one rank: time to the first step after resume
-    python tools/bench_launch.py ckpt --strategy ddp      # checkpoint write time and size (2 ranks, main model)
+    python -m bench.reliability.launch first-step --repeats 3   # sbatch -> first step on a local Slurm vs torchrun
+    python -m bench.reliability.launch kill --repeats 3         # SIGKILL of one rank: time to the first step after resume
+    python -m bench.reliability.launch ckpt --strategy ddp      # checkpoint write time and size (2 ranks, main model)
 
 All runs are 2-rank CPU (gloo) runs of ``experiment=smoke`` (first-step, kill) or of the
 default grid model at its final resolution 160^3 (ckpt). ``first-step`` starts its own
 single-node Slurm with ``tools/slurm_local.sh`` (root, Debian's slurm packages) and
 interleaves Slurm and plain-torchrun launches. Times are wall-clock seconds; the machine
 load (``uptime``) is printed with the figures. Prints one JSON object per measurement
-and a summary, and writes them to ``--out`` (default ``bench/results/launch_first-step.json``,
+and a summary, and writes them to ``--out`` (default ``bench/reliability/results/launch_first-step.json``,
 ``launch_kill_STRATEGY.json``, ``launch_ckpt_STRATEGY.json``) with a ``meta`` block (command,
 date, git commit, load before/after).
 """
@@ -27,13 +27,10 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from bench.common import ROOT as REPO, default_out, start_meta, write_result
 
-from bench_common import default_out, start_meta, write_result  # noqa: E402
-
-from tests.conftest import free_port  # noqa: E402
-from tests.launch.conftest import (SMOKE, SlurmCluster, finish, launch_local, last_step, rows,  # noqa: E402
+from tests.conftest import free_port
+from tests.launch.conftest import (SMOKE, SlurmCluster, finish, launch_local, last_step, rows,
                                    trainer_ranks, wait_for)
 
 
@@ -156,7 +153,7 @@ def main() -> None:
     parser.add_argument("what", choices=["first-step", "kill", "ckpt", "_ckpt"])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--strategy", default="ddp")
-    parser.add_argument("--out", type=Path, help="result JSON (default bench/results/launch_WHAT[_STRATEGY].json)")
+    parser.add_argument("--out", type=Path, help="result JSON (default bench/reliability/results/launch_WHAT[_STRATEGY].json)")
     parser.add_argument("--root", type=Path)
     args = parser.parse_args()
     if args.what == "_ckpt":
@@ -183,7 +180,7 @@ def main() -> None:
     print("load:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(), flush=True)
     shutil.rmtree(root, ignore_errors=True)
     name = args.what if args.what == "first-step" else f"{args.what}_{args.strategy}"
-    write_result(args.out or default_out(f"launch_{name}.json"), {"runs": res, "median": summary}, meta)
+    write_result(args.out or default_out(__file__, f"launch_{name}.json"), {"runs": res, "median": summary}, meta)
 
 
 if __name__ == "__main__":

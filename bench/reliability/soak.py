@@ -1,7 +1,7 @@
 """Soak: a long 2-rank run under torchrun, sampling what could leak (BENCHMARKS.md, "Soak").
 
-    python tools/bench_soak.py [--steps 5000] [--ckpt-every 200] [--interval 5] [--warmup-steps 1000]
-                               [--out bench/results/soak/soak.json] [-- extra overrides]
+    python -m bench.reliability.soak [--steps 5000] [--ckpt-every 200] [--interval 5] [--warmup-steps 1000]
+                               [--out bench/reliability/results/soak/soak.json] [-- extra overrides]
 
 Runs ``launch/torchrun_local.sh 2 RUN -- experiment=smoke train.max_steps=STEPS
 train.ckpt_every=CKPT profiler=trace profiler.max_step_records=RECORDS ...`` (``--max-step-records``,
@@ -24,8 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_common import ROOT, start_meta, write_result  # noqa: E402
+from bench.common import ROOT, default_out, start_meta, write_result
 
 
 def _children() -> dict[int, list[int]]:
@@ -162,8 +161,8 @@ def main() -> int:
     ap.add_argument("--interval", type=float, default=5.0)
     ap.add_argument("--warmup-steps", type=int, default=1000)
     ap.add_argument("--max-step-records", type=int, default=1000)
-    ap.add_argument("--run-dir", type=Path, default=ROOT / "bench" / "soak")
-    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "soak" / "soak.json")
+    ap.add_argument("--run-dir", type=Path, default=ROOT / "runs" / "bench" / "soak")
+    ap.add_argument("--out", type=Path, default=default_out(__file__, "soak/soak.json"))
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     meta = start_meta()

@@ -20,16 +20,16 @@
 #               there; 13% of city_small's training rays and 17% of its test rays reach the floor outside the box)
 #   opaquefloorprune  floorprune with an opaque floor (model.opaque_floor=true: the light a ray has left at the
 #               floor takes the colour field's value there, not the background's)
-#   [CELLS="before rounds ..."] tools/bench_march.sh STEPS NAME [hydra overrides...]
-# e.g. OMP_NUM_THREADS=2 ../shared/tools/quiet -- tools/bench_march.sh 300 march_city_small dataset.kind=city_small
-# copies each run's metrics.json / metrics.jsonl to bench/results/NAME/CELL/ with a meta.json entry (command,
-# date, commit, load before/after, wall seconds); tools/bench_tables.py summarises (samples per ray, rays/s,
+#   [CELLS="before rounds ..."] bench/samples/march.sh STEPS NAME [hydra overrides...]
+# e.g. OMP_NUM_THREADS=2 ../shared/tools/quiet -- bench/samples/march.sh 300 march_city_small dataset.kind=city_small
+# copies each run's metrics.json / metrics.jsonl to bench/samples/results/NAME/CELL/ with a meta.json entry (command,
+# date, commit, load before/after, wall seconds); bench/tables.py summarises (samples per ray, rays/s,
 # test PSNR at the last step).
 set -euo pipefail
-. "$(dirname "$0")/bench_record.sh"  # run_and_record
+. "$(dirname "$0")/../record.sh"  # run_and_record
 steps="$1"; name="$2"; shift 2
-res="${BENCHMARKS_RESULTS:-bench/results}/$name"
-mkdir -p bench "$res"
+res="${BENCHMARKS_RESULTS:-bench/samples/results}/$name"
+mkdir -p runs/bench "$res"
 declare -A CELL=(
   [before]="model.train_round_steps=0"
   [rounds]="model.train_round_steps=64"
@@ -48,7 +48,7 @@ declare -A CELL=(
   [opaquefloorprune03]="model.train_round_steps=0 model.min_altitude=-0.5 model.opaque_floor=true model.occupancy_threshold_final=0.03"
 )
 for cell in ${CELLS:-before rounds dist001 dist01}; do
-  out="bench/${name}_${cell}"
+  out="runs/bench/${name}_${cell}"
   read -r -a overrides <<< "${CELL[$cell]}"
   cmd=(python -m distnerf.train dataset=synthetic dataset.kind=city strategy=ddp model.contraction=mipnerf360
     model.appearance=affine "${overrides[@]}" run_dir="$out" train.max_steps="$steps" train.max_minutes=0

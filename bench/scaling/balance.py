@@ -1,8 +1,8 @@
 """Load balance of ``ss`` runs: rays per region, samples and work per rank, imbalance.
 
-    python tools/bench_balance.py NAME RUN_DIR [RUN_DIR...]
-    # e.g. python tools/bench_balance.py city_balance bench/city_balance_ss_independent bench/city_balance_ss_balanced
-    # -> bench/results/NAME/bench_balance.json
+    python -m bench.scaling.balance NAME RUN_DIR [RUN_DIR...]
+    # e.g. python -m bench.scaling.balance city_balance runs/bench/city_balance_ss_independent runs/bench/city_balance_ss_balanced
+    # -> bench/scaling/results/NAME/bench_balance.json
 
 For each finished ``strategy=ss`` run directory (its ``config.yaml``, ``partition.json`` and
 ``metrics.jsonl``):
@@ -26,12 +26,11 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from bench_common import RESULTS, start_meta, write_result
-from distnerf.observe.logger import final_model_size, read_metrics_log  # noqa: E402
+from bench.common import default_out, start_meta, write_result
+from distnerf.observe.logger import final_model_size, read_metrics_log
 
 
 def region_table(run: Path) -> dict:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from distnerf.data import load_scene
     from distnerf.data.images import undecoded
     from distnerf.strategy.partition import Partition, region_load
@@ -74,7 +73,7 @@ def main() -> None:
     args = ap.parse_args()
     meta = start_meta()
     report = {"runs": {run.name: {**region_table(run), **rank_table(run)} for run in args.runs}}
-    write_result(RESULTS / args.name / "bench_balance.json", report, meta)
+    write_result(default_out(__file__, f"{args.name}/bench_balance.json"), report, meta)
     for name, r in report["runs"].items():
         print(f"{name}: rays per region {r['rays']}, owners {r['owners']}, work per rank "
               f"{[round(x['work_s'], 3) for x in r['ranks']]} s, imbalance {r['imbalance']:.3f}")

@@ -1,10 +1,10 @@
 """DDP benchmarks: weak scaling 1 -> N processes and all-reduce cost per model.
 
-    python tools/bench_ddp.py scaling --nprocs 1 2 --rays-per-process 2048 --steps 60 --repeats 3
-    python tools/bench_ddp.py allreduce --models grid ngp nerf --steps 8
+    python -m bench.scaling.ddp scaling --nprocs 1 2 --rays-per-process 2048 --steps 60 --repeats 3
+    python -m bench.scaling.ddp allreduce --models grid ngp nerf --steps 8
 
-Each writes JSON to ``--out`` (default ``bench/results/ddp_scaling.json`` /
-``bench/results/ddp_allreduce.json``) with a ``meta`` block (command, date, git commit, load
+Each writes JSON to ``--out`` (default ``bench/scaling/results/ddp_scaling.json`` /
+``bench/scaling/results/ddp_allreduce.json``) with a ``meta`` block (command, date, git commit, load
 before/after).
 
 ``scaling``: ``torchrun --nproc_per_node=N`` with one thread per process
@@ -28,8 +28,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench_common import default_out, start_meta, write_result
-from distnerf.observe.logger import read_metrics_log  # noqa: E402
+from bench.common import default_out, start_meta, write_result
+from distnerf.observe.logger import read_metrics_log
 
 LEGO = "../shared/data/nerf_synthetic_half/lego"
 
@@ -118,11 +118,11 @@ def main():
     a.add_argument("--threads", type=int, default=1)
     for sp in (s, a):
         sp.add_argument("--out", type=Path, default=None,
-                        help="result JSON (default bench/results/ddp_scaling.json or ddp_allreduce.json)")
+                        help="result JSON (default bench/scaling/results/ddp_scaling.json or ddp_allreduce.json)")
     args = p.parse_args()
     meta = start_meta()
     report = scaling(args) if args.cmd == "scaling" else allreduce(args)
-    write_result(args.out or default_out(f"ddp_{args.cmd}.json"), report, meta)
+    write_result(args.out or default_out(__file__, f"ddp_{args.cmd}.json"), report, meta)
 
 
 if __name__ == "__main__":

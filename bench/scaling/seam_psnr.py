@@ -1,6 +1,6 @@
 """Test PSNR at the seams of a study's partitions against the rest (issue 25 item 2).
 
-    python tools/seam_psnr.py STUDY_DIR [--band 0.1] [--out bench/results/study_capacity/seams.json]
+    python -m bench.scaling.seam_psnr STUDY_DIR [--band 0.1] [--out bench/scaling/results/study_capacity/seams.json]
 
 For every finished cell of a study on a built-in synthetic scene (``runs/capacity``, say), the
 test renders are scored in two masks: pixels whose surface point (the exact ray-geometry
@@ -17,11 +17,8 @@ import statistics
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tools"))
 
-from bench_common import start_meta, write_result  # noqa: E402
+from bench.common import start_meta, write_result
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """Measure an ``ss`` run against a ``ddp`` run of the same data (BENCHMARKS.md, "Spatial segmentation").
 
-    python tools/bench_ss.py bench/wide_ss bench/wide_ddp [--views 5] [--threads 1] [--out PATH]
+    python -m bench.scaling.ss runs/bench/wide_ss runs/bench/wide_ddp [--views 5] [--threads 1] [--out PATH]
 
 Reports, on one process with ``--threads`` compute threads:
 
@@ -14,7 +14,7 @@ Reports, on one process with ``--threads`` compute threads:
 * the share of each sub-model's samples (its own marching, on training rays routed
   to it) that lie outside its own region: the work independent training wastes;
 * parameter counts.
-Writes JSON to ``--out`` (default ``bench/results/NAME/bench_ss.json``, NAME the ``ss`` run's
+Writes JSON to ``--out`` (default ``bench/scaling/results/NAME/bench_ss.json``, NAME the ``ss`` run's
 directory name without its ``_ss`` suffix), with a ``meta`` block (command, date, git commit,
 load before/after), and prints a Markdown table.
 """
@@ -30,21 +30,19 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_common import default_out, start_meta, write_result  # noqa: E402
+from bench.common import default_out, start_meta, write_result
 
-from distnerf import checkpoint as ckpt  # noqa: E402
-from distnerf import dist as D  # noqa: E402
-from distnerf.data import load_scene  # noqa: E402
-from distnerf.engine.evaluate import render_image, select_views  # noqa: E402
-from distnerf.observe.metrics import psnr, ssim  # noqa: E402
-from distnerf.engine.runs import load_renderer, load_run_config  # noqa: E402
-from distnerf.sampler import SyncSampler  # noqa: E402
-from distnerf.strategy.fusion import FusedRenderer  # noqa: E402
-from distnerf.strategy.partition import Partition  # noqa: E402
-from distnerf.strategy.regions import RegionRayFilter, context_memory_share  # noqa: E402
+from distnerf import checkpoint as ckpt
+from distnerf import dist as D
+from distnerf.data import load_scene
+from distnerf.engine.evaluate import render_image, select_views
+from distnerf.observe.metrics import psnr, ssim
+from distnerf.engine.runs import load_renderer, load_run_config
+from distnerf.sampler import SyncSampler
+from distnerf.strategy.fusion import FusedRenderer
+from distnerf.strategy.partition import Partition
+from distnerf.strategy.regions import RegionRayFilter, context_memory_share
 
 
 def rank_rays_per_s(run: Path, warmup: int = 5) -> list[float]:
@@ -82,7 +80,7 @@ def main() -> None:
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                     help="where the renderers run (auto: CUDA when available)")
     ap.add_argument("--out", type=Path, default=None,
-                    help="result JSON (default bench/results/NAME/bench_ss.json, NAME = SS_RUN's name without _ss)")
+                    help="result JSON (default bench/scaling/results/NAME/bench_ss.json, NAME = SS_RUN's name without _ss)")
     args = ap.parse_args()
     meta = start_meta()
     torch.set_num_threads(args.threads)
@@ -139,7 +137,7 @@ def main() -> None:
     report["render_ratio_segment_over_ddp"] = (report["render_s_median"]["ss_segment"]
                                                / report["render_s_median"]["ddp"])
     name = args.ss_run.resolve().name
-    out_path = args.out or default_out(f"{name[:-3] if name.endswith('_ss') else name}/bench_ss.json")
+    out_path = args.out or default_out(__file__, f"{name[:-3] if name.endswith('_ss') else name}/bench_ss.json")
     write_result(out_path, report, meta)
     m = report["metrics_json"]
     print("| | ss segment | ss blend | ddp |\n|---|---|---|---|")

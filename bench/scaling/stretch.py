@@ -1,7 +1,7 @@
 """Is a capacity-study cell at its plateau? The same one-rank run at k times the steps, its schedule stretched k times.
 
-    python tools/bench_stretch.py OUT_DIR --budgets 31250,62500,125000,250000 --multiples 4 \
-        [--steps 3000] [--set KEY=VALUE ...] [--name SUFFIX] [--collect] [--out bench/results/NAME/stretch.json]
+    python -m bench.scaling.stretch OUT_DIR --budgets 31250,62500,125000,250000 --multiples 4 \
+        [--steps 3000] [--set KEY=VALUE ...] [--name SUFFIX] [--collect] [--out bench/scaling/results/NAME/stretch.json]
 
 The capacity study's plateau check (``distnerf/study/capacity.py::plateau_gain``) reads the last 20% of
 a run's validation curve; under a learning rate that has already decayed (``train.decay`` over
@@ -29,11 +29,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tools"))
 
-from bench_common import start_meta, write_result  # noqa: E402
+from bench.common import ROOT, default_out, start_meta, write_result
 
 FIXED = ["dataset=synthetic", "dataset.kind=detail", "sampler=sync", "train.global_rays=2048", "train.val_views=4",
          "train.log_every=200", "train.ckpt_every=0", "eval.num_views=25", "eval.lpips=false",
@@ -110,7 +107,7 @@ def main() -> None:
     for r in rows:
         print(f"{r['run']}: {r['max_params']} params budget, {r['steps']} steps: PSNR {r['psnr']:.2f} dB, "
               f"val gain over the last 20% {r['val_gain_last_20pct']:+.3f} dB, lr at 80% x{r['lr_at_80pct_over_first']:.3f}")
-    write_result(args.out or ROOT / "bench" / "results" / args.out_dir.name / "stretch.json", {"rows": rows}, meta)
+    write_result(args.out or default_out(__file__, f"{args.out_dir.name}/stretch.json"), {"rows": rows}, meta)
 
 
 if __name__ == "__main__":

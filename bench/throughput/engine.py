@@ -1,9 +1,9 @@
 """The packed-sample engine against the engine of an earlier commit, side by side (BENCHMARKS.md, "Engine").
 
-    python tools/bench_engine.py RUN_DIR [--baseline bb24e52] [--views 25] [--old-views 25] [--threads 2]
-        [--parts eval,exact,old,alternate,memory,train] [--set KEY=VALUE ...] [--out bench/results/RUN_NAME/bench_engine.json]
+    python -m bench.throughput.engine RUN_DIR [--baseline bb24e52] [--views 25] [--old-views 25] [--threads 2]
+        [--parts eval,exact,old,alternate,memory,train] [--set KEY=VALUE ...] [--out bench/throughput/results/RUN_NAME/bench_engine.json]
 
-RUN_DIR is a trained ``model=grid`` run (e.g. ``tools/bench_quality.sh``'s). In one invocation:
+RUN_DIR is a trained ``model=grid`` run (e.g. ``bench/quality/quality.sh``'s). In one invocation:
 
 * ``eval``: its checkpoint rendered on ``--views`` evenly spaced test views by this engine at
   its settings: seconds and rays/s per view, PSNR/SSIM, samples per ray marched, evaluated
@@ -26,7 +26,7 @@ RUN_DIR is a trained ``model=grid`` run (e.g. ``tools/bench_quality.sh``'s). In 
   alternating, and the median of their rays/s (the ratio from the medians).
 
 Views are rendered in this order: new and exact interleaved per view, then old. Writes JSON
-(``--out``, default ``bench/results/RUN_NAME/bench_engine.json``, RUN_NAME the run directory's
+(``--out``, default ``bench/throughput/results/RUN_NAME/bench_engine.json``, RUN_NAME the run directory's
 name) with a ``meta`` block (command, date, git commit, load before/after) and prints a summary.
 Run it on a quiet machine (``../shared/tools/quiet``).
 """
@@ -42,95 +42,95 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tools"))
 
-from bench_common import default_out, start_meta, write_result  # noqa: E402
+from bench.common import ROOT, default_out, start_meta, status_mb, write_result
 
-# The worker runs in a fresh process, from a checkout of either engine (its cwd): it renders
-# views or times training steps of one model state and prints one JSON line.
-WORKER = r'''
-import json, resource, statistics, sys, time
-import torch
-args = json.loads(sys.argv[1])
-torch.set_num_threads(args["threads"])
-sys.path.insert(0, ".")
-from distnerf.data import load_scene
-from distnerf.data.rays import generate_rays
-from distnerf.engine.evaluate import render_image
-from distnerf.model import build_model
-from distnerf.observe.metrics import psnr, ssim
-cfg = dict(args["model_cfg"])
-for k in ("compile", "compile_mode"):
-    cfg.pop(k, None)
-if args.get("legacy"):  # keys the baseline's engine does not know (its schema's, else bb24e52's list)
+def worker(args: dict) -> None:
+    """One engine's measurement in a fresh process (``python -m bench.throughput.engine worker JSON``), with
+    the ``distnerf`` of the checkout it runs for first on the path (see :func:`run_worker`): renders
+    views or times training steps of one model state and prints one ``RESULT`` JSON line."""
+    import resource
+
+    import torch
+
+    from distnerf.data import load_scene
+    from distnerf.data.rays import generate_rays
+    from distnerf.engine.evaluate import render_image
+    from distnerf.model import build_model
+    from distnerf.observe.metrics import psnr, ssim
+
+    torch.set_num_threads(args["threads"])
+    cfg = dict(args["model_cfg"])
+    for k in ("compile", "compile_mode"):
+        cfg.pop(k, None)
+    if args.get("legacy"):  # keys the baseline's engine does not know (its schema's, else bb24e52's list)
+        try:
+            import dataclasses
+
+            from distnerf.schema import GridModelConfig
+            known = {f.name for f in dataclasses.fields(GridModelConfig)} | {"name"}
+            cfg = {k: v for k, v in cfg.items() if k in known}
+        except ImportError:
+            for k in ("termination", "eval_round_steps", "sparse_grad"):
+                cfg.pop(k, None)
+    split = "test" if args["mode"] == "render" else "train"
+    scene = load_scene(args["dataset"], split)
+    model = build_model(cfg, scene.aabb, scene.background)
+    model.load_state_dict(torch.load(args["state"], map_location="cpu", weights_only=False))
+    out = {"rss_before_mb": status_mb("VmRSS")}
+    if args["mode"] == "render":
+        model.eval()
+        rows = []
+        for v in args["views"]:
+            t = time.perf_counter()
+            r = render_image(model, scene, v, args["chunk"], torch.device("cpu"))
+            dt = time.perf_counter() - t
+            rows.append({"view": v, "seconds": dt, "psnr": psnr(r["rgb"], scene.images[v]),
+                         "ssim": ssim(r["rgb"], scene.images[v]), "num_samples": r["num_samples"]})
+        out["rows"] = rows
+    else:
+        try:
+            from distnerf.components.optim import build_optimizer
+        except ImportError:  # the baseline's checkout (bb24e52) has it in engine/
+            from distnerf.engine.optim import build_optimizer
+        model.train()
+        opt = build_optimizer(model, {"lr": 1e-3, "fused": True, "eps": 1e-15})
+        g = torch.Generator().manual_seed(0)
+        times = []
+        warmup = args.get("warmup", 2)
+        for it in range(args["steps"] + warmup):
+            n = args["rays"]
+            idx = torch.randint(0, len(scene.images), (n,), generator=g)
+            u = torch.randint(0, scene.width, (n,), generator=g)
+            v = torch.randint(0, scene.height, (n,), generator=g)
+            rays = generate_rays(scene.cameras, idx, u, v, scene.near, scene.far, scene.ndc)
+            target = scene.images[idx, v, u]
+            jitter = torch.Generator().manual_seed(it)
+            t = time.perf_counter()
+            o = model(rays, jitter)
+            ((o["rgb"] - target) ** 2).mean(dim=-1).sum().div(n).backward()
+            model.add_regularizer_grads_()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            times.append(time.perf_counter() - t)
+        out["rays_per_s"] = args["rays"] / statistics.median(times[warmup:])
+        out["steps_s"] = times
+        out["samples_per_ray"] = o["num_samples"] / args["rays"]
     try:
-        import dataclasses
-        from distnerf.schema import GridModelConfig
-        known = {f.name for f in dataclasses.fields(GridModelConfig)} | {"name"}
-        cfg = {k: v for k, v in cfg.items() if k in known}
-    except ImportError:
-        for k in ("termination", "eval_round_steps", "sparse_grad"):
-            cfg.pop(k, None)
-split = "test" if args["mode"] == "render" else "train"
-scene = load_scene(args["dataset"], split)
-model = build_model(cfg, scene.aabb, scene.background)
-model.load_state_dict(torch.load(args["state"], map_location="cpu", weights_only=False))
-out = {}
-def _rss_mb():
-    rss = [ln for ln in open("/proc/self/status") if ln.startswith("VmRSS:")]
-    return int(rss[0].split()[1]) / 1024 if rss else float("nan")
-out["rss_before_mb"] = _rss_mb()
-if args["mode"] == "render":
-    model.eval()
-    rows = []
-    for v in args["views"]:
-        t = time.perf_counter()
-        r = render_image(model, scene, v, args["chunk"], torch.device("cpu"))
-        dt = time.perf_counter() - t
-        rows.append({"view": v, "seconds": dt, "psnr": psnr(r["rgb"], scene.images[v]),
-                     "ssim": ssim(r["rgb"], scene.images[v]), "num_samples": r["num_samples"]})
-    out["rows"] = rows
-else:
-    try:
-        from distnerf.components.optim import build_optimizer
-    except ImportError:  # the baseline's checkout (bb24e52) has it in engine/
-        from distnerf.engine.optim import build_optimizer
-    model.train()
-    opt = build_optimizer(model, {"lr": 1e-3, "fused": True, "eps": 1e-15})
-    g = torch.Generator().manual_seed(0)
-    times = []
-    warmup = args.get("warmup", 2)
-    for it in range(args["steps"] + warmup):
-        n = args["rays"]
-        idx = torch.randint(0, len(scene.images), (n,), generator=g)
-        u = torch.randint(0, scene.width, (n,), generator=g)
-        v = torch.randint(0, scene.height, (n,), generator=g)
-        rays = generate_rays(scene.cameras, idx, u, v, scene.near, scene.far, scene.ndc)
-        target = scene.images[idx, v, u]
-        jitter = torch.Generator().manual_seed(it)
-        t = time.perf_counter()
-        o = model(rays, jitter)
-        ((o["rgb"] - target) ** 2).mean(dim=-1).sum().div(n).backward()
-        model.add_regularizer_grads_()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        times.append(time.perf_counter() - t)
-    out["rays_per_s"] = args["rays"] / statistics.median(times[warmup:])
-    out["steps_s"] = times
-    out["samples_per_ray"] = o["num_samples"] / args["rays"]
-# VmHWM, not ru_maxrss: Linux keeps ru_maxrss across exec, so a child would report its parent's peak
-hwm = [ln for ln in open("/proc/self/status") if ln.startswith("VmHWM:")]
-out["peak_rss_mb"] = int(hwm[0].split()[1]) / 1024 if hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-print("RESULT " + json.dumps(out))
-'''
+        out["peak_rss_mb"] = status_mb("VmHWM")
+    except IndexError:  # no VmHWM line: ru_maxrss (which survives exec)
+        out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print("RESULT " + json.dumps(out))
 
 
 def run_worker(cwd: Path, args: dict) -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": str(args["threads"]), "PYTHONPATH": str(cwd)}
-    proc = subprocess.run([sys.executable, "-c", WORKER, json.dumps(args)], cwd=cwd, env=env,
-                          capture_output=True, text=True)
+    """:func:`worker` in a fresh process for the checkout ``cwd`` (this one or the baseline's worktree).
+    ``python -P`` leaves the cwd off ``sys.path``; ``PYTHONPATH`` puts the checkout's ``distnerf`` first and
+    this checkout's ``bench`` after it (an older checkout's ``bench/`` has no ``__init__.py``: a namespace
+    folder, which a regular package later on the path wins over)."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(args["threads"]), "PYTHONPATH": os.pathsep.join([str(cwd), str(ROOT)])}
+    proc = subprocess.run([sys.executable, "-P", "-m", "bench.throughput.engine", "worker", json.dumps(args)],
+                          cwd=cwd, env=env, capture_output=True, text=True)
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     if proc.returncode != 0 or not line:
         raise RuntimeError(f"worker in {cwd} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -155,7 +155,8 @@ def summarise(rows: list[dict], pixels: int) -> dict:
                ("num_samples", "num_density_samples", "num_colour_samples") if k in rows[0]}}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("run_dir", type=Path)
     ap.add_argument("--baseline", default="bb24e52")
@@ -169,8 +170,10 @@ def main() -> None:
                     help="overrides of the run's config (e.g. eval.chunk=16384 model.eval_round_steps=96): "
                          "settings measured against the run's own")
     ap.add_argument("--out", type=Path, default=None,
-                    help="result JSON (default bench/results/RUN_NAME/bench_engine.json)")
-    args = ap.parse_args()
+                    help="result JSON (default bench/throughput/results/RUN_NAME/bench_engine.json)")
+    if argv[:1] == ["worker"]:
+        return worker(json.loads(argv[1]))
+    args = ap.parse_args(argv)
     meta = start_meta()
     parts = set(args.parts.split(","))
 
@@ -289,7 +292,7 @@ def main() -> None:
             print(f"train {res_n}^3: new {med['new']:.0f} rays/s, old {med['old']:.0f} rays/s "
                   f"(medians of {args.repeats})", flush=True)
     report["load_after"] = os.getloadavg()
-    out = args.out or default_out(f"{Path(run_dir).name}/bench_engine.json")
+    out = args.out or default_out(__file__, f"{Path(run_dir).name}/bench_engine.json")
     write_result(out, report, meta)
     print(json.dumps({k: v for k, v in report.items() if k in ("new", "exact", "old", "psnr_new_minus_exact",
                                                                 "old_over_new_seconds_same_views", "memory")},

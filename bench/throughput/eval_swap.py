@@ -1,10 +1,10 @@
 """Evaluation speed of a change to a few modules, measured in one process (BENCHMARKS.md, lego budget).
 
-    python tools/bench_eval_swap.py RUN_DIR --baseline REV --modules distnerf/renderer/packed.py ...
-        [--views 8] [--threads 2] [--out bench/results/RUN_NAME/bench_eval_swap.json]
+    python -m bench.throughput.eval_swap RUN_DIR --baseline REV --modules distnerf/renderer/packed.py ...
+        [--views 8] [--threads 2] [--out bench/throughput/results/RUN_NAME/bench_eval_swap.json]
 
 This machine's speed differs between processes by more than a small change does (fresh workers of
-one commit measured 0.80 to 1.16 s per lego view), so ``bench_engine.py``'s comparisons between
+one commit measured 0.80 to 1.16 s per lego view), so ``bench/throughput/engine.py``'s comparisons between
 processes cannot resolve a few percent. Here both versions run in the same process: the listed
 modules' source at ``REV`` (``git show``) is loaded beside the checkout's, and for the baseline's
 turns every reference in the ``distnerf`` package to one of their top-level functions (the module's
@@ -29,11 +29,8 @@ import time
 import types
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tools"))
 
-from bench_common import default_out, start_meta, write_result  # noqa: E402
+from bench.common import ROOT, default_out, start_meta, write_result
 
 
 def load_baseline_module(path: str, rev: str) -> tuple[types.ModuleType, types.ModuleType]:
@@ -146,7 +143,7 @@ def main() -> None:
               - statistics.mean(r["psnr"] for r in rows["baseline"])}
     print(f"checkout {med['checkout']:.3f} s/view, {args.baseline} {med['baseline']:.3f} s/view: "
           f"{report['baseline_over_checkout']:.3f}x ({swapped} references to {len(table)} functions swapped)")
-    write_result(args.out or default_out(f"{Path(run_dir).name}/bench_eval_swap.json"), report, meta)
+    write_result(args.out or default_out(__file__, f"{Path(run_dir).name}/bench_eval_swap.json"), report, meta)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Occupancy refresh of the grid model, both paths in one process (BENCHMARKS.md, lego budget).
 
-    python tools/bench_occupancy.py [--resolutions 64 128 160] [--repeats 15] [--threads 2]
-        [--out bench/results/occupancy_refresh/bench_occupancy.json]
+    python -m bench.throughput.occupancy [--resolutions 64 128 160] [--repeats 15] [--threads 2]
+        [--out bench/throughput/results/occupancy_refresh/bench_occupancy.json]
 
 ``GridModel.update_occupancy`` on a bounded field compares the raw density table against the raw
 value of the opacity threshold (``GridModel.raw_threshold``) and ORs each voxel's 8 corners; the
@@ -24,12 +24,9 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tools"))
 
-from bench_common import default_out, start_meta, write_result  # noqa: E402
-from distnerf.model.grid import GridModel  # noqa: E402
+from bench.common import default_out, start_meta, write_result
+from distnerf.model.grid import GridModel
 
 
 def lego_like_table(model: GridModel, seed: int = 0) -> None:
@@ -65,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resolutions", type=int, nargs="+", default=[64, 128, 160])
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", type=Path, default=default_out("occupancy_refresh") / "bench_occupancy.json")
+    parser.add_argument("--out", type=Path, default=default_out(__file__, "occupancy_refresh") / "bench_occupancy.json")
     args = parser.parse_args(argv)
     meta = start_meta()
     torch.set_num_threads(args.threads)

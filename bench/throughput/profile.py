@@ -1,8 +1,8 @@
 """Profiling benchmarks: instrumentation overhead, trace sizes, reports of 2-rank runs.
 
-    python tools/bench_profile.py overhead --repeats 5 --steps 120
-    python tools/bench_profile.py paired --steps 600       # on/off drawn step by step within one run
-    python tools/bench_profile.py runs --steps 60          # 2-rank ddp and ss lego runs with profiler=trace
+    python -m bench.throughput.profile overhead --repeats 5 --steps 120
+    python -m bench.throughput.profile paired --steps 600       # on/off drawn step by step within one run
+    python -m bench.throughput.profile runs --steps 60          # 2-rank ddp and ss lego runs with profiler=trace
 
 ``overhead``: (1) in process, the cost of one step's instrumentation (begin_step, the
 ten phases, end_step with its figures) against the same calls with the breakdown
@@ -17,7 +17,7 @@ medians (run-to-run noise).
 ``profiler=trace`` (default schedule); prints the trace size per rank and runs
 ``python -m distnerf.profile report`` on each (Markdown to stdout).
 
-Each part writes its figures as JSON to ``--out`` (default ``bench/results/profile_PART.json``;
+Each part writes its figures as JSON to ``--out`` (default ``bench/throughput/results/profile_PART.json``;
 ``runs`` embeds each run's ``profile/report.json``) with a ``meta`` block (command, date, git
 commit, load before/after).
 """
@@ -36,8 +36,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from bench_common import default_out, start_meta, write_result
-from distnerf.observe.logger import read_metrics_log  # noqa: E402
+from bench.common import default_out, start_meta, write_result
+from distnerf.observe.logger import read_metrics_log
 
 LEGO = "../shared/data/nerf_synthetic_half/lego"
 COMMON = ["train.progress=false", "train.ckpt_every=-1", "logger.wandb.mode=disabled"]
@@ -59,7 +59,6 @@ def step_times(run_dir: Path) -> list[float]:
 
 def micro(iterations: int) -> dict:
     """Per-step cost (us) of the instrumentation calls, enabled vs disabled."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from distnerf.observe.breakdown import PHASES, StepProfiler
     from distnerf.schema import ProfilerConfig
 
@@ -112,7 +111,6 @@ def paired(args) -> dict:
     (seeded coin before every step) to the breakdown enabled or disabled: both arms share the
     machine's load. Step times come from the trainer's own ``train_seconds`` (logged
     every step, independent of the breakdown)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
     from hydra import compose, initialize_config_dir
@@ -206,13 +204,13 @@ def main() -> None:
     r.add_argument("--rays", type=int, default=4096)
     r.add_argument("--run-root", default="runs/bench_profile", help="where the two runs are written")
     for sp in (o, pr, r):
-        sp.add_argument("--out", type=Path, default=None, help="result JSON (default bench/results/profile_PART.json)")
+        sp.add_argument("--out", type=Path, default=None, help="result JSON (default bench/throughput/results/profile_PART.json)")
     args = parser.parse_args()
     meta = start_meta()
     print(f"uptime: {os.popen('uptime').read().strip()}", flush=True)
     report = {"overhead": overhead, "paired": paired, "runs": runs}[args.command](args)
     print(f"uptime: {os.popen('uptime').read().strip()}", flush=True)
-    write_result(args.out or default_out(f"profile_{args.command}.json"), report, meta)
+    write_result(args.out or default_out(__file__, f"profile_{args.command}.json"), report, meta)
 
 
 if __name__ == "__main__":

@@ -1,20 +1,20 @@
 """Input-pipeline benchmark: sync vs pipelined vs device samplers, side by side.
 
     # lego and fern, 2 ranks (the issue's comparison), medians over steps after warm-up
-    python tools/bench_sampler.py compare alone --dataset lego fern --nproc 2 --num-workers 1 --steps 40 \
+    python -m bench.throughput.sampler compare alone --dataset lego fern --nproc 2 --num-workers 1 --steps 40 \
         --warmup 8 --repeats 2
     # stall-bound regime on a 2-core machine: one rank, one compute thread, one worker; every
     # batch decodes the images it draws from (sampler.source=files, 4 images per step), a cheap
     # model step (16^3 grid, few samples)
-    python tools/bench_sampler.py compare alone --dataset lego --samplers sync pipelined --nproc 1 \
+    python -m bench.throughput.sampler compare alone --dataset lego --samplers sync pipelined --nproc 1 \
         --threads 1 --num-workers 1 --global-rays 16384 --steps 30 --warmup 6 --repeats 3 \
         --extra "model.resolutions=[16]" "model.upsample_steps=[]" model.step_ratio=4 model.tv_weight=0 \
         sampler.source=files sampler.policy=per_image sampler.images_per_step=4
     # memory over 10,000 batches; the pixel cache's build and reuse
-    python tools/bench_sampler.py memory --dataset lego --memory-batches 10000
-    python tools/bench_sampler.py cache --dataset lego
+    python -m bench.throughput.sampler memory --dataset lego --memory-batches 10000
+    python -m bench.throughput.sampler cache --dataset lego
     # smoke (seconds)
-    python tools/bench_sampler.py all --dataset synthetic --steps 6 --warmup 2 --memory-batches 50
+    python -m bench.throughput.sampler all --dataset synthetic --steps 6 --warmup 2 --memory-batches 50
 
 Parts (any subset, in this order, in one process):
 
@@ -39,7 +39,7 @@ shared memory (``/proc/PID/status`` VmRSS, RssShmem) of the trainer process and 
 workers, sampled ten times.
 
 Results print as JSON lines and go to ``--out`` (default
-``bench/results/sampler_PARTS_DATASETS.json``) as ``{"meta": ..., "rows": [...]}``, the meta block
+``bench/throughput/results/sampler_PARTS_DATASETS.json``) as ``{"meta": ..., "rows": [...]}``, the meta block
 holding the command, date, git commit and load before/after.
 
 Cores limit every figure: the pipelined sampler only hides sampling time S when its
@@ -69,8 +69,8 @@ import time
 from pathlib import Path
 
 import torch
-from bench_common import default_out, start_meta, write_result
-from distnerf.observe.logger import read_metrics_log  # noqa: E402
+from bench.common import ROOT, default_out, start_meta, write_result
+from distnerf.observe.logger import read_metrics_log
 
 DATASETS = {
     "lego": ["dataset=blender", "dataset.root=../shared/data/nerf_synthetic_half/lego"],
@@ -271,20 +271,18 @@ def memory(args) -> dict:
 
 
 # ----------------------------------------------------------------------------- cache
-CACHE_PROBE = """
-import json, resource, sys, time
-sys.path.insert(0, {repo!r})
-from bench_sampler import load
-import argparse
-args = argparse.Namespace(dataset={dataset!r}, extra={extra!r})
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-start = time.perf_counter()
-scene = load(args)
-seconds = time.perf_counter() - start
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-print(json.dumps({{"seconds": seconds, "peak_rss_above_imports_mib": peak - base,
-                  "pixels_mib": scene.images.numel() * 4 / 2**20}}))
-"""
+def cache_probe(dataset: str, extra: list[str]) -> None:
+    """A fresh process (``python -m bench.throughput.sampler cache-probe DATASET [OVERRIDE...]``): load the
+    train split as :func:`load` does; prints one JSON line: seconds and peak RSS above the imports (MiB)."""
+    import resource
+
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    start = time.perf_counter()
+    scene = load(argparse.Namespace(dataset=dataset, extra=extra))
+    seconds = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"seconds": seconds, "peak_rss_above_imports_mib": peak - base,
+                      "pixels_mib": scene.images.numel() * 4 / 2**20}))
 
 
 def cache(args) -> dict:
@@ -295,8 +293,8 @@ def cache(args) -> dict:
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         for how, extra in (("ram", []), ("build", [f"sampler.cache_dir={tmp}"]), ("reuse", [f"sampler.cache_dir={tmp}"])):
-            code = CACHE_PROBE.format(repo=str(Path(__file__).parent), dataset=args.dataset, extra=extra)
-            proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+            proc = subprocess.run([sys.executable, "-m", "bench.throughput.sampler", "cache-probe", args.dataset, *extra],
+                                  capture_output=True, text=True, cwd=ROOT,
                                   env={**os.environ, "OMP_NUM_THREADS": str(args.threads)})
             if proc.returncode:
                 raise SystemExit(f"cache probe ({how}) failed:\n{proc.stderr[-4000:]}")
@@ -314,7 +312,10 @@ def emit(row: dict) -> None:
     print(json.dumps(row, default=str), flush=True)
 
 
-def main():
+def main(argv: list[str] | None = None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["cache-probe"]:
+        return cache_probe(argv[1], argv[2:])
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("parts", nargs="+", choices=["compare", "alone", "memory", "cache", "all"])
     parser.add_argument("--dataset", nargs="+", default=["lego"], help=f"one or more of {sorted(DATASETS)}, in turn")
@@ -332,10 +333,10 @@ def main():
     parser.add_argument("--device", default="cpu", help="cpu | cuda | auto (the trainer's device=)")
     parser.add_argument("--extra", nargs="*", default=[], help="more Hydra overrides for the trainer runs")
     parser.add_argument("--out", "--json", dest="out", default=None,
-                        help="result JSON (default bench/results/sampler_PARTS_DATASETS.json)")
-    args = parser.parse_args()
+                        help="result JSON (default bench/throughput/results/sampler_PARTS_DATASETS.json)")
+    args = parser.parse_args(argv)
     meta = start_meta()
-    out = args.out or default_out(f"sampler_{'-'.join(args.parts)}_{'-'.join(args.dataset)}.json")
+    out = args.out or default_out(__file__, f"sampler_{'-'.join(args.parts)}_{'-'.join(args.dataset)}.json")
     parts = ["compare", "alone", "memory", "cache"] if "all" in args.parts else args.parts
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"

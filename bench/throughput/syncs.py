@@ -1,7 +1,7 @@
 """Host syncs of one training step, counted on the CPU (:mod:`distnerf.observe.syncs`).
 
-    OMP_NUM_THREADS=1 python tools/bench_syncs.py --label before   # then, after a change:
-    OMP_NUM_THREADS=1 python tools/bench_syncs.py --label after
+    OMP_NUM_THREADS=1 python -m bench.throughput.syncs --label before   # then, after a change:
+    OMP_NUM_THREADS=1 python -m bench.throughput.syncs --label after
 
 For each configuration (``grid``, ``ngp``, ``nerf``, ``ss_independent``: ``strategy=ss
 strategy.num_regions=2``, ``ss_joint``: the same with ``strategy.training=joint``; all
@@ -25,7 +25,7 @@ With ``--sync-free`` the CPU takes the paths a CUDA run takes where a fixed-size
 replaces a size read (:func:`distnerf.host_buffers.sync_free`), so the count is the CUDA one.
 ``grid_160`` is the grid at lego's final size, where the colour tables' sparse rows branch runs.
 
-Results go to ``bench/results/syncs/syncs.json`` under ``--label`` (other labels already
+Results go to ``bench/throughput/results/syncs/syncs.json`` under ``--label`` (other labels already
 in the file are kept), each label with its own meta block (command, date, commit).
 """
 from __future__ import annotations
@@ -39,10 +39,8 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from bench_common import default_out, finish_meta, start_meta, write_result  # noqa: E402
+from bench.common import ROOT, default_out, finish_meta, start_meta, write_result
 
 CONFIGS = {
     "grid": ["model=grid"],
@@ -159,13 +157,13 @@ def main() -> None:
     ap.add_argument("--step", type=int, default=17, help="warm-up steps; the next step is counted")
     ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     ap.add_argument("--note", default=None, help="a remark stored with this label (e.g. the state of the tree)")
-    ap.add_argument("--out", type=Path, default=None, help="default bench/results/syncs/syncs.json")
+    ap.add_argument("--out", type=Path, default=None, help="default bench/throughput/results/syncs/syncs.json")
     ap.add_argument("--sync-free", action="store_true",
                     help="count the paths a CUDA run takes where a fixed-size alternative replaces a size read "
                          "(distnerf.host_buffers.sync_free_paths)")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    out = args.out or default_out("syncs/syncs.json")
+    out = args.out or default_out(__file__, "syncs/syncs.json")
     meta = start_meta()
     report = json.loads(out.read_text()) if out.exists() else {}
     report.pop("meta", None)

@@ -1,6 +1,6 @@
 """Fixed-batch training throughput per model, and NeRF FLOP efficiency.
 
-    python tools/bench_throughput.py --models grid ngp nerf --rays 4096 --repeats 5 \
+    python -m bench.throughput.throughput --models grid ngp nerf --rays 4096 --repeats 5 \
         --root ../shared/data/nerf_synthetic_half/lego [--device cuda] [--flops] [--out PATH]
 
 For each model: forward + backward + Adam step on the same lego ray batches (after
@@ -8,7 +8,7 @@ warm-up steps so that occupancy grids have pruned empty space), reporting the me
 over ``--repeats`` timed steps of rays/s and samples/s. ``--flops`` measures, for
 ``model=nerf``, (a) the MLP alone against ``torch.mm`` at the same shapes and (b) the
 whole training step against a large square matmul, all in one process. Writes JSON to
-``--out`` (default ``bench/results/throughput.json``) with a ``meta`` block (command, date,
+``--out`` (default ``bench/throughput/results/throughput.json``) with a ``meta`` block (command, date,
 git commit, load before/after).
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ import statistics
 import time
 
 import torch
-from bench_common import default_out, start_meta, write_result
+from bench.common import default_out, start_meta, write_result
 from omegaconf import OmegaConf
 
 from distnerf.data import load_scene
@@ -114,7 +114,7 @@ def main():
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--flops", action="store_true")
     parser.add_argument("--out", "--json", dest="out", default=None,
-                        help="result JSON (default bench/results/throughput.json)")
+                        help="result JSON (default bench/throughput/results/throughput.json)")
     args = parser.parse_args()
     meta = start_meta()
     device = torch.device(args.device)
@@ -143,7 +143,7 @@ def main():
         results["models"][name] = row
         print(name, json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()
                                 if k != "step_s_all"}), flush=True)
-    write_result(args.out or default_out("throughput.json"), results, meta)
+    write_result(args.out or default_out(__file__, "throughput.json"), results, meta)
 
 
 if __name__ == "__main__":

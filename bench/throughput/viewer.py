@@ -1,7 +1,7 @@
 """What the live web viewer costs training, and how long a frame takes (issue 27).
 
-    python tools/bench_viewer.py live  [--repeats 2] [--steps 1000] [--out bench/results/viewer/live.json]
-    python tools/bench_viewer.py frame RUN_DIR [--size 400] [--frames 5] [--out bench/results/viewer/frame.json]
+    python -m bench.throughput.viewer live  [--repeats 2] [--steps 1000] [--out bench/throughput/results/viewer/live.json]
+    python -m bench.throughput.viewer frame RUN_DIR [--size 400] [--frames 5] [--out bench/throughput/results/viewer/frame.json]
 
 ``live``: the README main job (``python -m distnerf.train``: the built-in objects scene, 1000 steps,
 1 process), alternately with the viewer off and with ``viewer.enabled=true`` and one client: a
@@ -22,7 +22,7 @@ controller, root) whose CFS quota is F of one core and whose weight is the lowes
 :func:`distnerf.engine.viewer.render_view`), at SIZE x SIZE from the first test camera's pose and
 field of view, FRAMES times after one warm-up; median seconds and rays/s.
 
-Writes JSON with the ``meta`` block of ``bench_common``. Run it alone through ``../shared/tools/quiet``.
+Writes JSON with the ``meta`` block of ``bench.common``. Run it alone through ``../shared/tools/quiet``.
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench_common import ROOT, default_out, start_meta, write_result
+from bench.common import ROOT, default_out, start_meta, write_result
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--use-angle=swiftshader", "--enable-unsafe-swiftshader", "--ignore-gpu-blocklist"]
@@ -211,14 +211,13 @@ def live(args) -> None:
                                        / summary["off"]["loop_rays_per_s_median"])
     print(f"viewer off {summary['off']['loop_rays_per_s_median']:.0f} rays/s, on (one client) "
           f"{summary['on']['loop_rays_per_s_median']:.0f} rays/s: {summary['slowdown_pct']:.1f}% slower")
-    write_result(args.out or default_out("viewer") / "live.json", {"summary": summary, "rows": rows}, meta)
+    write_result(args.out or default_out(__file__, "viewer") / "live.json", {"summary": summary, "rows": rows}, meta)
 
 
 def frame(args) -> None:
     import numpy as np
     import torch
 
-    sys.path.insert(0, str(ROOT))
     from distnerf import dist as D
     from distnerf.data import load_scene
     from distnerf.data.images import undecoded
@@ -247,7 +246,7 @@ def frame(args) -> None:
               "torch_threads": torch.get_num_threads()}
     print(f"{args.size}x{args.size} frame of {args.run_dir} (step {step}): {median:.3f} s median "
           f"({args.size ** 2 / median:,.0f} rays/s) over {args.frames}")
-    write_result(args.out or default_out("viewer") / "frame.json", report, meta)
+    write_result(args.out or default_out(__file__, "viewer") / "frame.json", report, meta)
 
 
 def main() -> None:
