@@ -1,5 +1,5 @@
 """distnerf.observe.syncs counts what it says it counts, and the grid training step's host
-syncs (counted on the CPU, tools/bench_syncs.py) do not rise."""
+syncs (counted on the CPU, bench/throughput/syncs.py) do not rise."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,7 +9,6 @@ import torch
 from distnerf import dist as D
 from distnerf.observe.syncs import SyncCounter, classify
 from distnerf.renderer.packed import PackedSamples
-from tests.conftest import load_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 aten = torch.ops.aten
@@ -91,12 +90,14 @@ def test_device_to_host_copies_are_classified():
 
 
 def _bench_syncs():
-    return load_tool("bench_syncs")
+    from bench.throughput import syncs
+
+    return syncs
 
 
 def test_grid_training_step_host_syncs_do_not_rise(tmp_path):
     """The smoke grid model (past its upsampling at step 10) on one CPU process, as
-    ``python tools/bench_syncs.py --configs grid`` counts it."""
+    ``python bench/throughput/syncs.py --configs grid`` counts it."""
     bench = _bench_syncs()
     # one marching pass per training ray (model.train_round_steps=0, the default): rounds (opt-in) read the
     # march's sizes once per round (3 more per round; they save the density behind each ray's cut)
