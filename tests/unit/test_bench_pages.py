@@ -55,3 +55,21 @@ def test_every_results_folder_is_cited_by_a_page():
         if not any(rel in t or (p.parent == folder.parent.parent and local in t) for p, t in texts.items()):
             uncited.append(rel)
     assert not uncited
+
+
+def test_every_result_file_records_its_command_and_commit():
+    """Each JSON / JSONL file of a results folder has a meta block (its own ``meta`` key or a ``meta.json``
+    entry listing it) naming the command and the commit that wrote it."""
+    from bench.tablekit import Results
+
+    res = Results(REPO / "bench")
+    files = [f for f in (REPO / "bench").glob("*/results/*/**/*")
+             if f.suffix in (".json", ".jsonl") and f.name != "meta.json" and f.is_file()]
+    assert len(files) >= 100
+    lacking = []
+    for f in files:
+        folder = next(p for p in f.parents if p.parent.name == "results")
+        meta = res.meta(f"{folder.name}/{f.relative_to(folder).as_posix()}")
+        if not (meta.get("command") and meta.get("git_commit")):
+            lacking.append(f.relative_to(REPO).as_posix())
+    assert not lacking
