@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import tables as bench_tables
+from bench import tables as driver
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,10 +45,10 @@ def test_check_fails_until_regenerated_then_passes(tmp_path, capsys):
     results, doc = tmp_path / "bench", tmp_path / "BENCHMARKS.md"
     _memory_result(results)
     doc.write_text(DOC)
-    assert bench_tables.main(_args(doc, results, "--check")) == 1
+    assert driver.main(_args(doc, results, "--check")) == 1
     assert doc.read_text() == DOC  # --check never writes
-    assert bench_tables.main(_args(doc, results)) == 0
-    assert bench_tables.main(_args(doc, results, "--check")) == 0
+    assert driver.main(_args(doc, results)) == 0
+    assert driver.main(_args(doc, results, "--check")) == 0
     text = doc.read_text()
     assert "| stale | table |" not in text
     assert "| 8192 | 1000 MB | 800 MB | 200 MB | 1.50 s |" in text
@@ -58,17 +58,17 @@ def test_check_fails_until_regenerated_then_passes(tmp_path, capsys):
     before, after = DOC.split("<!-- table:memory -->\n| stale")[0], DOC.split("<!-- /table:memory -->")[1]
     assert text.startswith(before) and text.endswith(after)  # prose outside the markers unchanged
     # regenerating again is a no-op
-    assert bench_tables.regenerate(text, results) == text
+    assert driver.regenerate(text, results) == text
 
 
 def test_check_fails_when_the_json_changes(tmp_path):
     results, doc = tmp_path / "bench", tmp_path / "BENCHMARKS.md"
     _memory_result(results)
     doc.write_text(DOC)
-    bench_tables.main(_args(doc, results))
+    driver.main(_args(doc, results))
     _memory_result(results, peak=1100.0)
-    assert bench_tables.main(_args(doc, results, "--check")) == 1
-    bench_tables.main(_args(doc, results))
+    assert driver.main(_args(doc, results, "--check")) == 1
+    driver.main(_args(doc, results))
     assert "| 8192 | 1100 MB | 800 MB | 300 MB |" in doc.read_text()
 
 
@@ -76,12 +76,12 @@ def test_meta_json_entry_when_the_file_has_no_meta(tmp_path):
     results, doc = tmp_path / "bench", tmp_path / "BENCHMARKS.md"
     _memory_result(results, meta=False)
     doc.write_text(DOC)
-    assert bench_tables.main(_args(doc, results)) == 2  # no meta anywhere: an error
+    assert driver.main(_args(doc, results)) == 2  # no meta anywhere: an error
     quiet = {"load_before": 0.3, "load_after": 1.2, "at": "2026-01-03T00:00:00Z"}
     (results / "memory" / "results" / "lego_1p" / "meta.json").write_text(json.dumps({"runs": [
         {"files": ["bench_engine_memory.json"], "command": "quiet -- python -m bench.throughput.engine",
          "date": "2026-01-03", "git_commit": None, "load_before": 0.3, "load_after": 1.2, "quiet": quiet}]}))
-    assert bench_tables.main(_args(doc, results)) == 0
+    assert driver.main(_args(doc, results)) == 0
     text = doc.read_text()
     assert "load 0.30 before, 1.20 after (1-minute average, from ../shared/tools/quiet)" in text
     assert "commit not recorded" in text
@@ -97,11 +97,11 @@ def test_errors(tmp_path, capsys, doc, message):
     results, path = tmp_path / "bench", tmp_path / "BENCHMARKS.md"
     _memory_result(results)
     path.write_text(doc)
-    assert bench_tables.main(_args(path, results, "--check")) == 2
+    assert driver.main(_args(path, results, "--check")) == 2
     assert message in capsys.readouterr().err
 
 
 def test_repository_benchmarks_match_their_json():
     """Every page's tables (BENCHMARKS.md, bench/**/README.md) are what bench/<question>/results gives
     (python -m bench.tables regenerates them)."""
-    assert bench_tables.main(["--check"]) == 0
+    assert driver.main(["--check"]) == 0

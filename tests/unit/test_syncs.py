@@ -123,6 +123,6 @@ def test_grid_training_step_host_syncs_do_not_rise(tmp_path):
     assert refresh["model"] <= 4, refresh["by_location"]
     # 2026-12-04: the trainer 0 (issue 26 item 8): every ray is valid (no ray filter), so the valid count is
     # the batch size, and the non-finite-loss flag is read a step late from a host buffer (engine/late_flag.py);
-    # a lent H200's sync-debug mode found the same places as this counter (BENCHMARKS section 1)
+    # a lent H200's sync-debug mode found the same places as this counter (bench/gpu/README.md)
     assert step["trainer"] == 0 and refresh["trainer"] == 0, (step["by_location"], refresh["by_location"])
     assert step["total"] <= 3, step["by_location"]
