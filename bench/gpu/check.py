@@ -7,7 +7,8 @@ left (a run directory, a report, a junit file, an exit status) into that section
 ``$GC_SECT``, and ``merge`` gathers the sections into ``OUT/summary.json``. Every section records
 ``"status"``: ``"ok"``, ``"failed: why"`` or ``"skipped: why"``, and its numbers. ``sync_debug`` trains a
 few steps itself (``$GC_RUNS/sync_MODEL``). Two subcommands serve the script's set-up: ``versions`` (the
-wheels ``--prepare`` downloads, pinned) and ``cuda_available`` (prints 1 or 0).
+wheels ``--prepare`` downloads, pinned) and ``cuda_available`` (prints 1 or 0); ``hta_trace DIR``
+(the overlap of one trace folder) serves ``bench/gpu/profile_gpu.sh``.
 """
 from __future__ import annotations
 
@@ -321,6 +322,14 @@ def versions() -> None:
             print(f"{name}=={known}")
 
 
+def hta_trace(traces: str) -> None:
+    """Print HolisticTraceAnalysis's communication/computation overlap of rank 0's trace in the folder
+    ``traces`` (``rank_0.*.json.gz``, as ``profiler=trace`` writes). Raises StopIteration when there is none."""
+    from distnerf.observe.traces import hta_overlap
+
+    print(hta_overlap({0: next(Path(traces).glob("rank_0.*.json.gz"))}))
+
+
 def cuda_available() -> None:
     import torch
 
@@ -334,6 +343,8 @@ def main(argv: list[str] | None = None) -> None:
         versions()
     elif cmd == "cuda_available":
         cuda_available()
+    elif cmd == "hta_trace":
+        hta_trace(args[0])
     elif cmd == "env":
         env_section(args[0])
     elif cmd == "tests":

@@ -30,8 +30,7 @@ python -m bench.common meta "$RES" --started "$started" --wall-s "$wall" --load-
 timeout 120 $TR $COMMON run_dir="$OUT/fixture" train.max_steps=8 profiler=trace profiler.trace.wait=4 \
   profiler.trace.warmup=1 profiler.trace.active=1 profiler.trace.record_shapes=false \
   profiler.trace.profile_memory=false profiler.telemetry=false
-python -c "import sys; from pathlib import Path; from distnerf.observe.traces import hta_overlap
-print(hta_overlap({0: next(Path(sys.argv[1]).glob('rank_0.*.json.gz'))}))" "$OUT/fixture/profile/traces" || true
+python -m bench.gpu.check hta_trace "$OUT/fixture/profile/traces" || true
 if command -v nsys >/dev/null; then
   timeout 120 nsys profile -t cuda,nvtx,osrt -o "$OUT/nsys_ddp1" $TR $COMMON run_dir="$OUT/nsys" \
     train.max_steps=100 profiler.nvtx=true
