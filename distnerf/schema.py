@@ -151,8 +151,8 @@ class MarchedModelConfig(ModelConfig):
     # with train_round_steps 0: a training render first finds each ray's termination point by a no-grad density
     # pass over every marched sample and renders only the samples in front of it (true), or renders every marched
     # sample with gradients (false). In 29 of 32 committed training logs the cut kept a median of 94-100 % of the
-    # marched samples (at least 79 %), so its pass was mostly a second evaluation of every density (BENCHMARKS
-    # section 0, "A faster step"); evaluation always cuts
+    # marched samples (at least 79 %), so its pass was mostly a second evaluation of every density (bench/throughput/README.md,
+    # "A faster step"); evaluation always cuts
     train_termination: bool = False
     distortion_loss_weight: float = bounded(0.0, 0)  # mip-NeRF 360's distortion loss (Eq. 15) on the weights; 0: off
     contraction: str = choice("none", "mipnerf360")  # mipnerf360: unbounded, the box is the unit region (infinity-norm contraction)
@@ -368,11 +368,11 @@ class EvalConfig:
     enabled: bool = True
     num_views: Optional[int] = None     # null: every test view; N: N evenly spaced views
     downscale: int = positive(1)
-    chunk: int = positive(16384)        # rays rendered at once (16384: 1.07x faster than 8192 on lego, BENCHMARKS §0)
+    chunk: int = positive(16384)        # rays rendered at once (16384: 1.07x faster than 8192 on lego, bench/quality/README.md)
     # points per network call of no-grad evaluation (nerf: every MLP call; 0: no limit). The 8x256
     # NeRF MLP holds 2-3 (P, 256) fp32 activations at once, ~3.6 kB per point measured: 262144 points
     # ~1 GB, whereas eval.chunk=65536 rays x 192 fine samples = 12.6 M points at once would be ~43 GiB
-    # (one 256x256 view: peak RSS 1.9 GiB with the default; tools/bench_eval_memory.py)
+    # (one 256x256 view: peak RSS 1.9 GiB with the default; bench/memory/eval_memory.py)
     point_chunk: int = bounded(262144, 0)
     lpips: bool = True
     # test views of a model with model.appearance (never indexed by a test id): mean = the mean training
@@ -395,7 +395,7 @@ class ViewerConfig:
     port: int = bounded(7007, 1, 65535)  # HTTP/websocket port (viser); forward it with ssh -L 7007:localhost:7007
     max_render_share: float = bounded(0.08, 0, 1, low_open=True)  # live: rendering takes at most this share of
                                         # wall time (training keeps >= 1 - share; nerfstudio's is 0.15: ours
-                                        # keeps the cost of watching under 10%, BENCHMARKS "viewer")
+                                        # keeps the cost of watching under 10%, bench/throughput/README.md)
     max_resolution: int = positive(512)  # longest image side of a still frame (moving: lower, by render speed)
 
 

@@ -79,16 +79,3 @@ def synthetic_cache(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("synthetic_cache")
 
 
-def load_tool(name: str):
-    """The module ``tools/NAME.py`` (tools are scripts, not a package; their siblings, e.g.
-    ``bench_common``, are importable once ``tools/`` is on the path)."""
-    import importlib.util
-
-    tools = str(REPO / "tools")
-    if tools not in sys.path:
-        sys.path.insert(0, tools)
-    spec = importlib.util.spec_from_file_location(name, REPO / "tools" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault(name, module)  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module

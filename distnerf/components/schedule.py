@@ -23,7 +23,7 @@ The rule (stated once; ``train`` config, :class:`distnerf.schema.TrainLoopConfig
     sized to that run, and the stable phase does not depend on the run's length). ``s = 0``
     decays over the whole budget, as DVGO (Sun et al., CVPR 2022: 0.1 over its 20k iterations)
     and Plenoxels decay over their run. Measured on the README's lego line at 2 minutes, 25 test
-    views (``bench/results/lego_budget/``): ``s = 0`` 25.06 dB (885 steps), no decay 26.81 dB,
+    views (``bench/quality/results/lego_budget/``): ``s = 0`` 25.06 dB (885 steps), no decay 26.81 dB,
     ``decay = 0.3`` 26.69 dB, ``s = 0.5`` 27.07 dB, ``s = 0.8`` (the default) 27.26 and 27.33 dB
     (two runs); fern at 10 minutes 22.48 dB against 21.65 with ``s = 0``. A grid model learns its
     detail at the full rate, and a decay over a short budget takes that rate away before the last
@@ -32,7 +32,7 @@ The rule (stated once; ``train`` config, :class:`distnerf.schema.TrainLoopConfig
     decay_steps=4000).
   - the grid's stages follow the step (``model.upsample_steps``) by default: a stage must not
     begin before the coarse grid has carved the empty space, and that takes steps, not seconds.
-    Measured (``tools/bench_budget.sh 2 25``, ``bench/results/lego_budget/``): keying the stages to the
+    Measured (``bench/quality/budget.sh 2 25``, ``bench/quality/results/lego_budget/``): keying the stages to the
     budget as well (``train.schedule_steps=1000``: stage ``i`` at step ``upsample_steps[i]`` or at
     ``p >= upsample_steps[i] / schedule_steps``, whichever first; the stage clock
     ``max(step, floor(p * schedule_steps))``) moved lego's first stage to step ~30 of a 2-minute

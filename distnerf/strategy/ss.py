@@ -286,7 +286,7 @@ class SSStrategy(Strategy):
         pairs, so K joint sub-models (one scene, one loss, equal budgets) at the full weight
         would regularise each vertex K times as hard as one model holding their vertices (two
         regions on one process lost 1.7 dB to it on the capacity study's scene, one model 1.0 dB;
-        BENCHMARKS.md section 7). Independent sub-models are models of the whole scene each and
+        bench/scaling/README.md). Independent sub-models are models of the whole scene each and
         keep the weight.
         ``num_images``: rows of its own appearance table (all training images; 0 when a
         checkpoint's table is loaded into it)."""

@@ -8,11 +8,11 @@ Examples::
     python -m distnerf.study list conf/study/characterization.yaml               # the cells and their overrides
     python -m distnerf.study report runs/study_smoke                              # -> runs/study_smoke/report/
     python -m distnerf.study report runs/char --markdown                          # the tables on stdout too
-    python -m distnerf.study report bench/results/study_characterization/report.json --markdown
+    python -m distnerf.study report bench/scaling/results/study_characterization/report.json --markdown
                                     # the Markdown again from a report's JSON (committed without the runs)
-    python -m distnerf.study report bench/results/study_characterization/report.json --html
+    python -m distnerf.study report bench/scaling/results/study_characterization/report.json --html
                                     # ... and its self-contained report.html beside it
-    python -m distnerf.study report bench/results/study_characterization/report.json --rederive
+    python -m distnerf.study report bench/scaling/results/study_characterization/report.json --rederive
                                     # its tables again from the cells' figures it holds (a changed model)
     python -m distnerf.study report runs/study_smoke --wandb offline          # the report into W&B too
 

@@ -1,4 +1,4 @@
-"""``tools/gpu_check.sh --cpu``: the prepared GPU check runs end to end on the CPU (tiny sizes,
+"""``tools/gpu_check.sh --cpu`` (bench/gpu/check.sh, bench/gpu/check.py): the prepared GPU check runs end to end on the CPU (tiny sizes,
 gloo, the built-in scene) and its summary has every section, the GPU-only ones marked
 ``skipped: reason``."""
 from __future__ import annotations
@@ -32,7 +32,7 @@ def test_gpu_check_cpu_mode_writes_every_section(tmp_path):
         status = sec["status"]
         if name in NEED_GPU or name == "cuda_tests":
             assert status.startswith("skipped: ") and len(status) > len("skipped: ") + 5, (name, status)
-        elif name == "sync_counter" and not (REPO / "tools" / "bench_syncs.py").exists():
+        elif name == "sync_counter" and not (REPO / "bench" / "throughput" / "syncs.py").exists():
             assert status.startswith("skipped: "), status
         else:
             assert status == "ok", (name, status, proc.stdout[-3000:])

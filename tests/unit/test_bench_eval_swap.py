@@ -1,16 +1,12 @@
-"""tools/bench_eval_swap.py: the baseline's functions replace every reference in the package, and only
+"""bench/throughput/eval_swap.py: the baseline's functions replace every reference in the package, and only
 for the baseline's turns."""
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
-import bench_eval_swap as S  # noqa: E402
-
-import distnerf.renderer.marching as M  # noqa: E402
-import distnerf.renderer.packed as P  # noqa: E402
+import distnerf.renderer.marching as M
+import distnerf.renderer.packed as P
+from bench.throughput import eval_swap as S
 
 
 def test_swap_points_every_reference_at_the_baseline_and_back():

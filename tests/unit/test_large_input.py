@@ -6,14 +6,16 @@ import os
 import pytest
 import torch
 
-from tests.conftest import LEGO, load_tool
+from tests.conftest import LEGO
 from distnerf.data import load_scene
 from distnerf.data.images import undecoded
 from distnerf.sampler.cache import PixelCache, cached_file
 
 
 def _tool():
-    return load_tool("bench_large_input")
+    from bench.memory import large_input
+
+    return large_input
 
 
 @pytest.mark.skipif(not LEGO.is_dir(), reason="needs ../shared/data (nerf_synthetic_half/lego)")

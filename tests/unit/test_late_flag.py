@@ -14,11 +14,12 @@ from distnerf import dist as D
 from distnerf.engine.late_flag import LateFlag
 from distnerf.engine.trainer import NonFiniteLoss
 from distnerf.observe.syncs import SyncCounter
-from tests.conftest import load_tool
 
 
 def _bench_syncs():
-    return load_tool("bench_syncs")
+    from bench.throughput import syncs
+
+    return syncs
 
 
 def test_swap_hands_out_the_previous_flag_and_take_the_kept_one():

@@ -15,7 +15,6 @@ from distnerf.components.schedule import Clock, lr_factor, stage_step, step_limi
 from distnerf.model.grid import GridModel
 from distnerf.config_check import describe_schedule
 from distnerf.schema import DEFAULT_MAX_STEPS, TrainLoopConfig
-from tests.conftest import load_tool
 
 REPO = Path(__file__).resolve().parents[2]
 AABB = torch.tensor([[-1.0, -1.0, -1.0], [1.0, 1.0, 1.0]])
@@ -124,7 +123,9 @@ def test_cfg_job_shows_the_resolved_schedule():
 
 
 def _bench_syncs():
-    return load_tool("bench_syncs")
+    from bench.throughput import syncs
+
+    return syncs
 
 
 def test_a_resumed_time_budgeted_run_continues_the_uninterrupted_one_bit_exactly(tmp_path):

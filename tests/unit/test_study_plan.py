@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 from distnerf.config_check import ConfigError, section
 from distnerf.schema import StudyConfig
 from distnerf.study import plan, runner, scaling
-from tests.conftest import REPO, load_tool
+from tests.conftest import REPO
 
 
 def study(**kw):
@@ -176,7 +176,7 @@ def test_a_repeat_seed_changes_training_and_the_same_seed_repeats_it(tmp_path):
 
     from distnerf import dist as D
 
-    bench = load_tool("bench_syncs")
+    from bench.throughput import syncs as bench
 
     def train(seed, name):
         trainer, env = bench.build_trainer(["model=grid", f"seed={seed}", "sampler=sync"], tmp_path / name)

@@ -1,5 +1,5 @@
 """distnerf.observe.syncs counts what it says it counts, and the grid training step's host
-syncs (counted on the CPU, tools/bench_syncs.py) do not rise."""
+syncs (counted on the CPU, bench/throughput/syncs.py) do not rise."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,7 +9,6 @@ import torch
 from distnerf import dist as D
 from distnerf.observe.syncs import SyncCounter, classify
 from distnerf.renderer.packed import PackedSamples
-from tests.conftest import load_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 aten = torch.ops.aten
@@ -91,12 +90,14 @@ def test_device_to_host_copies_are_classified():
 
 
 def _bench_syncs():
-    return load_tool("bench_syncs")
+    from bench.throughput import syncs
+
+    return syncs
 
 
 def test_grid_training_step_host_syncs_do_not_rise(tmp_path):
     """The smoke grid model (past its upsampling at step 10) on one CPU process, as
-    ``python tools/bench_syncs.py --configs grid`` counts it."""
+    ``python bench/throughput/syncs.py --configs grid`` counts it."""
     bench = _bench_syncs()
     # one marching pass per training ray (model.train_round_steps=0, the default): rounds (opt-in) read the
     # march's sizes once per round (3 more per round; they save the density behind each ray's cut)
@@ -122,6 +123,6 @@ def test_grid_training_step_host_syncs_do_not_rise(tmp_path):
     assert refresh["model"] <= 4, refresh["by_location"]
     # 2026-12-04: the trainer 0 (issue 26 item 8): every ray is valid (no ray filter), so the valid count is
     # the batch size, and the non-finite-loss flag is read a step late from a host buffer (engine/late_flag.py);
-    # a lent H200's sync-debug mode found the same places as this counter (BENCHMARKS section 1)
+    # a lent H200's sync-debug mode found the same places as this counter (bench/gpu/README.md)
     assert step["trainer"] == 0 and refresh["trainer"] == 0, (step["by_location"], refresh["by_location"])
     assert step["total"] <= 3, step["by_location"]

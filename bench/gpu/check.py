@@ -1,0 +1,377 @@
+"""The sections of the prepared GPU check (``bench/gpu/check.sh``, run through ``tools/gpu_check.sh``).
+
+    python -m bench.gpu.check SUBCOMMAND ARGS...
+
+The shell script runs each section's commands under its time limit; a subcommand here turns what they
+left (a run directory, a report, a junit file, an exit status) into that section's JSON in the folder
+``$GC_SECT``, and ``merge`` gathers the sections into ``OUT/summary.json``. Every section records
+``"status"``: ``"ok"``, ``"failed: why"`` or ``"skipped: why"``, and its numbers. ``sync_debug`` trains a
+few steps itself (``$GC_RUNS/sync_MODEL``). Two subcommands serve the script's set-up: ``versions`` (the
+wheels ``--prepare`` downloads, pinned) and ``cuda_available`` (prints 1 or 0); ``hta_trace DIR``
+(the overlap of one trace folder) serves ``bench/gpu/profile_gpu.sh``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+
+def sections_dir() -> Path:
+    """``$GC_SECT``: where each section's JSON goes (set by the script)."""
+    return Path(os.environ["GC_SECT"])
+
+
+def write(name, body):
+    (sections_dir() / f"{name}.json").write_text(json.dumps(body, indent=1, default=str))
+
+
+def status_of(rc, what="command"):
+    return "ok" if rc == 0 else ("failed: timed out (rc 124)" if rc == 124 else f"failed: {what} exited with {rc}")
+
+
+def env_section(mode):
+    import torch
+    out = {"status": "ok", "mode": mode, "torch": torch.__version__, "cuda_available": torch.cuda.is_available(),
+           "python": sys.version.split()[0], "cpu_count": os.cpu_count()}
+    git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    out["git_commit"] = os.environ.get("GPU_CHECK_COMMIT") or git.stdout.strip() or None
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True)
+    out["git_dirty"] = bool(dirty.stdout.strip()) if dirty.returncode == 0 else None
+    if torch.cuda.is_available():
+        p = torch.cuda.get_device_properties(0)
+        out.update(gpu=p.name, capability=f"{p.major}.{p.minor}", gpu_memory_gib=round(p.total_memory / 2**30, 1),
+                   cuda=torch.version.cuda, nccl=".".join(map(str, torch.cuda.nccl.version())),
+                   cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                             capture_output=True, text=True)
+        out["nvidia_smi"] = smi.stdout.strip() or smi.stderr.strip()
+    elif mode == "gpu":
+        out["status"] = "failed: torch.cuda.is_available() is False on a GPU run (use --cpu)"
+    try:
+        st = os.statvfs("/dev/shm")
+        out["dev_shm_free_mb"] = round(st.f_bavail * st.f_frsize / 2**20, 1)
+    except OSError:
+        out["dev_shm_free_mb"] = None
+    from shutil import which
+    out["nsys"] = which("nsys")
+    try:
+        import hta  # noqa: F401
+        out["hta"] = "importable"
+    except Exception as err:
+        out["hta"] = f"not importable: {err}"
+    write("env", out)
+
+
+def tests_section(junit, rc, seconds, cuda):
+    import xml.etree.ElementTree as ET
+    out = {"seconds": seconds, "rc": rc}
+    try:
+        root = ET.parse(junit).getroot()
+        cases = root.iter("testcase")
+        rows = {"passed": [], "failed": [], "skipped": []}
+        for c in cases:
+            name = f"{c.get('classname')}::{c.get('name')}"
+            if c.find("failure") is not None or c.find("error") is not None:
+                rows["failed"].append(name)
+            elif c.find("skipped") is not None:
+                rows["skipped"].append(f"{name}: {c.find('skipped').get('message')}")
+            else:
+                rows["passed"].append(name)
+        out.update({k: len(v) for k, v in rows.items()}, tests=rows)
+    except (OSError, ET.ParseError) as err:
+        out["status"] = f"failed: no junit report ({err}; pytest rc {rc})"
+        return write("cuda_tests", out)
+    if out["failed"] or rc not in (0, 5):
+        out["status"] = f"failed: {out['failed']} failed (pytest rc {rc})"
+    elif not cuda:
+        out["status"] = (f"skipped: needs CUDA ({out['skipped']} CUDA tests skipped; the {out['passed']} "
+                         f"selected tests that run without CUDA passed)")
+    else:
+        out["status"] = "ok"
+    write("cuda_tests", out)
+
+
+def report_section(name, run, rc, seconds, report_rc):
+    out = {"run_dir": run, "seconds": seconds, "rc": rc, "report_rc": report_rc}
+    rep = Path(run) / "profile" / "report.json"
+    if rc != 0 or report_rc != 0 or not rep.exists():
+        out["status"] = status_of(rc, "training") if rc != 0 else f"failed: report (rc {report_rc}, {rep} exists: {rep.exists()})"
+        return write(name, out)
+    r = json.loads(rep.read_text())
+    overall = r.get("overall", {}).get("keys", {})
+    out.update(status="ok", device=r.get("device"), world_size=r.get("world_size"),
+               backend=(r.get("env") or {}).get("nccl") and "nccl" or "gloo",
+               steps=r.get("overall", {}).get("num_steps"),
+               step_ms_median=1000 * overall.get("step_s", {}).get("median", float("nan")),
+               global_rays_per_s=r.get("global_rays_per_s"), shares=r.get("shares"),
+               input_stall_share=r.get("input_stall_share"), exposed_comm_share=r.get("exposed_comm_share"),
+               cpu_overlap=r.get("cpu_overlap"), collectives=r.get("collectives"), hta=r.get("hta"),
+               telemetry=r.get("telemetry"), telemetry_nvml=r.get("telemetry_nvml"),
+               top_ops={k: v.get("ops", [])[:8] for k, v in (r.get("top_ops") or {}).items()},
+               traces=r.get("traces"), report_md=str(Path(run) / "profile" / "report.md"),
+               # the DDP hook's / joint exchange's CUDA-event figures (NCCL): medians over the steps
+               comm={k: (overall.get(k) or {}).get("median") for k in
+                     ("comm_total_s", "comm_hidden_s", "bus_bandwidth_gbps", "comm_bytes", "exposed_comm",
+                      "exchange_s")})
+    write(name, out)
+
+
+def hta_section():
+    out = {}
+    for name in ("ddp_trace", "ss_trace"):
+        f = sections_dir() / f"{name}.json"
+        sec = json.loads(f.read_text()) if f.exists() else {"status": "failed: no section"}
+        hta = sec.get("hta")
+        if hta is not None and "per_rank" in hta:  # HTA's overlap is 0/0 (NaN) where no communication kernel ran
+            hta = dict(hta, per_rank={r: (None if v != v else v) for r, v in hta["per_rank"].items()})
+            if all(v is None for v in hta["per_rank"].values()):
+                hta["note"] = "no communication kernels in the trace (world size 1): overlap undefined"
+        out[name] = hta if hta is not None else {"skipped": f"no report ({sec.get('status')})"}
+    got = [v for v in out.values() if "per_rank" in v]
+    if got:
+        out["status"] = "ok"
+    else:
+        reasons = sorted({v.get("skipped", "no result") for v in out.values()})
+        out["status"] = "skipped: " + "; ".join(reasons)
+    write("hta_overlap", out)
+
+
+def quality_section(run, rc, seconds, dataset):
+    out = {"run_dir": run, "seconds": seconds, "rc": rc, "dataset": dataset}
+    m = Path(run) / "metrics.json"
+    if rc != 0 or not m.exists():
+        out["status"] = status_of(rc, "training") if rc != 0 else f"failed: no {m}"
+        return write("lego_quality", out)
+    metrics = json.loads(m.read_text())
+    rows = [json.loads(x) for x in (Path(run) / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    train = [r for r in rows if "rays_per_s" in r]
+    out.update(status="ok", step=metrics.get("step"), psnr=metrics.get("psnr"), ssim=metrics.get("ssim"),
+               lpips=metrics.get("lpips"), lpips_reason=metrics.get("lpips_reason"),
+               num_views=metrics.get("protocol", {}).get("num_views"),
+               resolution=metrics.get("protocol", {}).get("resolution"),
+               eval_rays_per_s=metrics.get("eval_rays_per_s"), eval_rays_per_s_median=metrics.get("eval_rays_per_s_median"),
+               eval_seconds=sum(r.get("seconds", 0.0) for r in metrics.get("per_view", [])),
+               train_seconds=train[-1].get("train_seconds") if train else None,
+               train_rays_per_s_median=statistics.median(r["rays_per_s"] for r in train[1:] or train) if train else None)
+    if out["eval_rays_per_s"] is None:
+        out["eval_rays_per_s_note"] = "metrics.json has no eval_rays_per_s (engine/evaluate.py before it was added)"
+    write("lego_quality", out)
+
+
+def path_run(name, run, rc, seconds, what):
+    """One of the user paths (section "paths"): status, steps, PSNR, step time, peak memory."""
+    f = sections_dir() / "paths.json"
+    body = json.loads(f.read_text()) if f.exists() else {"runs": {}}
+    out = {"what": what, "run_dir": run, "rc": rc, "seconds": seconds}
+    m = Path(run) / "metrics.json"
+    from distnerf.observe.logger import final_model_size, read_metrics_log
+
+    rows = read_metrics_log(Path(run))
+    steps = [r for r in rows if "rays_per_s" in r]
+    size = final_model_size(rows) or {}
+    if rc != 0 or not m.exists():
+        out["status"] = status_of(rc, "training") if rc != 0 else f"failed: no {m}"
+    else:
+        metrics = json.loads(m.read_text())
+        out.update(status="ok", psnr=metrics.get("psnr"), steps=steps[-1]["step"] if steps else None,
+                   rays_per_s_median=statistics.median(r["rays_per_s"] for r in steps[1:] or steps) if steps else None,
+                   peak_rss_mb=size.get("peak_rss_mb"), peak_device_memory_mb=size.get("peak_device_memory_mb"),
+                   eval_rays_per_s=metrics.get("eval_rays_per_s"), fusion_timing=metrics.get("fusion_timing"))
+    body["runs"][name] = out
+    bad = [k for k, v in body["runs"].items() if not str(v["status"]).startswith(("ok", "skipped"))]
+    body["status"] = "ok" if not bad else "failed: " + ", ".join(bad)
+    write("paths", body)
+
+
+def path_skipped(name, what, reason):
+    f = sections_dir() / "paths.json"
+    body = json.loads(f.read_text()) if f.exists() else {"runs": {}, "status": "ok"}
+    body["runs"][name] = {"what": what, "status": f"skipped: {reason}"}
+    body.setdefault("status", "ok")
+    write("paths", body)
+
+
+def sync_debug(mode, models, steps, overrides):
+    """A few training steps of each model with torch.cuda.set_sync_debug_mode("warn"): every
+    implicit host sync of a CUDA op warns; the warnings are recorded per step and location."""
+    import torch
+    from hydra import compose, initialize_config_dir
+    from distnerf.engine import trainer as trainer_mod
+    from distnerf.train import run
+
+    cuda = torch.cuda.is_available() and mode == "gpu"
+    out = {"models": {}, "steps": steps, "overrides": overrides}
+    current = {"step": None}
+    original = getattr(trainer_mod.Trainer, "train_step", None)
+    if original is not None:  # tag each warning with the step it came from (None: set-up, evaluation)
+        def tagged(self, step, *a, **k):
+            current["step"] = int(step)
+            return original(self, step, *a, **k)
+        trainer_mod.Trainer.train_step = tagged
+    events = []
+    def record(message, category, filename, lineno, file=None, line=None):
+        if "synchroniz" in str(message):
+            events.append((current["step"], f"{os.path.relpath(filename)}:{lineno}", str(message).splitlines()[0]))
+    conf = str(Path.cwd() / "conf")
+    for model in models:
+        events.clear(); current["step"] = None
+        run_dir = Path(os.environ["GC_RUNS"]) / f"sync_{model}"
+        with initialize_config_dir(config_dir=conf, version_base="1.3"):
+            cfg = compose("train", overrides=[f"model={model}", *overrides, f"train.max_steps={steps}",
+                                               f"run_dir={run_dir}"])
+        t = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = record
+            if cuda:
+                torch.cuda.set_sync_debug_mode("warn")
+            try:
+                run(cfg)
+                err = None
+            except Exception as e:  # recorded, the other models still run
+                err = f"{type(e).__name__}: {e}"
+            finally:
+                if cuda:
+                    torch.cuda.set_sync_debug_mode(0)
+        per_step = {}
+        for step, loc, _ in events:
+            per_step.setdefault(step, []).append(loc)
+        counted = [len(per_step.get(s, [])) for s in range(steps)]
+        by_loc = {}
+        for step, loc, _ in events:
+            key = "set-up/evaluation" if step is None else "steps"
+            by_loc.setdefault(key, {}).setdefault(loc, 0)
+            by_loc[key][loc] += 1
+        steady = counted[min(3, len(counted) - 1):] if counted else []
+        out["models"][model] = {
+            "error": err, "seconds": round(time.perf_counter() - t, 2), "per_step": counted,
+            "per_step_median": statistics.median(steady) if steady else None, "per_step_max": max(steady, default=None),
+            "outside_steps": len(per_step.get(None, [])),
+            "by_location": {k: dict(sorted(v.items(), key=lambda kv: -kv[1])) for k, v in by_loc.items()},
+            "first_messages": sorted({m for _, _, m in events})[:5]}
+    if original is not None:  # the step tag off again: nothing after this section sees it
+        trainer_mod.Trainer.train_step = original
+    errors = [f"{m}: {v['error']}" for m, v in out["models"].items() if v["error"]]
+    if errors:
+        out["status"] = "failed: " + "; ".join(errors)
+    elif not cuda:
+        out["status"] = (f"skipped: torch.cuda.set_sync_debug_mode needs CUDA (the harness ran "
+                         f"{steps} steps of {', '.join(models)} on the CPU; nothing warns there)")
+    else:
+        out["status"] = "ok"
+    write("sync_debug", out)
+
+
+def sync_counter_section(path, rc, seconds):
+    out = {"seconds": seconds, "rc": rc, "file": path}
+    if rc != 0 or not Path(path).exists():
+        out["status"] = status_of(rc, "bench/throughput/syncs.py")
+        return write("sync_counter", out)
+    data = json.loads(Path(path).read_text())
+    label = data.get("gpu_check", {})
+    out["configs"] = {name: {k: c[k]["total"] for k in ("count_step", "refresh_step") if k in c}
+                      for name, c in label.get("configs", {}).items()}
+    out["by_location"] = {name: c["count_step"].get("by_location") for name, c in label.get("configs", {}).items()
+                          if "count_step" in c}
+    out["status"] = "ok"
+    write("sync_counter", out)
+
+
+def nsys_section(rc, seconds, rep, stats_file):
+    out = {"seconds": seconds, "rc": rc, "report": rep}
+    text = Path(stats_file).read_text() if Path(stats_file).exists() else ""
+    out["nvtx_sum_head"] = text.splitlines()[:40]
+    out["status"] = "ok" if rc == 0 and Path(rep).exists() else status_of(rc, "nsys profile")
+    write("nsys", out)
+
+
+def skipped(name, reason):
+    write(name, {"status": f"skipped: {reason}"})
+
+
+def merge(out_dir, mode, order, t0, budget):
+    sections = {}
+    for name in order:
+        f = sections_dir() / f"{name}.json"
+        sections[name] = json.loads(f.read_text()) if f.exists() else {"status": "failed: no result (see log.txt)"}
+    summary = {"mode": mode, "started_unix": t0, "wall_s": round(time.time() - t0, 1), "budget_s": budget,
+               "load_after": [round(x, 2) for x in os.getloadavg()], "sections": sections,
+               "statuses": {k: v.get("status") for k, v in sections.items()}}
+    Path(out_dir, "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    for k, v in summary["statuses"].items():
+        print(f"  {k:13s} {v}")
+    print(f"wrote {Path(out_dir, 'summary.json')} ({summary['wall_s']} s)")
+
+
+def versions() -> None:
+    """The pure-Python wheels the device machine lacks, pinned to this environment's versions (else the
+    versions tested here): one ``name==version`` a line."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    for name, known in (("hydra-core", "1.3.2"), ("omegaconf", "2.3.0"), ("HolisticTraceAnalysis", "0.5.0"),
+                        ("plotly", "6.0.1")):
+        try:
+            print(f"{name}=={version(name)}")
+        except PackageNotFoundError:
+            print(f"{name}=={known}")
+
+
+def hta_trace(traces: str) -> None:
+    """Print HolisticTraceAnalysis's communication/computation overlap of rank 0's trace in the folder
+    ``traces`` (``rank_0.*.json.gz``, as ``profiler=trace`` writes). Raises StopIteration when there is none."""
+    from distnerf.observe.traces import hta_overlap
+
+    print(hta_overlap({0: next(Path(traces).glob("rank_0.*.json.gz"))}))
+
+
+def cuda_available() -> None:
+    import torch
+
+    print(int(torch.cuda.is_available()))
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    cmd, args = argv[0], argv[1:]
+    if cmd == "versions":
+        versions()
+    elif cmd == "cuda_available":
+        cuda_available()
+    elif cmd == "hta_trace":
+        hta_trace(args[0])
+    elif cmd == "env":
+        env_section(args[0])
+    elif cmd == "tests":
+        tests_section(args[0], int(args[1]), float(args[2]), args[3] == "1")
+    elif cmd == "report":
+        report_section(args[0], args[1], int(args[2]), float(args[3]), int(args[4]))
+    elif cmd == "hta":
+        hta_section()
+    elif cmd == "quality":
+        quality_section(args[0], int(args[1]), float(args[2]), args[3])
+    elif cmd == "sync_debug":
+        sync_debug(args[0], args[1].split(), int(args[2]), args[3:])
+    elif cmd == "sync_counter":
+        sync_counter_section(args[0], int(args[1]), float(args[2]))
+    elif cmd == "nsys":
+        nsys_section(int(args[0]), float(args[1]), args[2], args[3])
+    elif cmd == "skipped":
+        skipped(args[0], args[1])
+    elif cmd == "path":
+        path_run(args[0], args[1], int(args[2]), float(args[3]), args[4])
+    elif cmd == "path_skipped":
+        path_skipped(args[0], args[1], args[2])
+    elif cmd == "merge":
+        merge(args[0], args[1], args[2].split(), float(args[3]), float(args[4]))
+    else:
+        raise SystemExit(f"bench.gpu.check: unknown subcommand {cmd!r}")
+
+
+if __name__ == "__main__":
+    main()

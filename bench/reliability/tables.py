@@ -1,0 +1,45 @@
+"""The tables of ``bench/reliability/README.md``, made from ``bench/*/results`` JSON (run ``python -m bench.tables``)."""
+from __future__ import annotations
+
+import statistics
+
+from bench.tablekit import Results, row, header
+
+
+def exits(res: Results) -> list[str]:
+    """bench/reliability/exits.py: consecutive 2-rank torchrun smoke runs, exit status and restarts."""
+    d = res.json("exits/exits.json")
+    walls = sorted(r["wall_s"] for r in d["runs"])
+    out = header("runs", "exit 0, no restart (clean)", "non-zero exits", "restarted by torchrun", "abort text seen",
+                 "wall per run (median)")
+    out.append(row(d["num_runs"], f"**{d['clean_runs']}**", d["nonzero_exits"], d["restarted_runs"],
+                   sum(bool(r["aborts"]) for r in d["runs"]), f"{statistics.median(walls):.0f} s"))
+    ok = d["clean_runs"] == d["num_runs"] and d["num_runs"] >= 30
+    return out + ["", f"Target (30 consecutive clean runs): **{'met' if ok else 'missed'}**."]
+
+
+def soak(res: Results) -> list[str]:
+    """bench/reliability/soak.py: what could leak over a long 2-rank run, after the warm-up."""
+    d = res.json("soak/soak.json")
+    summ = d["summary"]
+    names = {"rank_rss_mb": ("trainer RSS, both ranks", "MB"), "worker_rss_mb": ("sampler workers' RSS, all", "MB"),
+             "agent_rss_mb": ("torchrun agent RSS", "MB"), "rank_fds": ("trainer open fds, both ranks", ""),
+             "worker_fds": ("workers' open fds, all", ""), "shm_files": ("/dev/shm files", ""),
+             "run_dir_mb": ("run directory", "MB")}
+    out = header("series", "first", "last", "range", "change per 1,000 steps")
+    for key, (label, unit) in names.items():
+        v = summ[key]
+        fmt = (lambda x: f"{x:.1f}") if unit else (lambda x: f"{x:.0f}")
+        out.append(row(label + (f" ({unit})" if unit else ""), fmt(v["first"]), fmt(v["last"]),
+                       f"{fmt(v['min'])}..{fmt(v['max'])}", f"{v['slope_per_1000_steps']:+.3f}"))
+    kept = d["checkpoints_kept"]
+    return out + ["", f"{d['steps']} steps (rc {d['rc']}, last logged step {d['last_step']}), a checkpoint every "
+                      f"{d['ckpt_every']} steps ({len(kept)} kept at the end), sampled every {d['interval_s']:.0f} s; "
+                      f"the series above are after step {d['warmup_steps']}, while every rank and worker ran. "
+                      f"/dev/shm files before/after the run: {d['shm_files_before']}/{d['shm_files_after']}."]
+
+
+TABLES = {  # marker name -> the function that makes the table
+    "exits": exits,
+    "soak": soak,
+}
