@@ -103,7 +103,8 @@ def test_cuda_index_binds_local_rank_only_when_that_many_devices_are_visible():
 
 
 def test_a_bucket_found_dense_is_looked_at_again_only_every_sparse_revisit_calls():
-    from distnerf.strategy.ddp import SPARSE_REVISIT, CommStats, HookState
+    from distnerf.strategy.ddp import CommStats, HookState
+    from distnerf.strategy.sparse_exchange import SPARSE_REVISIT
 
     state = HookState(CommStats(), None, sparse_min_numel=10, sparse_max_density=0.25)
     big, small = torch.zeros(100), torch.zeros(5)
