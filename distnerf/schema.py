@@ -393,6 +393,9 @@ class ViewerConfig:
     """The web viewer (``python -m distnerf.view``; ``viewer.enabled=true`` on training: live, rank 0)."""
     enabled: bool = False               # training serves the viewer from rank 0, rendering the current model
     port: int = bounded(7007, 1, 65535)  # HTTP/websocket port (viser); forward it with ssh -L 7007:localhost:7007
+    host: str = "127.0.0.1"             # address served on: loopback only (reach it through ssh -L); another
+                                        # (0.0.0.0: every interface) serves renders and training images to
+                                        # anyone who reaches it, without authentication (logged as a warning)
     max_render_share: float = bounded(0.08, 0, 1, low_open=True)  # live: rendering takes at most this share of
                                         # wall time (training keeps >= 1 - share; nerfstudio's is 0.15: ours
                                         # keeps the cost of watching under 10%, bench/throughput/README.md)

@@ -13,7 +13,7 @@ appears (polled every :data:`POLL_S` s, no restart), and the page shows the step
 PSNR (``RUN/metrics.json``, when training wrote it) and the latest training rays/s
 (``RUN/metrics.jsonl``). A run with no committed checkpoint yet is waited for (the page
 and the log say so). One process; live viewing of a training run is ``viewer.enabled=true``
-on ``distnerf.train`` (:class:`distnerf.engine.viewer.LiveViewer`).
+on ``distnerf.train`` (:class:`distnerf.engine.live_view.LiveViewer`).
 """
 from __future__ import annotations
 
@@ -33,7 +33,9 @@ from .rundir import setup_logging
 from .data import load_scene
 from .data.images import undecoded
 from .engine.runs import load_renderer, load_run_config
-from .engine.viewer import ViewerServer, thumbnail
+from .engine.evaluate import render_image
+from .viewer.frames import thumbnail
+from .viewer.server import ViewerServer
 from .observe.logger import read_metrics_log
 from .config_check import ConfigError
 from .schema import EvalConfig, RenderConfig, TrainConfig, ViewerConfig
@@ -65,7 +67,7 @@ class RunViewer:
 
     Args:
         cfg, run_dir: from :func:`~distnerf.engine.runs.load_run_config` (``viewer.port``,
-            ``viewer.max_resolution``, ``eval.chunk``, ``checkpoint`` are read).
+            ``viewer.host``, ``viewer.max_resolution``, ``eval.chunk``, ``checkpoint`` are read).
         env: this process's :class:`~distnerf.dist.DistEnv` (one process).
     Raises:
         OSError: the port is not available.
@@ -76,7 +78,8 @@ class RunViewer:
         self.scene = load_scene(cfg.dataset, "test", pixels=undecoded)  # frame, box, near/far: no pixels
         lists = []
         train = load_scene(cfg.dataset, "train", pixels=lambda images: (lists.append(images), undecoded(images))[1])
-        self.server = ViewerServer(cfg.viewer.port, self.scene, train.cameras,
+        self.server = ViewerServer(cfg.viewer.port, self.scene, train.cameras, host=cfg.viewer.host,
+                                   render_image=render_image,
                                    thumbnails=(lambda k: thumbnail(lists[0].decode(k))) if lists else None,
                                    max_resolution=cfg.viewer.max_resolution, chunk=cfg.eval.chunk,
                                    point_chunk=cfg.eval.point_chunk, device=env.device)

@@ -174,7 +174,7 @@ class Trainer:
         where a frame needs every rank (``strategy.live_view_collective``), the others follow."""
         if not self.cfg.viewer.enabled or not (self.env.is_main or self.strategy.live_view_collective):
             return None
-        from .viewer import LiveFollower, LiveViewer
+        from .live_view import LiveFollower, LiveViewer
 
         return (LiveViewer if self.env.is_main else LiveFollower)(self.cfg, self.strategy, self.train_scene)
 

@@ -1,4 +1,4 @@
-"""Training strategies: everything distributed lives here (and in ``dist.py``)."""
+"""Training strategies: everything distributed lives here (and in the ``dist`` package)."""
 from __future__ import annotations
 
 from typing import Mapping

@@ -17,32 +17,12 @@ each pair spans the bucket's all-reduce on the GPU timeline. The step breakdown 
 them at its one end-of-step synchronisation (:func:`distnerf.observe.breakdown.gpu_comm_figures`):
 per-bucket durations, communication time, bus bandwidth and the exposed share.
 
-Sparse buckets. A voxel-grid table's gradient touches few rows per step, so a bucket of at
-least ``sparse_min_numel`` entries may travel as (index, value) pairs, in one of two ways
-(``sparse_mode``; ``auto``: ``counted`` on the CPU, ``bounded`` on CUDA):
-
-- ``counted`` (:func:`sparse_allreduce_`): a ``nonzero`` over the bucket and an all-gather of
-  the counts size the pairs exactly; a bucket with more than ``sparse_max_density`` of its
-  entries non-zero falls back to a dense all-reduce and is looked at again only every
-  :data:`SPARSE_REVISIT` steps. Reading the counts is a host synchronisation in the hook (free
-  on the CPU, a stall of the backward on CUDA).
-- ``bounded`` (:func:`bounded_sparse_allreduce_`): no host synchronisation. The forward
-  records how many rows it read of each vertex table (host integers, from shapes:
-  :meth:`~distnerf.model.base.RadianceModel.gradient_entry_bounds`); the step agreement,
-  which already all-reduces host numbers between forward and backward, carries every rank's
-  bounds, so all ranks know the largest (:meth:`DDPStrategy.step_extra`). A bucket's
-  capacity is the sum of its parameters' agreed bounds (a parameter without one counts all its
-  entries); its non-zeros are compacted into that fixed capacity on the device
-  (``torch.nonzero_static``, or a prefix sum and a scatter where it has no kernel) and
-  all-gathered. The capacity holds every non-zero by construction, so the
-  result equals the dense average. The bucket goes sparse when that moves fewer bytes than a
-  ring all-reduce (:func:`sparse_pays`) and the bound is at most ``sparse_max_density`` of
-  the bucket; else dense. An overflow (a bound that does not hold: a bug) is counted on the
-  device and raised on every rank at the next logging step or checkpoint
-  (:meth:`DDPStrategy.check_exchange`). Sparse buckets travel in the gradient's dtype
-  (``compression`` applies to dense buckets). Their logged bytes are each rank's payload; the
-  bus bandwidth the profiler derives counts each bucket in its own collective's convention
-  (:func:`bus_bytes`: all-gather or all-reduce).
+Sparse buckets. A voxel-grid table's gradient touches few rows per step, so a large bucket may
+travel as (index, value) pairs: ``counted`` (exact sizes, a host synchronisation) or ``bounded``
+(a fixed capacity from the forward's agreed bounds, no host synchronisation), chosen by
+``sparse_mode``; the rule and both exchanges are in :mod:`distnerf.strategy.sparse_exchange`.
+Their logged bytes are each rank's payload; the bus bandwidth the profiler derives counts each
+bucket in its own collective's convention (:func:`bus_bytes`: all-gather or all-reduce).
 """
 from __future__ import annotations
 
@@ -55,8 +35,7 @@ from torch.nn.parallel import DistributedDataParallel
 from .. import dist as D
 from ..model.base import RadianceModel
 from .base import Strategy
-
-SPARSE_REVISIT = 50  # steps between two looks at a bucket found too dense for the sparse exchange
+from .sparse_exchange import SparseRule, bounded_sparse_allreduce_, sparse_allreduce_
 
 
 class CommStats:
@@ -110,82 +89,19 @@ class CommStats:
         return out
 
 
-class HookState:
-    """State of the communication hook: statistics, wire dtype and the sparse rule.
+class HookState(SparseRule):
+    """State of the communication hook: statistics, wire dtype, and the sparse rule (:class:`SparseRule`).
 
     Args:
-        sparse_min_numel: buckets at least this large are all-reduced sparsely when
-            at most ``sparse_max_density`` of their entries are non-zero (voxel-grid
-            tables: a step touches few vertices). ``None`` disables it.
+        stats: where the hook records each bucket. wire_dtype: the dtype dense buckets travel in
+            (None: the gradient's own).
+        sparse_min_numel, sparse_max_density, mode: :class:`SparseRule`.
     """
 
     def __init__(self, stats: CommStats, wire_dtype: torch.dtype | None, sparse_min_numel: int | None,
                  sparse_max_density: float, mode: str = "counted"):
+        super().__init__(sparse_min_numel, sparse_max_density, mode)
         self.stats, self.wire_dtype = stats, wire_dtype
-        self.sparse_min_numel, self.sparse_max_density = sparse_min_numel, sparse_max_density
-        self.mode = mode  # counted | bounded (module docstring)
-        #: bounded: id(parameter) -> the largest bound over ranks on its gradient's non-zero
-        #: entries for the step in progress (set by the step agreement; empty: no bound, dense)
-        self.bounds: dict[int, int] = {}
-        self.overflow: torch.Tensor | None = None  # bounded: non-zeros that found no slot (a bug), on the device
-        # per bucket (index, size: DDP rebuilds its buckets after the first step): the hook call
-        # from which a bucket found dense is looked at again, and the calls so far
-        self.dense_until: dict[tuple[int, int], int] = {}
-        self.calls: dict[tuple[int, int], int] = {}
-
-    def try_sparse(self, key: tuple[int, int], buffer: torch.Tensor) -> bool:
-        """Whether to attempt the sparse exchange of bucket ``key`` now (every rank decides
-        the same: the rule depends only on call counts and on the counts all ranks exchanged)."""
-        call = self.calls.get(key, 0)
-        self.calls[key] = call + 1
-        return (self.mode == "counted" and self.sparse_min_numel is not None
-                and buffer.numel() >= self.sparse_min_numel and not buffer.is_cuda
-                and call >= self.dense_until.get(key, 0))
-
-    def capacity(self, bucket, buffer: torch.Tensor, world_size: int, dense_value_bytes: int) -> int | None:
-        """``bounded``: the fixed number of (index, value) slots per rank for this bucket, or None to
-        all-reduce it densely. The same on every rank: it depends on the agreed bounds and sizes only."""
-        if self.mode != "bounded" or self.sparse_min_numel is None or buffer.numel() < self.sparse_min_numel:
-            return None
-        cap = sum(self.bounds.get(id(p), p.numel()) for p in bucket.parameters())
-        if cap > self.sparse_max_density * buffer.numel():
-            return None
-        if not sparse_pays(cap, buffer.numel(), world_size, buffer.element_size(), dense_value_bytes):
-            return None
-        return cap
-
-    def found_dense(self, key: tuple[int, int]) -> None:
-        self.dense_until[key] = self.calls[key] - 1 + SPARSE_REVISIT
-
-
-def sparse_allreduce_(buffer: torch.Tensor, world_size: int, max_density: float) -> int | None:
-    """Average ``buffer`` over ranks exchanging only its non-zero entries.
-
-    Every rank all-gathers (index, value / world_size) pairs of its non-zeros
-    (padded to the largest count) and accumulates them into a zeroed buffer in rank
-    order. Zeros contribute nothing, so the result equals a dense average (bitwise for
-    2 ranks, where a sum of two values does not depend on order). When any rank holds
-    more than ``max_density`` non-zeros the exchange is not done (the caller falls
-    back to a dense all-reduce): the decision is taken from the gathered counts, so
-    every rank takes the same branch.
-
-    Returns:
-        bytes this rank sent (indices + values, padded), or None when not done.
-    """
-    index = buffer.nonzero().view(-1)
-    counts = torch.cat(D.all_gather(torch.tensor([index.numel()]))).tolist()
-    width = max(counts)
-    if width > max_density * buffer.numel():
-        return None
-    values = buffer[index] / world_size
-    pad = width - index.numel()
-    index_p = torch.cat([index, index.new_zeros(pad)])
-    values_p = torch.cat([values, values.new_zeros(pad)])
-    all_index, all_values = D.all_gather(index_p), D.all_gather(values_p)
-    buffer.zero_()
-    for n, idx, val in zip(counts, all_index, all_values):
-        buffer.index_add_(0, idx[:n], val[:n])
-    return width * (index_p.element_size() + values_p.element_size())
 
 
 def bus_bytes(kind: str, nbytes: float, world_size: int) -> float:
@@ -198,102 +114,6 @@ def bus_bytes(kind: str, nbytes: float, world_size: int) -> float:
     if kind == "all_gather":
         return nbytes * (world_size - 1)
     raise ValueError(f"bus_bytes: unknown collective {kind!r}")
-
-
-INDEX_DTYPE = torch.int32  # bounded exchange: buckets hold fewer than 2^31 entries (checked)
-
-
-def sparse_pays(capacity: int, numel: int, world_size: int, value_bytes: int, dense_value_bytes: int) -> bool:
-    """Whether an all-gather of ``capacity`` (int32 index, value) pairs per rank sends fewer bytes
-    per rank than a ring all-reduce of the ``numel``-entry bucket.
-
-    A ring all-gather of W parts sends (W - 1) x part bytes per rank; a ring all-reduce sends
-    2 (W - 1) / W x the bucket's bytes (reduce-scatter then all-gather; Thakur et al., "Optimization
-    of collective communication operations in MPICH", 2005). So the pairs pay when
-    ``capacity x (4 + value_bytes) x W < 2 x numel x dense_value_bytes``: at W = 2 with float32,
-    when at most half the entries can be non-zero; at W = 8 an eighth. An all-gather grows with
-    the world size, so the sparse exchange suits few ranks, or very sparse buckets.
-    """
-    return capacity * (INDEX_DTYPE.itemsize + value_bytes) * world_size < 2 * numel * dense_value_bytes
-
-
-_STATIC_NONZERO: dict[str, bool] = {}  # device type -> whether torch.nonzero_static runs there
-
-
-def static_nonzero_available(device: torch.device) -> bool:
-    """Whether ``torch.nonzero_static`` has a kernel for ``device``'s type (a probe on a tiny
-    tensor, once per process: CUDA has one, with no host sync, since torch 2.6; the CPU since 2.1)."""
-    kind = device.type
-    if kind not in _STATIC_NONZERO:
-        try:
-            torch.nonzero_static(torch.zeros(2, device=device), size=1, fill_value=0)
-            _STATIC_NONZERO[kind] = True
-        except (AttributeError, NotImplementedError, RuntimeError):
-            _STATIC_NONZERO[kind] = False
-    return _STATIC_NONZERO[kind]
-
-
-def compact_nonzeros(buffer: torch.Tensor, capacity: int, static: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The first ``capacity`` non-zero positions of the flat ``buffer``, in order, padded with 0, and
-    the number of non-zeros (a 0-dim int64 tensor on the device): no data-dependent size is read.
-
-    With ``static`` (default: :func:`static_nonzero_available`) one ``torch.nonzero_static``;
-    otherwise an inclusive prefix sum of the non-zero mask gives each non-zero its slot
-    (``cumsum - 1``), and a scatter writes the positions (zeros and non-zeros past the capacity
-    go to a spare slot that is dropped). Both give the same tensor.
-
-    Returns:
-        ((capacity,) int64 positions, 0-dim int64 count).
-    """
-    n = buffer.numel()
-    count = torch.count_nonzero(buffer)
-    if static is None:
-        static = static_nonzero_available(buffer.device)
-    if static:
-        return torch.nonzero_static(buffer, size=capacity, fill_value=0).view(-1), count
-    nonzero = buffer != 0
-    slot = torch.cumsum(nonzero, 0) - 1
-    slot = torch.where(nonzero & (slot < capacity), slot, capacity)
-    index = torch.zeros(capacity + 1, dtype=torch.int64, device=buffer.device)
-    index.scatter_(0, slot, torch.arange(n, device=buffer.device))
-    return index[:capacity], count
-
-
-def bounded_sparse_allreduce_(buffer: torch.Tensor, world_size: int, capacity: int,
-                              static: bool | None = None) -> tuple[int, torch.Tensor]:
-    """Average the flat ``buffer`` over ranks, exchanging ``capacity`` (index, value) slots per rank,
-    with no host synchronisation (no data-dependent size is read).
-
-    The non-zeros are compacted in order into the slots (:func:`compact_nonzeros`; ``static``
-    chooses its kernel); unused slots hold (index 0, value 0), which add nothing. Every rank
-    all-gathers the slots (fixed size: the capacity is the same on every rank) and accumulates
-    them into the zeroed buffer in rank order with ``index_add_``. With the capacity at least
-    every rank's non-zero count, the result equals a dense average (bitwise for 2 ranks: a sum of
-    two values does not depend on order; on CUDA ``index_add_`` is atomic, so for more ranks the
-    order of the sum, and its rounding, may vary).
-
-    Args:
-        buffer: (N,) float gradient bucket, N < 2^31; overwritten with the average.
-        world_size: W. capacity: slots per rank (>= 0), the same on every rank.
-    Returns:
-        (bytes this rank sent: capacity x (4 + value bytes), 0-dim int64 tensor on the buffer's
-        device: this rank's non-zeros that found no slot, 0 when the capacity held them).
-    Raises:
-        ValueError: when the bucket has 2^31 entries or more (int32 indices).
-    """
-    n = buffer.numel()
-    if n >= 2 ** 31:
-        raise ValueError(f"bounded sparse exchange: a bucket of {n} entries needs int64 indices")
-    position, count = compact_nonzeros(buffer, capacity, static)
-    real = torch.arange(capacity, device=buffer.device) < count
-    values = torch.where(real, buffer.index_select(0, position) / world_size, 0.0).to(buffer.dtype)
-    index = position.to(INDEX_DTYPE)
-    all_index, all_values = D.all_gather(index), D.all_gather(values)
-    buffer.zero_()
-    for idx, val in zip(all_index, all_values):
-        buffer.index_add_(0, idx, val)
-    overflow = (count - capacity).clamp(min=0)
-    return capacity * (index.element_size() + values.element_size()), overflow
 
 
 def timed_allreduce_hook(state, bucket):  # no annotations: DDP checks them at runtime

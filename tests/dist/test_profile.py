@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from distnerf.observe.logger import read_metrics_log
 from distnerf.observe.traces import read_trace
 from tests.conftest import run_cli, torchrun
 
@@ -56,7 +57,7 @@ def test_unattributed_share_at_most_5_percent(profiled_runs, which):
         assert share["median"] <= 0.05 and share["p95"] <= 0.05, (rank, share)
         assert all(rec["unattributed"] >= 0 for rec in data["steps"])
     # the breakdown's step times are the trainer's own step clock (independent timer)
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics_log(run)
     train_seconds = [r["train_seconds"] for r in rows if "loss" in r][-1]
     steps = rank_file(run, 0)["steps"]
     assert sum(r["step_s"] for r in steps) == pytest.approx(train_seconds, rel=0.02)
@@ -104,7 +105,7 @@ def test_exposed_comm_positive_in_2rank_ddp_and_zero_single(profiled_runs):
     single = rank_file(profiled_runs["single"], 0)
     assert all(r["exposed_comm"] == 0.0 for r in single["steps"])
     assert "comm_bytes" not in single["summary"]["keys"]
-    rows = [json.loads(line) for line in (profiled_runs["ddp"] / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics_log(profiled_runs["ddp"])
     logged = [r for r in rows if "loss" in r]
     assert all(r["time_exposed_comm"] > 0 and r["field_evals"] > 0 for r in logged)
     assert any(r.get("event") == "profile_summary" and "profile/rank_1/exposed_comm_share" in r for r in rows)

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from distnerf import checkpoint as ckpt
+from distnerf.observe.logger import read_metrics_log
 from tests.conftest import run_cli, torchrun
 
 N = 4
@@ -95,14 +96,14 @@ def test_torn_checkpoint_ignored_and_resume_from_committed(resume_runs):
 
 
 def test_metrics_log_has_no_duplicate_steps(resume_runs):
-    rows = [json.loads(line) for line in (resume_runs["resumed"] / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics_log(resume_runs["resumed"])
     steps = [r["step"] for r in rows if "loss" in r]
     assert steps == sorted(set(steps)) and steps[-1] == 2 * N
 
 
 def test_input_wait_and_copy_logged_and_summarised(resume_runs):
     run = resume_runs["straight"]
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics_log(run)
     steps = [r for r in rows if "loss" in r]
     assert all(r["time_input_wait"] >= 0 and r["time_copy"] >= 0 for r in steps)
     assert "time_input" not in steps[0]

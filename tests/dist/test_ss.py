@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from distnerf import checkpoint as ckpt
+from distnerf.observe.logger import read_metrics_log
 from tests.conftest import run_cli, torchrun
 
 N = 3
@@ -63,7 +64,7 @@ def test_partition_saved_and_routing_reported(ss_runs):
 def test_parameters_per_rank_are_the_rank_s_own_regions_at_the_budget(ss_runs):
     from distnerf.model import build_model
 
-    rows = [json.loads(line) for line in (ss_runs["straight"] / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics_log(ss_runs["straight"])
     size = next(r for r in rows if r.get("event") == "model_size")
     regions = size["parameters_per_region"]
     assert sorted(regions) == ["0", "1", "2", "3"] and all(r["budget"]["max_params"] == BUDGET // 2
@@ -80,7 +81,7 @@ def test_parameters_per_rank_are_the_rank_s_own_regions_at_the_budget(ss_runs):
 
 
 def test_no_gradient_all_reduce_and_sub_models_differ(ss_runs):
-    rows = [json.loads(line) for line in (ss_runs["straight"] / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics_log(ss_runs["straight"])
     steps = [r for r in rows if "loss" in r]
     assert steps and all("allreduce_bytes" not in r or r["allreduce_bytes"] == 0 for r in steps)
     found = ckpt.latest(ss_runs["straight"] / "checkpoints")
@@ -211,7 +212,7 @@ def test_joint_elastic_resume_2_to_1_to_2_ranks_is_bit_exact(joint_run):
 
 
 def test_joint_run_exchanges_segments_and_renders_the_same_on_one_process(joint_run):
-    rows = [json.loads(line) for line in (joint_run / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics_log(joint_run)
     steps = [r for r in rows if "loss" in r]
     # 5 float32 per ray and region sent by each rank: 256 rays (smoke: global 512 = every rank's batch) x 1 region
     assert steps and all(r["exchange_bytes"] == 512 * 1 * 5 * 4 for r in steps)

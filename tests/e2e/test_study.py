@@ -17,6 +17,7 @@ import yaml
 from PIL import Image
 
 from distnerf.study.collect import cell_figures
+from distnerf.observe.logger import read_metrics_log
 from tests.conftest import REPO
 from tests.launch.conftest import descendants
 
@@ -66,7 +67,7 @@ def test_a_cell_killed_mid_way_is_set_aside_and_run_again(smoke):
     assert again.stderr.count(": finished") == 2  # the two cells before it are not trained again
     kept = list((root / "attempts").iterdir())
     assert [p.name for p in kept] == [f"{name}.0"] and (kept[0] / "train.log").exists()
-    rows = [json.loads(ln) for ln in (root / "cells" / name / "metrics.jsonl").read_text().splitlines()]
+    rows = read_metrics_log(root / "cells" / name)
     steps = [r["step"] for r in rows if "loss" in r]
     assert steps[-1] == 12 and not any(r.get("event") == "resumed" for r in rows)  # from scratch
 
@@ -246,9 +247,8 @@ def test_an_untimed_cell_stopped_by_sigterm_resumes_from_its_checkpoint(tmp_path
     proc = subprocess.Popen([sys.executable, "-m", "distnerf.study", "run", str(path), str(root)], cwd=REPO,
                             env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
-    metrics = first_cell / "metrics.jsonl"
     while time.monotonic() < deadline and proc.poll() is None and not (
-            metrics.exists() and sum('"loss"' in ln for ln in metrics.read_text().splitlines()) >= 10):
+            sum("loss" in r for r in read_metrics_log(first_cell, partial_tail=True)) >= 10):
         time.sleep(0.05)
     record = json.loads((first_cell / "study_cell.json").read_text())
     proc.terminate()  # SIGTERM to the runner alone
@@ -265,7 +265,7 @@ def test_an_untimed_cell_stopped_by_sigterm_resumes_from_its_checkpoint(tmp_path
     resumed = json.loads((first_cell / "study_cell.json").read_text())
     assert resumed["status"] == "done" and resumed["resumed_from_step"] == stopped_at
     assert resumed["first_started"] == record["started"]
-    rows = [json.loads(ln) for ln in metrics.read_text().splitlines()]
+    rows = read_metrics_log(first_cell)
     assert [r["step"] for r in rows if r.get("event") == "resumed"] == [stopped_at]
     assert max(r["step"] for r in rows if "loss" in r) == 600
     psnr = [json.loads((d / "metrics.json").read_text())["psnr"] for d in (first_cell, second_cell)]

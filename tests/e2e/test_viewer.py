@@ -111,7 +111,7 @@ class Session:
 
     def look(self, c2w: np.ndarray, fov: float):
         """Set the browser's camera (OpenGL c2w) through viser's API; the full frame rendered for it."""
-        from distnerf.engine.viewer import viser_from_c2w
+        from distnerf.viewer.frames import viser_from_c2w
 
         wxyz, position = viser_from_c2w(c2w)
         camera, before = self.state.client.camera, self.viewer.server.frames_rendered
@@ -223,7 +223,7 @@ def test_viewer_ddp_run_in_browser(runs, tmp_path, playwright):
 
 
 def test_viewer_ss_run_fused_with_region_tint(runs, tmp_path, playwright):
-    from distnerf.engine.viewer import REGION_COLOURS
+    from distnerf.viewer.frames import REGION_COLOURS
 
     session = Session(runs / "ss", playwright)
     try:

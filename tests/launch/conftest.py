@@ -7,7 +7,6 @@ are not root) the Slurm tests skip and say why; with ``DISTNERF_REQUIRE_SLURM=1`
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from distnerf.observe.logger import read_metrics_log
 from tests.conftest import REPO, free_port
 
 # a short 2-rank run: 40 steps, a checkpoint every 10, 1 test view, no LPIPS
@@ -95,16 +95,8 @@ def wait_for(predicate, timeout: float, what: str, interval: float = 0.2):
 
 
 def rows(run_dir: Path) -> list[dict]:
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            pass  # a row being written
-    return out
+    """The rows of a run's ``metrics.jsonl`` so far (a row being written left out; [] before the file)."""
+    return read_metrics_log(run_dir, partial_tail=True)
 
 
 def last_step(run_dir: Path) -> int:

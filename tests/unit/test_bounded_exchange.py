@@ -12,7 +12,7 @@ import torch
 
 from distnerf.model.grid import GridModel
 from distnerf.observe.syncs import SyncCounter
-from distnerf.strategy.ddp import bounded_sparse_allreduce_, compact_nonzeros, sparse_allreduce_, sparse_pays
+from distnerf.strategy.sparse_exchange import bounded_sparse_allreduce_, compact_nonzeros, sparse_allreduce_, sparse_pays
 
 
 def _sparse_buffer(n: int, nonzeros: int, seed: int = 0) -> torch.Tensor:
@@ -129,7 +129,7 @@ def test_bounded_exchange_on_cuda_never_synchronises(static):
     buffer = _sparse_buffer(100_000, 3_000, seed=5).cuda()
     expected = buffer.clone()
     if static:
-        from distnerf.strategy.ddp import static_nonzero_available
+        from distnerf.strategy.sparse_exchange import static_nonzero_available
 
         if not static_nonzero_available(buffer.device):
             pytest.skip("this torch has no CUDA kernel for nonzero_static (the prefix-sum path serves it)")

@@ -7,9 +7,6 @@ contracted coordinates as their occupancy grids.
 """
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -18,7 +15,6 @@ from distnerf.model import build_model
 from distnerf.renderer.contraction import (contract, contracted_box, from_spacing, ray_breaks, to_spacing,
                                            uncontract, world_step_scale)
 from distnerf.renderer.occupancy import OccupancyGrid, march
-from tests.conftest import FERN, REPO
 
 BOX = torch.tensor([[-1.0, 1.0, 2.0], [3.0, 2.0, 3.0]], dtype=torch.float64)  # centre (1, 1.5, 2.5), half (2, .5, .5)
 CENTRE, HALF = BOX.mean(0), 0.5 * (BOX[1] - BOX[0])
@@ -194,14 +190,3 @@ def test_models_render_rays_to_the_sky_finitely(name):
 def test_an_unknown_contraction_is_refused():
     with pytest.raises(ValueError, match="contraction"):
         build_model({"name": "grid", "contraction": "sphere"}, BOX.float(), torch.zeros(3))
-
-
-@pytest.mark.skipif(not FERN.is_dir(), reason="needs ../shared/data (fern)")
-def test_contraction_with_ndc_rays_is_refused_before_training(tmp_path):
-    run = subprocess.run([sys.executable, "-m", "distnerf.train", "dataset=llff", f"dataset.root={FERN}",
-                          "model.contraction=mipnerf360", f"run_dir={tmp_path / 'run'}", "train.max_steps=1",
-                          "logger.wandb.mode=disabled", "sampler=sync"], cwd=REPO, capture_output=True, text=True,
-                         timeout=300)
-    assert run.returncode != 0
-    assert "model.contraction='mipnerf360' with NDC rays" in run.stderr and "Traceback" not in run.stderr, run.stderr
-    assert not list((tmp_path / "run").glob("checkpoints/step_*"))

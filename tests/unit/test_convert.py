@@ -1,9 +1,8 @@
-"""``python -m distnerf.data.convert``: a few lego frames to COLMAP text and to nerfstudio, read back
+"""``distnerf.data.convert`` (the module run in tests/e2e/test_convert.py): a few lego frames to COLMAP text and to nerfstudio, read back
 with pycolmap / as JSON / through distnerf's importers; a distorted capture of two cameras."""
 from __future__ import annotations
 
 import json
-import sys
 
 import imageio.v3 as iio
 import numpy as np
@@ -13,7 +12,7 @@ from distnerf.data import DATASET_NAMES, load_scene
 from distnerf.data.convert import colmap_camera, convert, main
 from distnerf.data.images import undecoded
 from distnerf.data.normalize import c2w_from_cam_from_world, cam_from_world_from_c2w
-from tests.conftest import LEGO, run_cli
+from tests.conftest import LEGO
 
 needs_lego = pytest.mark.skipif(not LEGO.is_dir(), reason=f"lego scene not found at {LEGO}")
 needs_importers = pytest.mark.skipif(not {"colmap", "nerfstudio"} <= set(DATASET_NAMES),
@@ -203,9 +202,3 @@ def test_distorted_capture_to_colmap_and_nerfstudio(distorted_capture, tmp_path)
     again = load_scene({"name": "colmap", "root": str(tmp_path / "colmap"), "normalize": False,
                         "test_list": str(tmp_path / "colmap" / "test_list.txt")}, "train", pixels=undecoded)
     assert len(again) == 3 and again.cameras.distortion is not None
-
-
-def test_cli_runs_as_a_module(tmp_path, synthetic_cache):
-    proc = run_cli([sys.executable, "-m", "distnerf.data.convert", "--to", "nerfstudio", "--out", str(tmp_path / "o"),
-                    "dataset=synthetic", f"dataset.cache_dir={synthetic_cache}"])
-    assert "as nerfstudio" in proc.stdout and (tmp_path / "o" / "transforms.json").is_file()

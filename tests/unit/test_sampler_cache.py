@@ -1,7 +1,8 @@
 """The decoded, memory-mapped pixel cache (distnerf.sampler.cache): built image by image
 from the parser's image list, equal to the decoded images, reused without decoding,
 one builder among concurrent ones (a dead builder neither blocks nor leaves a torn
-file), damaged files rebuilt with a warning; the trainer trains from it under torchrun.
+file), damaged files rebuilt with a warning (the trainer training from it under torchrun:
+tests/launch/test_sampler_cache.py).
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from distnerf.data import load_scene
 from distnerf.sampler import BatchSpec, PipelinedSampler, PixelCache, SyncSampler
 from distnerf.fileio import exclusive_lock
 from distnerf.sampler.cache import cached_file, open_pixel_cache
-from tests.conftest import FERN, REPO, run_cli, torchrun
+from tests.conftest import FERN
 
 NUM_IMAGES, H, W = 12, 24, 32
 
@@ -233,29 +234,6 @@ def test_pipelined_workers_map_the_scene_cache(blender, tmp_path):
                 assert mapped in open(f"/proc/{pid}/maps").read()
         assert cached_file(scene.images) == mapped
     assert [Path(mapped)] == list(cache_dir.glob("pixels-*.npy"))  # no second, digest-keyed copy
-
-
-def test_two_ranks_train_from_one_cache_built_once(tmp_path, synthetic_cache):
-    import subprocess
-
-    cache_dir = tmp_path / "pixels"
-    args = torchrun(2) + ["-m", "distnerf.train", "experiment=smoke", f"run_dir={tmp_path / 'run'}",
-                          f"dataset.cache_dir={synthetic_cache}", "sampler=pipelined", "sampler.num_workers=1",
-                          f"sampler.cache_dir={cache_dir}", "train.max_steps=2", "train.ckpt_every=0",
-                          "train.progress=false", "eval.enabled=false"]
-    proc = run_cli(args)
-    log = proc.stdout + proc.stderr
-    assert log.count("building the pixel cache") <= 1, log[-3000:]  # (only rank 0 logs INFO)
-    (path,) = cache_dir.glob("pixels-*.npy")
-    assert not list(cache_dir.glob("*.tmp"))
-    synthetic = load_scene({"name": "synthetic", "cache_dir": str(synthetic_cache), "resolution": 40}, "train")
-    assert torch.equal(open_pixel_cache(path), synthetic.images)
-    assert (tmp_path / "run" / "metrics.jsonl").exists()
-    # resuming with a sampler setting that changes the drawn rays is refused, naming the section
-    refused = subprocess.run(args + ["resume=true", "train.max_steps=4", "sampler.policy=per_image"], cwd=REPO,
-                             capture_output=True, text=True, timeout=600,
-                             env={**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"})
-    assert refused.returncode != 0 and "the sampler config differs" in refused.stdout + refused.stderr
 
 
 if __name__ == "__main__":

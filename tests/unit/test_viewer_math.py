@@ -8,7 +8,7 @@ import torch
 
 pytest.importorskip("viser")
 
-from distnerf.engine.viewer import (MIN_PIXELS, MOVING_FRAME_S, REGION_COLOURS, c2w_from_viser, colourise,  # noqa: E402
+from distnerf.viewer.frames import (MIN_PIXELS, MOVING_FRAME_S, REGION_COLOURS, c2w_from_viser, colourise,  # noqa: E402
                                     frame_pixels, frame_size,
                                     pinhole, viser_from_c2w)
 

@@ -1,0 +1,168 @@
+"""Every collective of the package (a test scans ``distnerf/`` for ``torch.distributed``
+collectives outside ``distnerf/dist/``): strategies and the trainer call these helpers. Without a
+process group, or alone in it, every helper is the identity.
+
+Each helper checks its tensor (:func:`_checked`): a CUDA tensor must be on this process's current
+device, and a CUDA tensor on a gloo-only (CPU) group is refused, with a message naming the calling
+line (NCCL would fail obscurely or hang on the first). Pickled objects and barriers travel on the
+host (gloo) group (:attr:`~distnerf.dist.env.DistEnv.host_group`). :func:`collective_failure` and
+:func:`peer_lost` classify the errors a failed collective raises.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from .env import DistEnv
+
+
+COLLECTIVE_FAILURES = ("Timed out", "timed out", "Connection closed by peer", "Connection reset by peer",
+                       "NCCL", "Watchdog", "Socket Timeout")
+"""Text of the RuntimeErrors a failed or timed-out collective raises (gloo's "Timed out waiting
+Nms for recv operation", a peer that died, NCCL's watchdog)."""
+
+
+def collective_failure(err: BaseException) -> bool:
+    """Whether ``err`` is a collective that timed out or lost a peer (torch.distributed.DistError,
+    or a RuntimeError with the backends' text for it)."""
+    dist_error = getattr(dist, "DistError", ())
+    return isinstance(err, dist_error) or (isinstance(err, RuntimeError) and any(
+        t in str(err) for t in COLLECTIVE_FAILURES))
+
+
+PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "remote process exit")
+"""Text of a collective that failed because a peer's connection closed (gloo: the peer's process
+died, or its node; NCCL's ncclRemoteError: "remote process exited or there was a network error",
+"... a remote process exiting prematurely")."""
+
+
+def peer_lost(err: BaseException) -> bool:
+    """Whether the failed collective ``err`` saw a peer's connection close (it died), rather than time out."""
+    return any(t in str(err) for t in PEER_LOST)
+
+
+
+def _caller() -> str:
+    """``file:line`` of the first frame outside this module (for error messages)."""
+    import inspect
+
+    for frame in inspect.stack()[2:]:
+        if frame.filename != __file__:
+            return f"{frame.filename}:{frame.lineno}"
+    return "?"
+
+
+def _checked(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` if the process group can exchange it where it lies (module docstring):
+    on the CPU, or on this rank's current CUDA device under an NCCL-backed group.
+
+    Raises:
+        RuntimeError: naming the calling line, the tensor's device and what the group takes.
+    """
+    if tensor.device.type == "cpu":
+        return tensor
+    backend = str(dist.get_backend())
+    if tensor.is_cuda and "nccl" in backend and tensor.device.index == torch.cuda.current_device():
+        return tensor
+    takes = f"cpu or cuda:{torch.cuda.current_device()}" if "nccl" in backend else "cpu tensors only"
+    raise RuntimeError(f"{_caller()}: a tensor on {tensor.device} passed to a collective of the {backend} group, "
+                       f"which takes {takes}")
+
+
+OPS = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
+
+
+def world_size() -> int:
+    """Ranks of the process group (1 without one)."""
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def rank() -> int:
+    """This process's rank (0 without a process group)."""
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def all_reduce_(tensor: torch.Tensor, op: str = "sum", async_op: bool = False):
+    """Reduce ``tensor`` over ranks in place (``op``: sum | min | max); identity without a group.
+
+    Returns:
+        None, or with ``async_op`` the work handle (``.get_future()``; on NCCL its future
+        completes when the collective is enqueued, not when it is done).
+    """
+    if not dist.is_initialized():
+        return None
+    tensor = _checked(tensor)
+    if dist.get_world_size() == 1 and not async_op:
+        return None  # alone in the group (a world-size-1 torchrun): the reduction is the tensor itself
+    return dist.all_reduce(tensor, op=OPS[op], async_op=async_op)
+
+
+def all_gather(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """Every rank's ``tensor`` (same shape and dtype on every rank), in rank order."""
+    if not dist.is_initialized():
+        return [tensor]
+    tensor = _checked(tensor.contiguous())
+    if dist.get_world_size() == 1:
+        return [tensor]  # alone in the group: no exchange
+    parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, tensor)
+    return parts
+
+
+def broadcast_object(env: DistEnv, obj, src: int = 0):
+    """``obj`` of rank ``src`` on every rank (identity without a process group or alone in it), through
+    the host (gloo) group: a pickled object never travels through NCCL."""
+    if not env.has_peers:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src, group=env.host_group)
+    return box[0]
+
+
+def all_reduce_max(env: DistEnv, value: float) -> float:
+    """Maximum of ``value`` over ranks (a host number: travels on the CPU, through gloo)."""
+    if not env.distributed:
+        return value
+    t = torch.tensor([float(value)], dtype=torch.float64)
+    all_reduce_(t, "max")
+    return float(t.item())
+
+
+def all_reduce_sum(env: DistEnv, values: torch.Tensor) -> torch.Tensor:
+    """Sum of a small tensor over ranks (a new tensor on the device ``values`` is on)."""
+    t = values.detach().clone()
+    if env.distributed:
+        all_reduce_(t)
+    return t
+
+
+def gather_objects(env: DistEnv, obj) -> list:
+    """List of every rank's ``obj`` (on every rank), through the host (gloo) group."""
+    if not env.has_peers:
+        return [obj]
+    out = [None] * env.world_size
+    dist.all_gather_object(out, obj, group=env.host_group)
+    return out
+
+
+def barrier(env: DistEnv) -> None:
+    """Wait for every rank (nothing to wait for alone), on the host (gloo) group: with a device
+    bound, the default group's barrier runs through NCCL, where a slow rank ends in NCCL's watchdog
+    instead of a gloo timeout that the trainer reports as a ``CollectiveFailure`` naming the step."""
+    if env.has_peers:
+        dist.barrier(group=env.host_group)
+
+
+def timing_event():
+    """A CUDA timing event recorded now on the current stream: the marks around a collective that
+    time it on the device (NCCL's host calls return at launch). Read after a synchronisation with
+    :func:`event_seconds`."""
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
+
+
+def event_seconds(start, end) -> float:
+    """Seconds between two :func:`timing_event` marks, waiting for ``end`` to complete."""
+    end.synchronize()
+    return start.elapsed_time(end) / 1000.0
