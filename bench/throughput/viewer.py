@@ -19,7 +19,7 @@ controller, root) whose CFS quota is F of one core and whose weight is the lowes
 (rendering, encoding, the websocket) is paid in full as before. ``--share S`` passes ``viewer.max_render_share=S`` (default: the schema's).
 
 ``frame``: the viewer's render of a still frame of a run's model (``distnerf.view``'s code:
-:func:`distnerf.engine.viewer.render_view`), at SIZE x SIZE from the first test camera's pose and
+:func:`distnerf.engine.evaluate.render_image` of :func:`distnerf.viewer.frames.single_view`), at SIZE x SIZE from the first test camera's pose and
 field of view, FRAMES times after one warm-up; median seconds and rays/s.
 
 Writes JSON with the ``meta`` block of ``bench.common``. Run it alone through ``../shared/tools/quiet``.
@@ -222,7 +222,8 @@ def frame(args) -> None:
     from distnerf.data import load_scene
     from distnerf.data.images import undecoded
     from distnerf.engine.runs import load_renderer, load_run_config
-    from distnerf.engine.viewer import pinhole, render_view
+    from distnerf.engine.evaluate import render_image
+    from distnerf.viewer.frames import pinhole, single_view
 
     meta = start_meta()
     cfg, run_dir = load_run_config([f"run_dir={args.run_dir}", "device=cpu"], prog="bench_viewer")
@@ -237,7 +238,7 @@ def frame(args) -> None:
     with torch.no_grad():
         for k in range(args.frames + 1):
             t0 = time.perf_counter()
-            render_view(renderer, scene, camera, cfg.eval.chunk, env.device, cfg.eval.point_chunk)
+            render_image(renderer, single_view(scene, camera), 0, cfg.eval.chunk, env.device, cfg.eval.point_chunk)
             if k:  # the first is a warm-up
                 seconds.append(time.perf_counter() - t0)
     median = statistics.median(seconds)
