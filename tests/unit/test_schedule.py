@@ -173,7 +173,7 @@ def test_a_resumed_time_budgeted_run_continues_the_uninterrupted_one_bit_exactly
         D.shutdown(env)
     trainer, env = bench.build_trainer([*overrides, "resume=true"], tmp_path / "b")
     try:
-        assert trainer.step == 4 and trainer.budget_fraction == pytest.approx(0.3)
+        assert trainer.step == 4 and trainer.budget_clock.fraction == pytest.approx(0.3)
         steps(trainer, 8, lrs_b)
         final_b = state(trainer)
     finally:
