@@ -24,8 +24,6 @@ import threading
 import time
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
 from . import checkpoint as ckpt
 from . import dist as D
 from .rundir import setup_logging
@@ -34,7 +32,7 @@ from .data.images import undecoded
 from .engine.runs import load_renderer, load_run_config
 from .engine.viewer import ViewerServer, thumbnail
 from .observe.logger import read_metrics_log
-from .config_check import ConfigError
+from .config_check import ConfigError, derive
 from .strategy.partition import Partition
 
 log = logging.getLogger("distnerf")
@@ -91,7 +89,7 @@ class RunViewer:
                 self.waiting_logged = True
         elif wanted != self.loaded:
             try:
-                self.model, self.step = load_renderer(OmegaConf.merge(self.cfg, {"checkpoint": str(wanted)}),
+                self.model, self.step = load_renderer(derive(self.cfg, checkpoint=str(wanted)),
                                                       self.run_dir, self.scene, self.env)
             except (OSError, ckpt.CheckpointError, KeyError, RuntimeError) as err:  # pruned or half-read
                 log.warning("viewer: could not load %s (%s); keeping step %d", wanted, err, self.step)
