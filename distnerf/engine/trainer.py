@@ -27,7 +27,9 @@ from ..data.images import undecoded
 from ..observe.logger import METRICS_LOG, JsonlLogger, MultiLogger, NullLogger, WandbLogger, strategy_label
 from ..observe.run_profiler import RunProfiler, log_profile_summaries
 from ..observe.summary import input_summary_event, model_size_event, peak_rss_mb, rank_model_size
+from ..renderer.output import RenderOutput
 from ..sampler import batch_config, build_sampler, pixel_source
+from ..sampler.base import RayBatch
 from ..model import contracted
 from ..config_check import ConfigError
 from ..schema import TrainConfig
@@ -167,7 +169,7 @@ class Trainer:
         return MultiLogger(loggers)
 
     # ----------------------------------------------------------------- loop
-    def train_step(self, step: int) -> tuple[object, object, RayError]:
+    def train_step(self, step: int) -> tuple[RayBatch, RenderOutput, RayError]:
         """The step's forward half: returns (batch, model outputs, their :class:`RayError`)."""
         with self.timer.phase("input_wait"):  # sync builds the batch here; pipelined waits for a worker
             batch = self.sampler.host_batch(step)
