@@ -3,7 +3,10 @@
 
 :func:`validate` merges a whole config into the schemas and checks every declared choice and
 bound, raising :class:`ConfigError` (a ``ValueError``) naming the key, the value and what is
-allowed; :func:`section` does the same for one group (components build their settings with it).
+allowed; an entry point runs it once and passes the typed result down. :func:`section` does the
+same for one group (components build their settings with it; a node of the validated config
+passes through as it is), and :func:`derive` makes a sub-configuration of a validated node
+(``ss``'s per-region model, a parameter budget's probe) without merging it into the schema again.
 Types are checked by OmegaConf on merge (a string for an int key is an error naming the key),
 unknown keys are refused (struct mode). Importing this module registers the schemas in Hydra's
 ConfigStore (``schema_train``, ``<group>/schema_<option>``) and the ``distnerf_schedule``
@@ -12,6 +15,7 @@ resolver of ``train.schedule`` (:func:`describe_schedule`), so every entry point
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -191,30 +195,65 @@ def section(schema: type | str, cfg=None, **overrides) -> DictConfig:
     whose option is ``cfg['name']``) and checked. Components build their settings with it,
     so a partial mapping (a test, a tool) gets the schema's defaults, never a restated one.
     A node of the validated run config (its type already ``schema``, or the group's option)
-    is returned as it is: the config is validated once, at the entry point, and passed down.
+    is returned as it is, or with ``overrides`` through :func:`derive`: the config is validated
+    once, at the entry point, and passed down.
 
     Raises:
         ValueError: as :func:`structured` and :func:`check`, keys named relative to the group.
     """
-    if not overrides and isinstance(cfg, DictConfig) and OmegaConf.get_type(cfg) is (
+    if isinstance(cfg, DictConfig) and OmegaConf.get_type(cfg) is (
             _schema_of(schema, cfg) if isinstance(schema, str) else schema):
-        return cfg  # already validated (the composed config's own node, passed down typed)
+        # already validated (the composed config's own node, passed down typed)
+        return derive(cfg, **overrides) if overrides else cfg
     data = OmegaConf.merge(OmegaConf.create(cfg if cfg is not None else {}), overrides) if overrides else cfg
     data = data if data is not None else {}
     prefix = f"{schema}." if isinstance(schema, str) else PREFIX.get(schema, "")
     if isinstance(schema, str):
         schema = _schema_of(schema, data)
+    merged = _merge_section(schema, data, prefix)
+    check(merged, prefix)
+    return merged
+
+
+def _merge_section(schema: type, data, prefix: str) -> DictConfig:
+    """``data`` merged into a fresh ``schema`` node (struct mode): :func:`section`'s one merge."""
     try:
         node = OmegaConf.structured(schema)
         OmegaConf.set_struct(node, True)
-        merged = OmegaConf.merge(node, data)
+        return OmegaConf.merge(node, data)
     except Exception as err:
         key, first = _omegaconf_reason(err)
         first = f"{key}: {first}" if key else first
         raise ConfigError(f"config {prefix.rstrip('.') or schema.__name__}: {first} (keys and defaults: "
                          f"distnerf/schema.py::{schema.__name__})") from None
-    check(merged, prefix)
-    return merged
+
+
+def derive(cfg: DictConfig, **overrides) -> DictConfig:
+    """A copy of ``cfg``, a validated node (the run config, or a group of it such as ``cfg.model``),
+    with ``overrides`` set: a sub-configuration without a merge into the schema again. Each value
+    is converted and type-checked by OmegaConf on assignment (the node keeps its schema type),
+    then the copy's choices and bounds are checked (:func:`check`). ``cfg`` is left unchanged.
+
+    Example: ``derive(cfg.model, max_params=cfg.model.max_params // 2)``.
+
+    Raises:
+        TypeError: ``cfg`` is not a validated node (run it through :func:`validate` or :func:`section`).
+        ValueError: an unknown key, a value of the wrong type or out of bounds (naming it).
+    """
+    schema = OmegaConf.get_type(cfg) if isinstance(cfg, DictConfig) else None
+    if schema is None or not dataclasses.is_dataclass(schema):
+        raise TypeError(f"derive() takes a validated config node (config_check.validate / section), not "
+                        f"{type(cfg).__name__} of {schema}")
+    prefix = PREFIX.get(schema, "")
+    out = copy.deepcopy(cfg)  # keeps its parent: interpolations still resolve against the run config
+    for key, value in overrides.items():
+        try:
+            out[key] = value  # struct mode refuses an unknown key; the field's type converts or refuses the value
+        except Exception as err:
+            raise ConfigError(f"config {prefix}{key}={value!r}: {_omegaconf_reason(err)[1]} (keys and "
+                              f"defaults: distnerf/schema.py::{schema.__name__})") from None
+    check(out, prefix)
+    return out
 
 
 register()  # importing this module makes the schemas composable (Hydra's compose API, tests, tools)

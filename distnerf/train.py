@@ -45,7 +45,9 @@ class CollectiveFailure(RuntimeError):
 
 @record  # under torchrun a rank's exception (with traceback) goes to its error file and the agent's summary
 def run(cfg: DictConfig) -> dict:
-    cfg = validate(cfg)  # schemas: distnerf/schema.py (errors name the key, the value, what is allowed)
+    # the one validation of the run (schemas: distnerf/schema.py; errors name the key, the value, what is
+    # allowed): everything below takes this typed config as it is, and derives from it (config_check.derive)
+    cfg = validate(cfg)
     was_deterministic = torch.are_deterministic_algorithms_enabled()
     if cfg.train.deterministic:  # before any CUDA work: cuBLAS reads its workspace setting at start
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -65,7 +67,7 @@ def run(cfg: DictConfig) -> dict:
         strategy = build_strategy(cfg.strategy, env)
         trainer = Trainer(cfg, strategy, run_dir, stop=stop)
         D.end_setup(env, cfg.dist_setup_timeout_s, cfg.dist_timeout_s)  # names late ranks; then the step timeout
-        beacon.watch(trainer.progress)
+        beacon.watch(trainer.activity)
         result = trainer.fit()
         finished = True
         return result

@@ -24,8 +24,6 @@ import threading
 import time
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
 from . import checkpoint as ckpt
 from . import cli as C
 from . import dist as D
@@ -37,7 +35,7 @@ from .engine.evaluate import render_image
 from .viewer.frames import thumbnail
 from .viewer.server import ViewerServer
 from .observe.logger import read_metrics_log
-from .config_check import ConfigError
+from .config_check import ConfigError, derive
 from .schema import EvalConfig, RenderConfig, TrainConfig, ViewerConfig
 from .strategy.partition import Partition
 
@@ -96,7 +94,7 @@ class RunViewer:
                 self.waiting_logged = True
         elif wanted != self.loaded:
             try:
-                self.model, self.step = load_renderer(OmegaConf.merge(self.cfg, {"checkpoint": str(wanted)}),
+                self.model, self.step = load_renderer(derive(self.cfg, checkpoint=str(wanted)),
                                                       self.run_dir, self.scene, self.env)
             except (OSError, ckpt.CheckpointError, KeyError, RuntimeError) as err:  # pruned or half-read
                 log.warning("viewer: could not load %s (%s); keeping step %d", wanted, err, self.step)

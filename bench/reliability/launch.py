@@ -110,22 +110,21 @@ def bench_ckpt(strategy: str, repeats: int, root: Path) -> list[dict]:
 def _ckpt_worker(strategy: str, repeats: int, out: Path, root: Path) -> None:
     import torch.distributed as dist
     from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
 
     from distnerf import checkpoint as ckpt
     from distnerf import dist as D
+    from distnerf.config_check import validate
     from distnerf.rundir import resolve_run_dir
     from distnerf.engine.trainer import Trainer
     from distnerf.strategy import build_strategy
 
     with initialize_config_dir(str(REPO / "conf"), version_base="1.3"):
-        cfg = compose("train", overrides=[f"strategy={strategy}", f"run_dir={root}/ckpt_{strategy}_run",
-                                          "model.resolutions=[160]", "model.upsample_steps=[]", "train.max_steps=2",
-                                          "train.ckpt_every=-1", "train.progress=false", "eval.enabled=false",
-                                          "logger.wandb.mode=disabled", "sampler=sync", "train.keep_checkpoints=1"])
+        cfg = validate(compose("train", overrides=[
+            f"strategy={strategy}", f"run_dir={root}/ckpt_{strategy}_run", "model.resolutions=[160]",
+            "model.upsample_steps=[]", "train.max_steps=2", "train.ckpt_every=-1", "train.progress=false",
+            "eval.enabled=false", "logger.wandb.mode=disabled", "sampler=sync", "train.keep_checkpoints=1"]))
     env = D.init_distributed("cpu", timeout_s=cfg.dist_timeout_s, setup_timeout_s=cfg.dist_setup_timeout_s)
-    trainer = Trainer(cfg, build_strategy(OmegaConf.to_container(cfg.strategy, resolve=True), env),
-                      resolve_run_dir(cfg, env))
+    trainer = Trainer(cfg, build_strategy(cfg.strategy, env), resolve_run_dir(cfg, env))
     trainer.fit()  # 2 steps: the optimizer state (Adam moments) exists, as in any later checkpoint
     rows_out = []
     for i in range(repeats):

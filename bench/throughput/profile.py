@@ -116,18 +116,19 @@ def paired(args) -> dict:
     from hydra import compose, initialize_config_dir
 
     from distnerf import dist as D
+    from distnerf.config_check import validate
     from distnerf.engine.trainer import Trainer
     from distnerf.strategy import build_strategy
 
     with tempfile.TemporaryDirectory() as tmp:
         with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "conf"), version_base="1.3"):
-            cfg = compose("train", overrides=[*COMMON, "experiment=smoke", f"train.max_steps={args.steps}",
-                                              "train.log_every=1", "eval.enabled=false", "sampler=sync",
-                                              f"train.global_rays={args.rays}", "model.upsample_steps=[100000]",
-                                              f"run_dir={tmp}/run", "profiler.telemetry=false"])
+            cfg = validate(compose("train", overrides=[
+                *COMMON, "experiment=smoke", f"train.max_steps={args.steps}", "train.log_every=1",
+                "eval.enabled=false", "sampler=sync", f"train.global_rays={args.rays}",
+                "model.upsample_steps=[100000]", f"run_dir={tmp}/run", "profiler.telemetry=false"]))
         Path(tmp, "run").mkdir()
         env = D.init_distributed("cpu", timeout_s=cfg.dist_timeout_s, setup_timeout_s=cfg.dist_setup_timeout_s)
-        trainer = Trainer(cfg, build_strategy(dict(cfg.strategy), env), Path(tmp, "run"))
+        trainer = Trainer(cfg, build_strategy(cfg.strategy, env), Path(tmp, "run"))
         prof, begin = trainer.timer, trainer.timer.begin_step
         arms = []
 

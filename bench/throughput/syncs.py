@@ -63,26 +63,27 @@ def build_trainer(overrides: list[str], run_dir: Path):
     from hydra import compose, initialize_config_dir
 
     from distnerf import dist as D
+    from distnerf.config_check import validate
     from distnerf.engine.trainer import Trainer
     from distnerf.strategy import build_strategy
 
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose("train", overrides=[*COMMON, *overrides, f"run_dir={run_dir}"])
+        cfg = validate(compose("train", overrides=[*COMMON, *overrides, f"run_dir={run_dir}"]))
     run_dir.mkdir(parents=True, exist_ok=True)
     env = D.init_distributed("cpu", timeout_s=cfg.dist_timeout_s, setup_timeout_s=cfg.dist_setup_timeout_s)
-    return Trainer(cfg, build_strategy(dict(cfg.strategy), env), run_dir), env
+    return Trainer(cfg, build_strategy(cfg.strategy, env), run_dir), env
 
 
 def run_step(trainer, counter=None) -> None:
     """One step of ``Trainer.fit`` (without logging, validation, checkpoints), counted by ``counter``."""
     section = counter.section if counter is not None else (lambda name: contextlib.nullcontext())
     trainer.timer.begin_step()
-    batch, out, sse = trainer.train_step(trainer.step)
+    batch, out, error = trainer.train_step(trainer.step)
     with section("agree"):
-        agreed = trainer.agree(batch, sse)
-    flags = agreed.total
-    assert not (flags.nonfinite or flags.over_budget or flags.signal), flags
-    trainer.step_fn.update(sse / agreed.loss_normalizer)
+        agreed = trainer.agree(batch, error.sse)
+    total = agreed.total
+    assert not (total.nonfinite or total.over_budget or total.signal), total
+    trainer.step_fn.update(error.sse / agreed.loss_normalizer)
     trainer.step += 1
     with section("end_step"):
         trainer.profiler.end_step(trainer.step - 1, agreed.mine.valid_rays, out.get("num_samples", 0),

@@ -43,7 +43,8 @@ The rule (stated once; ``train`` config, :class:`distnerf.schema.TrainLoopConfig
     and the occupancy grid goes stale with parameter updates, that is per step.
 
 The functions are pure (clock in, factor out), so a schedule needs no state of its own beyond
-``p``, which the trainer saves.
+``p``, which :class:`BudgetClock` keeps: agreed at each step, saved in checkpoints and restored
+on resume.
 """
 from __future__ import annotations
 
@@ -115,3 +116,57 @@ def stage_step(clock: Clock | int, cfg: Mapping) -> int:
     if cfg.schedule_steps is None:  # the default: stages by step under a budget too
         return clock.step
     return max(clock.step, math.floor(max(clock.budget_fraction, 0.0) * cfg.schedule_steps))
+
+
+class BudgetClock:
+    """``p``, the agreed fraction of the time budget elapsed, kept with the run: set from the
+    ranks' mean training seconds at each step agreement, read by the step's schedule, saved in
+    checkpoints (``budget_fraction``, ``budget_minutes``) and restored on resume.
+
+    Args:
+        cfg: the ``train`` config (``max_minutes``).
+    Attributes:
+        fraction: the latest agreed ``p`` (float >= 0), None without a budget.
+    """
+
+    def __init__(self, cfg: Mapping):
+        self.cfg = section(TrainLoopConfig, cfg)
+        self.fraction: float | None = 0.0 if budgeted(self.cfg) else None
+        self._read: tuple[int, float | None] = (-1, None)  # (step, the fraction its schedule read)
+
+    def read(self, step: int) -> float | None:
+        """The fraction step ``step``'s schedule reads (the latest agreed), remembered for a
+        checkpoint saved within that step (:meth:`state_dict`)."""
+        self._read = (step, self.fraction)
+        return self.fraction
+
+    def agree(self, mean_train_seconds: float) -> None:
+        """Set ``p`` from the ranks' mean training seconds (the step agreement's, so the same
+        float on every rank); nothing without a budget."""
+        if self.fraction is not None:
+            self.fraction = self.fraction_of(mean_train_seconds)
+
+    def fraction_of(self, seconds: float) -> float:
+        """``seconds`` of training as a fraction of the time budget (``train.max_minutes`` > 0)."""
+        return seconds / (60.0 * self.cfg.max_minutes)
+
+    def state_dict(self, step: int) -> dict:
+        """What a run resumed at ``step`` must read: ``budget_fraction``, the fraction the step's
+        schedule already read if it ran for ``step`` (a save inside the step, or after a stop that
+        did not take it), else the latest agreed (None without a budget); ``budget_minutes``, the
+        budget it is a fraction of."""
+        read_step, fraction = self._read
+        return {"budget_fraction": fraction if read_step == step else self.fraction,
+                "budget_minutes": float(self.cfg.max_minutes)}
+
+    def load_state_dict(self, state: Mapping, train_seconds: float) -> None:
+        """Continue from a checkpoint's trainer state (``state_dict``'s keys; ``train_seconds``:
+        the run's training seconds there): its fraction rescaled when the budget changed; from
+        ``train_seconds`` when the run it comes from had no budget. Nothing without a budget."""
+        if self.fraction is None:
+            return
+        saved, minutes = state.get("budget_fraction"), state.get("budget_minutes")
+        if saved is None or not minutes:
+            self.fraction = self.fraction_of(train_seconds)
+        else:
+            self.fraction = float(saved) * float(minutes) / float(self.cfg.max_minutes)

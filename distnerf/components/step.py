@@ -1,9 +1,9 @@
 """One optimisation step of a radiance model, in the two halves a strategy synchronises
 between.
 
-``forward`` renders a batch and returns the *summed* photometric error; the caller
-(the trainer, after its per-step all-reduce) divides it by the loss normaliser and
-hands the loss to ``update``: backward, the model's closed-form regulariser gradients
+``forward`` renders a batch and returns the *summed* photometric error, with the per-ray
+error it sums; the caller (the trainer, after its per-step all-reduce) divides the sum by the
+loss normaliser and hands the loss to ``update``: backward, the model's closed-form regulariser gradients
 (identical on every rank, so added after any gradient all-reduce), the optimizer step.
 The trainer and the balanced partition's density fit (:mod:`distnerf.strategy.density`)
 both run exactly this step.
@@ -16,9 +16,10 @@ from typing import Callable, ContextManager
 import torch
 
 from ..model.base import RadianceModel
+from ..renderer.output import RenderOutput
 from ..config_check import section
 from ..schema import TrainLoopConfig
-from .loss import photometric_sse
+from .loss import RayError, ray_error
 from .optim import build_optimizer, rebuild_optimizer, set_lr
 from .regularizer import add_regularizer_grads_
 from .schedule import Clock, budgeted, stage_step
@@ -62,21 +63,22 @@ class TrainStep:
         set_lr(self.optimizer, clock, self.cfg)
         return replaced
 
-    def forward(self, module: torch.nn.Module, batch) -> tuple[dict, torch.Tensor]:
+    def forward(self, module: torch.nn.Module, batch) -> tuple[RenderOutput, RayError]:
         """Render ``batch`` through ``module`` (the model or its strategy wrapper).
 
         Args:
             batch: a sampler batch: ``rays`` (R rays), ``rgb`` (R, 3) float32, ``valid`` (R,) bool,
                 ``jitter_seed`` (int: the stratified-sampling stream of this batch).
         Returns:
-            (outputs of the model, scalar float32 summed squared error over valid rays).
+            (outputs of the model, its :class:`~.loss.RayError`: ``sse``, the scalar float32 summed
+            error over valid rays the caller normalises for :meth:`update`, and the per-row error).
         """
         device = batch.rgb.device
         generator = torch.Generator(device).manual_seed(batch.jitter_seed)
         use_bf16 = self.cfg.bf16 and device.type == "cuda"
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16):
             out = module(batch.rays, generator)
-        return out, photometric_sse(out, batch.rgb, batch.valid)
+        return out, ray_error(out, batch.rgb, batch.valid)
 
     def update(self, loss: torch.Tensor) -> None:
         """Backward (a data-parallel wrapper all-reduces inside), regulariser gradients, step."""

@@ -52,13 +52,14 @@ class Checkpointer:
         """A final checkpoint, unless ``ckpt_every=-1``; always after a stop signal."""
         return self.cfg.ckpt_every >= 0 or stop_reason == "signal"
 
-    def save(self, step: int, train_seconds: float, model, optimizer, sampler, at_mark: bool = False,
-             budget_fraction: float | None = None) -> Path:
+    def save(self, step: int, train_seconds: float, model, optimizer, sampler, budget_state: dict,
+             at_mark: bool = False) -> Path:
         """Write ``step_N/`` (collective): the strategy's model files, this rank's RNG and
         sampler state, then, after a barrier, the manifest (the commit) and pruning.
 
-        ``at_mark``: this save answers a time mark (the mark is consumed). ``budget_fraction``:
-        the schedule's agreed fraction of the time budget elapsed (None: no budget), restored on resume.
+        ``at_mark``: this save answers a time mark (the mark is consumed). ``budget_state``: the
+        time budget's clock (:meth:`distnerf.components.schedule.BudgetClock.state_dict`:
+        ``budget_fraction``, ``budget_minutes``), saved in the trainer state and restored on resume.
         """
         if at_mark:
             self.marks.pop(0)
@@ -67,8 +68,7 @@ class Checkpointer:
         try:
             d.mkdir(parents=True, exist_ok=True)
             self.strategy.save_model_state(d, model, optimizer, {"step": step, "train_seconds": train_seconds,
-                                                                 "budget_fraction": budget_fraction,
-                                                                 "budget_minutes": float(self.cfg.max_minutes)})
+                                                                 **budget_state})
             # the next batch is the one of `step` even when a stop came after drawing it (signal, time budget)
             atomic_torch_save({"rng": D.rng_state(), "rank": self.env.rank,
                                     "sampler": {**sampler.state_dict(), "next_step": step}},

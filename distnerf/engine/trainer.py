@@ -9,7 +9,6 @@ inside DDP) -> optimizer -> metrics -> checkpoint.
 from __future__ import annotations
 
 import json
-
 import logging
 import math
 import time
@@ -20,15 +19,20 @@ from omegaconf import DictConfig, OmegaConf
 
 from .. import checkpoint as ckpt
 from .. import dist as D
-from ..components.schedule import budgeted, step_limit
+from ..components.loss import RayError
+from ..components.schedule import BudgetClock, step_limit
 from ..components.step import TrainStep
 from ..data import load_scene
 from ..data.images import undecoded
 from ..observe.logger import METRICS_LOG, JsonlLogger, MultiLogger, NullLogger, WandbLogger, strategy_label
 from ..observe.run_profiler import RunProfiler, log_profile_summaries
+from ..observe.summary import input_summary_event, model_size_event, peak_rss_mb, rank_model_size
+from ..renderer.output import RenderOutput
 from ..sampler import batch_config, build_sampler, pixel_source
+from ..sampler.base import RayBatch
 from ..model import contracted
-from ..config_check import ConfigError, validate
+from ..config_check import ConfigError
+from ..schema import TrainConfig
 from ..strategy.base import StepAgreement, StepStats, Strategy
 from .checkpoint_cadence import Checkpointer
 from .evaluate import evaluate_run, image_panels, make_eval_split
@@ -37,15 +41,6 @@ from .late_flag import LateFlag
 
 log = logging.getLogger("distnerf")
 TEST_PANELS = 4  # test views logged to W&B as panels at the end (ground truth | prediction | depth)
-
-
-def peak_rss_mb() -> float | None:
-    """This process's peak resident memory (``VmHWM``, MiB), None where /proc is not there."""
-    try:
-        with open("/proc/self/status") as f:
-            return next(int(ln.split()[1]) / 1024 for ln in f if ln.startswith("VmHWM:"))
-    except (OSError, StopIteration):
-        return None
 
 
 class NonFiniteLoss(RuntimeError):
@@ -60,15 +55,20 @@ class Trainer:
     """Builds dataset, sampler, model, optimizer and checkpointer for one rank.
 
     Args:
-        cfg: the composed, validated config (``conf/train.yaml``, :class:`distnerf.schema.TrainConfig`).
+        cfg: the composed config as :func:`distnerf.config_check.validate` returned it (typed:
+            :class:`distnerf.schema.TrainConfig`), used as it is: it is validated once, at the entry point.
         strategy: the strategy, already holding this process's :class:`DistEnv`.
         run_dir: the run directory shared by every rank.
         stop: set by SIGUSR1/SIGTERM (:class:`distnerf.dist.StopRequest`); any rank's request
             stops every rank at the same step with a checkpoint. ``None``: signals are not handled.
+    Raises:
+        TypeError: ``cfg`` was not validated (a composed config not passed through ``validate``).
     """
 
     def __init__(self, cfg: DictConfig, strategy: Strategy, run_dir: Path, stop: D.StopRequest | None = None):
-        cfg = validate(cfg)
+        if not isinstance(cfg, DictConfig) or not issubclass(OmegaConf.get_type(cfg) or object, TrainConfig):
+            raise TypeError("Trainer takes the validated config: distnerf.config_check.validate(cfg) "
+                            "(the entry point validates once)")
         check_appearance_protocol(cfg)  # before any data is loaded
         self.cfg, self.strategy, self.env, self.run_dir = cfg, strategy, strategy.env, Path(run_dir)
         self.stop = stop if stop is not None else D.StopRequest()
@@ -103,25 +103,24 @@ class Trainer:
         hashes.update(ckpt.config_hashes({"sampler": batch_config(cfg.sampler)}, ("sampler",)))
         self.checkpointer = Checkpointer(self.run_dir / "checkpoints", cfg.train, strategy, hashes)
         self.step, self.train_seconds = 0, 0.0
-        self.budget_fraction: float | None = 0.0 if budgeted(cfg.train) else None  # the schedule's p, agreed
-        self._prepared: tuple[int, float | None] = (-1, None)  # (step, the fraction its prepare read)
+        self.budget_clock = BudgetClock(cfg.train)  # the schedule's p, agreed across ranks (None: no budget)
         resume_from = self.checkpointer.find_resume(cfg.resume)
         state = strategy.load_model_state(resume_from, self.model) if resume_from is not None else None
         self.wrapped = strategy.wrap(self.model)
+        self.profiler = RunProfiler(cfg.profiler, self.device, self.env.rank, self.env.world_size, self.run_dir,
+                                    self.model)  # always-on step breakdown (+ traces with profiler=trace)
+        self.timer = self.profiler.steps
+        # the timer's phase looked up at each call: a tool may wrap it (tools/bench_syncs.py)
         self.step_fn = TrainStep(self.model, cfg.train, phase=lambda name: self.timer.phase(name))
         if state is not None:
             self.step_fn.optimizer.load_state_dict(state["optimizer"])
             self.step, self.train_seconds = int(state["step"]), float(state["train_seconds"])
-            if self.budget_fraction is not None:
-                self.budget_fraction = self._resumed_fraction(state)
+            self.budget_clock.load_state_dict(state, self.train_seconds)
             self.checkpointer.restore_rank(resume_from, self.sampler, self.step)
             if self.env.is_main:
                 log.info("resumed from %s at step %d", resume_from, self.step)
         self.checkpointer.start(self.train_seconds)
         self.sampler.start(self.step)  # batches are drawn by step index: prefetch from here
-        self.profiler = RunProfiler(cfg.profiler, self.device, self.env.rank, self.env.world_size, self.run_dir,
-                                    self.model)  # always-on step breakdown (+ traces with profiler=trace)
-        self.timer = self.profiler.steps
         self.logger = self._make_logger(resume_from is not None)
         self.viewer = self._make_viewer()
         if resume_from is not None:
@@ -133,7 +132,7 @@ class Trainer:
                      "with the world size since the global batch is fixed)", cfg.train.global_rays,
                      strategy.describe_batch(cfg.train.global_rays), cfg.train.lr)
 
-    def progress(self) -> tuple[int, str, float]:
+    def activity(self) -> tuple[int, str, float]:
         """(step, phase last entered, its wall-clock start): what this rank is doing
         (:class:`distnerf.observe.progress.ProgressBeacon` publishes it for hang reports)."""
         return self.step, self.timer.current, self.timer.current_since
@@ -147,27 +146,7 @@ class Trainer:
         strategy has checked the exchange that made these parameters (:meth:`Strategy.check_exchange`)."""
         self.strategy.check_exchange()
         return self.checkpointer.save(self.step, self.train_seconds, self.model, self.optimizer, self.sampler,
-                                      at_mark, self._fraction_for(self.step))
-
-    def _fraction_for(self, step: int) -> float | None:
-        """The budget fraction the schedule reads at ``step`` (what a run resumed there must read):
-        the one ``prepare`` used if it already ran for that step (a save inside the step, or after a
-        stop that did not take it), else the latest agreed one."""
-        prepared_step, fraction = self._prepared
-        return fraction if prepared_step == step else self.budget_fraction
-
-    def _resumed_fraction(self, state: dict) -> float:
-        """The budget fraction a resumed run starts from: the checkpoint's agreed one, rescaled
-        when the budget changed (``budget_minutes``); from its training seconds when the run it
-        comes from had no budget."""
-        saved, minutes = state.get("budget_fraction"), state.get("budget_minutes")
-        if saved is None or not minutes:
-            return self._fraction_of(self.train_seconds)
-        return float(saved) * float(minutes) / float(self.cfg.train.max_minutes)
-
-    def _fraction_of(self, seconds: float) -> float:
-        """``seconds`` of training as a fraction of the time budget (``train.max_minutes`` > 0)."""
-        return seconds / (60.0 * self.cfg.train.max_minutes)
+                                      self.budget_clock.state_dict(self.step), at_mark)
 
     def _make_viewer(self):
         """``viewer.enabled``: the live web viewer, served by the main rank (see :class:`LiveViewer`);
@@ -190,19 +169,18 @@ class Trainer:
         return MultiLogger(loggers)
 
     # ----------------------------------------------------------------- loop
-    def train_step(self, step: int):
-        """The step's forward half: returns (batch, model outputs, summed squared error)."""
+    def train_step(self, step: int) -> tuple[RayBatch, RenderOutput, RayError]:
+        """The step's forward half: returns (batch, model outputs, their :class:`RayError`)."""
         with self.timer.phase("input_wait"):  # sync builds the batch here; pipelined waits for a worker
             batch = self.sampler.host_batch(step)
         with self.timer.phase("copy"):
             batch = self.sampler.to_device(batch)
         with self.timer.phase("model_update"):
-            self._prepared = (step, self.budget_fraction)
-            if self.step_fn.prepare(step, self.budget_fraction):  # parameters replaced: the wrapper is rebuilt too
+            if self.step_fn.prepare(step, self.budget_clock.read(step)):  # parameters replaced: rewrap too
                 self.wrapped = self.strategy.rewrap()
         with self.timer.phase("forward"):
-            out, sse = self.step_fn.forward(self.wrapped, batch)
-        return batch, out, sse
+            out, error = self.step_fn.forward(self.wrapped, batch)
+        return batch, out, error
 
     def agree(self, batch, sse: torch.Tensor) -> StepAgreement:
         """The step's one small all-reduce: global valid rays, stop and checkpoint flags.
@@ -230,8 +208,8 @@ class Trainer:
                           live_frame=float(self.viewer is not None and self.viewer.wants_frame()))
         with self.timer.phase("step_sync"):
             agreed = self.strategy.reduce_step_stats(local)
-        if self.budget_fraction is not None:  # the mean over ranks: the same float everywhere (one all-reduce)
-            self.budget_fraction = self._fraction_of(agreed.total.train_seconds / self.env.world_size)
+        # the mean over ranks: the same float everywhere (one all-reduce)
+        self.budget_clock.agree(agreed.total.train_seconds / self.env.world_size)
         return agreed
 
     def _settle_nonfinite(self) -> None:
@@ -248,47 +226,47 @@ class Trainer:
     def fit(self) -> dict:
         """Train until ``train.max_steps``, the time budget or a stop signal, then evaluate the test split."""
         max_steps, log_every, val_every = step_limit(self.cfg.train), self.cfg.train.log_every, self.cfg.train.val_every
-        progress, stop_reason, segment_start = self._progress(max_steps), "max_steps", self.train_seconds
+        bar, stop_reason, segment_start = self._progress_bar(max_steps), "max_steps", self.train_seconds
         loop_start = time.perf_counter()
         while self.step < max_steps:
             start = time.perf_counter()
             self.timer.begin_step()
-            batch, out, sse = self.train_step(self.step)
-            agreed = self.agree(batch, sse)
-            flags = agreed.total
-            if flags.nonfinite:  # the previous step's loss (agree's docstring)
-                self._stop_nonfinite(flags.nonfinite, self.step - 1)
-            if flags.collapsed:
-                self._stop_collapsed(flags)
-            if flags.over_budget or flags.signal:  # every rank leaves at this step
-                stop_reason = "time_budget" if flags.over_budget else "signal"
+            batch, out, error = self.train_step(self.step)
+            agreed = self.agree(batch, error.sse)
+            total = agreed.total  # over ranks: the valid rays, and how many ranks raised each flag
+            if total.nonfinite:  # the previous step's loss (agree's docstring)
+                self._stop_nonfinite(total.nonfinite, self.step - 1)
+            if total.collapsed:
+                self._stop_collapsed(total.collapsed)
+            if total.over_budget or total.signal:  # every rank leaves at this step
+                stop_reason = "time_budget" if total.over_budget else "signal"
                 self.timer.cancel_step()  # the begun step is not taken: no record of it
                 break
-            if flags.at_mark:  # some rank passed a time mark: everyone saves at this step
+            if total.at_mark:  # some rank passed a time mark: everyone saves at this step
                 with self.timer.phase("checkpoint"):
                     self.save_checkpoint(at_mark=True)
-            self.step_fn.update(sse / agreed.loss_normalizer)
+            self.step_fn.update(error.sse / agreed.loss_normalizer)
             self.step += 1
             done = self.profiler.end_step(self.step - 1, agreed.mine.valid_rays, out.num_samples,
                                           self.strategy.step_comm())  # after the step's GPU work (CUDA: its sync)
             step_seconds = done - start
             self.train_seconds += step_seconds
             if self.step % log_every == 0 or self.step == max_steps:
-                self._log_step(out, batch, flags.valid_rays, agreed.mine.valid_rays, step_seconds, progress)
-            if progress is not None:
-                progress.update(1)
+                self._log_step(out, batch, error, total.valid_rays, agreed.mine.valid_rays, step_seconds, bar)
+            if bar is not None:
+                bar.update(1)
             if val_every and self.step % val_every == 0:
                 self.timer.mark("evaluate")  # outside the step: named for hang reports, not timed
                 self._settle_nonfinite()
-                self.validate()
+                self.evaluate_val()
             if self.checkpointer.due(self.step):
                 self.timer.mark("checkpoint")  # its barrier waits for every rank
                 self._settle_nonfinite()
                 self.save_checkpoint()
             if self.viewer is not None:  # between steps, in this thread: the model is not changing
-                self.viewer.after_step(self.model, self.step, float(flags.valid_rays) / max(step_seconds, 1e-9),
-                                       frame_agreed=bool(flags.live_frame))
-        return self._finish(stop_reason, progress, segment_start, time.perf_counter() - loop_start)
+                self.viewer.after_step(self.model, self.step, float(total.valid_rays) / max(step_seconds, 1e-9),
+                                       frame_agreed=bool(total.live_frame))
+        return self._finish(stop_reason, bar, segment_start, time.perf_counter() - loop_start)
 
     def _stop_nonfinite(self, ranks: float, step: int) -> None:
         """Stop without saving: ``ranks`` ranks had a non-finite loss at ``step``."""
@@ -302,85 +280,50 @@ class Trainer:
         self.close()
         raise err
 
-    def _stop_collapsed(self, flags: StepStats) -> None:
-        """Stop like a non-finite loss when a model's occupancy grid emptied (nothing is sampled
-        any more, so nothing can learn again): no checkpoint of the collapsed model."""
+    def _stop_collapsed(self, ranks: float) -> None:
+        """Stop like a non-finite loss when a model's occupancy grid emptied on ``ranks`` ranks
+        (nothing is sampled any more, so nothing can learn again): no checkpoint of the collapsed model."""
         mine = self.model.collapsed()
-        msg = (f"training collapsed at step {self.step} on {int(flags.collapsed)} rank(s)"
+        msg = (f"training collapsed at step {self.step} on {int(ranks)} rank(s)"
                f"{' (here: ' + ', '.join(mine) + ' is empty)' if mine else ''}: every occupancy cell fell below "
                f"model.occupancy_threshold, so no sample is marched any more. Likely cause: a learning rate too "
                f"high for this model (train.lr={self.cfg.train.lr}) or a too-high occupancy_threshold; "
                f"stopping without saving")
         self._stop_without_saving(TrainingCollapse(msg), {"event": "occupancy_collapse", "parts": mine})
 
-    def _finish(self, stop_reason: str, progress, segment_start: float, loop_wall_s: float) -> dict:
+    def _finish(self, stop_reason: str, bar, segment_start: float, loop_wall_s: float) -> dict:
         """After the loop (``loop_wall_s``: its wall seconds in this process, validation, checkpoints
-        and the live viewer's frames included): profile summaries, the final checkpoint, the test split."""
-        if progress is not None:
-            progress.close()
+        and the live viewer's frames included; ``bar``: the progress bar or None): profile
+        summaries, the final checkpoint, the test split."""
+        if bar is not None:
+            bar.close()
         self.timer.mark("evaluate")  # final checkpoint, summaries and the test split (hang reports)
         self.sampler.close()  # workers are not needed for evaluation; its state (next step) stays
         self._settle_nonfinite()  # before the final checkpoint (collective)
         summaries = self.strategy.gather(self.profiler.finish())  # collective: every rank's breakdown to all
-        sizes = self.strategy.gather(self._model_size())  # collective: every rank's parameters and peak memory
+        # collective: every rank's parameters and peak memory
+        sizes = self.strategy.gather(rank_model_size(self.model, self.strategy.parameter_report(self.model),
+                                                     self.device))
         if self.env.is_main:
             log_profile_summaries(summaries, self.logger, self.step)
             log.info("training stopped at step %d (%s) after %.1f s of training (%.1f s of wall time in the loop "
                      "this session: validation, checkpoints and the viewer included)", self.step, stop_reason,
                      self.train_seconds, loop_wall_s)
-            self._log_input_summary(self.train_seconds - segment_start)
-            self._log_model_size(sizes)
+            self.logger.log(input_summary_event(self.timer.run_totals, self.train_seconds - segment_start,
+                                                self.sampler.name, self.step))
+            self.logger.log(model_size_event(sizes, self.step))
         if self.checkpointer.final_wanted(stop_reason):
             saved = self.save_checkpoint()
             if stop_reason == "signal" and self.env.is_main:
                 log.warning("stopped by %s at step %d: checkpoint %s written; continue with resume=true",
                             self.stop.signal or "a signal on another rank", self.step, saved)
                 self.logger.log({"step": self.step, "event": "signal_stop", "signal": self.stop.signal})
-        metrics = self.evaluate() if self.cfg.eval.enabled and stop_reason != "signal" else {}
+        metrics = self.evaluate_test() if self.cfg.eval.enabled and stop_reason != "signal" else {}
         self.close()
         return {"step": self.step, "stop_reason": stop_reason, **metrics}
 
-    def _log_input_summary(self, wall: float) -> None:
-        """Share of the steps' wall time (``wall`` s, this run segment) spent waiting for input and copying it."""
-        totals, wall = self.timer.run_totals, max(wall, 1e-9)
-        wait, copy = totals.get("input_wait", 0.0), totals.get("copy", 0.0)
-        log.info("input (sampler=%s): waited %.2f s (%.1f%% of %.1f s of steps), copied %.2f s (%.1f%%)",
-                 self.sampler.name, wait, 100 * wait / wall, wall, copy, 100 * copy / wall)
-        self.logger.log({"step": self.step, "event": "input_summary", "sampler": self.sampler.name,
-                         "input_wait_s": wait, "copy_s": copy, "steps_s": wall,
-                         "input_wait_share": wait / wall, "copy_share": copy / wall})
-
-    def _model_size(self) -> dict:
-        """This rank's parameters (the model it holds and trains: ``ss``, its own regions with their
-        context tables) and the process's peak resident memory (``VmHWM``), on CUDA peak device memory."""
-        row = {"parameters": sum(p.numel() for p in self.model.parameters()),
-               **self.strategy.parameter_report(self.model)}
-        peak = peak_rss_mb()
-        if peak is not None:
-            row["peak_rss_mb"] = peak
-        if self.device.type == "cuda":
-            row["peak_device_memory_mb"] = torch.cuda.max_memory_allocated(self.device) / 2**20
-        return row
-
-    def _log_model_size(self, sizes: list[dict]) -> None:
-        """The ``model_size`` event: the largest rank's figures (``parameters_per_rank``,
-        ``peak_rss_mb``, ``peak_device_memory_mb``), each rank's (``ranks``) and, under ``ss``, the
-        parameters of every region (``parameters_per_region``)."""
-        row = {"step": self.step, "event": "model_size", "parameters_per_rank": max(s["parameters"] for s in sizes),
-               "parameters_total": sum(s["parameters"] for s in sizes),
-               "ranks": [{k: v for k, v in s.items() if k != "regions"} for s in sizes]}
-        for key in ("peak_rss_mb", "peak_device_memory_mb"):
-            if all(key in s for s in sizes):
-                row[key] = max(s[key] for s in sizes)
-        regions = {k: v for s in sizes for k, v in s.get("regions", {}).items()}
-        if regions:
-            row["parameters_per_region"] = {k: regions[k] for k in sorted(regions, key=int)}
-        log.info("model: %s parameters per rank (%d in all); peak RSS per rank %s MiB",
-                 [s["parameters"] for s in sizes], row["parameters_total"],
-                 [round(s.get("peak_rss_mb", float("nan"))) for s in sizes])
-        self.logger.log(row)
-
-    def _progress(self, max_steps: float):
+    def _progress_bar(self, max_steps: float):
+        """The main rank's tqdm bar of the steps (``train.progress``), else None."""
         if not self.env.is_main or not self.cfg.train.progress:
             return None
         from tqdm import tqdm
@@ -388,19 +331,17 @@ class Trainer:
         return tqdm(total=None if math.isinf(max_steps) else max_steps, initial=self.step, dynamic_ncols=True,
                     desc="train")
 
-    def _log_step(self, out, batch, global_valid, local_valid, step_seconds, progress):
-        target = batch.rgb[out.ray_index] if out.ray_index is not None else batch.rgb  # ss: (ray, region) rows
-        err = ((out.rgb.detach().float() - target) ** 2).mean(dim=-1)
-        if out.loss_weight is not None:  # ss on the sync-free path: rows of rays a region did not train on weigh 0
-            keep = (out.loss_weight > 0).to(err.dtype)
-            mse = float((err * keep).sum() / keep.sum().clamp(min=1))
-        else:
-            mse = float(err.mean()) if len(target) else 0.0
-        row = {"step": self.step, "loss": mse, "psnr": -10 * math.log10(max(mse, 1e-10)),
+    def _log_step(self, out, batch, error: RayError, global_valid, local_valid, step_seconds, bar):
+        """The step's metrics row (main rank's figures; with peers, every rank's own under ``rankR/``):
+        ``loss``, the mean per-ray training error of this rank's rows that counted (colour, distortion
+        and coarse pass: the step's own :class:`RayError`), ``psnr`` of their colour error alone,
+        throughput, learning rate, the step breakdown."""
+        loss, mse = error.row_means()
+        row = {"step": self.step, "loss": loss, "psnr": -10 * math.log10(max(mse, 1e-10)),
                "rays_per_s": global_valid / max(step_seconds, 1e-9), "samples_per_ray":
                out.num_samples / max(len(batch.rgb), 1), "lr": self.optimizer.param_groups[0]["lr"],
                "train_seconds": self.train_seconds,
-               **({} if self.budget_fraction is None else {"budget_fraction": self.budget_fraction}),
+               **({} if self.budget_clock.fraction is None else {"budget_fraction": self.budget_clock.fraction}),
                **{f"time_{k}": v for k, v in self.timer.pop().items()}, **self.strategy.comm_stats(),
                **self.timer.recent_figures(self.cfg.train.log_every)}
         for key, name in (("num_density_samples", "density_samples_per_ray"),
@@ -418,8 +359,8 @@ class Trainer:
             for r, figs in enumerate(self.strategy.gather(mine)):
                 row.update({f"rank{r}/{k}": v for k, v in figs.items()})
         self.logger.log(row)
-        if progress is not None:
-            progress.set_postfix(loss=f"{mse:.4f}", psnr=f"{row['psnr']:.2f}", rays_s=f"{row['rays_per_s']:.0f}")
+        if bar is not None:
+            bar.set_postfix(loss=f"{loss:.4f}", psnr=f"{row['psnr']:.2f}", rays_s=f"{row['rays_per_s']:.0f}")
 
     # ----------------------------------------------------------------- evaluation
     @property
@@ -427,7 +368,9 @@ class Trainer:
         """Validation and test panels go to W&B (the same answer on every rank: it decides who writes PNGs)."""
         return self.cfg.logger.wandb.mode != "disabled" and self.cfg.logger.wandb.log_images
 
-    def validate(self) -> None:
+    def evaluate_val(self) -> None:
+        """Mean PSNR over ``train.val_views`` views of the validation split, logged (``val_psnr``);
+        with W&B images, their panels."""
         start = time.perf_counter()
         out_dir = self.run_dir / "val" / f"step_{self.step:08d}" if self._image_panels else None
         res = make_eval_split(self.cfg, self.model, self.strategy)("val", self.cfg.train.val_views, 1, out_dir, None)
@@ -437,7 +380,7 @@ class Trainer:
         if out_dir is not None and self.env.is_main:
             self.logger.log_images(self.step, image_panels(res["scene"], res["rows"], out_dir, "val"))
 
-    def evaluate(self) -> dict:
+    def evaluate_test(self) -> dict:
         """Test-split PSNR/SSIM(/LPIPS); renders under ``RUN/test/``; ``metrics.json`` on rank 0; with W&B
         images, the first :data:`TEST_PANELS` test views as panels."""
         metrics = evaluate_run(self.cfg, self.model, self.strategy, self.run_dir, self.step,

@@ -15,9 +15,9 @@ budget covers whatever the model holds; the tables then get the rest:
 """
 from __future__ import annotations
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from ..config_check import ConfigError, section
+from ..config_check import ConfigError, derive
 
 PROBE = {"grid": {"resolutions": [2], "upsample_steps": []}, "ngp": {"log2_table_size": 4}}
 
@@ -62,7 +62,7 @@ def fit_budget(cls, cfg: DictConfig, aabb, background, extra: dict) -> tuple[Dic
     if name not in PROBE:
         raise ConfigError(f"config model.max_params={budget}: sizing by a parameter budget is implemented for "
                           f"model=grid and model=ngp, not model={name}; set model.max_params=null")
-    probe = cls(aabb, background, section(OmegaConf.get_type(cfg), cfg, **PROBE[name]), **extra)
+    probe = cls(aabb, background, derive(cfg, **PROBE[name]), **extra)
     total = num_parameters(probe)
     if name == "grid":
         per_vertex = probe.density.shape[1] + probe.features.shape[1]
@@ -74,7 +74,7 @@ def fit_budget(cls, cfg: DictConfig, aabb, background, extra: dict) -> tuple[Dic
                               f"(2^3 vertices) needs {size(2) - fixed} more")
         final = _largest(lambda n: size(n) <= budget, 2, max(2, round(((budget - fixed) / per_vertex) ** (1 / 3))) + 4)
         resolutions = scaled_resolutions(list(cfg.resolutions), final)
-        return (section(OmegaConf.get_type(cfg), cfg, resolutions=resolutions), {},
+        return (derive(cfg, resolutions=resolutions), {},
                 {"max_params": budget, "final_parameters": size(final), "resolutions": resolutions})
     enc = probe.encoding
     dense = [(int(r) + 1) ** 3 for r in enc.resolutions]

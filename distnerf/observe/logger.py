@@ -77,7 +77,7 @@ def final_model_size(rows: list[dict]) -> dict | None:
     """The run's ``model_size`` figures from its log rows (:func:`read_metrics_log`): the finished
     model's, across every session of a stopped and resumed run.
 
-    Each session logs one ``model_size`` event when it stops (the trainer's ``_log_model_size``):
+    Each session logs one ``model_size`` event when it stops (:func:`distnerf.observe.summary.model_size_event`):
     a run stopped mid-way logged one before its grid's last stage (fewer parameters) and with that
     process's peak memory only. The parameters (and ``ranks``, ``parameters_per_region``) are the
     *last* event's; each peak memory figure (``peak_rss_mb``, ``peak_device_memory_mb``, MiB, and the

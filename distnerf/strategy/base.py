@@ -86,7 +86,8 @@ class Strategy:
     continues with other ray streams, and is warned about."""
 
     def __init__(self, cfg: Mapping, env: DistEnv):
-        self.cfg, self.env = section("strategy", {"name": self.name, **dict(cfg)}), env
+        # the run's validated node passes through (section); a partial mapping (a test) may leave out the name
+        self.cfg, self.env = section("strategy", cfg if "name" in cfg else {"name": self.name, **cfg}), env
         self.model: nn.Module | None = None
         self.wrapped: nn.Module | None = None
 

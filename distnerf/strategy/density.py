@@ -37,8 +37,8 @@ def estimate_density(scene, model_cfg: dict, steps: int, resolution: int, rays_p
     for step in range(steps):
         step_fn.prepare(step)
         batch = sampler.to_device(sampler.host_batch(step))
-        _, sse = step_fn.forward(model, batch)
-        step_fn.update(sse / max(int(batch.valid.sum()), 1))
+        _, error = step_fn.forward(model, batch)
+        step_fn.update(error.sse / max(int(batch.valid.sum()), 1))
     sampler.close()
     with torch.no_grad():
         points = model.occupancy.cell_centers() if at is None else at.to(device, torch.float32)

@@ -52,7 +52,7 @@ from ..fileio import atomic_torch_save
 from .. import dist as D
 from ..model import build_model, contracted
 from ..components.optim import merge_optimizer_states, split_optimizer_state
-from ..config_check import section
+from ..config_check import derive, section
 from ..model.base import RadianceModel
 from ..seeds import LOAD_STREAM, SHARED_STREAM, region_seed
 from .base import StepAgreement, StepStats, Strategy
@@ -293,10 +293,10 @@ class SSStrategy(Strategy):
         cfg = section("model", model_cfg)  # the run's typed node passes through
         if cfg.max_params is not None:  # a per-rank budget: each of the rank's K / W regions (training W) a share
             world_size = self.partition.world_size or self.env.world_size
-            cfg = section("model", cfg, max_params=cfg.max_params * world_size // len(self.partition))
+            cfg = derive(cfg, max_params=cfg.max_params * world_size // len(self.partition))
         if self.joint:  # contracted: around its own region (its column to infinity sampled in the shell)
             if cfg.get("tv_weight"):  # one scene, one regulariser: see the docstring
-                cfg = section("model", cfg, tv_weight=cfg.tv_weight / len(self.partition))
+                cfg = derive(cfg, tv_weight=cfg.tv_weight / len(self.partition))
             return build_model(cfg, self.partition.boxes[region].float(), torch.zeros(3), num_images=num_images)
         if self.partition.unbounded:  # contracted around its enlarged region: its resolution where its content is
             return build_model(cfg, self.partition.enlarged()[region].float(), background, num_images=num_images)

@@ -6,6 +6,7 @@ its results to ``out_dir/rank_<r>.pt`` for the test process to compare.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import traceback
 from pathlib import Path
@@ -136,12 +137,14 @@ def overflow_worker(rank: int, world_size: int, port: int, out_dir: str, num_ray
 
 
 def compose_config(overrides: list[str]):
-    """The real Hydra config of ``conf/train.yaml`` with ``overrides``."""
+    """The real Hydra config of ``conf/train.yaml`` with ``overrides``, validated (as the entry point does)."""
     from hydra import compose, initialize_config_dir
+
+    from distnerf.config_check import validate
 
     conf = Path(__file__).resolve().parents[2] / "conf"
     with initialize_config_dir(config_dir=str(conf), version_base="1.3"):
-        return compose("train", overrides=overrides)
+        return validate(compose("train", overrides=overrides))
 
 
 def trainer_worker(rank: int, world_size: int, port: int, run_dir: str, overrides: list, mode: str):
@@ -160,14 +163,14 @@ def trainer_worker(rank: int, world_size: int, port: int, run_dir: str, override
             cfg.train.max_minutes = 1e-9
         if rank == 1 and mode == "nan":
             calls = {"n": 0}
-            real = step_mod.photometric_sse
+            real = step_mod.ray_error
 
             def poisoned(*args, **kwargs):
                 calls["n"] += 1
-                sse = real(*args, **kwargs)
-                return sse * float("nan") if calls["n"] == 3 else sse
+                error = real(*args, **kwargs)
+                return dataclasses.replace(error, sse=error.sse * float("nan")) if calls["n"] == 3 else error
 
-            step_mod.photometric_sse = poisoned
+            step_mod.ray_error = poisoned
         trainer = trainer_mod.Trainer(cfg, build_strategy({"name": "ddp"}, env), Path(run_dir))
         try:
             out = trainer.fit()

@@ -152,3 +152,65 @@ def test_a_datasets_model_settings_apply_under_that_dataset_only():
     assert list(given.model.resolutions) == [32, 64]
     ngp = config_check.validate(compose_train(["dataset=blender", "dataset.root=/data/x", "model=ngp"]))
     assert "resolutions" not in ngp.model
+
+
+def test_derive_sets_keys_on_a_typed_copy_and_checks_them():
+    """``derive``: a validated node with some keys changed, the node's schema type kept, the
+    original untouched; an unknown key, a wrong type or a bound is refused, naming the key."""
+    cfg = config_check.validate(compose_train(["experiment=smoke"]))
+    model = config_check.derive(cfg.model, max_params=1234, resolutions=[4, 8])
+    assert OmegaConf.get_type(model) is schema.GridModelConfig
+    assert model.max_params == 1234 and list(model.resolutions) == [4, 8]
+    assert cfg.model.max_params is None and list(cfg.model.resolutions) != [4, 8]
+    assert model.step_ratio == cfg.model.step_ratio  # the keys not given are the node's own
+    assert config_check.derive(cfg.model, max_params="12").max_params == 12  # converted as a merge would
+    with pytest.raises(ValueError, match=r"config model.colr=.*not in 'GridModelConfig'"):
+        config_check.derive(cfg.model, colr="sh")
+    with pytest.raises(ValueError, match=r"config model.max_params='many'"):
+        config_check.derive(cfg.model, max_params="many")
+    with pytest.raises(ValueError, match=r"config model.tv_weight=-1.0 must be >= 0"):
+        config_check.derive(cfg.model, tv_weight=-1.0)
+    with pytest.raises(TypeError, match="validated config node"):
+        config_check.derive({"name": "grid"}, max_params=1)
+
+
+def test_a_training_run_validates_its_config_once_and_derives_the_rest(tmp_path, synthetic_cache, monkeypatch):
+    """One in-process run of ``distnerf.train.run`` (2 steps; joint ``ss`` with a parameter budget
+    and a TV weight: the strategy, the per-region budget and TV share and the budget's probe all
+    derive configs from the run's): one whole-config merge into the schemas (``validate``), no
+    group merged into its schema again (``section`` on a node of the run config passes it through)."""
+    import logging
+
+    from distnerf import train
+    from distnerf.observe.logger import final_model_size, read_metrics_log
+
+    calls = {"validate": 0, "section_merge": 0}
+
+    def spy(name, real):
+        def counted(*args, **kwargs):
+            calls[name] += 1
+            return real(*args, **kwargs)
+        return counted
+
+    monkeypatch.setattr(config_check, "structured", spy("validate", config_check.structured))
+    monkeypatch.setattr(config_check, "_merge_section", spy("section_merge", config_check._merge_section))
+    cfg = compose_train(["experiment=smoke", "sampler=sync", "strategy=ss", "strategy.num_regions=2",
+                         "strategy.training=joint", "strategy.context_resolution=8", "model.max_params=100000",
+                         "model.tv_weight=0.001", "train.max_steps=2", "train.ckpt_every=-1", "train.progress=false",
+                         "eval.enabled=false", "profiler.telemetry=false", f"dataset.cache_dir={synthetic_cache}",
+                         f"run_dir={tmp_path / 'run'}"])
+    logger = logging.getLogger("distnerf")  # run() installs its handlers: restored for the tests after this one
+    saved = (list(logger.handlers), logger.propagate, logger.level)
+    try:
+        result = train.run(cfg)
+    finally:
+        for handler in logger.handlers:
+            if handler not in saved[0]:
+                handler.close()
+        logger.handlers[:], logger.propagate, logger.level = saved
+    assert result["step"] == 2
+    assert calls["validate"] == 1, calls
+    assert calls["section_merge"] == 0, calls
+    size = final_model_size(read_metrics_log(tmp_path / "run"))  # what the derived configs built
+    assert [r["budget"]["max_params"] for r in size["parameters_per_region"].values()] == [50000, 50000]
+    assert all(r["parameters"] <= 50000 for r in size["parameters_per_region"].values())

@@ -6,6 +6,7 @@ Real trainer runs of one CPU process on the built-in scene; the loss is poisoned
 """
 from __future__ import annotations
 
+import dataclasses
 
 import pytest
 import torch
@@ -42,14 +43,14 @@ def test_a_non_finite_loss_stops_the_run_and_no_checkpoint_holds_its_parameters(
                                                                                 poisoned_step, ckpt_every, kept):
     from distnerf.components import step as step_mod
 
-    real, calls = step_mod.photometric_sse, {"n": 0}
+    real, calls = step_mod.ray_error, {"n": 0}
 
     def poisoned(*args, **kwargs):
-        sse = real(*args, **kwargs)
+        error = real(*args, **kwargs)
         calls["n"] += 1
-        return sse * float("nan") if calls["n"] == poisoned_step + 1 else sse
+        return dataclasses.replace(error, sse=error.sse * float("nan")) if calls["n"] == poisoned_step + 1 else error
 
-    monkeypatch.setattr(step_mod, "photometric_sse", poisoned)
+    monkeypatch.setattr(step_mod, "ray_error", poisoned)
     bench = _bench_syncs()
     trainer, env = bench.build_trainer([f"train.ckpt_every={ckpt_every}", "train.max_steps=12"], tmp_path / "run")
     try:

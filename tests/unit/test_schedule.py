@@ -159,7 +159,7 @@ def test_a_resumed_time_budgeted_run_continues_the_uninterrupted_one_bit_exactly
         D.shutdown(env)
     trainer, env = bench.build_trainer([*overrides, "resume=true"], tmp_path / "b")
     try:
-        assert trainer.step == 4 and trainer.budget_fraction == pytest.approx(0.3)
+        assert trainer.step == 4 and trainer.budget_clock.fraction == pytest.approx(0.3)
         steps(trainer, 8, lrs_b)
         final_b = state(trainer)
     finally:
@@ -168,3 +168,26 @@ def test_a_resumed_time_budgeted_run_continues_the_uninterrupted_one_bit_exactly
     assert lrs_b == lrs_a
     assert final_a.keys() == final_b.keys()
     assert all(torch.equal(final_a[k], final_b[k]) for k in final_a)
+
+
+def test_the_budget_clock_saves_the_fraction_its_step_read_and_a_resume_rescales_it_to_the_new_budget():
+    """BudgetClock (components/schedule.py), by hand: 2 minutes of budget, so 30 s is p = 0.25."""
+    from distnerf.components.schedule import BudgetClock
+
+    clock = BudgetClock(_train(max_minutes=2.0))
+    assert clock.fraction == 0.0
+    clock.agree(30.0)
+    assert clock.read(5) == 0.25  # step 5's schedule reads the fraction agreed at step 4's end
+    clock.agree(60.0)  # step 5's agreement: p = 0.5, read by step 6
+    assert clock.state_dict(5) == {"budget_fraction": 0.25, "budget_minutes": 2.0}  # saved inside step 5
+    assert clock.state_dict(6) == {"budget_fraction": 0.5, "budget_minutes": 2.0}  # saved after it
+    resumed = BudgetClock(_train(max_minutes=1.0))  # the budget halved: the same seconds are twice the fraction
+    resumed.load_state_dict(clock.state_dict(6), train_seconds=60.0)
+    assert resumed.fraction == 1.0
+    from_steps = BudgetClock(_train(max_minutes=4.0))  # from a run without a budget: its training seconds
+    from_steps.load_state_dict({"budget_fraction": None, "budget_minutes": 0.0}, train_seconds=48.0)
+    assert from_steps.fraction == pytest.approx(0.2)
+    unbudgeted = BudgetClock(_train(max_minutes=0.0))
+    unbudgeted.agree(30.0)
+    unbudgeted.load_state_dict({"budget_fraction": 0.5, "budget_minutes": 2.0}, train_seconds=60.0)
+    assert unbudgeted.read(3) is None and unbudgeted.state_dict(3) == {"budget_fraction": None, "budget_minutes": 0.0}

@@ -8,6 +8,7 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 
 from distnerf import dist as D
+from distnerf.config_check import validate
 from distnerf.engine.trainer import Trainer
 from distnerf.strategy import build_strategy
 
@@ -16,10 +17,10 @@ CONF = Path(__file__).resolve().parents[2] / "conf"
 
 def test_train_seconds_equals_the_wall_time_of_the_steps_within_2_percent(tmp_path, synthetic_cache):
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose("train", overrides=[
+        cfg = validate(compose("train", overrides=[
             "experiment=smoke", "sampler=sync", "train.max_steps=40", "train.log_every=1000", "train.ckpt_every=-1",
             "train.progress=false", "eval.enabled=false", "profiler.telemetry=false", f"run_dir={tmp_path}",
-            f"dataset.cache_dir={synthetic_cache}"])
+            f"dataset.cache_dir={synthetic_cache}"]))
     env = D.init_distributed("cpu", timeout_s=cfg.dist_timeout_s, setup_timeout_s=cfg.dist_setup_timeout_s)
     trainer = Trainer(cfg, build_strategy(cfg.strategy, env), tmp_path)
     edges: list[float] = []
