@@ -34,6 +34,7 @@ NEAR_MARGIN, FAR_MARGIN = 0.9, 1.1   # per-camera near = 0.9 x 2nd-percentile di
 MIN_POINTS = 16             # fewer observed points than this: the camera gets the global bounds
 NEAR_FRACTION = 0.01        # without points: near of a camera inside the box, a fraction of its diagonal
 FOCUS_IN_VIEW = 0.9         # without points: the cameras' images frame one object if this many hold their focus point
+FOCUS_MAX_ELEVATION = 45.0  # ... and the cameras' median elevation over it is below this (degrees; above: a ground)
 UP = np.array([0.0, 1.0, 0.0])
 ORIENT_METHODS = ("up", "vertical", "none")
 
@@ -399,8 +400,9 @@ def half_fov(intrinsics: np.ndarray, sizes: np.ndarray) -> np.ndarray:
     return np.arctan(np.minimum(np.minimum(cx, width - cx) / fx, np.minimum(cy, height - cy) / fy))
 
 
-def framed_sphere(c2w: np.ndarray, half_angles: np.ndarray,
-                  min_in_view: float = FOCUS_IN_VIEW) -> Optional[tuple[np.ndarray, float]]:
+def framed_sphere(c2w: np.ndarray, half_angles: np.ndarray, up: Optional[np.ndarray],
+                  min_in_view: float = FOCUS_IN_VIEW,
+                  max_elevation: float = FOCUS_MAX_ELEVATION) -> Optional[tuple[np.ndarray, float]]:
     """The content of a capture whose cameras converge on one object, from the cameras alone:
     the ball around their :func:`focus_point` that the images frame.
 
@@ -417,23 +419,33 @@ def framed_sphere(c2w: np.ndarray, half_angles: np.ndarray,
 
     Defined only for such captures: a :func:`focus_point` (the axes converge, in front of
     most cameras) that at least ``min_in_view`` of the cameras hold in their image
-    (``phi_i < theta_i``). Aerial and forward-facing captures (parallel axes) and outward
-    panoramas get None.
+    (``phi_i < theta_i``), seen from the side more than from above (the median elevation of
+    the cameras over it, relative to ``up``, below ``max_elevation`` degrees: lego's
+    hemisphere 32, a ring 1.5 above a radius of 4 21). Cameras looking down at their focus
+    point see a ground that goes on past every frame (an aerial orbit: the built-in
+    ``city_small``'s first 10 views converge at a median elevation of 50 degrees), where the
+    ball would cut the scene; they, aerial and forward-facing captures (parallel axes),
+    outward panoramas and a capture without ``up`` get None.
 
     Args:
         c2w: (N, 3, 4) camera-to-world, OpenGL.
         half_angles: (N,) :func:`half_fov` of each camera, radians.
+        up: (3,) unit up direction (:func:`estimate_up`), or None.
         min_in_view: the fewest cameras, a fraction, whose image holds the focus point.
+        max_elevation: degrees, see above.
 
     Returns:
         (centre (3,) float64, radius float) in ``c2w``'s frame and units, or None.
     """
     c2w = np.asarray(c2w, dtype=np.float64)
-    focus = focus_point(c2w)
+    focus = None if up is None else focus_point(c2w)
     if focus is None:
         return None
     offset = focus - c2w[:, :, 3]
     distance = np.linalg.norm(offset, axis=1)
+    elevation = np.degrees(np.arcsin(np.clip(-offset @ up / np.maximum(distance, 1e-12), -1.0, 1.0)))
+    if np.median(elevation) >= max_elevation:
+        return None
     axes = -c2w[:, :, 2] / np.linalg.norm(c2w[:, :, 2], axis=1, keepdims=True)
     off_axis = np.arccos(np.clip(np.einsum("ij,ij->i", offset, axes) / np.maximum(distance, 1e-12), -1.0, 1.0))
     framed = off_axis < np.asarray(half_angles, dtype=np.float64)
@@ -521,7 +533,7 @@ def place_capture(c2w: np.ndarray, points: Optional[np.ndarray] = None,
     has_points = points is not None and len(points) >= min_points
     sphere = None
     if aabb is None and not has_points and half_angles is not None:
-        sphere = framed_sphere(c2w_fit, half_angles)
+        sphere = framed_sphere(c2w_fit, half_angles, estimate_up(c2w_fit, orient))
     if aabb is not None:
         box = as_aabb(aabb, where).double().numpy()
         box_fit = box if normalize else fit.points(box)

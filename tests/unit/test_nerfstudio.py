@@ -68,18 +68,24 @@ def test_poses_intrinsics_and_transform(tmp_path):
     assert raw.transform is None
 
 
-def test_parallel_cameras_keep_the_box_bounds(tmp_path):
-    """Cameras that do not converge (a forward-facing row): no ball they frame; the box [-1, 1]^3 around
-    the cameras, widened to hold them all, near = distance to it (1% of its diagonal from inside), far =
-    to its farthest corner."""
-    c2w = np.stack([np.concatenate([np.eye(3), [[x], [0.0], [0.0]]], 1) for x in np.linspace(-1.0, 1.0, 5)])
+@pytest.mark.parametrize("layout", ["row", "from_above"])
+def test_cameras_framing_no_object_keep_the_box_bounds(tmp_path, layout):
+    """Cameras that do not converge (a forward-facing row), or converge from above (a ring 6 over a
+    radius of 4: 56 degrees, a ground that goes on past the frames): no ball they frame; the box
+    [-1, 1]^3 around the cameras, widened to hold them all, near = distance to it (1% of its diagonal
+    from inside), far = to its farthest corner."""
+    if layout == "row":
+        c2w = np.stack([np.concatenate([np.eye(3), [[x], [0.0], [0.0]]], 1) for x in np.linspace(-1.0, 1.0, 5)])
+    else:
+        c2w = ring(5, height=6.0)
     names = [f"images/f_{i:02d}.png" for i in range(5)]
     for i, name in enumerate(names):
         write_image(tmp_path / name, 12, 16, seed=i)
     write_transforms(tmp_path, {"fl_x": 20.0, "w": 16, "h": 12, "frames": frames_of(c2w, names)})
-    scene = load_nerfstudio(tmp_path, "train", holdout=5, orient="none")
+    scene = load_nerfstudio(tmp_path, "train", holdout=5)
     c2w = scene.cameras.c2w.double().numpy()
     every = np.concatenate([load_nerfstudio(tmp_path, "test", holdout=5).cameras.c2w.double().numpy(), c2w])[:, :, 3]
+    assert np.abs(scene.aabb.numpy()).max() >= 1.0
     box = np.stack([np.minimum(-1.0, every.min(0)), np.maximum(1.0, every.max(0))])
     np.testing.assert_allclose(scene.aabb.numpy(), box, atol=1e-6)
     corners = np.stack(np.meshgrid(*box.T, indexing="ij"), -1).reshape(-1, 3)
