@@ -102,9 +102,10 @@ class CaptureDataset(DatasetConfig):
     orient: str = choice("vertical", "up", "none")  # up axis: normal of the cameras' right vectors
                                         # (aerial too) / their mean up vector (nerfstudio's "up")
     background: List[float] = items([0.0, 0.0, 0.0])
-    near: Optional[float] = None        # null: per camera, from the sparse points it sees (or the scene box)
-    far: Optional[float] = None
-    aabb: Optional[List[Any]] = None    # null: robust box of the sparse points + margin (no points: [-1, 1]^3)
+    near: Optional[float] = None        # null: per camera, from the sparse points it sees (no points: from the
+    far: Optional[float] = None         # ball converging cameras frame, else from the scene box)
+    aabb: Optional[List[Any]] = None    # null: robust box of the sparse points + margin (no points: the framed
+                                        # ball's cube, else [-1, 1]^3)
 
 
 @dataclass

@@ -30,7 +30,9 @@ Conventions
   the actual ratio of the sizes, per axis (distortion acts on normalised coordinates
   and is unchanged).
 * Scene frame, box and ray bounds: :func:`distnerf.data.normalize.place_capture` with
-  the sparse points (per image: the points its POINTS2D observe).
+  the sparse points (per image: the points its POINTS2D observe); a model without points
+  (``distnerf.data.convert``'s) gets them from the cameras alone, as the nerfstudio
+  importer does.
 * Split: test = every ``holdout``-th image sorted by name (0, N, 2N, ...: the LLFF
   protocol) or the names of ``test_list``; val = the names of ``val_list``, else test;
   train = every other image.
@@ -50,7 +52,7 @@ from distnerf.data.capture import (CaptureImages, NameLabel, capture_scene, down
                                    read_name_list, scaled_size, split_indices)
 from distnerf.data.images import ImageList, read_image_size
 from distnerf.data.llff import IMAGE_SUFFIXES
-from distnerf.data.normalize import MIN_POINTS, c2w_from_cam_from_world, place_capture
+from distnerf.data.normalize import MIN_POINTS, c2w_from_cam_from_world, half_fov, place_capture
 
 log = logging.getLogger("distnerf")
 
@@ -339,7 +341,8 @@ def load_colmap(root, split: str, downscale: int = 1, holdout: int = 8, test_lis
     check_image_folder(model, image_dir, strict)
     where = f"COLMAP model {model.model_dir}"
     placed = place_capture(model.c2w, model.points, model.observed, source="colmap", normalize=normalize,
-                           orient=orient, near=near, far=far, aabb=aabb, min_points=min_points, where=where,
+                           orient=orient, near=near, far=far, aabb=aabb, min_points=min_points,
+                           half_angles=half_fov(model.intrinsics, model.sizes), where=where,
                            model=str(model.model_dir))
     index = split_of(model.names, split, holdout, test_list, val_list, where, root=root)
     files = split_images(model, index, image_dir, downscale, prescaled=shrunk is not None)

@@ -9,6 +9,7 @@ frame, a frame's own keys override them)::
      "fl_x", "fl_y", "cx", "cy", "w", "h",      # pixels; fl_y: fl_x, cx, cy: w/2, h/2 when absent
      "k1", "k2", "p1", "p2", "k3",              # optional OpenCV distortion (absent: 0)
      "applied_transform": 3x4 or 4x4,           # optional, see below
+     "ply_file_path": "sparse_pc.ply",          # optional sparse points, see below
      "train_filenames", "val_filenames", "test_filenames": [file_path, ...],  # optional split
      "frames": [{"file_path": "images/frame_00001.png", "transform_matrix": 4x4 c2w,
                  "mask_path": "masks/frame_00001.png", ...}]}
@@ -20,16 +21,24 @@ Conventions
 * ``applied_transform`` (absent: identity) is what ``ns-process-data`` applied to the
   COLMAP poses before writing them: ``p_file = applied_transform @ [p_colmap, 1]``
   (its default swaps y and z and negates the new z: COLMAP's -y "gravity guess" becomes
-  +z); nerfstudio's dataparser composes it into its own transform only to bring the
-  COLMAP point cloud (``ply_file_path``) into the poses' frame. The poses here are used
-  as written; the transform record keeps it (``applied_transform``) and adds
-  ``original_matrix``, ``p_scene = original_matrix @ [p_colmap, 1]``. ``applied_scale``,
-  when present, multiplies it (``p_file = applied_scale * applied_transform @ [p, 1]``).
-* ``ply_file_path`` (the sparse points) is ignored: normalisation, box and ray bounds
-  come from the cameras alone (:func:`distnerf.data.normalize.place_capture` without
-  points: centre at the cameras' focus point, box [-1, 1]^3 around it, per-camera
-  near = distance to the box (at least 1% of its diagonal), far = distance to its
-  farthest corner).
+  +z); nerfstudio's dataparser composes it into its ``dataparser_transform`` so that
+  exports can go back to COLMAP's frame. The poses here are used as written; the
+  transform record keeps it (``applied_transform``) and adds ``original_matrix``,
+  ``p_scene = original_matrix @ [p_colmap, 1]``. ``applied_scale``, when present,
+  multiplies it (``p_file = applied_scale * applied_transform @ [p, 1]``).
+* ``ply_file_path`` (optional; ``ns-process-data`` writes COLMAP's sparse points to
+  ``sparse_pc.ply``, already through ``applied_transform``, i.e. in the poses' frame, as
+  nerfstudio's ``create_ply_from_colmap`` does and its dataparser reads them): read with
+  ``plyfile`` (vertex x, y, z); scene frame, box and ray bounds as the COLMAP importer
+  derives them from its points (:func:`distnerf.data.normalize.place_capture` with the
+  points), each camera's points being those its image holds
+  (:func:`distnerf.data.normalize.points_in_view`: COLMAP's per-image observations are
+  not in the file; occluded points count, so far bounds come out a little looser).
+* Without points: from the cameras alone (``place_capture`` with their
+  :func:`~distnerf.data.normalize.half_fov`): cameras converging on an object give the
+  ball their images frame (:func:`distnerf.data.normalize.framed_sphere`), its cube as
+  the box and per-camera near/far where their rays can meet it; other captures (aerial,
+  forward-facing) get the box [-1, 1]^3 around the cameras' centre and bounds from it.
 * Camera models: ``OPENCV`` and ``PINHOLE`` (nerfstudio treats both as perspective
   cameras and applies k1 k2 k3 p1 p2 whenever present; so does this importer);
   others (fisheye, equirectangular) are refused.
@@ -57,7 +66,7 @@ from distnerf.data.blender import _lookup, _number, _pose, _read_json
 from distnerf.data.capture import (CaptureImages, NameLabel, capture_scene, every_nth, indices_of, read_mask,
                                    scaled_size, split_indices)
 from distnerf.data.images import ImageList, read_image_size
-from distnerf.data.normalize import place_capture
+from distnerf.data.normalize import half_fov, place_capture, points_in_view
 
 SUPPORTED_MODELS = ("OPENCV", "PINHOLE")
 DISTORTION_KEYS = ("k1", "k2", "p1", "p2", "k3")
@@ -110,6 +119,57 @@ def frame_camera(json_path: Path, index: int, meta: dict, frame: dict) -> tuple:
         raise DatasetError(f"{where}: k4 is not supported (a fisheye or rational model); only k1 k2 p1 p2 k3")
     dist = tuple(_number(where, key, value(key)) if value(key) is not None else 0.0 for key in DISTORTION_KEYS)
     return model, (fx, fy, cx, cy), dist, size
+
+
+def capture_cameras(json_path: Path, data_dir: Path, meta: dict, frames: list,
+                    order: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Every frame's ``fx, fy, cx, cy`` (N, 4) and ``(h, w)`` (N, 2) at its full size, in
+    ``order``; a frame without ``w``/``h`` is sized from its image's header.
+
+    Raises:
+        DatasetError, MissingDatasetFile: see :func:`frame_camera`; a frame without
+            ``w``/``h`` whose image is missing.
+    """
+    intrinsics, sizes = [], []
+    for i in order:
+        _, (fx, fy, cx, cy), _, size = frame_camera(json_path, i, meta, frames[i])
+        if size is None:
+            size = read_image_size(data_dir / frames[i]["file_path"])
+        intrinsics.append((fx, fy, size[1] / 2.0 if cx is None else cx, size[0] / 2.0 if cy is None else cy))
+        sizes.append(size)
+    return np.array(intrinsics, dtype=np.float64), np.array(sizes, dtype=np.float64)
+
+
+def read_ply_points(path: Path, what: str) -> np.ndarray:
+    """The vertex positions of a PLY file (ascii or binary), read with ``plyfile``.
+
+    Args:
+        path: the ``.ply`` file.
+        what: who names it, for error messages.
+
+    Returns:
+        (P, 3) float64 ``x, y, z`` of the ``vertex`` element, finite rows only.
+
+    Raises:
+        ImportError: plyfile missing (names the extra to install).
+        MissingDatasetFile (a DatasetError and a FileNotFoundError): no such file (names it).
+        DatasetError: not a PLY file, no ``vertex`` element with ``x``, ``y``, ``z`` (names the file).
+    """
+    try:
+        from plyfile import PlyData
+    except ImportError as err:
+        raise ImportError(f"{what} {path} needs plyfile: pip install 'distnerf[colmap]' (or pip install "
+                          f"plyfile)") from err
+    if not path.is_file():
+        raise MissingDatasetFile(f"{what}: point cloud not found: {path} (remove ply_file_path from the json to "
+                                 f"derive the bounds from the cameras alone)")
+    try:
+        vertex = PlyData.read(str(path))["vertex"]
+        xyz = np.stack([np.asarray(vertex[key], dtype=np.float64) for key in ("x", "y", "z")], 1)
+    except Exception as err:  # plyfile raises PlyParseError, KeyError, ValueError on malformed files
+        raise DatasetError(f"{what}: cannot read the point cloud {path} (a PLY file with a vertex element "
+                           f"holding x, y, z): {type(err).__name__}: {err}") from err
+    return xyz[np.isfinite(xyz).all(1)]
 
 
 def applied_matrix(json_path: Path, meta: dict) -> Optional[np.ndarray]:
@@ -194,8 +254,17 @@ def load_nerfstudio(root, split: str, downscale: int = 1, holdout: int = 8, norm
     c2w = np.stack([_pose(json_path, i, frames[i])[:3] for i in order])  # 4x4, finite, rigid
     applied = applied_matrix(json_path, meta)
     extra = {} if applied is None else {"applied_transform": applied.tolist()}
-    placed = place_capture(c2w, source="nerfstudio", normalize=normalize, orient=orient, near=near, far=far,
-                           aabb=aabb, where=str(json_path), **extra)
+    intrinsics_all, sizes_all = capture_cameras(json_path, data_dir, meta, frames, order)
+    points = observed = half_angles = None
+    if meta.get("ply_file_path") is not None:
+        ply = data_dir / str(meta["ply_file_path"])
+        points = read_ply_points(ply, f"{json_path}'s ply_file_path")
+        observed = points_in_view(c2w, intrinsics_all, sizes_all, points)
+        extra["sparse_points"] = len(points)
+    else:
+        half_angles = half_fov(intrinsics_all, sizes_all)
+    placed = place_capture(c2w, points, observed, source="nerfstudio", normalize=normalize, orient=orient,
+                           near=near, far=far, aabb=aabb, half_angles=half_angles, where=str(json_path), **extra)
     if placed.transform is not None and applied is not None:
         placed.transform["original_matrix"] = (np.asarray(placed.transform["matrix"]) @ applied).tolist()
 

@@ -33,6 +33,8 @@ AABB_MARGIN = 0.1           # box padding, a fraction of the box's largest side,
 NEAR_MARGIN, FAR_MARGIN = 0.9, 1.1   # per-camera near = 0.9 x 2nd-percentile distance, far = 1.1 x 98th
 MIN_POINTS = 16             # fewer observed points than this: the camera gets the global bounds
 NEAR_FRACTION = 0.01        # without points: near of a camera inside the box, a fraction of its diagonal
+FOCUS_IN_VIEW = 0.9         # without points: the cameras' images frame one object if this many hold their focus point
+FOCUS_MAX_ELEVATION = 45.0  # ... and the cameras' median elevation over it is below this (degrees; above: a ground)
 UP = np.array([0.0, 1.0, 0.0])
 ORIENT_METHODS = ("up", "vertical", "none")
 
@@ -345,6 +347,133 @@ def bounds_from_box(c2w: np.ndarray, aabb: np.ndarray) -> np.ndarray:
     return np.stack([near, far], 1)
 
 
+def points_in_view(c2w: np.ndarray, intrinsics: np.ndarray, sizes: np.ndarray, points: np.ndarray,
+                   chunk: int = 65536) -> list:
+    """The sparse points each camera's image holds: in front of it and projecting inside
+    its image rectangle (pinhole projection: lens distortion and occlusion are ignored).
+
+    Stands in for COLMAP's per-image observations (``POINTS2D``) where only the point
+    cloud is known (nerfstudio's ``sparse_pc.ply``); occluded points count too, so the
+    far bounds come out a little looser than from the observations.
+
+    Args:
+        c2w: (N, 3, 4) camera-to-world, OpenGL (looking down -z), same frame as ``points``.
+        intrinsics: (N, 4) ``fx, fy, cx, cy`` in pixels (top-left corner at (0, 0)).
+        sizes: (N, 2) ``(height, width)`` in pixels, the size ``intrinsics`` refer to.
+        points: (P, 3) points.
+        chunk: points projected at once (memory: N x chunk x 3 float64).
+
+    Returns:
+        N arrays (P_i, 3) float64, the points in view of camera i.
+    """
+    c2w = np.asarray(c2w, dtype=np.float64)
+    points = np.asarray(points, dtype=np.float64).reshape(-1, 3)
+    fx, fy, cx, cy = (np.asarray(intrinsics, dtype=np.float64)[:, k, None] for k in range(4))
+    height, width = (np.asarray(sizes, dtype=np.float64)[:, k, None] for k in range(2))
+    keep = []
+    for start in range(0, len(points), chunk):
+        # camera coordinates: local = R^T (p - o); OpenGL looks down -z
+        local = np.einsum("nji,npj->npi", c2w[:, :, :3], points[None, start:start + chunk] - c2w[:, None, :, 3])
+        depth = -local[..., 2]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            u = fx * local[..., 0] / depth + cx
+            v = -fy * local[..., 1] / depth + cy
+        keep.append((depth > 0) & (u >= 0) & (u <= width) & (v >= 0) & (v <= height))
+    inside = np.concatenate(keep, 1) if keep else np.zeros((len(c2w), 0), dtype=bool)
+    return [points[row] for row in inside]
+
+
+def half_fov(intrinsics: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """Per camera, the angle between the optical axis and the nearest side of the image's
+    pyramid of view (pinhole): the half-angle of the largest cone around the axis that the
+    image holds, ``min(atan(cx / fx), atan((w - cx) / fx), atan(cy / fy), atan((h - cy) / fy))``.
+
+    Args:
+        intrinsics: (N, 4) ``fx, fy, cx, cy`` in pixels.
+        sizes: (N, 2) ``(height, width)`` in pixels.
+
+    Returns:
+        (N,) float64 radians.
+    """
+    fx, fy, cx, cy = np.asarray(intrinsics, dtype=np.float64).T
+    height, width = np.asarray(sizes, dtype=np.float64).T
+    return np.arctan(np.minimum(np.minimum(cx, width - cx) / fx, np.minimum(cy, height - cy) / fy))
+
+
+def framed_sphere(c2w: np.ndarray, half_angles: np.ndarray, up: Optional[np.ndarray],
+                  min_in_view: float = FOCUS_IN_VIEW,
+                  max_elevation: float = FOCUS_MAX_ELEVATION) -> Optional[tuple[np.ndarray, float]]:
+    """The content of a capture whose cameras converge on one object, from the cameras alone:
+    the ball around their :func:`focus_point` that the images frame.
+
+    Camera i at distance ``D_i`` from the focus point, its axis ``phi_i`` off it, holds in
+    its image the ball of radius ``r_i = D_i sin(theta_i - phi_i)`` around it (``theta_i``:
+    :func:`half_fov`; the ball tangent to the cone of half-angle ``theta_i``). An object
+    captured from all sides, each image holding all of it (the usual orbit or hemisphere
+    capture, e.g. the NeRF synthetic scenes, or a hand-held walk around an object), lies in
+    every such ball; the radius is their robust upper extent (``PERCENTILES[1]``-th
+    percentile: a few close-ups that show only a part do not shrink it). This is the
+    convergence that instant-ngp's ``colmap2nerf.py`` uses (the "center of attention" of the
+    optical axes, the cameras then scaled to a mean distance of 4 with the object assumed
+    within radius ~1.5 of it), with the radius taken from the field of view instead of fixed.
+
+    Defined only for such captures: a :func:`focus_point` (the axes converge, in front of
+    most cameras) that at least ``min_in_view`` of the cameras hold in their image
+    (``phi_i < theta_i``), seen from the side more than from above (the median elevation of
+    the cameras over it, relative to ``up``, below ``max_elevation`` degrees: lego's
+    hemisphere 32, a ring 1.5 above a radius of 4 21). Cameras looking down at their focus
+    point see a ground that goes on past every frame (an aerial orbit: the built-in
+    ``city_small``'s first 10 views converge at a median elevation of 50 degrees), where the
+    ball would cut the scene; they, aerial and forward-facing captures (parallel axes),
+    outward panoramas and a capture without ``up`` get None.
+
+    Args:
+        c2w: (N, 3, 4) camera-to-world, OpenGL.
+        half_angles: (N,) :func:`half_fov` of each camera, radians.
+        up: (3,) unit up direction (:func:`estimate_up`), or None.
+        min_in_view: the fewest cameras, a fraction, whose image holds the focus point.
+        max_elevation: degrees, see above.
+
+    Returns:
+        (centre (3,) float64, radius float) in ``c2w``'s frame and units, or None.
+    """
+    c2w = np.asarray(c2w, dtype=np.float64)
+    focus = None if up is None else focus_point(c2w)
+    if focus is None:
+        return None
+    offset = focus - c2w[:, :, 3]
+    distance = np.linalg.norm(offset, axis=1)
+    elevation = np.degrees(np.arcsin(np.clip(-offset @ up / np.maximum(distance, 1e-12), -1.0, 1.0)))
+    if np.median(elevation) >= max_elevation:
+        return None
+    axes = -c2w[:, :, 2] / np.linalg.norm(c2w[:, :, 2], axis=1, keepdims=True)
+    off_axis = np.arccos(np.clip(np.einsum("ij,ij->i", offset, axes) / np.maximum(distance, 1e-12), -1.0, 1.0))
+    framed = off_axis < np.asarray(half_angles, dtype=np.float64)
+    if framed.mean() < min_in_view:
+        return None
+    radii = distance[framed] * np.sin(np.asarray(half_angles, dtype=np.float64)[framed] - off_axis[framed])
+    radius = float(np.percentile(radii, PERCENTILES[1]))
+    return (focus, radius) if radius > 0 else None
+
+
+def bounds_from_sphere(c2w: np.ndarray, centre: np.ndarray, radius: float) -> np.ndarray:
+    """Per-camera ray bounds of a ball: ``near_i = |o_i - c| - r`` (at least ``NEAR_FRACTION``
+    of the diameter: a camera inside the ball), ``far_i = |o_i - c| + r`` (no ray of camera i
+    meets the ball outside that range).
+
+    Args:
+        c2w: (N, 3, 4) camera-to-world.
+        centre: (3,) the ball's centre, same frame.
+        radius: its radius, same units.
+
+    Returns:
+        (N, 2) float64 [near, far].
+    """
+    distance = np.linalg.norm(np.asarray(c2w, dtype=np.float64)[:, :, 3] - centre, axis=1)
+    near = np.maximum(distance - radius, NEAR_FRACTION * 2.0 * radius)
+    return np.stack([near, distance + radius], 1)
+
+
 @dataclass
 class Placement:
     """Every camera of a capture placed in the scene frame, with its ray bounds and the box.
@@ -368,14 +497,17 @@ class Placement:
 def place_capture(c2w: np.ndarray, points: Optional[np.ndarray] = None,
                   observed: Optional[Sequence[np.ndarray]] = None, *, source: str, normalize: bool = True,
                   orient: str = "vertical", near: Optional[float] = None, far: Optional[float] = None,
-                  aabb=None, min_points: int = MIN_POINTS, where: str = "", **transform_extra) -> Placement:
+                  aabb=None, min_points: int = MIN_POINTS, half_angles: Optional[np.ndarray] = None,
+                  where: str = "", **transform_extra) -> Placement:
     """Normalises a capture and derives its box and ray bounds (the importers' one path).
 
     * Frame: :func:`fit_similarity` (``normalize=False``: the source frame; the box and
       bounds are then found in an unrotated fitted frame and mapped back).
     * Box: ``aabb`` if given (scene frame), else :func:`points_box` of the points (at
-      least ``min_points``), else :func:`cameras_box`.
+      least ``min_points``), else, with ``half_angles``, the cube around the ball of
+      :func:`framed_sphere` (cameras converging on an object), else :func:`cameras_box`.
     * Bounds: :func:`bounds_from_points` with ``observed`` (per-camera points), else
+      :func:`bounds_from_sphere` of that ball (no ``aabb`` given), else
       :func:`bounds_from_box`; ``near``/``far`` replace every camera's value when given.
 
     Args:
@@ -387,6 +519,8 @@ def place_capture(c2w: np.ndarray, points: Optional[np.ndarray] = None,
         orient: :func:`estimate_up`'s method.
         near, far, aabb: overrides, in the output frame.
         min_points: see :func:`bounds_from_points`.
+        half_angles: optional (N,) :func:`half_fov` of each camera, radians: without
+            points, box and bounds from :func:`framed_sphere` where it is defined.
         where: the dataset, for error messages.
         **transform_extra: more entries of the transform record.
 
@@ -397,14 +531,23 @@ def place_capture(c2w: np.ndarray, points: Optional[np.ndarray] = None,
     fit = fit_similarity(c2w, points, orient if normalize else "none")
     c2w_fit = fit.c2w(c2w)
     has_points = points is not None and len(points) >= min_points
+    sphere = None
+    if aabb is None and not has_points and half_angles is not None:
+        sphere = framed_sphere(c2w_fit, half_angles, estimate_up(c2w_fit, orient))
     if aabb is not None:
         box = as_aabb(aabb, where).double().numpy()
         box_fit = box if normalize else fit.points(box)
+    elif has_points:
+        box_fit = points_box(fit.points(points))
+    elif sphere is not None:
+        box_fit = sphere[0] + np.array([[-1.0], [1.0]]) * sphere[1]
     else:
-        box_fit = points_box(fit.points(points)) if has_points else cameras_box(c2w_fit)
+        box_fit = cameras_box(c2w_fit)
     if observed is not None and sum(len(p) for p in observed) > 0:
         bounds, _ = bounds_from_points(c2w_fit, [fit.points(np.asarray(p).reshape(-1, 3)) for p in observed],
                                        min_points)
+    elif sphere is not None:
+        bounds = bounds_from_sphere(c2w_fit, *sphere)
     else:
         bounds = bounds_from_box(c2w_fit, box_fit)
     if not normalize:  # back to source units: the fit was a scale and a translation

@@ -54,20 +54,46 @@ def test_poses_intrinsics_and_transform(tmp_path):
     c2w = scene.cameras.c2w.double().numpy()
     np.testing.assert_allclose(c2w[:, :, 1].mean(0) / np.linalg.norm(c2w[:, :, 1].mean(0)), [0, 1, 0], atol=1e-6)
     assert np.abs(c2w[:, :, 3]).max() <= 1.0 + 1e-5
-    # no points: the box [-1, 1]^3, widened to hold every camera (percentiles leave the extreme ones out)
-    every = np.concatenate([load_nerfstudio(tmp_path, "test", holdout=3).cameras.c2w.double().numpy(), c2w])[:, :, 3]
+    # no points, cameras converging on the ring's centre: the ball each image holds around it (radius D sin(theta),
+    # theta = atan(5.75 / 22) the half-angle to the nearest image side, cy = 6.25 of h = 12 with fy = 22), its cube
+    # the box, near/far where the rays meet it
+    distance = np.linalg.norm(c2w[:, :, 3], axis=1)
+    radius = distance[0] * np.sin(np.arctan(5.75 / 22.0))
+    np.testing.assert_allclose(distance, distance[0], rtol=1e-6)
+    np.testing.assert_allclose(scene.aabb.numpy(), [[-radius] * 3, [radius] * 3], atol=1e-6)
+    np.testing.assert_allclose(scene.cameras.bounds.numpy(), np.stack([distance - radius, distance + radius], 1),
+                               rtol=1e-5)
+    raw = load_nerfstudio(tmp_path / "transforms.json", "test", holdout=3, normalize=False)
+    np.testing.assert_allclose(raw.cameras.c2w.numpy(), cap["c2w"][[0, 3]], atol=1e-6)
+    assert raw.transform is None
+
+
+@pytest.mark.parametrize("layout", ["row", "from_above"])
+def test_cameras_framing_no_object_keep_the_box_bounds(tmp_path, layout):
+    """Cameras that do not converge (a forward-facing row), or converge from above (a ring 6 over a
+    radius of 4: 56 degrees, a ground that goes on past the frames): no ball they frame; the box
+    [-1, 1]^3 around the cameras, widened to hold them all, near = distance to it (1% of its diagonal
+    from inside), far = to its farthest corner."""
+    if layout == "row":
+        c2w = np.stack([np.concatenate([np.eye(3), [[x], [0.0], [0.0]]], 1) for x in np.linspace(-1.0, 1.0, 5)])
+    else:
+        c2w = ring(5, height=6.0)
+    names = [f"images/f_{i:02d}.png" for i in range(5)]
+    for i, name in enumerate(names):
+        write_image(tmp_path / name, 12, 16, seed=i)
+    write_transforms(tmp_path, {"fl_x": 20.0, "w": 16, "h": 12, "frames": frames_of(c2w, names)})
+    scene = load_nerfstudio(tmp_path, "train", holdout=5)
+    c2w = scene.cameras.c2w.double().numpy()
+    every = np.concatenate([load_nerfstudio(tmp_path, "test", holdout=5).cameras.c2w.double().numpy(), c2w])[:, :, 3]
+    assert np.abs(scene.aabb.numpy()).max() >= 1.0
     box = np.stack([np.minimum(-1.0, every.min(0)), np.maximum(1.0, every.max(0))])
     np.testing.assert_allclose(scene.aabb.numpy(), box, atol=1e-6)
-    # near = distance to the box (1% of its diagonal from inside), far = to its farthest corner
     corners = np.stack(np.meshgrid(*box.T, indexing="ij"), -1).reshape(-1, 3)
     far = np.linalg.norm(c2w[:, None, :, 3] - corners[None], axis=-1).max(1)
     outside = np.linalg.norm(np.maximum(np.maximum(box[0] - c2w[:, :, 3], c2w[:, :, 3] - box[1]), 0.0), axis=1)
     diagonal = np.linalg.norm(box[1] - box[0])
     np.testing.assert_allclose(scene.cameras.bounds.numpy(), np.stack([np.maximum(outside, 0.01 * diagonal), far], 1),
                                rtol=1e-5)
-    raw = load_nerfstudio(tmp_path / "transforms.json", "test", holdout=3, normalize=False)
-    np.testing.assert_allclose(raw.cameras.c2w.numpy(), cap["c2w"][[0, 3]], atol=1e-6)
-    assert raw.transform is None
 
 
 def test_per_frame_intrinsics_defaults_and_opencv_distortion_against_pycolmap(tmp_path):
