@@ -40,8 +40,8 @@ def _fit(scene, appearance: str):
     for step in range(STEPS):
         step_fn.prepare(step)
         batch = sampler.host_batch(step)
-        _, sse = step_fn.forward(model, batch)
-        step_fn.update(sse / len(batch.rgb))
+        _, error = step_fn.forward(model, batch)
+        step_fn.update(error.sse / len(batch.rgb))
     model.eval()
     with torch.no_grad():  # held-out pixels of the training images, each with its own image's code
         batch = SyncSampler(scene, 8192, 1, 99).host_batch(0)
