@@ -72,7 +72,7 @@ def total_variation_grad_(grid: torch.Tensor, weight: float, grad: torch.Tensor,
         with ``value``: 0-dim tensor (dtype of ``grid``) ``weight * total_variation(grid)``; a
         tensor, so that a training step that ignores it never waits for the device. Else None.
     """
-    total = grid.new_zeros(())
+    total = grid.new_zeros(()) if value else None
     for axis in range(3):
         n = grid.shape[axis]
         if n < 2:

@@ -43,6 +43,11 @@ log = logging.getLogger("distnerf")
 TEST_PANELS = 4  # test views logged to W&B as panels at the end (ground truth | prediction | depth)
 
 
+def _nonfinite(x: torch.Tensor) -> torch.Tensor:
+    """``~torch.isfinite(x)`` in two operators: ``x - x`` is 0 for a finite ``x``, NaN for +-inf and NaN."""
+    return (x - x) != 0
+
+
 class NonFiniteLoss(RuntimeError):
     """Training stopped because a rank's loss was NaN or infinite."""
 
@@ -199,7 +204,7 @@ class Trainer:
             valid = batch.num_valid
         else:  # a batch built on the device (sampler=device): its count is on the device too
             valid = float(batch.valid.shape[0]) if self.sampler.every_ray_valid else batch.valid.sum()
-        nonfinite, self._late_step = self._late_nonfinite.swap(~torch.isfinite(sse.detach())), self.step
+        nonfinite, self._late_step = self._late_nonfinite.swap(_nonfinite(sse.detach())), self.step
         local = StepStats(valid_rays=valid, nonfinite=nonfinite,
                           over_budget=float(0 < self.cfg.train.max_minutes * 60.0 <= self.train_seconds),
                           at_mark=float(self.checkpointer.mark_passed(self.train_seconds)),

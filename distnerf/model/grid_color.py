@@ -14,6 +14,7 @@ An ``affine`` appearance (:mod:`.appearance`) transforms either head's colour.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .appearance import Appearance
@@ -73,14 +74,18 @@ def spherical_harmonics(dirs: torch.Tensor, degree: int) -> torch.Tensor:
     Returns:
         (P, (degree + 1)^2) basis values.
     """
-    x, y, z = dirs.unbind(-1)
-    out = [torch.full_like(x, 0.28209479177387814)]
-    if degree >= 1:
-        out += [-0.4886025119029199 * y, 0.4886025119029199 * z, -0.4886025119029199 * x]
-    if degree >= 2:
-        out += [1.0925484305920792 * x * y, -1.0925484305920792 * y * z,
-                0.31539156525252005 * (2 * z * z - x * x - y * y), -1.0925484305920792 * x * z,
-                0.5462742152960396 * (x * x - y * y)]
     if degree > 2:
         raise ValueError(f"spherical harmonics degree {degree} > 2 is not supported")
-    return torch.stack(out, dim=-1)
+    x, y, z = dirs.unbind(-1)
+    if degree == 0:
+        return torch.full_like(dirs[:, :1], 0.28209479177387814)
+    # degree 1 in four operators: (y, z, x) scaled, the constant term padded in front, y and x negated
+    # (the same bits as scaling by the negative constants)
+    out = F.pad(dirs.roll(-1, dims=-1) * 0.4886025119029199, (1, 0), value=0.28209479177387814)
+    out[:, 1::2].neg_()
+    if degree >= 2:
+        out = torch.cat([out, torch.stack([1.0925484305920792 * x * y, -1.0925484305920792 * y * z,
+                                           0.31539156525252005 * (2 * z * z - x * x - y * y),
+                                           -1.0925484305920792 * x * z, 0.5462742152960396 * (x * x - y * y)],
+                                          dim=-1)], dim=-1)
+    return out

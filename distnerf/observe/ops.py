@@ -7,7 +7,8 @@ host, not the device, sets its pace (the GPU waits between kernels). :class:`OpC
 dispatcher below autograd (forward, the autograd engine's backward, the optimizer), on any device, the CPU
 included, so the count can be held to a ceiling by a test on a machine without a GPU.
 
-Conventions. *Views are excluded*: an operator whose schema returns an alias of an input
+Conventions. ATen operators only (``aten.*``: not the profiler's ``record_function`` markers or other
+namespaces' bookkeeping). *Views are excluded*: an operator whose schema returns an alias of an input
 (``OpOverload.is_view``: ``view``, ``reshape``'s view, ``select``, ``slice``, ``expand``, ``t``,
 ``unsqueeze``, ``detach``, ...; and ``_unsafe_view``, a view whose schema does not say so) launches no
 kernel on CUDA. Everything else counts once per call,
@@ -52,8 +53,9 @@ class _Dispatch(TorchDispatchMode):
         self.counter = counter
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if not is_view(func):
-            self.counter._record(str(func))
+        name = str(func)
+        if name.startswith("aten.") and not is_view(func):
+            self.counter._record(name)
         return func(*args, **(kwargs or {}))
 
 

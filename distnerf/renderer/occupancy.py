@@ -117,7 +117,10 @@ class OccupancyGrid(nn.Module):
         """Rays in cell units: (R, 3) origins and (R, 3) directions such that ``o + t d``
         is the point ``origins + t directions`` measured in cells from the box corner."""
         aabb = self.aabb.to(origins.dtype)
-        scale = self.resolution / (aabb[1] - aabb[0])
+        key = (aabb.data_ptr(), aabb._version, aabb.dtype, self.resolution)
+        if self.__dict__.get("_cell_scale_key") != key:  # cells per unit, made once per box (2 operators a march)
+            self._cell_scale, self._cell_scale_key = self.resolution / (aabb[1] - aabb[0]), key
+        scale = self._cell_scale
         return (origins - aabb[0]) * scale, directions * scale
 
     def coarse(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -455,9 +458,10 @@ def march(origins: torch.Tensor, directions: torch.Tensor, anchor: torch.Tensor,
     if occupancy is not None and not inside_occupied_box:  # nothing outside the occupied cells' box is sampled
         t_lo, t_hi = clip_to_box(origins, directions, t_lo, t_hi, occupancy.occupied_box().to(origins.dtype))
     valid = t_hi > t_lo
-    # zero intervals where the segment is empty (a product, not a where: one operator, no scalar tensor)
-    lo_j = torch.floor((t_lo - anchor) / dt).long() * valid
-    hi_j = torch.ceil((t_hi - anchor) / dt).long() * valid  # exclusive
+    # both ends at once, ceil(x) as -floor(-x) (exact); zero intervals where the segment is empty (a
+    # product, not a where: one operator, no scalar tensor)
+    ends = (torch.floor(torch.stack([t_lo - anchor, anchor - t_hi]) / dt).long() * valid)
+    lo_j, hi_j = ends[0], -ends[1]  # first interval, one past the last
     if occupancy is not None:
         walk = _march_dense if sync_free(origins.device) else _march_groups
         return walk(origins, directions, anchor, dt, t_lo, t_hi, lo_j, hi_j, step_size, occupancy, max_intervals)

@@ -18,7 +18,7 @@ def ray_aabb(origins: torch.Tensor, directions: torch.Tensor, aabb: torch.Tensor
         t_min, t_max: (R,) entry and exit ray parameters; ``t_min > t_max`` when the
         ray misses the box. ``t_min`` may be negative (origin inside the box).
     """
-    safe = torch.where(directions.abs() < 1e-12, torch.full_like(directions, 1e-12), directions)
+    safe = directions.masked_fill(directions.abs() < 1e-12, 1e-12)
     # both faces at once: (R, 2, 3) ray parameters of the box's min and max faces per axis
     t = (aabb - origins[:, None]) * safe.reciprocal()[:, None]
     t_min = t.amin(dim=1).amax(dim=-1)
