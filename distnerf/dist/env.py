@@ -12,6 +12,7 @@ set) joins a process group; a plain ``python -m`` process runs alone with no pro
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import gc
 import importlib
@@ -147,6 +148,16 @@ def resolve_device(device: str, cuda_available: bool, environ) -> str:
                          f"(sbatch --gpus-per-node=G) with a CUDA build of torch, or pass device=cpu to train on "
                          f"CPU ranks on purpose")
     return "cpu"
+
+
+def new_host_group(env: DistEnv) -> DistEnv:
+    """``env`` with a new gloo group of every rank as its host group (collective: every rank calls it
+    at the same point of set-up), for collectives that run in another thread beside the loop's (a
+    background checkpoint's commit): a group of their own keeps the two sequences apart. Alone or
+    without a process group: ``env`` itself."""
+    if not env.has_peers:
+        return env
+    return dataclasses.replace(env, host_group=dist.new_group(backend="gloo"))
 
 
 class SetupTimeout(RuntimeError):
