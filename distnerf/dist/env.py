@@ -140,7 +140,7 @@ def resolve_device(device: str, cuda_available: bool, environ) -> str:
     if environ.get("SLURM_JOB_ID"):
         why.append(f"in Slurm job {environ['SLURM_JOB_ID']}")
     if int(environ.get("WORLD_SIZE", "1") or 1) > 1:
-        why.append(f"one of {environ['WORLD_SIZE']} torchrun ranks")
+        why.append(f"as one of {environ['WORLD_SIZE']} torchrun ranks")
     if why:
         visible = environ.get("CUDA_VISIBLE_DEVICES")
         raise ValueError(f"device=auto found no CUDA device {' and '.join(why)} (torch {torch.__version__}, "

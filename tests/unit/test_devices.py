@@ -104,8 +104,8 @@ def test_resolve_device(device, cuda, environ, expected):
 
 @pytest.mark.parametrize("environ, why", [
     ({"SLURM_JOB_ID": "4242"}, "in Slurm job 4242"),
-    ({"WORLD_SIZE": "2", "RANK": "1"}, "one of 2 torchrun ranks"),
-    ({"SLURM_JOB_ID": "9", "WORLD_SIZE": "16"}, "in Slurm job 9 and one of 16 torchrun ranks"),
+    ({"WORLD_SIZE": "2", "RANK": "1"}, "as one of 2 torchrun ranks"),
+    ({"SLURM_JOB_ID": "9", "WORLD_SIZE": "16"}, "in Slurm job 9 and as one of 16 torchrun ranks"),
 ])
 def test_auto_refuses_the_cpu_in_a_job_and_says_why(environ, why):
     with pytest.raises(ValueError, match="device=auto found no CUDA device") as err:
