@@ -361,6 +361,8 @@ class TrainLoopConfig:
     ckpt_every: int = bounded(500, -1)  # steps between checkpoints; 0: only a final one; -1: none
     keep_checkpoints: int = positive(2)
     ckpt_minutes: List[float] = items([])  # extra checkpoints at these training-time marks (minutes)
+    ckpt_every_minutes: float = bounded(0.0, 0)  # a checkpoint every this many minutes of training time (0: off)
+    ckpt_async: bool = True             # periodic checkpoints: a host copy, then written and committed in the background
     progress: bool = True
 
 

@@ -10,6 +10,13 @@
 #                           interface that reaches HOST: the one holding HOST's address on HOST itself, else
 #                           the one the route to it leaves by. Every step uses gloo (flags, barriers):
 #                           on nodes with several interfaces a wrong pick stalls until the set-up timeout
+# distnerf_numa_binding    sets the array DISTNERF_BIND to torchrun's --numa-binding=MODE (NUMA_BINDING: node by
+#                           default; socket, exclusive, core-complex; none: off) when this node has GPUs in the
+#                           job (SLURM_GPUS_ON_NODE > 0) and numactl is installed: each rank and its threads run
+#                           on the CPUs of its GPU's NUMA node (within the job's CPUs). Empty, and said, otherwise
+# distnerf_check_cpus NPROC warn when the CPUs of the task (SLURM_CPUS_PER_TASK, else SLURM_CPUS_ON_NODE) give a
+#                           rank fewer than 1 + sampler.num_workers (3 by default): its main thread and its
+#                           sampler workers then share cores
 # distnerf_run CMD...       run CMD in the background, forward the preemption signal, SIGTERM and SIGINT
 #                           to it, wait for it; sets DISTNERF_RC (its exit status) and DISTNERF_SIGNAL
 #                           (PREEMPT/TERM/INT or empty). Another of USR1/USR2/HUP than PREEMPT_SIGNAL
@@ -61,6 +68,33 @@ distnerf_socket_ifname() {
   fi
   export GLOO_SOCKET_IFNAME="${GLOO_SOCKET_IFNAME:-$dev}" NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-$dev}"
   echo "distnerf: GLOO_SOCKET_IFNAME=$GLOO_SOCKET_IFNAME NCCL_SOCKET_IFNAME=$NCCL_SOCKET_IFNAME (the interface to $host)" >&2
+}
+
+distnerf_numa_binding() {
+  DISTNERF_BIND=()
+  local mode="${NUMA_BINDING:-node}" gpus="${SLURM_GPUS_ON_NODE:-0}"
+  case "$mode" in
+    none) return 0;;
+    node|socket|exclusive|core-complex) ;;
+    *) echo "distnerf: NUMA_BINDING=$mode: must be node, socket, exclusive, core-complex or none" >&2; exit 2;;
+  esac
+  [[ "$gpus" =~ ^[0-9]+$ ]] || gpus=0
+  if [ "$gpus" -eq 0 ]; then
+    echo "distnerf: no GPU in this job on $(hostname -s): ranks not NUMA-bound (CPU ranks need device=cpu)" >&2
+  elif ! command -v numactl >/dev/null 2>&1; then
+    echo "distnerf: numactl not found: the $gpus ranks are not bound to their GPU's NUMA node (install numactl)" >&2
+  else
+    DISTNERF_BIND=(--numa-binding="$mode")
+  fi
+}
+
+distnerf_check_cpus() {
+  local nproc="${1:?ranks}" cpus="${SLURM_CPUS_PER_TASK:-${SLURM_CPUS_ON_NODE:-}}"
+  if [ -n "$cpus" ] && [ "$cpus" -lt $(( 3 * nproc )) ]; then
+    echo "distnerf: $cpus CPUs for $nproc ranks: fewer than 3 a rank (its main thread and sampler.num_workers=2" \
+         "workers); ask for --cpus-per-task=$(( 8 * nproc ))" >&2
+  fi
+  return 0
 }
 
 distnerf_head_node() {

@@ -50,7 +50,7 @@ def bench_first_step(repeats: int, root: Path) -> list[dict]:
         for i in range(repeats):
             run = root / f"slurm_{i}"
             t0 = time.time()
-            job = cluster.sbatch("slurm_train.sbatch", args, ["--cpus-per-task=2", f"--output={root}/slurm_{i}.out"],
+            job = cluster.sbatch("slurm_train.sbatch", args, ["--gpus-per-node=0", "--cpus-per-task=2", f"--output={root}/slurm_{i}.out"],
                                  {"NPROC": "2", "RUN_DIR": str(run)})
             wait_for(lambda: cluster.job(job).get("JobState") != "PENDING", 60, "the job to start", interval=0.02)
             started = time.time()

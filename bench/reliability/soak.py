@@ -167,7 +167,7 @@ def main() -> int:
     args = ap.parse_args()
     meta = start_meta()
     shutil.rmtree(args.run_dir, ignore_errors=True)
-    cmd = ["bash", str(ROOT / "launch" / "torchrun_local.sh"), "2", str(args.run_dir), "--", "experiment=smoke",
+    cmd = ["bash", str(ROOT / "launch" / "torchrun_local.sh"), "2", str(args.run_dir), "--", "experiment=smoke", "device=cpu",
            f"train.max_steps={args.steps}", f"train.ckpt_every={args.ckpt_every}", "profiler=trace",
            f"profiler.max_step_records={args.max_step_records}",
            "train.progress=false", "train.log_every=50", "logger.wandb.mode=disabled", *args.overrides]

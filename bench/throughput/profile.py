@@ -40,7 +40,7 @@ from bench.common import default_out, start_meta, write_result
 from distnerf.observe.logger import read_metrics_log
 
 LEGO = "../shared/data/nerf_synthetic_half/lego"
-COMMON = ["train.progress=false", "train.ckpt_every=-1", "logger.wandb.mode=disabled"]
+COMMON = ["device=cpu", "train.progress=false", "train.ckpt_every=-1", "logger.wandb.mode=disabled"]
 
 
 def train(cmd_prefix: list[str], run_dir: Path, overrides: list[str]) -> subprocess.CompletedProcess:

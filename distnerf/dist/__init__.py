@@ -19,13 +19,14 @@ from .collectives import (COLLECTIVE_FAILURES, OPS, PEER_LOST, all_gather, all_r
                           all_reduce_sum, barrier, broadcast_object, collective_failure, event_seconds,
                           gather_objects, peer_lost, rank, timing_event, world_size)
 from .compat import accepts, ddp_buffer_kwargs
-from .env import DistEnv, SetupTimeout, cuda_index, end_setup, init_distributed, shared_devices, shutdown
+from .env import DistEnv, SetupTimeout, cuda_index, end_setup, init_distributed, new_host_group, shared_devices, \
+    shutdown
 from .rng import own_cuda_state, rng_state, seed_everything, set_rng_state
 from .signals import PREEMPT_SIGNALS, StopRequest, preempt_signal
 
 __all__ = ["COLLECTIVE_FAILURES", "OPS", "PEER_LOST", "PREEMPT_SIGNALS", "DistEnv", "SetupTimeout", "StopRequest",
            "accepts", "all_gather", "all_reduce_", "all_reduce_max", "all_reduce_sum", "barrier",
            "broadcast_object", "collective_failure", "cuda_index", "ddp_buffer_kwargs", "end_setup",
-           "event_seconds", "gather_objects", "init_distributed", "own_cuda_state", "peer_lost",
+           "event_seconds", "gather_objects", "init_distributed", "new_host_group", "own_cuda_state", "peer_lost",
            "preempt_signal", "rank", "rng_state", "seed_everything", "set_rng_state", "shared_devices",
            "shutdown", "timing_event", "world_size"]

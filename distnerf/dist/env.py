@@ -12,6 +12,7 @@ set) joins a process group; a plain ``python -m`` process runs alone with no pro
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import gc
 import importlib
@@ -69,11 +70,10 @@ def init_distributed(device: str, *, timeout_s: float, setup_timeout_s: float | 
             the balanced partition's fit) may take far longer on one rank than a step; None:
             ``timeout_s`` throughout.
     Raises:
-        ValueError: ``device="cuda"`` requested without CUDA, or a timeout ``<= 0``.
+        ValueError: ``device="cuda"`` requested without CUDA, ``device="auto"`` without CUDA in a
+            Slurm job or a multi-process torchrun (:func:`resolve_device`), or a timeout ``<= 0``.
     """
-    use_cuda = torch.cuda.is_available() if device == "auto" else device == "cuda"
-    if use_cuda and not torch.cuda.is_available():
-        raise ValueError("device=cuda requested but torch.cuda.is_available() is False")
+    use_cuda = resolve_device(device, torch.cuda.is_available(), os.environ) == "cuda"
     if timeout_s <= 0:
         raise ValueError(f"dist_timeout_s must be > 0 seconds, got {timeout_s}")
     if setup_timeout_s is not None and setup_timeout_s <= 0:
@@ -111,6 +111,53 @@ def init_distributed(device: str, *, timeout_s: float, setup_timeout_s: float | 
     else:
         store = None
     return DistEnv(rank, world_size, local_rank, dev, backend, restart_count, store, host_group)
+
+
+def resolve_device(device: str, cuda_available: bool, environ) -> str:
+    """``"cuda"`` or ``"cpu"`` for the ``device`` setting (``auto``, ``cpu`` or ``cuda``).
+
+    ``auto`` means CUDA when it is available, else the CPU, except where the CPU is almost surely
+    not what was meant: in a Slurm job (``SLURM_JOB_ID`` set) or a multi-process torchrun
+    (``WORLD_SIZE`` > 1), a job that sees no GPU has lost it (no ``--gpus-per-node``, a CUDA-less
+    torch, a wrong ``CUDA_VISIBLE_DEVICES``), and training on with CPU ranks would only be
+    noticed in its throughput. There ``device=cpu`` must be given.
+
+    Args:
+        device: the ``device`` setting.
+        cuda_available: ``torch.cuda.is_available()``.
+        environ: the process environment (``os.environ``).
+    Raises:
+        ValueError: ``cuda`` without CUDA; ``auto`` without CUDA in a Slurm job or a multi-process
+            torchrun (the message says which and how to go on).
+    """
+    if device == "cpu":
+        return "cpu"
+    if cuda_available:
+        return "cuda"
+    if device == "cuda":
+        raise ValueError("device=cuda requested but torch.cuda.is_available() is False")
+    why = []
+    if environ.get("SLURM_JOB_ID"):
+        why.append(f"in Slurm job {environ['SLURM_JOB_ID']}")
+    if int(environ.get("WORLD_SIZE", "1") or 1) > 1:
+        why.append(f"as one of {environ['WORLD_SIZE']} torchrun ranks")
+    if why:
+        visible = environ.get("CUDA_VISIBLE_DEVICES")
+        raise ValueError(f"device=auto found no CUDA device {' and '.join(why)} (torch {torch.__version__}, "
+                         f"CUDA_VISIBLE_DEVICES={visible!r}): refusing to train on the CPU there. Request GPUs "
+                         f"(sbatch --gpus-per-node=G) with a CUDA build of torch, or pass device=cpu to train on "
+                         f"CPU ranks on purpose")
+    return "cpu"
+
+
+def new_host_group(env: DistEnv) -> DistEnv:
+    """``env`` with a new gloo group of every rank as its host group (collective: every rank calls it
+    at the same point of set-up), for collectives that run in another thread beside the loop's (a
+    background checkpoint's commit): a group of their own keeps the two sequences apart. Alone or
+    without a process group: ``env`` itself."""
+    if not env.has_peers:
+        return env
+    return dataclasses.replace(env, host_group=dist.new_group(backend="gloo"))
 
 
 class SetupTimeout(RuntimeError):

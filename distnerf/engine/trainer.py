@@ -146,12 +146,13 @@ class Trainer:
     def optimizer(self) -> torch.optim.Optimizer:
         return self.step_fn.optimizer
 
-    def save_checkpoint(self, at_mark: bool = False) -> Path:
+    def save_checkpoint(self, at_mark: bool = False, background: bool = False) -> Path:
         """Write ``step_N/`` for the current step (collective; :meth:`Checkpointer.save`), after the
-        strategy has checked the exchange that made these parameters (:meth:`Strategy.check_exchange`)."""
+        strategy has checked the exchange that made these parameters (:meth:`Strategy.check_exchange`).
+        ``background``: the periodic saves (with ``train.ckpt_async``), committed by a thread later."""
         self.strategy.check_exchange()
         return self.checkpointer.save(self.step, self.train_seconds, self.model, self.optimizer, self.sampler,
-                                      self.budget_clock.state_dict(self.step), at_mark)
+                                      self.budget_clock.state_dict(self.step), at_mark, background)
 
     def _make_viewer(self):
         """``viewer.enabled``: the live web viewer, served by the main rank (see :class:`LiveViewer`);
@@ -249,7 +250,7 @@ class Trainer:
                 break
             if total.at_mark:  # some rank passed a time mark: everyone saves at this step
                 with self.timer.phase("checkpoint"):
-                    self.save_checkpoint(at_mark=True)
+                    self.save_checkpoint(at_mark=True, background=True)
             self.step_fn.update(error.sse / agreed.loss_normalizer)
             self.step += 1
             done = self.profiler.end_step(self.step - 1, agreed.mine.valid_rays, out.num_samples,
@@ -267,7 +268,7 @@ class Trainer:
             if self.checkpointer.due(self.step):
                 self.timer.mark("checkpoint")  # its barrier waits for every rank
                 self._settle_nonfinite()
-                self.save_checkpoint()
+                self.save_checkpoint(background=True)
             if self.viewer is not None:  # between steps, in this thread: the model is not changing
                 self.viewer.after_step(self.model, self.step, float(total.valid_rays) / max(step_seconds, 1e-9),
                                        frame_agreed=bool(total.live_frame))
@@ -396,6 +397,7 @@ class Trainer:
         return {k: v for k, v in metrics.items() if k not in ("scene", "rows")}
 
     def close(self) -> None:
+        self.checkpointer.close()  # a background checkpoint still in flight (a stop without a final save)
         self.sampler.close()
         self.logger.close()
         if self.viewer is not None:

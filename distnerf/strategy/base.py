@@ -200,16 +200,18 @@ class Strategy:
         return None
 
     # -- checkpoint ------------------------------------------------------------
-    def save_model_state(self, ckpt_dir: Path, model: nn.Module, optimizer, meta: dict) -> None:
+    def save_model_state(self, ckpt_dir: Path, model: nn.Module, optimizer, meta: dict,
+                         write=atomic_torch_save) -> None:
         """Write the model and optimizer into ``ckpt_dir`` (before the manifest).
 
         Replicas are identical under ``ddp``: the main rank writes one ``model.pt``.
         ``meta``: ``step``, ``train_seconds``, ``budget_fraction`` (the schedule's, or None) and
-        ``budget_minutes`` (the budget it is a fraction of).
+        ``budget_minutes`` (the budget it is a fraction of). ``write(state, path)``: how each file is
+        written (the checkpointer's host copy for a background write).
         """
         if self.env.is_main:
-            atomic_torch_save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), **meta},
-                                   Path(ckpt_dir) / ckpt.MODEL_FILE)
+            write({"model": model.state_dict(), "optimizer": optimizer.state_dict(), **meta},
+                  Path(ckpt_dir) / ckpt.MODEL_FILE)
 
     def load_model_state(self, ckpt_dir: Path, model: nn.Module) -> dict:
         """Load the model's weights from ``ckpt_dir`` in place; returns ``optimizer`` state and the meta."""

@@ -346,14 +346,15 @@ class SSStrategy(Strategy):
         return out
 
     # -- checkpoint ------------------------------------------------------------------
-    def save_model_state(self, ckpt_dir: Path, model: RegionModels, optimizer, meta: dict) -> None:
+    def save_model_state(self, ckpt_dir: Path, model: RegionModels, optimizer, meta: dict,
+                         write=atomic_torch_save) -> None:
         """One ``region_KKK.pt`` per region of this rank: its sub-model and its part of the
-        optimizer state (the groups named ``regionK/...``), so any rank can take it over."""
+        optimizer state (the groups named ``regionK/...``), so any rank can take it over
+        (``write(state, path)``: as :meth:`Strategy.save_model_state`)."""
         parts = split_optimizer_state(optimizer.state_dict(), _group_region)
         for k, sub in zip(model.regions, model.models):
-            atomic_torch_save({"model": sub.state_dict(), "optimizer": parts.get(k, {"state": {},
-                                                                                        "param_groups": []}),
-                                    "region": k, **meta}, Path(ckpt_dir) / ckpt.region_file(k))
+            write({"model": sub.state_dict(), "optimizer": parts.get(k, {"state": {}, "param_groups": []}),
+                   "region": k, **meta}, Path(ckpt_dir) / ckpt.region_file(k))
 
     def load_model_state(self, ckpt_dir: Path, model: RegionModels) -> dict:
         """Load this rank's regions (wherever they were trained) and merge their optimizer states.

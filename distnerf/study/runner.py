@@ -302,7 +302,7 @@ def run_slurm(cfg, study_dir: Path, cells: list[Cell], log=print) -> dict:
         run_dir.mkdir(parents=True, exist_ok=True)
         threads = threads_per_rank(cfg, cell)
         resources = ([f"--gpus-per-node={cell.world_size * cfg.slurm.gpus_per_rank}"] if cfg.slurm.gpus_per_rank
-                     else [f"--cpus-per-task={threads * cell.world_size}"])
+                     else ["--gpus-per-node=0", f"--cpus-per-task={threads * cell.world_size}"])  # over the script's GPUs
         exports = {"RUN_DIR": str(run_dir), "NPROC": str(cell.world_size), "MAX_RESTARTS": "0",
                    "OMP_NUM_THREADS": str(threads), "DISTNERF_ROOT": str(REPO)}
         command = ["sbatch", "--parsable", f"--job-name={name}", "--dependency=singleton", "--ntasks-per-node=1",

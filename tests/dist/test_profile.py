@@ -17,7 +17,7 @@ from distnerf.observe.logger import read_metrics_log
 from distnerf.observe.traces import read_trace
 from tests.conftest import run_cli, torchrun
 
-COMMON = ["experiment=smoke", "train.progress=false", "train.ckpt_every=-1", "sampler=sync", "train.log_every=4",
+COMMON = ["experiment=smoke", "device=cpu", "train.progress=false", "train.ckpt_every=-1", "sampler=sync", "train.log_every=4",
           "eval.num_views=1"]
 # batches large enough that one OS time slice (~4 ms, the machine is shared) is not 5% of a step
 TRACE_RUN = ["train.max_steps=14", "train.global_rays=4096", "model.color=mlp", "strategy.sparse_min_numel=null", "strategy.bucket_cap_mb=1",

@@ -21,7 +21,7 @@ from distnerf.observe.logger import read_metrics_log
 from tests.conftest import run_cli, torchrun
 
 N = 4
-COMMON = ["experiment=smoke", "train.progress=false", "train.ckpt_every=0", "train.log_every=1",
+COMMON = ["experiment=smoke", "device=cpu", "train.progress=false", "train.ckpt_every=0", "train.log_every=1",
           "model.resolutions=[24,32,40]", "model.upsample_steps=[2,5]", "model.occupancy_every=3",
           "sampler=pipelined", "sampler.num_workers=2", "sampler.prefetch=3"]
 

@@ -17,7 +17,7 @@ from tests.conftest import run_cli, torchrun
 
 N = 3
 BUDGET = 500_000  # parameters per rank: each of a rank's 2 regions gets half
-COMMON = ["experiment=smoke", "strategy=ss", "strategy.num_regions=4", "dataset.kind=city_small", "train.progress=false",
+COMMON = ["experiment=smoke", "device=cpu", "strategy=ss", "strategy.num_regions=4", "dataset.kind=city_small", "train.progress=false",
           "train.ckpt_every=0", "train.log_every=1", "model.resolutions=[24,32]", "model.upsample_steps=[2]",
           "model.occupancy_every=2", "strategy.context_resolution=12", "sampler=pipelined", "sampler.num_workers=1",
           f"model.max_params={BUDGET}"]

@@ -10,7 +10,7 @@ import torch
 
 from tests.conftest import REPO, run_cli, torchrun
 
-ARGS = ["experiment=smoke", "dataset=synthetic", "dataset.resolution=24", "train.progress=false",
+ARGS = ["experiment=smoke", "device=cpu", "dataset=synthetic", "dataset.resolution=24", "train.progress=false",
         "train.max_steps=12", "eval.enabled=false"]
 
 

@@ -27,7 +27,7 @@ def run(tmp_path_factory):
     then ``distnerf.render`` of its fly-through (4 frames)."""
     trained, run_dir = tmp_path_factory.mktemp("wandb") / "trained", tmp_path_factory.mktemp("moved") / "run"
     env = {"WANDB_MODE": "offline"}
-    run_cli([*torchrun(2), "-m", "distnerf.train", "experiment=smoke", "dataset=synthetic", "dataset.resolution=24",
+    run_cli([*torchrun(2), "-m", "distnerf.train", "experiment=smoke", "device=cpu", "dataset=synthetic", "dataset.resolution=24",
              "strategy=ddp", "train.max_steps=10", "train.log_every=5", "train.val_every=5", "train.val_views=1",
              "eval.num_views=2", "train.progress=false", "logger.wandb.mode=offline", f"run_dir={trained}"],
             env=env, timeout=300)

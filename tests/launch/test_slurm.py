@@ -8,10 +8,15 @@
 * ``slurm_multinode.sbatch`` on one node (``srun torchrun`` with a c10d rendezvous on the
   head node of the allocation): the warning goes through srun and the agent to the ranks,
   the job requeues and resumes; a plain ``scancel`` (SIGTERM) then ends it in a checkpoint.
-* The multi-node command line for a two-node allocation (built, not run: one node here).
+* Every script's resources: GPUs and CPUs per rank requested by default (``#SBATCH`` lines; the
+  GPU-less cluster here refuses them, ``--gpus-per-node=0`` is accepted: ``sbatch --test-only``),
+  and its srun/torchrun command line under a fake GPU allocation (``DRY_RUN=1``): ranks per
+  GPU, NUMA binding, the multi-node rendezvous for a two-node allocation (built, not run).
 """
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 
 import pytest
@@ -21,7 +26,8 @@ from tests.conftest import REPO, free_port
 from tests.launch.conftest import SMOKE, last_step, rows, wait_for
 
 FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
-CPU_JOB = ["--cpus-per-task=2", "--ntasks-per-node=1"]  # 2 CPU ranks on this node
+CPU_JOB = ["--gpus-per-node=0", "--cpus-per-task=2", "--ntasks-per-node=1"]  # 2 CPU ranks on this node (no GPU here)
+SCRIPTS = ("slurm_train.sbatch", "slurm_multinode.sbatch", "slurm_render.sbatch")
 
 
 @pytest.fixture(scope="module")
@@ -93,15 +99,76 @@ def test_multinode_script_on_one_node_preempted_requeued_then_cancelled(slurm, t
     assert text.count("requeueing") == 1  # after the warning, not after the cancel
 
 
-def test_multinode_command_line_for_two_nodes(slurm):
-    env = {**slurm.env, "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_JOB_NUM_NODES": "2",
-           "SLURM_GPUS_ON_NODE": "4", "SLURM_CPUS_PER_TASK": "16", "DRY_RUN": "1", "DISTNERF_ROOT": str(REPO), "RDZV_PORT": "29611"}
-    env.pop("NPROC", None)
-    proc = subprocess.run(["bash", str(REPO / "launch" / "slurm_multinode.sbatch"), "train.max_steps=10"], env=env,
-                          capture_output=True, text=True, timeout=60, cwd=REPO)
+def sbatch_options(script: str) -> dict[str, str]:
+    """The active ``#SBATCH --key=value`` lines of ``launch/<script>`` (``##SBATCH`` lines are comments)."""
+    text = (REPO / "launch" / script).read_text()
+    return dict(re.findall(r"^#SBATCH --([\w-]+)(?:=(\S+))?", text, flags=re.M))
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_scripts_request_gpus_and_cpus_for_ranks_and_workers(script):
+    from distnerf.schema import SamplerConfig
+
+    opts = sbatch_options(script)
+    gpus, cpus = int(opts["gpus-per-node"]), int(opts["cpus-per-task"])
+    assert gpus >= 1 and opts["ntasks-per-node"] == "1"  # one task (the torchrun agent) holds the node's GPUs
+    assert cpus >= gpus * (1 + SamplerConfig().num_workers), opts  # a rank's main thread and its sampler workers
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_gpus_by_default_and_the_cpu_override_on_a_gpu_less_cluster(slurm, script):
+    def test_only(*options):
+        return subprocess.run(["sbatch", "--test-only", *options, str(REPO / "launch" / script)], cwd=REPO,
+                              env=slurm.env, capture_output=True, text=True, timeout=60)
+
+    default = test_only()
+    assert default.returncode != 0 and "generic resource" in default.stderr, default.stderr  # GPUs asked for
+    cpu = test_only(*CPU_JOB, *(["--nodes=1"] if script == "slurm_multinode.sbatch" else []))  # one node here
+    assert cpu.returncode == 0 and "to start" in cpu.stderr, cpu.stderr
+
+
+def dry_run(script: str, tmp_path, env: dict, args: list[str], slurm_conf: dict | None = None) -> list[str]:
+    """``DRY_RUN=1 bash launch/<script> ARGS`` in a fake allocation (a ``numactl`` stub on PATH; ``slurm_conf``:
+    the cluster's ``SLURM_CONF`` for ``scontrol``); its command line, split."""
+    stub = tmp_path / "bin"
+    stub.mkdir(exist_ok=True)
+    (stub / "numactl").write_text("#!/bin/sh\nexit 0\n")
+    (stub / "numactl").chmod(0o755)
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "NPROC", "NUMA_BINDING"))}
+    full = {**base, "PATH": f"{stub}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu[07-08]",
+            "SLURM_JOB_NUM_NODES": "2", "DRY_RUN": "1", "DISTNERF_ROOT": str(REPO), "RDZV_PORT": "29611",
+            **(slurm_conf or {}), **env}
+    proc = subprocess.run(["bash", str(REPO / "launch" / script), *args], env=full, capture_output=True, text=True,
+                          timeout=60, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
-    line = proc.stdout.split()
-    assert line[:4] == ["srun", "--ntasks-per-node=1", "--cpus-per-task=16", "--kill-on-bad-exit=1"]
-    for arg in ("--nnodes=2", "--nproc_per_node=4", "--rdzv_backend=c10d", "--rdzv_endpoint=gpu07:29611",
-                "--rdzv_id=4242", "distnerf.train", "run_dir=runs/slurm-4242", "resume=true", "train.max_steps=10"):
+    print(f"{script} dry run ({' '.join(f'{k}={v}' for k, v in env.items())}): {proc.stdout.strip()}")
+    return proc.stdout.split()
+
+
+GPU_NODE = {"SLURM_GPUS_ON_NODE": "4", "SLURM_CPUS_PER_TASK": "32"}  # what Slurm sets for --gpus-per-node=4
+
+
+def test_multinode_command_line_for_two_nodes(slurm, tmp_path):
+    conf = {"SLURM_CONF": slurm.env["SLURM_CONF"]}  # scontrol (the head node from the node list) reads it
+    line = dry_run("slurm_multinode.sbatch", tmp_path, GPU_NODE, ["train.max_steps=10"], conf)
+    assert line[:4] == ["srun", "--ntasks-per-node=1", "--cpus-per-task=32", "--kill-on-bad-exit=1"]
+    for arg in ("--nnodes=2", "--nproc_per_node=4", "--numa-binding=node", "--rdzv_backend=c10d",
+                "--rdzv_endpoint=gpu07:29611", "--rdzv_id=4242", "distnerf.train", "run_dir=runs/slurm-4242",
+                "resume=true", "train.max_steps=10"):
         assert arg in line, (arg, line)
+    # without --cpus-per-task the agent gets the node's CPUs in the job, not one
+    line = dry_run("slurm_multinode.sbatch", tmp_path, {"SLURM_GPUS_ON_NODE": "4", "SLURM_CPUS_ON_NODE": "48"}, [], conf)
+    assert "--cpus-per-task=48" in line
+
+
+@pytest.mark.parametrize("script, args, module", [("slurm_train.sbatch", ["train.max_steps=10"], "distnerf.train"),
+                                                  ("slurm_render.sbatch", ["runs/r", "eval.num_views=2"], "distnerf.render")])
+def test_single_node_command_lines(tmp_path, script, args, module):
+    line = dry_run(script, tmp_path, GPU_NODE, args)
+    assert line[:5] == ["python", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4"], line
+    assert "--numa-binding=node" in line and line[line.index("-m", 3) + 1] == module and line[-1] == args[-1]
+    # CPU ranks (--gpus-per-node=0): NPROC ranks, no NUMA binding (no GPU to be near)
+    line = dry_run(script, tmp_path, {"SLURM_GPUS_PER_NODE": "0", "SLURM_CPUS_PER_TASK": "2", "NPROC": "2"}, args)
+    assert "--nproc_per_node=2" in line and not any(a.startswith("--numa-binding") for a in line)
+    line = dry_run(script, tmp_path, {**GPU_NODE, "NUMA_BINDING": "none"}, args)
+    assert "--nproc_per_node=4" in line and not any(a.startswith("--numa-binding") for a in line)

@@ -173,3 +173,153 @@ def test_rng_state_is_data_only_and_restores_every_generator(tmp_path):
     D.set_rng_state(ckpt.load_file(path)["rng"])
     again = (torch.rand(3), np.random.rand(3), [random.random() for _ in range(3)])
     assert torch.equal(expected[0], again[0]) and np.array_equal(expected[1], again[1]) and expected[2] == again[2]
+
+
+# ----------------------------------------------------------------------------- cadence and background writes
+import os  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import threading  # noqa: E402
+from types import SimpleNamespace  # noqa: E402
+
+from distnerf.dist import DistEnv  # noqa: E402
+from distnerf.engine import checkpoint_cadence  # noqa: E402
+from distnerf.engine.checkpoint_cadence import Checkpointer  # noqa: E402
+from distnerf.fileio import CheckpointWriteError  # noqa: E402
+from distnerf.strategy import build_strategy  # noqa: E402
+from tests.conftest import REPO  # noqa: E402
+
+
+class Sampler:
+    def state_dict(self):
+        return {"seed": 1, "stream": 0}
+
+
+def checkpointer(root, every_minutes=0.0, marks=(), keep=5):
+    cfg = SimpleNamespace(ckpt_every=10, ckpt_every_minutes=every_minutes, ckpt_minutes=list(marks),
+                          keep_checkpoints=keep, ckpt_async=True)
+    return Checkpointer(root, cfg, build_strategy({"name": "ddp"}, DistEnv()), {"model": "m"})
+
+
+class Optimizer:  # an optimizer's state_dict without building one (torch.optim's first use imports dynamo: seconds)
+    def __init__(self, model):
+        self.moments = {i: {"exp_avg": torch.zeros_like(p)} for i, p in enumerate(model.parameters())}
+
+    def state_dict(self):
+        return {"state": self.moments, "param_groups": []}
+
+
+def save(c, step, model, background=False, optimizer=None):
+    return c.save(step, float(step), model, optimizer or Optimizer(model), Sampler(), {"budget_fraction": None},
+                  background=background)
+
+
+def test_minutes_cadence_with_marks_long_steps_and_resume(tmp_path):
+    c = checkpointer(tmp_path, every_minutes=1.0, marks=[1.5])
+    c.start(0.0)
+    assert not c.mark_passed(59.9) and c.mark_passed(60.0)
+    c._consume_due(60.0)                        # the 1-minute multiple: next the 1.5-minute mark
+    assert not c.mark_passed(89.0) and c.mark_passed(90.0)
+    c._consume_due(90.5)
+    assert not c.mark_passed(119.0) and c.mark_passed(120.0)
+    c._consume_due(250.0)                       # a long step passed 120, 180 and 240: one save, next at 300
+    assert not c.mark_passed(299.0) and c.mark_passed(300.0)
+    c.start(130.0)                              # resumed at 130 s of training: next multiple 180 s
+    assert not c.mark_passed(179.0) and c.mark_passed(180.0)
+    off = checkpointer(tmp_path)
+    off.start(0.0)
+    assert not off.mark_passed(1e9)
+
+
+def test_background_write_is_a_snapshot_and_commits_only_when_done(tmp_path, monkeypatch):
+    model = torch.nn.Linear(3, 2)
+    c = checkpointer(tmp_path)
+    save(c, 10, model)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    gate, real = threading.Event(), checkpoint_cadence.atomic_torch_save
+
+    def slow(obj, path):
+        assert gate.wait(10)
+        real(obj, path)
+
+    monkeypatch.setattr(checkpoint_cadence, "atomic_torch_save", slow)
+    opt = Optimizer(model)
+    d = save(c, 20, model, background=True, optimizer=opt)  # returns after the host copy
+    with torch.no_grad():
+        model.weight.add_(100.0)                # training goes on while the thread writes
+        opt.moments[0]["exp_avg"].add_(1.0)
+    assert ckpt.latest(tmp_path) == ckpt.step_dir(tmp_path, 10)  # not committed yet
+    gate.set()
+    c.wait()
+    assert ckpt.latest(tmp_path) == d and ckpt.read_manifest(d, verify=True)["step"] == 20
+    saved = ckpt.load_file(d / ckpt.MODEL_FILE)["model"]
+    assert torch.equal(saved["weight"], before["weight"]) and torch.equal(saved["bias"], before["bias"])
+    assert not ckpt.load_file(d / ckpt.MODEL_FILE)["optimizer"]["state"][0]["exp_avg"].any()
+
+
+def test_a_failed_background_write_raises_at_the_next_save_and_keeps_the_last(tmp_path, monkeypatch):
+    model = torch.nn.Linear(3, 2)
+    c = checkpointer(tmp_path)
+    save(c, 10, model)
+
+    def full_disk(obj, path):
+        raise OSError(28, "No space left on device", str(path))
+
+    monkeypatch.setattr(checkpoint_cadence, "atomic_torch_save", full_disk)
+    save(c, 20, model, background=True)
+    with pytest.raises(CheckpointWriteError, match="step_00000020 not committed: rank 0: .*No space left") as err:
+        save(c, 30, model)                      # the next save waits for the failed one and stops the run
+    assert "step_00000010, is intact" in str(err.value)
+    assert [d.name for d in ckpt.committed(tmp_path)] == ["step_00000010"]
+    assert not ckpt.step_dir(tmp_path, 20).exists() and not ckpt.step_dir(tmp_path, 30).exists()
+    ckpt.read_manifest(ckpt.step_dir(tmp_path, 10), verify=True)
+
+
+KILLED_WRITER = """
+import os, sys, time, torch
+from pathlib import Path
+from distnerf.engine import checkpoint_cadence
+from tests.unit.test_checkpoint import checkpointer, save
+root, model = Path(sys.argv[1]), torch.nn.Linear(256, 256)
+c = checkpointer(root)
+save(c, 10, model)
+real = checkpoint_cadence.atomic_torch_save
+def torn(obj, path):  # model.pt whole, then the rank file half-written when the process is killed
+    if path.name != "rank_0.pt":
+        return real(obj, path)
+    with open(str(path) + ".tmp", "wb") as f:
+        f.write(b"partial")
+        f.flush()
+    print("writing", flush=True)
+    time.sleep(60)
+checkpoint_cadence.atomic_torch_save = torn
+save(c, 20, model, background=True)
+with torch.no_grad():
+    model.weight.add_(1.0)  # the loop goes on
+time.sleep(60)
+"""
+
+
+def test_a_process_killed_during_the_background_write_keeps_the_last_committed(tmp_path):
+    root = tmp_path / "checkpoints"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(root)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "writing", proc.stderr.read()
+        assert (ckpt.step_dir(root, 20) / ckpt.MODEL_FILE).exists()  # midway: one file whole, one torn
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait(30)
+    torn = ckpt.step_dir(root, 20)
+    assert (torn / "rank_0.pt.tmp").exists() and not (torn / ckpt.MANIFEST).exists()
+    assert [d.name for d in ckpt.committed(root)] == ["step_00000010"]  # the torn one is not taken as committed
+    assert ckpt.read_manifest(ckpt.latest(root), verify=True)["step"] == 10
+    c = checkpointer(root)
+    assert c.find_resume(True) == ckpt.step_dir(root, 10)
+    assert ckpt.load_file(ckpt.step_dir(root, 10) / ckpt.MODEL_FILE)["step"] == 10
+    d = save(c, 20, torch.nn.Linear(256, 256))  # the same step again, over the torn directory: committed
+    assert ckpt.read_manifest(d, verify=True)["step"] == 20 and set(ckpt.read_manifest(d)["files"]) == {
+        "model.pt", "rank_0.pt"}

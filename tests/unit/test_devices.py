@@ -84,3 +84,47 @@ def test_nvml_handle_prefers_torch_uuid(fake_nvml, monkeypatch):
 
 def test_cpu_device_has_no_nvml():
     assert telemetry._nvml_handle(torch.device("cpu")) == (None, "device is not CUDA")
+
+
+# ----------------------------------------------------------------------------- device=auto
+from distnerf.dist.env import resolve_device  # noqa: E402
+
+
+@pytest.mark.parametrize("device, cuda, environ, expected", [
+    ("auto", True, {"SLURM_JOB_ID": "7", "WORLD_SIZE": "8"}, "cuda"),
+    ("auto", False, {}, "cpu"),                               # a plain process on a laptop
+    ("auto", False, {"WORLD_SIZE": "1", "RANK": "0"}, "cpu"),  # a one-rank torchrun
+    ("cpu", False, {"SLURM_JOB_ID": "7", "WORLD_SIZE": "2"}, "cpu"),  # asked for: no refusal
+    ("cpu", True, {"WORLD_SIZE": "2"}, "cpu"),
+    ("cuda", True, {}, "cuda"),
+])
+def test_resolve_device(device, cuda, environ, expected):
+    assert resolve_device(device, cuda, environ) == expected
+
+
+@pytest.mark.parametrize("environ, why", [
+    ({"SLURM_JOB_ID": "4242"}, "in Slurm job 4242"),
+    ({"WORLD_SIZE": "2", "RANK": "1"}, "as one of 2 torchrun ranks"),
+    ({"SLURM_JOB_ID": "9", "WORLD_SIZE": "16"}, "in Slurm job 9 and as one of 16 torchrun ranks"),
+])
+def test_auto_refuses_the_cpu_in_a_job_and_says_why(environ, why):
+    with pytest.raises(ValueError, match="device=auto found no CUDA device") as err:
+        resolve_device("auto", False, {**environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert why in str(err.value) and "pass device=cpu" in str(err.value) and "CUDA_VISIBLE_DEVICES=''" in str(err.value)
+
+
+def test_cuda_without_cuda_is_refused():
+    with pytest.raises(ValueError, match="device=cuda requested"):
+        resolve_device("cuda", False, {})
+
+
+def test_train_refuses_auto_on_cpu_ranks_before_joining(monkeypatch):
+    """The entry point's own path (init_distributed) refuses before any rendezvous."""
+    from distnerf.dist.env import init_distributed
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("SLURM_JOB_ID", "31")
+    monkeypatch.delenv("RANK", raising=False)
+    with pytest.raises(ValueError, match="in Slurm job 31"):
+        init_distributed("auto", timeout_s=10, setup_timeout_s=None)
+    assert init_distributed("cpu", timeout_s=10, setup_timeout_s=None).device == torch.device("cpu")
