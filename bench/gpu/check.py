@@ -283,6 +283,19 @@ def sync_counter_section(path, rc, seconds):
     write("sync_counter", out)
 
 
+def ops_section(path, rc, seconds):
+    """Operators per training step on this device (bench/throughput/ops.py; issue 49's target <= 250)."""
+    out = {"seconds": seconds, "rc": rc, "file": path}
+    if rc != 0 or not Path(path).exists():
+        out["status"] = status_of(rc, "bench/throughput/ops.py")
+        return write("ops", out)
+    configs = json.loads(Path(path).read_text()).get("gpu_check", {}).get("configs", {})
+    out["totals"] = {name: c["total"] for name, c in configs.items()}
+    out["by_section"] = {name: c["by_section"] for name, c in configs.items()}
+    out["status"] = "ok"
+    write("ops", out)
+
+
 def nsys_section(rc, seconds, rep, stats_file):
     out = {"seconds": seconds, "rc": rc, "report": rep}
     text = Path(stats_file).read_text() if Path(stats_file).exists() else ""
@@ -359,6 +372,8 @@ def main(argv: list[str] | None = None) -> None:
         sync_debug(args[0], args[1].split(), int(args[2]), args[3:])
     elif cmd == "sync_counter":
         sync_counter_section(args[0], int(args[1]), float(args[2]))
+    elif cmd == "ops":
+        ops_section(args[0], int(args[1]), float(args[2]))
     elif cmd == "nsys":
         nsys_section(int(args[0]), float(args[1]), args[2], args[3])
     elif cmd == "skipped":

@@ -24,6 +24,7 @@
 #   hta_overlap    HolisticTraceAnalysis communication/computation overlap of the two kernel traces
 #   sync_debug     torch.cuda.set_sync_debug_mode("warn") over a few training steps of each model
 #                  (GPU_CHECK_SYNC_MODELS, default "grid ngp nerf"): warnings per step and where
+#   ops            bench/throughput/ops.py: ATen operators per training step on this device (issue 49: <= 250)
 #   sync_counter   bench/throughput/syncs.py (counts the would-be syncs on the CPU, any machine), if present
 #   nsys           an Nsight Systems capture of a short 1-rank run and its NVTX summary, if nsys is on PATH
 # Each section's Python: bench/gpu/check.py. Writes OUT/summary.json (default bench/gpu/results/gpu_check/;
@@ -85,7 +86,7 @@ fi
 
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 WANDB_MODE=disabled
 if [ "$MODE" = cpu ]; then
-  export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}; BUDGET=${GPU_CHECK_BUDGET_S:-170}; DEVICE=cpu
+  export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}; BUDGET=${GPU_CHECK_BUDGET_S:-200}; DEVICE=cpu
 else
   BUDGET=${GPU_CHECK_BUDGET_S:-470}; DEVICE=cuda
 fi
@@ -105,19 +106,20 @@ banner() { echo; echo "=== $1 ($(($(date +%s) - T0)) s of $BUDGET s)"; }
 # want NAME: the section is selected (GPU_CHECK_ONLY unset, or it names NAME); else it is recorded as skipped
 want() { [ -z "${GPU_CHECK_ONLY:-}" ] && return 0; case " $GPU_CHECK_ONLY " in *" $1 "*) return 0;; esac
          helper skipped "$1" "not selected (GPU_CHECK_ONLY=$GPU_CHECK_ONLY)"; return 1; }
-ORDER="env cuda_tests lego_quality ddp_trace ss_trace paths hta_overlap sync_debug sync_counter nsys"
+ORDER="env ops cuda_tests lego_quality ddp_trace ss_trace paths hta_overlap sync_debug sync_counter nsys"
 COMMON=(train.progress=false train.ckpt_every=-1 logger.wandb.mode=disabled device=$DEVICE)
 if [ "$MODE" = cpu ]; then
   DATA=(experiment=smoke); DATA_NAME="built-in scene (experiment=smoke; --cpu)"
   TRACE=(train.max_steps=8 profiler.trace.wait=2 profiler.trace.warmup=1 profiler.trace.active=2)
   QUALITY=(train.max_steps=20 eval.num_views=2); SYNC_MODELS=${GPU_CHECK_SYNC_MODELS:-grid}; SYNC_STEPS=4
-  SYNC_ARGS=(--configs grid --step 2); NSYS_STEPS=10
+  SYNC_ARGS=(--configs grid --step 2); NSYS_STEPS=10; OPS_CONFIGS=(smoke_grid)
 else
   DATA=(dataset=blender "dataset.root=$LEGO"); DATA_NAME=$LEGO
   TRACE=(train.max_steps=40 profiler.trace.wait=20 profiler.trace.warmup=2 profiler.trace.active=3 profiler.nvtx=true)
   # 25 test views (as the CPU's 2-minute figure): 200 did not end inside the section's 240 s on an H200
   QUALITY=(train.max_minutes=2 train.max_steps=1000000 eval.num_views=25 eval.lpips=false ${GPU_CHECK_QUALITY_EXTRA:-})
   SYNC_MODELS=${GPU_CHECK_SYNC_MODELS:-grid ngp nerf}; SYNC_STEPS=12; SYNC_ARGS=(); NSYS_STEPS=40
+  OPS_CONFIGS=(lego_grid lego_grid_64_rays smoke_ngp)
 fi
 TORCHRUN=("$PY" -m torch.distributed.run --standalone --nproc_per_node=1 -m distnerf.train)
 echo "gpu_check: mode $MODE, out $OUT, runs $RUNS, data $DATA_NAME, budget $BUDGET s"
@@ -127,6 +129,13 @@ banner env
 helper env "$MODE"
 CUDA=$(helper cuda_available 2>/dev/null || echo 0)
 [ "$MODE" = cpu ] && CUDA=0
+
+banner ops
+t=$(limit 60); if ! want ops; then :; elif [ "$t" = 0 ]; then helper skipped ops "time budget of $BUDGET s spent"; else
+  s=$(now); timeout -k 10 "$t" "$PY" -m bench.throughput.ops --label gpu_check --device "$DEVICE" \
+    --configs "${OPS_CONFIGS[@]}" --out "$RUNS/ops.json"
+  helper ops "$RUNS/ops.json" "$?" "$(since "$s")"
+fi
 
 banner cuda_tests
 t=$(limit 90); if ! want cuda_tests; then :; elif [ "$t" = 0 ]; then helper skipped cuda_tests "time budget of $BUDGET s spent"; else

@@ -50,7 +50,7 @@ def _counter_module():
     return module
 
 
-def count(name: str, overrides: list[str], cuda_paths: bool, root: Path) -> dict:
+def count(name: str, overrides: list[str], cuda_paths: bool, root: Path, device: str = "cpu") -> dict:
     """One configuration's counted step, in this process (whatever ``distnerf`` it imports)."""
     import torch
     from hydra import compose, initialize_config_dir
@@ -65,13 +65,13 @@ def count(name: str, overrides: list[str], cuda_paths: bool, root: Path) -> dict
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp, sync_free_paths(cuda_paths):
         with initialize_config_dir(config_dir=str(root / "conf"), version_base="1.3"):
-            cfg = compose("train", overrides=[*COMMON, *overrides, f"run_dir={tmp}/run"])
+            cfg = compose("train", overrides=[*COMMON, *overrides, f"device={device}", f"run_dir={tmp}/run"])
         try:  # validated once at the entry point since the config-once change; older trainers validate
             from distnerf.config_check import validate
             cfg = validate(cfg)
         except (ImportError, TypeError):
             pass
-        env = D.init_distributed("cpu", timeout_s=cfg.dist_timeout_s, setup_timeout_s=cfg.dist_setup_timeout_s)
+        env = D.init_distributed(device, timeout_s=cfg.dist_timeout_s, setup_timeout_s=cfg.dist_setup_timeout_s)
         trainer = Trainer(cfg, build_strategy(cfg.strategy if hasattr(cfg.strategy, "name") else dict(cfg.strategy),
                                               env), Path(tmp) / "run")
         counter = ops_module.OpCounter()
@@ -110,7 +110,7 @@ def count(name: str, overrides: list[str], cuda_paths: bool, root: Path) -> dict
 
 def worker(args) -> None:
     root = Path(os.environ.get("BENCH_OPS_TREE", Path(__file__).resolve().parents[2]))
-    print(json.dumps({name: count(name, CONFIGS[name], args.cuda_paths, root) for name in args.configs}))
+    print(json.dumps({name: count(name, CONFIGS[name], args.cuda_paths, root, args.device) for name in args.configs}))
 
 
 def main() -> None:
@@ -122,6 +122,8 @@ def main() -> None:
     ap.add_argument("--tree", type=Path, default=None, help="count another checkout's distnerf (a git worktree)")
     ap.add_argument("--cpu-paths", dest="cuda_paths", action="store_false",
                     help="count the CPU's own paths instead of the CUDA ones")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                    help="where the step runs (cuda: the GPU check's section; the counts are the same by design)")
     ap.add_argument("--note", default=None)
     ap.add_argument("--out", type=Path, default=None, help="default bench/throughput/results/ops/ops.json")
     args = ap.parse_args()
@@ -131,7 +133,8 @@ def main() -> None:
     tree = (args.tree or here).resolve()
     env = {**os.environ, "BENCH_OPS_TREE": str(tree), "PYTHONPATH": f"{tree}{os.pathsep}{here}",
            "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-P", "-m", "bench.throughput.ops", "worker", "--configs", *args.configs]
+    cmd = [sys.executable, "-P", "-m", "bench.throughput.ops", "worker", "--device", args.device,
+           "--configs", *args.configs]
     if not args.cuda_paths:
         cmd.append("--cpu-paths")
     proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
@@ -143,7 +146,8 @@ def main() -> None:
     report = json.loads(out.read_text()) if out.exists() else {}
     label_meta = finish_meta(meta)
     from bench.common import git_state
-    label_meta.update({"tree": str(tree), "tree_commit": git_state(tree)["git_commit"], "cuda_paths": args.cuda_paths})
+    label_meta.update({"tree": str(tree), "tree_commit": git_state(tree)["git_commit"], "cuda_paths": args.cuda_paths,
+                       "device": args.device})
     if args.note:
         label_meta["note"] = args.note
     report.pop("meta", None)
@@ -157,6 +161,7 @@ if __name__ == "__main__":
         ap.add_argument("worker")
         ap.add_argument("--configs", nargs="+")
         ap.add_argument("--cpu-paths", dest="cuda_paths", action="store_false")
+        ap.add_argument("--device", default="cpu")
         worker(ap.parse_args())
     else:
         main()

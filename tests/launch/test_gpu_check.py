@@ -12,7 +12,7 @@ import torch
 
 from tests.conftest import REPO
 
-SECTIONS = ["env", "cuda_tests", "lego_quality", "ddp_trace", "ss_trace", "paths", "hta_overlap", "sync_debug",
+SECTIONS = ["env", "ops", "cuda_tests", "lego_quality", "ddp_trace", "ss_trace", "paths", "hta_overlap", "sync_debug",
             "sync_counter", "nsys"]
 NEED_GPU = {"hta_overlap", "sync_debug", "nsys"}
 
@@ -51,6 +51,7 @@ def test_gpu_check_cpu_mode_writes_every_section(tmp_path):
         assert "skipped" in trace["hta"]  # CPU traces have no kernels
     assert sections["sync_debug"]["models"]["grid"]["error"] is None
     assert len(sections["sync_debug"]["models"]["grid"]["per_step"]) == 4
+    assert 0 < sections["ops"]["totals"]["smoke_grid"] and sections["ops"]["by_section"]["smoke_grid"]["forward"] > 0
     if sections["sync_counter"]["status"] == "ok":
         assert sections["sync_counter"]["configs"]["grid"]["count_step"] >= 0
     assert summary["wall_s"] < summary["budget_s"]

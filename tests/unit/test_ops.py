@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 #: operators per eager training step of the grid model (lego's options on the smoke scene, the CUDA paths; ATen
 #: operators, views excluded): 426 on 2026-12-06 at e1483d9 (issue 49's count), 248 after that day's fusions
-#: (bench/gpu/README.md, "Operators per step"); issue 49's target <= 250. Lowered as the step is fused, never raised
+#: (bench/throughput/README.md, "Operators per training step"); issue 49's target <= 250. Lowered as the step is
+#: fused, never raised
 GRID_STEP_CEILING = 248
 
 
