@@ -194,7 +194,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--only", nargs="*", help="variants to run (default: all)")
     args = parser.parse_args(argv)
     utc = lambda: datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")  # noqa: E731
-    meta = {"command": "python -m bench.quality.ns_vs_colmap " + shlex.join(sys.argv[1:] if argv is None else argv),
+    meta = {"command": shlex.join(["python", "-m", "bench.quality.ns_vs_colmap",
+                                   *(sys.argv[1:] if argv is None else argv)]),
             **commit(), "start": utc(), "host": platform.node(), "cpus": os.cpu_count(),
             "load_before": list(os.getloadavg())}
     if not args.lego.is_dir():
