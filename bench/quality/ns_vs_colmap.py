@@ -225,7 +225,8 @@ def main(argv=None) -> dict:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     meta.update(end=utc(), wall_s=round(time.perf_counter() - start, 1), load_after=list(os.getloadavg()))
-    (args.out / "meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+    from bench.common import append_meta
+    append_meta(args.out, {**meta, "files": ["results.json"]})  # the bench's meta.json: {"runs": [...]}
     return results
 
 
