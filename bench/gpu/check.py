@@ -268,16 +268,24 @@ def sync_debug(mode, models, steps, overrides):
     write("sync_debug", out)
 
 
-def sync_counter_section(path, rc, seconds):
+def counted_configs(name, path, rc, seconds, runner):
+    """The ``gpu_check`` label's configurations of a counting runner's JSON (``runner`` wrote ``path``), or
+    None after writing section ``name`` as failed; returns ``(configs, the section's record so far)``."""
     out = {"seconds": seconds, "rc": rc, "file": path}
     if rc != 0 or not Path(path).exists():
-        out["status"] = status_of(rc, "bench/throughput/syncs.py")
-        return write("sync_counter", out)
-    data = json.loads(Path(path).read_text())
-    label = data.get("gpu_check", {})
+        out["status"] = status_of(rc, runner)
+        write(name, out)
+        return None, out
+    return json.loads(Path(path).read_text()).get("gpu_check", {}).get("configs", {}), out
+
+
+def sync_counter_section(path, rc, seconds):
+    configs, out = counted_configs("sync_counter", path, rc, seconds, "bench/throughput/syncs.py")
+    if configs is None:
+        return
     out["configs"] = {name: {k: c[k]["total"] for k in ("count_step", "refresh_step") if k in c}
-                      for name, c in label.get("configs", {}).items()}
-    out["by_location"] = {name: c["count_step"].get("by_location") for name, c in label.get("configs", {}).items()
+                      for name, c in configs.items()}
+    out["by_location"] = {name: c["count_step"].get("by_location") for name, c in configs.items()
                           if "count_step" in c}
     out["status"] = "ok"
     write("sync_counter", out)
@@ -285,11 +293,9 @@ def sync_counter_section(path, rc, seconds):
 
 def ops_section(path, rc, seconds):
     """Operators per training step on this device (bench/throughput/ops.py; issue 49's target <= 250)."""
-    out = {"seconds": seconds, "rc": rc, "file": path}
-    if rc != 0 or not Path(path).exists():
-        out["status"] = status_of(rc, "bench/throughput/ops.py")
-        return write("ops", out)
-    configs = json.loads(Path(path).read_text()).get("gpu_check", {}).get("configs", {})
+    configs, out = counted_configs("ops", path, rc, seconds, "bench/throughput/ops.py")
+    if configs is None:
+        return
     out["totals"] = {name: c["total"] for name, c in configs.items()}
     out["by_section"] = {name: c["by_section"] for name, c in configs.items()}
     out["status"] = "ok"

@@ -19,7 +19,6 @@ checkout's file (older trees have none). Results go to ``bench/throughput/result
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
 import json
 import os
@@ -60,6 +59,8 @@ def count(name: str, overrides: list[str], cuda_paths: bool, root: Path, device:
     from distnerf.host_buffers import sync_free_paths
     from distnerf.strategy import build_strategy
 
+    from bench.throughput.syncs import label_phases
+
     ops_module = _counter_module()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -75,13 +76,6 @@ def count(name: str, overrides: list[str], cuda_paths: bool, root: Path, device:
         trainer = Trainer(cfg, build_strategy(cfg.strategy if hasattr(cfg.strategy, "name") else dict(cfg.strategy),
                                               env), Path(tmp) / "run")
         counter = ops_module.OpCounter()
-        timer_phase = trainer.timer.phase
-
-        def phase(name):  # every timed phase of the step labels the operators inside it
-            stack = contextlib.ExitStack()
-            stack.enter_context(timer_phase(name))
-            stack.enter_context(counter.section(name))
-            return stack
 
         def step(counted: bool) -> None:
             trainer.timer.begin_step()
@@ -96,7 +90,7 @@ def count(name: str, overrides: list[str], cuda_paths: bool, root: Path, device:
         try:
             while trainer.step < WARMUP:
                 step(False)
-            trainer.timer.phase = phase
+            label_phases(trainer, counter)  # every timed phase labels the operators inside it
             with counter:
                 step(True)
             del trainer.timer.phase

@@ -90,19 +90,25 @@ def run_step(trainer, counter=None) -> None:
                                   trainer.strategy.step_comm())
 
 
-def counted_step(trainer) -> dict:
-    from distnerf.observe.syncs import SyncCounter
-
-    counter = SyncCounter()
+def label_phases(trainer, counter) -> None:
+    """Make every timed phase of the trainer's step (``trainer.timer.phase``) also a section of ``counter``
+    (a SyncCounter or an OpCounter); ``del trainer.timer.phase`` undoes it."""
     timer_phase = trainer.timer.phase
 
-    def phase(name):  # every timed phase of the step labels the syncs inside it
+    def phase(name):
         stack = contextlib.ExitStack()
         stack.enter_context(timer_phase(name))
         stack.enter_context(counter.section(name))
         return stack
 
     trainer.timer.phase = phase
+
+
+def counted_step(trainer) -> dict:
+    from distnerf.observe.syncs import SyncCounter
+
+    counter = SyncCounter()
+    label_phases(trainer, counter)
     step = trainer.step
     try:
         with counter:
