@@ -52,7 +52,8 @@ from distnerf.data.capture import (CaptureImages, NameLabel, capture_scene, down
                                    read_name_list, scaled_size, split_indices)
 from distnerf.data.images import ImageList, read_image_size
 from distnerf.data.llff import IMAGE_SUFFIXES
-from distnerf.data.normalize import MIN_POINTS, c2w_from_cam_from_world, half_fov, place_capture
+from distnerf.data.normalize import MIN_POINTS, half_fov, place_capture
+from distnerf.data.poses import c2w_from_cam_from_world
 
 log = logging.getLogger("distnerf")
 

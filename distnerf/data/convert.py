@@ -57,7 +57,7 @@ import numpy as np
 
 from distnerf.data import load_scene
 from distnerf.data.images import read_image_size, undecoded
-from distnerf.data.normalize import cam_from_world_from_c2w
+from distnerf.data.poses import cam_from_world_from_c2w
 
 FORMATS = ("colmap", "nerfstudio")
 LINKS = ("copy", "symlink")

@@ -1,5 +1,8 @@
 """Always-on step breakdown: where every training step went, on every rank.
 
+(Just over 500 lines: the phase definitions, their timers and the exposed-communication rule belong together;
+most of the length is the phases' documentation below.)
+
 Each step is split into top-level phases (seconds, one host clock on CPU, CUDA
 events on GPU)::
 

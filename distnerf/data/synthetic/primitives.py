@@ -1,5 +1,8 @@
 """Analytic primitives of the procedural scenes: shape, exact ray intersection, texture.
 
+(Over 500 lines on purpose: one small dataclass per primitive kind, each with its closed-form intersection and
+normal; splitting them would scatter one concern, the analytic geometry the tracer relies on, over files.)
+
 Legend: N rays or surface points.
 
 Every primitive is a dataclass with a world ``center``, a local-to-world ``rotation`` and

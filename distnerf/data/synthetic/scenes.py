@@ -1,5 +1,8 @@
 """Scene specs of the procedural scenes: layout, light, bounds and cameras.
 
+(Over 500 lines on purpose: one declarative spec per built-in scene, kept together so that a scene's layout,
+bounds and cameras read in one place; the code that uses them is in the sibling modules.)
+
 Legend: V views of a split (or of a city's flight), K primitives of a scene.
 
 Four kinds of scene (:data:`KINDS`), built by :func:`build_scene`:
