@@ -269,7 +269,7 @@ class SSStrategyConfig(StrategyConfig):
 @dataclass
 class SamplerConfig:
     """Ray batches; every kind draws bitwise the same batches (a performance setting)."""
-    name: str = choice("pipelined", "sync", "device")
+    name: str = choice("auto", "pipelined", "sync", "device")  # auto: device on CUDA (pixels fit), else pipelined
     policy: str = choice("uniform", "per_image")  # uniform over all pixels | a few images per step
     images_per_step: int = positive(4)        # policy=per_image
     filter: Optional[Any] = None              # e.g. {kind: box, aabb: [[-1,-1,-1],[1,1,1]]}: rays missing it are invalid

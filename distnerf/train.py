@@ -29,9 +29,10 @@ from . import dist as D
 from .fileio import CheckpointWriteError
 from .rundir import RunDirBusy, release_run_dir, resolve_run_dir, setup_logging
 from .data import DatasetError
-from .config_check import GROUPS, ConfigError, validate
+from .config_check import GROUPS, ConfigError, derive, validate
 from .engine.trainer import NonFiniteLoss, Trainer
 from .observe.progress import ProgressBeacon
+from .sampler import auto_kind
 from .schema import TrainConfig
 from .strategy import build_strategy
 
@@ -55,6 +56,8 @@ def run(cfg: DictConfig) -> dict:
     stop = D.StopRequest().install()  # SIGUSR1/SIGTERM: all ranks stop at one step and checkpoint
     env = D.init_distributed(cfg.device, timeout_s=cfg.dist_timeout_s, setup_timeout_s=cfg.dist_setup_timeout_s)
     beacon = ProgressBeacon(env.store, env.rank, env.world_size, cfg.dist_progress_s).start()  # step and phase, for hang reports
+    if cfg.sampler.name == "auto":  # the sampler this device runs, named in the run's config.yaml
+        cfg = derive(cfg, sampler=derive(cfg.sampler, name=auto_kind(env.device, cfg.sampler.source)))
     run_dir = strategy = trainer = None
     finished = False
     try:

@@ -25,7 +25,19 @@ from .sync import SyncSampler
 
 log = logging.getLogger("distnerf")
 
-KINDS = ("sync", "pipelined", "device")
+KINDS = ("sync", "pipelined", "device")  # what sampler=auto resolves to: auto_kind
+
+
+def auto_kind(device: torch.device | str, source: str = "memory") -> str:
+    """The sampler ``sampler=auto`` runs: ``device`` on CUDA (issue 49: the step's input on the GPU, no host
+    copy, static buffers for a graph; :func:`build_sampler` still falls back to ``sampler.fallback`` when the
+    pixels do not fit), unless the pixels are decoded per batch (``sampler.source=files``); else ``pipelined``
+    (the CPU's default: workers build batches ahead).
+
+    Args:
+        device: the training device. source: ``sampler.source``.
+    """
+    return "device" if torch.device(device).type == "cuda" and source == "memory" else "pipelined"
 
 __all__ = ["BatchSpec", "BoxFilter", "DeviceSampler", "PipelinedSampler", "PixelCache", "RayBatch", "RayFilter",
            "FilePixels", "FileSource", "Sampler", "SamplerWorkerError", "SyncSampler", "batch_rng", "build_sampler", "draw_indices", "make_batch",
@@ -73,7 +85,7 @@ def build_sampler(cfg_sampler: Mapping, scene: SceneData, rays_per_batch: int, s
         ValueError: the scene's mask leaves no pixel to sample (before any worker starts).
     """
     cfg = section(SamplerConfig, cfg_sampler)
-    kind = cfg.name
+    kind = auto_kind(device, cfg.source) if cfg.name == "auto" else cfg.name
     pixel_table(scene.mask, scene.source)  # a fully masked scene fails here, not in a worker
     spec = BatchSpec(int(rays_per_batch), int(seed), stream, cfg.policy, cfg.images_per_step,
                      ray_filter if ray_filter is not None else build_ray_filter(cfg.filter))

@@ -330,7 +330,11 @@ def test_unpicklable_ray_filter_is_a_clear_error(scene):
 def test_build_sampler_kinds_and_errors(scene):
     assert isinstance(build_sampler({"name": "sync"}, scene, R, 0, 0, "cpu"), SyncSampler)
     assert isinstance(build_sampler({"name": "device"}, scene, R, 0, 0, "cpu"), DeviceSampler)
-    with pytest.raises(ValueError, match=r"sampler.name='bogus' is not one of \['pipelined', 'sync', 'device'\]"):
+    # sampler=auto (the default): the GPU's input on the GPU, unless decoded per batch; workers on the CPU
+    from distnerf.sampler import auto_kind
+    assert (auto_kind("cuda"), auto_kind("cuda:1"), auto_kind("cuda", "files"), auto_kind("cpu")) == \
+        ("device", "device", "pipelined", "pipelined")
+    with pytest.raises(ValueError, match=r"sampler.name='bogus' is not one of \['auto', 'pipelined', 'sync', 'device'\]"):
         build_sampler({"name": "bogus"}, scene, R, 0, 0, "cpu")
     with pytest.raises(ValueError, match="sampler.policy"):
         build_sampler({"name": "sync", "policy": "nope"}, scene, R, 0, 0, "cpu")
