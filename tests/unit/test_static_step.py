@@ -1,0 +1,114 @@
+"""The static training step (train.samples_per_step, issue 49 item 2): the same loss and table gradients
+as the dynamic step on the same rays, no host sync (refresh steps included), overflow counted and
+left out of the loss."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from distnerf import dist as D
+from distnerf.components.sample_budget import SampleBudget
+from distnerf.host_buffers import sync_free_paths
+
+from bench.throughput import syncs as bench
+
+
+BIG = 1 << 16  # slots: more than 512 smoke rays need (about 20 samples a ray)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """The smoke grid trained by the static step (train.samples_per_step) past its upsampling (step 10) and an
+    occupancy refresh (every 8 steps); ``model.sample_budget`` is the trainer's budget."""
+    torch.manual_seed(0)
+    trainer, env = bench.build_trainer(["model=grid", "model.train_termination=false", "model.train_round_steps=0",
+                                        f"train.samples_per_step={BIG}"], tmp_path_factory.mktemp("static") / "run")
+    try:
+        while trainer.step < 17:
+            bench.run_step(trainer)
+        yield trainer
+    finally:
+        trainer.close()
+        D.shutdown(env)
+
+
+def _loss_and_grads(trainer, batch):
+    model = trainer.model
+    model.zero_grad(set_to_none=True)
+    out, error = trainer.step_fn.forward(model, batch)
+    (error.sse / len(batch.rgb)).backward()
+    grads = {n: p.grad.to_dense().clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return out, error, grads
+
+
+def test_static_equals_dynamic_loss_and_gradients(trained):
+    model = trained.model
+    assert model.sample_budget is trained.step_fn.budget  # train.samples_per_step set it
+    batch = trained.sampler.to_device(trained.sampler.host_batch(trained.step))
+    assert not model.occupancy.binary.all() and model.occupancy.binary.any()  # a refreshed grid: real skipping
+    with sync_free_paths(True):  # dense table gradients in both (the sparse rows are the CPU's form of the same)
+        model.sample_budget = budget = SampleBudget(model, BIG)  # all rays active
+        out, error, grads = _loss_and_grads(trained, batch)
+        model.sample_budget = None  # the dynamic step
+        try:
+            _, dyn_error, dyn_grads = _loss_and_grads(trained, batch)
+        finally:
+            model.sample_budget = trained.step_fn.budget
+    assert out.num_samples == BIG and torch.equal(out.loss_weight, torch.ones(len(batch.rgb)))  # all active, fitted
+    torch.testing.assert_close(error.sse, dyn_error.sse, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(error.rgb, dyn_error.rgb, rtol=1e-4, atol=1e-7)
+    assert grads.keys() == dyn_grads.keys() and {"density", "features"} <= grads.keys()
+    for name, g in grads.items():
+        torch.testing.assert_close(g, dyn_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+    assert dyn_grads["density"].abs().sum() > 0
+    budget._take()
+    overflow, active, needed, empty = budget._last
+    assert overflow == 0 and active == len(batch.rgb) and 0 < needed < BIG and empty == 0
+
+
+def test_overflow_is_counted_and_left_out_of_the_loss(trained):
+    model = trained.model
+    batch = trained.sampler.to_device(trained.sampler.host_batch(trained.step + 1))
+    num_rays = len(batch.rgb)
+    model.sample_budget = None
+    with torch.no_grad():
+        out_dyn, _ = trained.step_fn.forward(model, batch)
+    with sync_free_paths(True):
+        model.sample_budget = budget = SampleBudget(model, 4 * num_rays)  # about a fifth of what they need
+        try:
+            out, error = trained.step_fn.forward(model, batch)
+            out2, _ = trained.step_fn.forward(model, batch)  # the next step: the ray rule and the late report
+        finally:
+            model.sample_budget = trained.step_fn.budget
+    counted = out.loss_weight > 0
+    num_counted = int(counted.sum())
+    assert 0 < num_counted < num_rays
+    # the counted rays are a prefix of the batch (samples packed in ray order), rendered exactly as the dynamic step
+    assert counted[:num_counted].all() and not counted[num_counted:].any()
+    torch.testing.assert_close(out.rgb[counted], out_dyn.rgb[counted], rtol=1e-5, atol=1e-6)
+    # the loss is the counted rays' mean error (loss_weight R / counted), the others add nothing
+    torch.testing.assert_close(error.sse / num_rays, error.rgb[counted].mean(), rtol=1e-5, atol=1e-8)
+    # reported a step late: every ray was active at the first step, those not counted overflowed
+    metrics = budget.metrics()
+    assert metrics["budget_active_rays"] == num_rays
+    assert metrics["budget_overflow_rate"] == pytest.approx((num_rays - num_counted) / num_rays)
+    # the rule: the next step marches about headroom * P / (samples per ray) rays, inside the capacity
+    expected = int(0.9 * 4 * num_rays / metrics["budget_samples_per_ray"])
+    active2 = int((out2.loss_weight > 0).sum())
+    assert abs(int(budget.active) - expected) <= 1 and active2 <= expected + 1
+
+
+def test_static_steps_read_nothing_from_the_device(trained):
+    """0 host syncs on a static step and on an occupancy-refresh step (the CUDA paths, counted on the CPU as
+    tests/unit/test_syncs.py counts them)."""
+    with sync_free_paths(True):
+        step = bench.counted_step(trained)
+        while trained.step % trained.cfg.model.occupancy_every:
+            bench.run_step(trained)
+        refresh = bench.counted_step(trained)
+    assert step["total"] == 0, step["by_location"]
+    assert refresh["total"] == 0, refresh["by_location"]
+    # it trained: the budget measured samples at every step, none overflowed at this capacity
+    metrics = trained.step_fn.budget_metrics()
+    assert metrics["budget_overflow_rate"] == 0 and 0 < metrics["budget_fill"] < 1
