@@ -73,7 +73,7 @@ class SampleBudget:
         if model.random_background:
             background = torch.rand(len(rays), 3, generator=generator, device=origins.device, dtype=origins.dtype)
         out, next_active, stats = self._render(model, rays, u, background, self._clip_box(model),
-                                               self.active.clamp(max=len(rays)), self._num_slots(model),
+                                               self.active, self._num_slots(model),
                                                self.capacity, self.headroom)
         self.active.copy_(next_active)
         self._push(stats)
@@ -106,7 +106,7 @@ class SampleBudget:
         self._take()
         if self._host is None:
             self._host = host_buffer(torch.zeros(4).pin_memory() if cuda else torch.zeros(4))
-        self._host.copy_(stats.detach(), non_blocking=cuda)
+        self._host.copy_(stats, non_blocking=cuda)  # int64 to float32 in the copy
         if cuda:
             self._event = torch.cuda.Event()
             self._event.record()
@@ -131,4 +131,4 @@ class SampleBudget:
 
     def occupancy_empty(self) -> bool:
         """Whether the occupancy grid was empty at the previous step (read a step late)."""
-        return self._last[3] > 0
+        return self._last[1] > 0 and self._last[3] == 0  # a step has reported (every step has an active ray)

@@ -73,7 +73,7 @@ def static_render(model, rays: RayBundle, u: torch.Tensor, background: torch.Ten
             R is then the counted rays' mean), ``num_samples`` P, and ``distortion_loss`` as
             :meth:`forward`'s;
         next_active: 0-dim int64 the next step's active rays;
-        stats: (4,) float32 [overflowed rays, active rays, samples needed, occupancy empty].
+        stats: (4,) int64 [overflowed rays, active rays, samples needed, any cell occupied].
     """
     num_rays = len(rays)
     step_size = model.step_size()
@@ -91,9 +91,9 @@ def static_render(model, rays: RayBundle, u: torch.Tensor, background: torch.Ten
     if model.distortion_loss_weight > 0:
         out.distortion_loss = model.distortion_loss_weight * model.ray_distortion(rays, anchor, samples, out.weights)
     counted = active & fits
-    out.loss_weight = counted.float() * (num_rays / counted.sum().clamp(min=1).float())
+    num_active, num_counted, needed = active.sum(), counted.sum(), counts.sum()  # an inactive ray needs 0
+    out.loss_weight = counted * (num_rays / num_counted.clamp(min=1))
     out.num_samples = capacity  # the field runs on every slot
     out.samples = out.weights = None  # as forward: the packed samples stay here
-    overflow = (active & ~fits).sum()
-    stats = torch.stack([overflow, active.sum(), counts.sum(), (~model.occupancy.binary.any()).long()]).float()
-    return out, next_active_rays(counts, active, capacity, headroom), stats
+    stats = torch.stack([num_active - num_counted, num_active, needed, model.occupancy.binary.any()])
+    return out, next_active_rays(needed, num_active, num_rays, capacity, headroom), stats

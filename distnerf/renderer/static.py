@@ -118,19 +118,19 @@ def render_static(field_fn, samples: PackedSamples, origins: torch.Tensor, direc
                         samples=samples, num_colour_samples=coloured.sum())
 
 
-def next_active_rays(counts: torch.Tensor, active: torch.Tensor, capacity: int, headroom: float) -> torch.Tensor:
+def next_active_rays(needed: torch.Tensor, num_active: torch.Tensor, num_rays: int, capacity: int,
+                     headroom: float) -> torch.Tensor:
     """The ray budget's rule (Instant-NGP's): the rays the next step marches, on the device.
 
     ``floor(headroom * P / s)`` with ``s`` the samples per active ray this step needed (overflowed
     ones included), clamped to [1, R]. Used one step late, so no host reads it.
 
     Args:
-        counts: (R,) int64 samples each ray needed. active: (R,) bool this step's active rays.
-        capacity: P. headroom: the fraction of P aimed at (below 1: room for the variation
-            between steps, so that few rays overflow).
+        needed: 0-dim int64 samples the active rays needed. num_active: 0-dim int64 active rays.
+        num_rays: R. capacity: P. headroom: the fraction of P aimed at (below 1: room for the
+            variation between steps, so that few rays overflow).
     Returns:
         0-dim int64 tensor.
     """
-    num_active = active.sum().clamp(min=1)
-    per_ray = ((counts * active).sum().to(torch.float64) / num_active).clamp(min=1.0 / counts.shape[0])
-    return torch.floor(headroom * capacity / per_ray).long().clamp(1, counts.shape[0])
+    per_ray = (needed / num_active.clamp(min=1)).clamp(min=1.0 / num_rays)  # float32, as true division gives
+    return torch.floor(headroom * capacity / per_ray).long().clamp(1, num_rays)

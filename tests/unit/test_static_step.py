@@ -63,8 +63,9 @@ def test_static_equals_dynamic_loss_and_gradients(trained):
         torch.testing.assert_close(g, dyn_grads[name], rtol=1e-4, atol=1e-6, msg=name)
     assert dyn_grads["density"].abs().sum() > 0
     budget._take()
-    overflow, active, needed, empty = budget._last
-    assert overflow == 0 and active == len(batch.rgb) and 0 < needed < BIG and empty == 0
+    overflow, active, needed, occupied = budget._last
+    assert overflow == 0 and active == len(batch.rgb) and 0 < needed < BIG and occupied == 1
+    assert not model.collapsed()
 
 
 def test_overflow_is_counted_and_left_out_of_the_loss(trained):
