@@ -25,7 +25,7 @@ import torch
 
 from ..data.rays import RayBundle
 from ..host_buffers import host_buffer
-from ..model.marched_static import check_static, static_render
+from ..model.marched_static import check_static, field_fn_of, static_render
 from ..renderer.output import RenderOutput
 from ..renderer.static import interval_slots
 
@@ -72,9 +72,9 @@ class SampleBudget:
         background = model.background
         if model.random_background:
             background = torch.rand(len(rays), 3, generator=generator, device=origins.device, dtype=origins.dtype)
-        out, next_active, stats = self._render(model, rays, u, background, self._clip_box(model),
-                                               self.active, self._num_slots(model),
-                                               self.capacity, self.headroom)
+        out, next_active, stats = self._render(model, rays, u, background, self._clip_box(model), self.active,
+                                               field_fn_of(model, rays.image_ids), model.step_size(),
+                                               self._num_slots(model), self.capacity, self.headroom)
         self.active.copy_(next_active)
         self._push(stats)
         return out

@@ -55,7 +55,8 @@ def field_fn_of(model, image_ids: torch.Tensor | None):
 
 
 def static_render(model, rays: RayBundle, u: torch.Tensor, background: torch.Tensor | None, clip_box: torch.Tensor,
-                  active_rays: torch.Tensor, num_slots: int, capacity: int, headroom: float):
+                  active_rays: torch.Tensor, field_fn, step_size: float, num_slots: int, capacity: int,
+                  headroom: float):
     """One training render in P fixed slots (module docstring).
 
     Args:
@@ -65,6 +66,8 @@ def static_render(model, rays: RayBundle, u: torch.Tensor, background: torch.Ten
         clip_box: (2, 3) float32 the part of the marching box that can hold a sample (the occupied
             cells' box within it, :meth:`~distnerf.renderer.occupancy.OccupancyGrid.occupied_aabb`).
         active_rays: 0-dim int64 rays marched this step (the first ones of the batch).
+        field_fn: :func:`field_fn_of` the model and the rays' images. step_size: :meth:`step_size`
+            (both found by the caller: the model's caches compare data pointers, which a graph cannot).
         num_slots: K (:func:`~distnerf.renderer.static.interval_slots`). capacity: P.
         headroom: :func:`~distnerf.renderer.static.next_active_rays`'s.
     Returns:
@@ -76,7 +79,6 @@ def static_render(model, rays: RayBundle, u: torch.Tensor, background: torch.Ten
         stats: (4,) int64 [overflowed rays, active rays, samples needed, any cell occupied].
     """
     num_rays = len(rays)
-    step_size = model.step_size()
     anchor = rays.near + u * step_size / rays.directions.norm(dim=-1)  # sample_anchor's expression
     active = torch.arange(num_rays, device=u.device) < active_rays
     t_lo, t_hi = clip_to_box(rays.origins, rays.directions, rays.near, model.ray_far(rays),
@@ -86,7 +88,7 @@ def static_render(model, rays: RayBundle, u: torch.Tensor, background: torch.Ten
     samples, filled, counts, fits = march_static(rays.origins, rays.directions, anchor, t_lo, t_hi, step_size,
                                                  model.occupancy.binary, cell_origins, cell_directions, num_slots,
                                                  capacity)
-    out = render_static(field_fn_of(model, rays.image_ids), samples, rays.origins, rays.directions, rays.viewdirs,
+    out = render_static(field_fn, samples, rays.origins, rays.directions, rays.viewdirs,
                         model.appearance_background(background, rays), model.color_threshold)
     if model.distortion_loss_weight > 0:
         out.distortion_loss = model.distortion_loss_weight * model.ray_distortion(rays, anchor, samples, out.weights)

@@ -113,3 +113,41 @@ def test_static_steps_read_nothing_from_the_device(trained):
     # it trained: the budget measured samples at every step, none overflowed at this capacity
     metrics = trained.step_fn.budget_metrics()
     assert metrics["budget_overflow_rate"] == 0 and 0 < metrics["budget_fill"] < 1
+
+
+def test_compiled_static_step_has_no_graph_break_and_no_recompile(trained):
+    """model.compile on the static step (issue 49 item 5): forward and loss in one graph (fullgraph=True: a
+    break raises), backward through AOTAutograd, the same render as eager, and no recompilation over the
+    steps of a grid stage, an occupancy refresh included (aot_eager: the graph without inductor's codegen)."""
+    from torch._dynamo.utils import counters
+
+    budget, model = trained.step_fn.budget, trained.model
+    eager = budget._render
+    torch._dynamo.reset()
+    counters.clear()
+    try:
+        with sync_free_paths(True):  # the CUDA paths (dense table gradients)
+            _compiled_steps(trained, budget, model)
+        assert not counters["graph_break"], dict(counters["graph_break"])
+        assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    finally:
+        budget._render = eager
+        torch._dynamo.reset()
+
+
+def _compiled_steps(trained, budget, model) -> None:
+    budget.compile(backend="aot_eager")
+    batch = trained.sampler.to_device(trained.sampler.host_batch(trained.step))
+    with torch.no_grad():
+        model.sample_budget = None  # the dynamic render of the same rays
+        want, _ = trained.step_fn.forward(model, batch)
+        model.sample_budget = budget
+    got, error = trained.step_fn.forward(model, batch)
+    torch.testing.assert_close(got.rgb, want.rgb, rtol=1e-4, atol=1e-6)
+    assert error.sse.requires_grad and error.sse.grad_fn is not None
+    with torch._dynamo.config.patch(error_on_recompile=True):  # a recompile raises
+        refreshes = 0
+        for _ in range(trained.cfg.model.occupancy_every + 1):  # crosses one occupancy refresh
+            refreshes += trained.step % trained.cfg.model.occupancy_every == 0
+            bench.run_step(trained)
+    assert refreshes == 1 and model.resolution == trained.cfg.model.resolutions[-1]
