@@ -24,7 +24,7 @@ import math
 import torch
 
 from ..data.rays import RayBundle
-from ..host_buffers import host_buffer
+from ..host_buffers import host_buffer, static_nonzero_available
 from ..model.marched_static import check_static, field_fn_of, static_render
 from ..renderer.output import RenderOutput
 from ..renderer.static import interval_slots
@@ -69,6 +69,7 @@ class SampleBudget:
         if self.active is None or self.active.device != origins.device:
             self.active = torch.full((), len(rays), dtype=torch.int64, device=origins.device)
         u = torch.rand(rays.near.shape, generator=generator, device=origins.device, dtype=rays.near.dtype)
+        static_nonzero_available(origins.device)  # its probe runs here, not inside a compiled render
         background = model.background
         if model.random_background:
             background = torch.rand(len(rays), 3, generator=generator, device=origins.device, dtype=origins.dtype)

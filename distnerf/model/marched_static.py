@@ -85,7 +85,7 @@ def static_render(model, rays: RayBundle, u: torch.Tensor, background: torch.Ten
                              clip_box.to(rays.origins.dtype))
     t_hi = torch.where(active, t_hi, t_lo)  # an inactive ray: an empty segment, no slot
     cell_origins, cell_directions = model.occupancy.ray_cells(rays.origins, rays.directions)
-    samples, filled, counts, fits = march_static(rays.origins, rays.directions, anchor, t_lo, t_hi, step_size,
+    samples, filled, fits, needed = march_static(rays.origins, rays.directions, anchor, t_lo, t_hi, step_size,
                                                  model.occupancy.binary, cell_origins, cell_directions, num_slots,
                                                  capacity)
     out = render_static(field_fn, samples, rays.origins, rays.directions, rays.viewdirs,
@@ -93,7 +93,7 @@ def static_render(model, rays: RayBundle, u: torch.Tensor, background: torch.Ten
     if model.distortion_loss_weight > 0:
         out.distortion_loss = model.distortion_loss_weight * model.ray_distortion(rays, anchor, samples, out.weights)
     counted = active & fits
-    num_active, num_counted, needed = active.sum(), counted.sum(), counts.sum()  # an inactive ray needs 0
+    num_active, num_counted = active.sum(), counted.sum()  # (an inactive ray needs no slot)
     out.loss_weight = counted * (num_rays / num_counted.clamp(min=1))
     out.num_samples = capacity  # the field runs on every slot
     out.samples = out.weights = None  # as forward: the packed samples stay here

@@ -12,7 +12,8 @@ nerfacc keep a fixed sample budget of about 2^18 samples a step, Mueller et al. 
 * :func:`march_static`: the dense walk of
   :func:`~distnerf.renderer.occupancy._march_dense` (every interval of every segment in an
   (R, K) layout tested against the grid, the same samples bit for bit), its mask packed into
-  P slots with ``torch.nonzero_static``. Unused slots are *padding samples* of zero width
+  P slots with ``torch.nonzero_static`` (a prefix sum and a scatter where the device has no kernel:
+  CUDA before torch 2.6, :func:`~distnerf.host_buffers.compact_nonzeros`). Unused slots are *padding samples* of zero width
   attached to the last ray, so ``ray_indices`` stay non-decreasing and a padding sample adds
   nothing (``tau = sigma * 0``, no weight, no gradient). Rays whose samples do not all fit
   *overflow*: each is flagged (the caller leaves it out of the loss), never dropped silently.
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import torch
 
+from ..host_buffers import compact_nonzeros
 from .marching import along_ray
 from .occupancy import _lookup, grid_edges
 from .output import RenderOutput
@@ -55,11 +57,11 @@ def march_static(origins: torch.Tensor, directions: torch.Tensor, anchor: torch.
         num_slots: K >= the intervals any segment touches (:func:`interval_slots`).
         capacity: P.
     Returns:
-        samples: :class:`~.packed.PackedSamples` of P slots (the first ``min(sum(counts), P)``
+        samples: :class:`~.packed.PackedSamples` of P slots (the first ``min(needed, P)``
             are real samples, as :func:`~.occupancy.march` would give them, the rest padding);
         filled: (P,) bool the real slots;
-        counts: (R,) int64 occupied intervals of each segment (what it needed);
-        fits: (R,) bool whether all of a ray's samples got a slot (False: overflow).
+        fits: (R,) bool whether all of a ray's samples got a slot (False: overflow);
+        needed: 0-dim int64 the occupied intervals of all segments (the slots they needed).
     """
     num_rays = origins.shape[0]
     dt = step_size / directions.norm(dim=-1)
@@ -75,7 +77,7 @@ def march_static(origins: torch.Tensor, directions: torch.Tensor, anchor: torch.
     counts = keep.sum(dim=1)
     fits = torch.cumsum(counts, 0) <= capacity
     # row-major positions of the kept intervals, padded with one past the last (R K): no size read
-    flat = torch.nonzero_static(keep.view(-1), size=capacity, fill_value=num_rays * num_slots).view(-1)
+    flat, needed = compact_nonzeros(keep.view(-1), capacity, fill_value=num_rays * num_slots)
     filled = flat < num_rays * num_slots
     ray = torch.div(flat, num_slots, rounding_mode="floor").clamp_(max=num_rays - 1)  # padding: the last ray
     # the interval's first edge in ``edges`` (K + 1 a row); a padding slot takes the last row's last
@@ -84,7 +86,7 @@ def march_static(origins: torch.Tensor, directions: torch.Tensor, anchor: torch.
     edges = edges.reshape(-1)
     starts = edges.index_select(0, first)
     ends = torch.where(filled, edges.index_select(0, first + 1), starts)
-    return PackedSamples(ray, starts, ends, num_rays), filled, counts, fits
+    return PackedSamples(ray, starts, ends, num_rays), filled, fits, needed
 
 
 def render_static(field_fn, samples: PackedSamples, origins: torch.Tensor, directions: torch.Tensor,

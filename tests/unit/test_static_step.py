@@ -151,3 +151,14 @@ def _compiled_steps(trained, budget, model) -> None:
             refreshes += trained.step % trained.cfg.model.occupancy_every == 0
             bench.run_step(trained)
     assert refreshes == 1 and model.resolution == trained.cfg.model.resolutions[-1]
+
+
+@pytest.mark.parametrize("static", [True, False])
+def test_compaction_pads_with_the_fill_value(static):
+    """Both kernels of the march's packing (nonzero_static; prefix sum and scatter, CUDA before torch 2.6)."""
+    from distnerf.host_buffers import compact_nonzeros
+
+    mask = torch.tensor([0, 1, 1, 0, 0, 1, 0, 1], dtype=torch.bool)
+    for capacity, want in ((6, [1, 2, 5, 7, 8, 8]), (3, [1, 2, 5])):  # padded / truncated (overflow)
+        position, count = compact_nonzeros(mask, capacity, static, fill_value=8)
+        assert position.tolist() == want and int(count) == 4
