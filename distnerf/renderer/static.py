@@ -102,8 +102,7 @@ def render_static(field_fn, samples: PackedSamples, origins: torch.Tensor, direc
             sample's colour does not count (every slot is coloured; its weight is masked).
     Returns:
         :class:`~.output.RenderOutput`: ``rgb`` (R, 3), ``depth`` (R,), ``opacity``, ``transmittance``
-        (R,), ``weights`` (P,), ``samples``, and 0-dim int64 tensors ``num_colour_samples`` (read by
-        nobody in the step). Equal to :func:`~.marching.shade`'s on the same samples (the masked slots
+        (R,), ``weights`` (P,) and ``samples`` (no counts: each would be a device value). Equal to :func:`~.marching.shade`'s on the same samples (the masked slots
         add exact zeros), to the colour network's float rounding.
     """
     points = samples.points(origins, directions)
@@ -117,7 +116,7 @@ def render_static(field_fn, samples: PackedSamples, origins: torch.Tensor, direc
         rgb = rgb + remaining[:, None] * background
     depth = sum_along_rays(weights * samples.t_mids, samples.ray_indices, samples.num_rays)
     return RenderOutput(rgb=rgb, depth=depth, opacity=1.0 - remaining, transmittance=remaining, weights=weights,
-                        samples=samples, num_colour_samples=coloured.sum())
+                        samples=samples)
 
 
 def next_active_rays(needed: torch.Tensor, num_active: torch.Tensor, num_rays: int, capacity: int,
