@@ -43,6 +43,10 @@ class TrainStep:
             and ``samples_per_step`` (> 0: the static step, :mod:`.sample_budget`).
         phase: ``phase(name)`` context manager timing ``backward``, ``regularizer`` and
             ``optimizer`` (the trainer's step breakdown); default: no timing.
+        compile_static, compile_mode: ``model.compile`` and ``model.compile_mode`` for the static step:
+            its render is compiled with ``fullgraph=True`` (the trainer compiles the dynamic step's model).
+    Raises:
+        ValueError: ``samples_per_step`` > 0 with a model the static step does not cover.
     """
 
     def __init__(self, model: RadianceModel, optim_cfg, phase: Phase = no_phase, compile_mode: str | None = None,
