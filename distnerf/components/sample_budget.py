@@ -29,7 +29,26 @@ from ..model.marched_static import check_static, field_fn_of, static_render
 from ..renderer.output import RenderOutput
 from ..renderer.static import interval_slots
 
+AUTO_SAMPLES = 1 << 18  # train.samples_per_step=null on CUDA (Instant-NGP's and nerfacc's budget)
 HEADROOM = 0.9  # the fraction of the slots the rule aims at: about 1 overflowed ray in 1e3 on lego (measured: 0)
+
+
+def resolve_samples_per_step(value: int | None, model, device: torch.device | None = None) -> int:
+    """``train.samples_per_step`` as an int: ``value``, or for null (auto) :data:`AUTO_SAMPLES` where the
+    training ``device`` (default: that of ``model``'s parameters) is CUDA and the static step covers
+    ``model`` (:func:`~distnerf.model.marched_static.check_static`), else 0 (the dynamic step)."""
+    if value is not None:
+        return int(value)
+    if device is None:
+        param = next(model.parameters(), None)
+        device = torch.device("cpu") if param is None else param.device
+    if torch.device(device).type != "cuda":
+        return 0
+    try:
+        check_static(model)
+    except ValueError:
+        return 0
+    return AUTO_SAMPLES
 
 
 class SampleBudget:

@@ -22,7 +22,7 @@ from ..schema import TrainLoopConfig
 from .loss import RayError, ray_error
 from .optim import build_optimizer, rebuild_optimizer, set_lr
 from .regularizer import add_regularizer_grads_
-from .sample_budget import SampleBudget
+from .sample_budget import SampleBudget, resolve_samples_per_step
 from .schedule import Clock, budgeted, stage_step
 
 Phase = Callable[[str], ContextManager]
@@ -40,7 +40,7 @@ class TrainStep:
         model: the (unwrapped) radiance model; its ``param_groups`` give the optimizer groups.
         optim_cfg: ``train`` config: ``lr``, the schedule (``decay``, ``decay_steps``, ``warmup_steps``,
             ``max_minutes``, ``schedule_steps``: :mod:`.schedule`), ``eps``, ``fused`` (:mod:`.optim`), ``bf16``
-            and ``samples_per_step`` (> 0: the static step, :mod:`.sample_budget`).
+            and ``samples_per_step`` (> 0, or null on CUDA: the static step, :mod:`.sample_budget`).
         phase: ``phase(name)`` context manager timing ``backward``, ``regularizer`` and
             ``optimizer`` (the trainer's step breakdown); default: no timing.
         compile_static, compile_mode: ``model.compile`` and ``model.compile_mode`` for the static step:
@@ -54,8 +54,9 @@ class TrainStep:
         self.model, self.cfg, self.phase = model, section(TrainLoopConfig, optim_cfg), phase
         self.optimizer = build_optimizer(model, optim_cfg)
         self.budget = None  # train.samples_per_step > 0: the static step's sample budget (.sample_budget)
-        if self.cfg.samples_per_step > 0:
-            self.budget = model.sample_budget = SampleBudget(model, self.cfg.samples_per_step)
+        samples = resolve_samples_per_step(self.cfg.samples_per_step, model)
+        if samples > 0:
+            self.budget = model.sample_budget = SampleBudget(model, samples)
             if compile_static:  # model.compile: the static render, fullgraph
                 self.budget.compile(compile_mode)
 

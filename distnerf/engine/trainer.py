@@ -21,6 +21,7 @@ from .. import checkpoint as ckpt
 from .. import dist as D
 from ..components.loss import RayError
 from ..components.schedule import BudgetClock, step_limit
+from ..components.sample_budget import resolve_samples_per_step
 from ..components.step import TrainStep
 from ..data import load_scene
 from ..data.images import undecoded
@@ -96,8 +97,9 @@ class Trainer:
         self.model = strategy.build_model(model_cfg, self.train_scene)
         if self.env.is_main and cfg.model.max_params is not None:  # what the budget derived (rank 0's model)
             log.info("model.max_params=%d per rank: %s", cfg.model.max_params, strategy.parameter_report(self.model))
-        if cfg.model.compile and not cfg.train.samples_per_step:  # in place, so DDP re-wraps keep it; compile
-            # time reported by the profiler (the static step compiles its render: TrainStep)
+        static = resolve_samples_per_step(cfg.train.samples_per_step, self.model, self.device) > 0  # TrainStep: the static step
+        if cfg.model.compile and not static:  # in place, so DDP re-wraps keep it; compile time reported by the
+            # profiler (the static step compiles its own render: TrainStep)
             self.model.compile(mode=cfg.model.compile_mode)
         hashes = ckpt.config_hashes(OmegaConf.to_container(cfg, resolve=True))
         # which rays are drawn (not how fast): resume refuses a change

@@ -183,3 +183,21 @@ def test_compaction_pads_with_the_fill_value(static):
     for capacity, want in ((6, [1, 2, 5, 7, 8, 8]), (3, [1, 2, 5])):  # padded / truncated (overflow)
         position, count = compact_nonzeros(mask, capacity, static, fill_value=8)
         assert position.tolist() == want and int(count) == 4
+
+
+def test_auto_budget_is_on_for_cuda_only(trained):
+    """train.samples_per_step=null (the default): 2^18 slots on CUDA where the static step covers the model,
+    the dynamic step on the CPU (the suite's default path unchanged) and for a model it does not cover."""
+    from distnerf.components.sample_budget import resolve_samples_per_step
+    from distnerf.schema import TrainLoopConfig
+
+    model = trained.model
+    assert TrainLoopConfig().samples_per_step is None
+    assert resolve_samples_per_step(None, model) == 0  # the CPU
+    assert resolve_samples_per_step(None, model, torch.device("cuda")) == 1 << 18
+    assert resolve_samples_per_step(7, model, torch.device("cpu")) == 7
+    model.train_termination = True  # a termination cut in training: not covered
+    try:
+        assert resolve_samples_per_step(None, model, torch.device("cuda")) == 0
+    finally:
+        model.train_termination = False
