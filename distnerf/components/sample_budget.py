@@ -14,8 +14,9 @@ count). On CUDA set R (``train.global_rays``) above what P holds at the final st
 16384 rays at lego's ~10 samples per ray) so that the budget, not R, sets the work.
 
 Reported a step late through a host buffer (as :mod:`distnerf.engine.late_flag`, no host sync):
-``budget_overflow_rate`` (overflowed / active rays), ``budget_active_rays``,
-``budget_samples_per_ray`` (samples needed per active ray) and ``budget_fill`` (samples needed / P).
+``budget_overflow_rate`` (overflowed / active rays), ``budget_active_rays``, ``budget_counted_rays`` (the
+rays the loss saw: the step's ``rays_per_s`` counts the batch's R), ``budget_samples_per_ray`` (samples
+needed per active ray) and ``budget_fill`` (samples needed / P).
 """
 from __future__ import annotations
 
@@ -147,6 +148,7 @@ class SampleBudget:
         if active == 0:
             return {}
         return {"budget_overflow_rate": overflow / active, "budget_active_rays": active,
+                "budget_counted_rays": active - overflow,
                 "budget_samples_per_ray": needed / active, "budget_fill": needed / self.capacity}
 
     def occupancy_empty(self) -> bool:

@@ -98,6 +98,7 @@ def test_overflow_is_counted_and_left_out_of_the_loss(trained):
     metrics = budget.metrics()
     assert metrics["budget_active_rays"] == num_rays
     assert metrics["budget_overflow_rate"] == pytest.approx((num_rays - num_counted) / num_rays)
+    assert metrics["budget_counted_rays"] == num_counted
     # the rule: the next step marches about headroom * P / (samples per ray) rays, inside the capacity
     expected = int(0.9 * 4 * num_rays / metrics["budget_samples_per_ray"])
     active2 = int((out2.loss_weight > 0).sum())
