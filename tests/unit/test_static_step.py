@@ -13,7 +13,7 @@ from distnerf.host_buffers import sync_free_paths
 from bench.throughput import syncs as bench
 
 
-BIG = 1 << 16  # slots: more than 512 smoke rays need (about 20 samples a ray)
+BIG = 1 << 15  # slots: more than 128 smoke rays need (about 60 samples a ray)
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +22,7 @@ def trained(tmp_path_factory):
     occupancy refresh (every 8 steps); ``model.sample_budget`` is the trainer's budget."""
     torch.manual_seed(0)
     trainer, env = bench.build_trainer(["model=grid", "model.train_termination=false", "model.train_round_steps=0",
-                                        f"train.samples_per_step={BIG}"], tmp_path_factory.mktemp("static") / "run")
+                                        f"train.samples_per_step={BIG}", "train.global_rays=128"], tmp_path_factory.mktemp("static") / "run")
     try:
         while trainer.step < 17:
             bench.run_step(trainer)
