@@ -123,8 +123,8 @@ def next_active_rays(needed: torch.Tensor, num_active: torch.Tensor, num_rays: i
                      headroom: float) -> torch.Tensor:
     """The ray budget's rule (Instant-NGP's): the rays the next step marches, on the device.
 
-    ``floor(headroom * P / s)`` with ``s`` the samples per active ray this step needed (overflowed
-    ones included), clamped to [1, R]. Used one step late, so no host reads it.
+    ``floor(floor(headroom * P) / s)`` with ``s`` the samples per active ray this step needed (overflowed
+    ones included), clamped to [1, R]; in integers. Used one step late, so no host reads it.
 
     Args:
         needed: 0-dim int64 samples the active rays needed. num_active: 0-dim int64 active rays.
@@ -133,5 +133,5 @@ def next_active_rays(needed: torch.Tensor, num_active: torch.Tensor, num_rays: i
     Returns:
         0-dim int64 tensor.
     """
-    per_ray = (needed / num_active.clamp(min=1)).clamp(min=1.0 / num_rays)  # float32, as true division gives
-    return torch.floor(headroom * capacity / per_ray).long().clamp(1, num_rays)
+    target = num_active * int(headroom * capacity)  # no slot needed: R rays (the clamp)
+    return torch.div(target, needed.clamp(min=1), rounding_mode="floor").clamp_(1, num_rays)
