@@ -202,3 +202,47 @@ def test_auto_budget_is_on_for_cuda_only(trained):
         assert resolve_samples_per_step(None, model, torch.device("cuda")) == 0
     finally:
         model.train_termination = False
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (a lent GPU runs it: issue 49 item 5)")
+def test_static_step_on_cuda_never_synchronises_and_replays_as_a_graph(tmp_path):
+    """On a GPU: the default (train.samples_per_step=null) takes the static step; its forward and backward
+    under ``torch.cuda.set_sync_debug_mode("error")`` (a host sync raises), then its render compiled with the
+    ``cudagraphs`` backend (each step a CUDA graph replay) over steps of one grid stage, no recompile."""
+    from hydra import compose, initialize_config_dir
+
+    from distnerf.config_check import validate
+    from distnerf.engine.trainer import Trainer
+    from distnerf.strategy import build_strategy
+
+    with initialize_config_dir(config_dir=str(bench.ROOT / "conf"), version_base="1.3"):
+        cfg = validate(compose("train", overrides=[*bench.COMMON, "model=grid", "train.global_rays=4096",
+                                                   f"run_dir={tmp_path}"]))
+    env = D.init_distributed("cuda", timeout_s=cfg.dist_timeout_s, setup_timeout_s=cfg.dist_setup_timeout_s)
+    trainer = Trainer(cfg, build_strategy(cfg.strategy, env), tmp_path)
+    try:
+        budget = trainer.step_fn.budget
+        assert budget is not None and budget.capacity == 1 << 18
+        while trainer.step < 17:
+            bench.run_step(trainer)
+        batch = trainer.sampler.to_device(trainer.sampler.host_batch(trainer.step))
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            _, error = trainer.step_fn.forward(trainer.wrapped, batch)
+            (error.sse / len(batch.rgb)).backward()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        trainer.model.zero_grad(set_to_none=True)
+        torch._dynamo.reset()
+        budget.compile(backend="cudagraphs")
+        bench.run_step(trainer)  # compiles
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            for _ in range(4):
+                bench.run_step(trainer)
+        torch.cuda.synchronize()
+        assert budget.metrics()["budget_counted_rays"] > 0
+    finally:
+        torch._dynamo.reset()
+        trainer.close()
+        D.shutdown(env)
