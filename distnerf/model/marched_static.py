@@ -27,13 +27,15 @@ def check_static(model) -> None:
     """Raise ValueError where the static render does not cover ``model``'s options: a marched
     model (``model=grid`` or ``ngp``), bounded (``model.contraction=none``), without
     ``model.opaque_floor``, rendered in one pass (``model.train_round_steps=0``,
-    ``model.train_termination=false``)."""
+    ``model.train_termination=false``), without a focus box (``strategy=ss``'s sub-models: untried)."""
     if not hasattr(model, "occupancy") or not hasattr(model, "field_query"):
         raise ValueError(f"train.samples_per_step needs a marched model (grid, ngp), not {type(model).__name__}")
     problems = [key for key, bad in (("model.contraction=mipnerf360", model.contraction_aabb is not None),
                                      ("model.opaque_floor=true", model.opaque_floor),
                                      ("model.train_round_steps>0", bool(model.train_round_steps)),
-                                     ("model.train_termination=true", model.train_termination)) if bad]
+                                     ("model.train_termination=true", model.train_termination),
+                                     ("a focus box (strategy=ss)", getattr(model, "focus", None) is not None))
+                if bad]
     if problems:
         raise ValueError(f"train.samples_per_step: the static step does not cover {', '.join(problems)}")
 
