@@ -22,6 +22,7 @@ from ..schema import TrainLoopConfig
 from .loss import RayError, ray_error
 from .optim import build_optimizer, rebuild_optimizer, set_lr
 from .regularizer import add_regularizer_grads_
+from .sample_budget import SampleBudget, resolve_samples_per_step
 from .schedule import Clock, budgeted, stage_step
 
 Phase = Callable[[str], ContextManager]
@@ -38,14 +39,30 @@ class TrainStep:
     Args:
         model: the (unwrapped) radiance model; its ``param_groups`` give the optimizer groups.
         optim_cfg: ``train`` config: ``lr``, the schedule (``decay``, ``decay_steps``, ``warmup_steps``,
-            ``max_minutes``, ``schedule_steps``: :mod:`.schedule`), ``eps``, ``fused`` (:mod:`.optim`) and ``bf16``.
+            ``max_minutes``, ``schedule_steps``: :mod:`.schedule`), ``eps``, ``fused`` (:mod:`.optim`), ``bf16``
+            and ``samples_per_step`` (> 0, or null on CUDA: the static step, :mod:`.sample_budget`).
         phase: ``phase(name)`` context manager timing ``backward``, ``regularizer`` and
             ``optimizer`` (the trainer's step breakdown); default: no timing.
+        compile_static, compile_mode: ``model.compile`` and ``model.compile_mode`` for the static step:
+            its render is compiled with ``fullgraph=True`` (the trainer compiles the dynamic step's model).
+    Raises:
+        ValueError: ``samples_per_step`` > 0 with a model the static step does not cover.
     """
 
-    def __init__(self, model: RadianceModel, optim_cfg, phase: Phase = no_phase):
+    def __init__(self, model: RadianceModel, optim_cfg, phase: Phase = no_phase, compile_mode: str | None = None,
+                 compile_static: bool = False):
         self.model, self.cfg, self.phase = model, section(TrainLoopConfig, optim_cfg), phase
         self.optimizer = build_optimizer(model, optim_cfg)
+        self.budget = None  # train.samples_per_step > 0: the static step's sample budget (.sample_budget)
+        samples = resolve_samples_per_step(self.cfg.samples_per_step, model)
+        if samples > 0:
+            self.budget = model.sample_budget = SampleBudget(model, samples)
+            if compile_static:  # model.compile: the static render, fullgraph
+                self.budget.compile(compile_mode)
+
+    def budget_metrics(self) -> dict[str, float]:
+        """The sample budget's figures of the previous step (:meth:`SampleBudget.metrics`), or {}."""
+        return {} if self.budget is None else self.budget.metrics()
 
     def prepare(self, step: int, budget_fraction: float | None = None) -> bool:
         """Model schedule (grid upsampling, occupancy refresh) and learning rate of ``step``

@@ -21,6 +21,7 @@ from .. import checkpoint as ckpt
 from .. import dist as D
 from ..components.loss import RayError
 from ..components.schedule import BudgetClock, step_limit
+from ..components.sample_budget import resolve_samples_per_step
 from ..components.step import TrainStep
 from ..data import load_scene
 from ..data.images import undecoded
@@ -101,7 +102,9 @@ class Trainer:
         self.model = strategy.build_model(model_cfg, self.train_scene)
         if self.env.is_main and cfg.model.max_params is not None:  # what the budget derived (rank 0's model)
             log.info("model.max_params=%d per rank: %s", cfg.model.max_params, strategy.parameter_report(self.model))
-        if cfg.model.compile:  # in place, so DDP re-wraps keep it; compile time reported by the profiler
+        static = resolve_samples_per_step(cfg.train.samples_per_step, self.model, self.device) > 0  # TrainStep: the static step
+        if cfg.model.compile and not static:  # in place, so DDP re-wraps keep it; compile time reported by the
+            # profiler (the static step compiles its own render: TrainStep)
             self.model.compile(mode=cfg.model.compile_mode)
         hashes = ckpt.config_hashes(OmegaConf.to_container(cfg, resolve=True))
         # which rays are drawn (not how fast): resume refuses a change
@@ -116,7 +119,8 @@ class Trainer:
                                     self.model)  # always-on step breakdown (+ traces with profiler=trace)
         self.timer = self.profiler.steps
         # the timer's phase looked up at each call: a tool may wrap it (tools/bench_syncs.py)
-        self.step_fn = TrainStep(self.model, cfg.train, phase=lambda name: self.timer.phase(name))
+        self.step_fn = TrainStep(self.model, cfg.train, phase=lambda name: self.timer.phase(name),
+                                 compile_mode=cfg.model.compile_mode, compile_static=bool(cfg.model.compile))
         if state is not None:
             self.step_fn.optimizer.load_state_dict(state["optimizer"])
             self.step, self.train_seconds = int(state["step"]), float(state["train_seconds"])
@@ -349,7 +353,7 @@ class Trainer:
                "train_seconds": self.train_seconds,
                **({} if self.budget_clock.fraction is None else {"budget_fraction": self.budget_clock.fraction}),
                **{f"time_{k}": v for k, v in self.timer.pop().items()}, **self.strategy.comm_stats(),
-               **self.timer.recent_figures(self.cfg.train.log_every)}
+               **self.timer.recent_figures(self.cfg.train.log_every), **self.step_fn.budget_metrics()}
         for key, name in (("num_density_samples", "density_samples_per_ray"),
                           ("num_colour_samples", "colour_samples_per_ray")):
             count = getattr(out, key)

@@ -57,6 +57,7 @@ class MarchingModel(RadianceModel):
     train_round_steps: int = 0
     train_termination: bool = False
     distortion_loss_weight: float = 0.0
+    sample_budget = None  # a static step's budget (components/sample_budget.py): the training render
 
     def init_marching(self, cfg) -> None:
         """From the model's validated section (:class:`~distnerf.schema.MarchedModelConfig`'s keys):
@@ -116,7 +117,9 @@ class MarchingModel(RadianceModel):
         raise NotImplementedError
 
     def collapsed(self) -> list[str]:
-        return ["occupancy grid"] if self.occupancy.is_empty() else []
+        # the static step reads the grid's emptiness a step late (is_empty reads it from the device)
+        empty = self.sample_budget.occupancy_empty() if self.sample_budget is not None else self.occupancy.is_empty()
+        return ["occupancy grid"] if empty else []
 
     def field_rgb(self, points: torch.Tensor, viewdirs: torch.Tensor) -> torch.Tensor:
         return self.colours(points, viewdirs, torch.arange(points.shape[0], device=points.device))
@@ -212,6 +215,8 @@ class MarchingModel(RadianceModel):
         (see :class:`RadianceModel`). In training with ``distortion_loss_weight > 0`` the outputs
         hold ``distortion_loss`` (R,) float: that weight times each ray's distortion loss
         (:meth:`ray_distortion`), which the photometric loss adds per ray."""
+        if self.sample_budget is not None and self.training and torch.is_grad_enabled():
+            return self.sample_budget.render(self, rays, generator)  # fixed shapes, no host read
         step_size = self.step_size()
         far = self.ray_far(rays)
         anchor = self.sample_anchor(rays, step_size, generator)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import torch
 
 from .. import dist as D
+from ..host_buffers import compact_nonzeros, static_nonzero_available  # noqa: F401 (also imported from here)
 
 SPARSE_REVISIT = 50  # steps between two looks at a bucket found too dense for the sparse exchange
 
@@ -127,48 +128,6 @@ def sparse_pays(capacity: int, numel: int, world_size: int, value_bytes: int, de
     the world size, so the sparse exchange suits few ranks, or very sparse buckets.
     """
     return capacity * (INDEX_DTYPE.itemsize + value_bytes) * world_size < 2 * numel * dense_value_bytes
-
-
-_STATIC_NONZERO: dict[str, bool] = {}  # device type -> whether torch.nonzero_static runs there
-
-
-def static_nonzero_available(device: torch.device) -> bool:
-    """Whether ``torch.nonzero_static`` has a kernel for ``device``'s type (a probe on a tiny
-    tensor, once per process: CUDA has one, with no host sync, since torch 2.6; the CPU since 2.1)."""
-    kind = device.type
-    if kind not in _STATIC_NONZERO:
-        try:
-            torch.nonzero_static(torch.zeros(2, device=device), size=1, fill_value=0)
-            _STATIC_NONZERO[kind] = True
-        except (AttributeError, NotImplementedError, RuntimeError):
-            _STATIC_NONZERO[kind] = False
-    return _STATIC_NONZERO[kind]
-
-
-def compact_nonzeros(buffer: torch.Tensor, capacity: int, static: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The first ``capacity`` non-zero positions of the flat ``buffer``, in order, padded with 0, and
-    the number of non-zeros (a 0-dim int64 tensor on the device): no data-dependent size is read.
-
-    With ``static`` (default: :func:`static_nonzero_available`) one ``torch.nonzero_static``;
-    otherwise an inclusive prefix sum of the non-zero mask gives each non-zero its slot
-    (``cumsum - 1``), and a scatter writes the positions (zeros and non-zeros past the capacity
-    go to a spare slot that is dropped). Both give the same tensor.
-
-    Returns:
-        ((capacity,) int64 positions, 0-dim int64 count).
-    """
-    n = buffer.numel()
-    count = torch.count_nonzero(buffer)
-    if static is None:
-        static = static_nonzero_available(buffer.device)
-    if static:
-        return torch.nonzero_static(buffer, size=capacity, fill_value=0).view(-1), count
-    nonzero = buffer != 0
-    slot = torch.cumsum(nonzero, 0) - 1
-    slot = torch.where(nonzero & (slot < capacity), slot, capacity)
-    index = torch.zeros(capacity + 1, dtype=torch.int64, device=buffer.device)
-    index.scatter_(0, slot, torch.arange(n, device=buffer.device))
-    return index[:capacity], count
 
 
 def bounded_sparse_allreduce_(buffer: torch.Tensor, world_size: int, capacity: int,

@@ -1,0 +1,156 @@
+"""The sample budget of a static training step (``train.samples_per_step``): its state, its rule, its report.
+
+A static step (:mod:`distnerf.model.marched_static`) renders the batch's R rays into P fixed sample
+slots. Instant-NGP and nerfacc keep about 2^18 samples a step; here, as there, the number of rays
+marched adapts to the occupancy: the next step marches ``floor(headroom P / s)`` rays (at most R),
+``s`` the samples per active ray this step needed (:func:`~distnerf.renderer.static.next_active_rays`),
+a 0-dim device tensor that no host reads (the rule acts a step late). Overflowed rays (samples past
+slot P) and the inactive ones weigh 0 in the loss, the counted rays' errors are averaged
+(``RenderOutput.loss_weight``).
+
+Learning-rate rule: the loss is the mean over the counted rays whatever their number, so the
+learning rate is unchanged as the ray count adapts (the gradient's noise, not its scale, follows the
+count). On CUDA set R (``train.global_rays``) above what P holds at the final stage (e.g. 2^18 slots and
+16384 rays at lego's ~10 samples per ray) so that the budget, not R, sets the work.
+
+Reported a step late through a host buffer (as :mod:`distnerf.engine.late_flag`, no host sync):
+``budget_overflow_rate`` (overflowed / active rays), ``budget_active_rays``, ``budget_counted_rays`` (the
+rays the loss saw: the step's ``rays_per_s`` counts the batch's R), ``budget_samples_per_ray`` (samples
+needed per active ray) and ``budget_fill`` (samples needed / P).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..data.rays import RayBundle
+from ..host_buffers import host_buffer, static_nonzero_available
+from ..model.marched_static import check_static, field_fn_of, static_render
+from ..renderer.output import RenderOutput
+from ..renderer.static import interval_slots
+
+AUTO_SAMPLES = 1 << 18  # train.samples_per_step=null on CUDA (Instant-NGP's and nerfacc's budget)
+HEADROOM = 0.9  # the fraction of the slots the rule aims at: about 1 overflowed ray in 1e3 on lego (measured: 0)
+
+
+def resolve_samples_per_step(value: int | None, model, device: torch.device | None = None) -> int:
+    """``train.samples_per_step`` as an int: ``value``, or for null (auto) :data:`AUTO_SAMPLES` where the
+    training ``device`` (default: that of ``model``'s parameters) is CUDA and the static step covers
+    ``model`` (:func:`~distnerf.model.marched_static.check_static`), else 0 (the dynamic step)."""
+    if value is not None:
+        return int(value)
+    if device is None:
+        param = next(model.parameters(), None)
+        device = torch.device("cpu") if param is None else param.device
+    if torch.device(device).type != "cuda":
+        return 0
+    try:
+        check_static(model)
+    except ValueError:
+        return 0
+    return AUTO_SAMPLES
+
+
+class SampleBudget:
+    """The state of the static step of one model (set as ``model.sample_budget``; its ``forward``
+    in training then calls :meth:`render`).
+
+    Args:
+        model: a marched model (:func:`~distnerf.model.marched_static.check_static`).
+        capacity: P sample slots a step.
+        headroom: the fraction of P the ray rule aims at.
+    Raises:
+        ValueError: ``capacity`` < 1, or the model has options the static step does not cover.
+    """
+
+    def __init__(self, model, capacity: int, headroom: float = HEADROOM):
+        if capacity < 1:
+            raise ValueError(f"train.samples_per_step: {capacity} slots (must be >= 1, or 0 for off)")
+        check_static(model)
+        self.capacity, self.headroom = int(capacity), float(headroom)
+        self.active: torch.Tensor | None = None  # () int64 on the device: the rays the next step marches
+        self._render = static_render
+        self._clip_key = self._slots_key = None
+        self._host = None  # (4,) float32 host buffer: the last step's stats (static_render's), read a step late
+        self._event, self._pending, self._last = None, False, [0.0] * 4
+
+    def compile(self, mode: str | None = None, backend: str = "inductor") -> None:
+        """Compile :func:`~distnerf.model.marched_static.static_render` with ``fullgraph=True``
+        (one graph per grid stage: K and the tables' shapes are its only changing sizes)."""
+        self._render = torch.compile(static_render, fullgraph=True, mode=mode, backend=backend)
+
+    def render(self, model, rays: RayBundle, generator: torch.Generator | None) -> RenderOutput:
+        """``model``'s training render of ``rays`` (R) in P slots: the jitter and the random background
+        drawn as :meth:`~distnerf.model.marched.MarchingModel.forward` draws them, then
+        :func:`~distnerf.model.marched_static.static_render`; the next step's ray count is kept on the
+        device and the stats go to the host buffer, unread."""
+        origins = rays.origins
+        if self.active is None or self.active.device != origins.device:
+            self.active = torch.full((), len(rays), dtype=torch.int64, device=origins.device)
+        u = torch.rand(rays.near.shape, generator=generator, device=origins.device, dtype=rays.near.dtype)
+        static_nonzero_available(origins.device)  # its probe runs here, not inside a compiled render
+        background = model.background
+        if model.random_background:
+            background = torch.rand(len(rays), 3, generator=generator, device=origins.device, dtype=origins.dtype)
+        out, next_active, stats = self._render(model, rays, u, background, self._clip_box(model), self.active,
+                                               field_fn_of(model, rays.image_ids), model.step_size(),
+                                               self._num_slots(model), self.capacity, self.headroom)
+        self.active.copy_(next_active)
+        self._push(stats)
+        return out
+
+    def _clip_box(self, model) -> torch.Tensor:
+        """(2, 3) the marching box within the occupied cells' box, on the device, recomputed when the
+        occupancy changes (a refresh: device operators, no size read)."""
+        occ, box = model.occupancy, model.marching_box()
+        key = (occ.binary.data_ptr(), occ.binary._version, occ.aabb._version, box.data_ptr(), box._version)
+        if key != self._clip_key:
+            occupied = occ.occupied_aabb()
+            lo = torch.maximum(box[0], occupied[0])
+            self._clip = torch.stack([lo, torch.maximum(torch.minimum(box[1], occupied[1]), lo)])
+            self._clip_key = key
+        return self._clip
+
+    def _num_slots(self, model) -> int:
+        """K from the marching box's diagonal and the step: read once per grid stage (the box and
+        step change only there), never on a refresh step."""
+        box, step = model.marching_box(), model.step_size()
+        key = (box.data_ptr(), box._version, step)
+        if key != self._slots_key:
+            diagonal = math.sqrt(sum(e * e for e in (box[1] - box[0]).tolist()))  # host sync, once per stage
+            self._slots, self._slots_key = interval_slots(diagonal, step), key
+        return self._slots
+
+    def _push(self, stats: torch.Tensor) -> None:
+        cuda = stats.device.type == "cuda"
+        self._take()
+        if self._host is None:
+            self._host = host_buffer(torch.zeros(4).pin_memory() if cuda else torch.zeros(4))
+        self._host.copy_(stats, non_blocking=cuda)  # int64 to float32 in the copy
+        if cuda:
+            self._event = torch.cuda.Event()
+            self._event.record()
+        self._pending = True
+
+    def _take(self) -> list[float]:
+        """The last pushed stats as host floats (waits for their copy, queued a step ago: done)."""
+        if self._pending:
+            if self._event is not None:
+                self._event.synchronize()
+            # through numpy: the host buffer's memory, no device read (a CPU tensor's tolist looks like one)
+            self._last, self._pending, self._event = self._host.numpy().tolist(), False, None
+        return self._last
+
+    def metrics(self) -> dict[str, float]:
+        """The previous step's figures (module docstring), host floats; empty before two steps."""
+        overflow, active, needed, _ = self._last
+        if active == 0:
+            return {}
+        return {"budget_overflow_rate": overflow / active, "budget_active_rays": active,
+                "budget_counted_rays": active - overflow,
+                "budget_samples_per_ray": needed / active, "budget_fill": needed / self.capacity}
+
+    def occupancy_empty(self) -> bool:
+        """Whether the occupancy grid was empty at the previous step (read a step late)."""
+        return self._last[1] > 0 and self._last[3] == 0  # a step has reported (every step has an active ray)

@@ -1,0 +1,103 @@
+"""The static training render of a marched model: fixed shapes within a grid stage, no host read.
+
+Legend: R rays (the batch: the ray capacity), P sample slots (``train.samples_per_step``), K
+candidate intervals per ray.
+
+:func:`static_render` is :meth:`~distnerf.model.marched.MarchingModel.forward` in training (one
+marching pass, no termination cut: ``model.train_termination=false`` and ``train_round_steps=0``)
+on :mod:`distnerf.renderer.static`'s fixed-capacity layout, with a **sample budget**: the first
+``active`` rays of the batch are marched, the others get empty segments; a ray whose samples did
+not all fit (overflow) and an inactive ray weigh 0 in the loss, and the counted rays' weights make
+the summed error their mean (:func:`static_render`'s ``loss_weight``), so the learning rate needs no
+change as the active count adapts. Every argument that sets a shape is a Python number fixed for the
+stage, every data-dependent value stays on the device: the function compiles with
+``torch.compile(fullgraph=True)`` (:class:`~distnerf.components.sample_budget.SampleBudget`).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..data.rays import RayBundle
+from ..renderer.output import RenderOutput
+from ..renderer.samples import clip_to_box
+from ..renderer.static import march_static, next_active_rays, render_static
+
+
+def check_static(model) -> None:
+    """Raise ValueError where the static render does not cover ``model``'s options: a marched
+    model (``model=grid`` or ``ngp``), bounded (``model.contraction=none``), without
+    ``model.opaque_floor``, rendered in one pass (``model.train_round_steps=0``,
+    ``model.train_termination=false``), without a focus box (``strategy=ss``'s sub-models: untried)."""
+    if not hasattr(model, "occupancy") or not hasattr(model, "field_query"):
+        raise ValueError(f"train.samples_per_step needs a marched model (grid, ngp), not {type(model).__name__}")
+    problems = [key for key, bad in (("model.contraction=mipnerf360", model.contraction_aabb is not None),
+                                     ("model.opaque_floor=true", model.opaque_floor),
+                                     ("model.train_round_steps>0", bool(model.train_round_steps)),
+                                     ("model.train_termination=true", model.train_termination),
+                                     ("a focus box (strategy=ss)", getattr(model, "focus", None) is not None))
+                if bad]
+    if problems:
+        raise ValueError(f"train.samples_per_step: the static step does not cover {', '.join(problems)}")
+
+
+def field_fn_of(model, image_ids: torch.Tensor | None):
+    """The model's one-pass ``field_fn`` (:meth:`~distnerf.model.marched.MarchingModel.field_query`),
+    or one made of :meth:`field_density` and :meth:`colours` where it has none."""
+    field_fn = model.field_query(image_ids)
+    if field_fn is not None:
+        return field_fn
+
+    def both(points: torch.Tensor):
+        def colour_at(index, viewdirs, ray_indices):
+            return model.colours(points.index_select(0, index), viewdirs, ray_indices, image_ids=image_ids)
+
+        return model.field_density(points), colour_at
+
+    return both
+
+
+def static_render(model, rays: RayBundle, u: torch.Tensor, background: torch.Tensor | None, clip_box: torch.Tensor,
+                  active_rays: torch.Tensor, field_fn, step_size: float, num_slots: int, capacity: int,
+                  headroom: float):
+    """One training render in P fixed slots (module docstring).
+
+    Args:
+        model: a :class:`~distnerf.model.marched.MarchingModel` that :func:`check_static` accepts.
+        rays: R rays. u: (R,) float in [0, 1) the sample-grid jitter (:meth:`sample_anchor`'s draw).
+        background: (3,) or (R, 3) float, or None (the model's or the random background).
+        clip_box: (2, 3) float32 the part of the marching box that can hold a sample (the occupied
+            cells' box within it, :meth:`~distnerf.renderer.occupancy.OccupancyGrid.occupied_aabb`).
+        active_rays: 0-dim int64 rays marched this step (the first ones of the batch).
+        field_fn: :func:`field_fn_of` the model and the rays' images. step_size: :meth:`step_size`
+            (both found by the caller: the model's caches compare data pointers, which a graph cannot).
+        num_slots: K (:func:`~distnerf.renderer.static.interval_slots`). capacity: P.
+        headroom: :func:`~distnerf.renderer.static.next_active_rays`'s.
+    Returns:
+        out: :class:`~distnerf.renderer.output.RenderOutput` with ``loss_weight`` (R,) float32
+            ``counted_r * R / num_counted`` (counted: active and not overflowed; the summed error over
+            R is then the counted rays' mean), ``num_samples`` P, and ``distortion_loss`` as
+            :meth:`forward`'s;
+        next_active: 0-dim int64 the next step's active rays;
+        stats: (4,) int64 [overflowed rays, active rays, samples needed, any cell occupied].
+    """
+    num_rays = len(rays)
+    anchor = rays.near + u * step_size / rays.directions.norm(dim=-1)  # sample_anchor's expression
+    active = torch.arange(num_rays, device=u.device) < active_rays
+    t_lo, t_hi = clip_to_box(rays.origins, rays.directions, rays.near, model.ray_far(rays),
+                             clip_box.to(rays.origins.dtype))
+    t_hi = torch.where(active, t_hi, t_lo)  # an inactive ray: an empty segment, no slot
+    cell_origins, cell_directions = model.occupancy.ray_cells(rays.origins, rays.directions)
+    samples, filled, fits, needed = march_static(rays.origins, rays.directions, anchor, t_lo, t_hi, step_size,
+                                                 model.occupancy.binary, cell_origins, cell_directions, num_slots,
+                                                 capacity)
+    out = render_static(field_fn, samples, rays.origins, rays.directions, rays.viewdirs,
+                        model.appearance_background(background, rays), model.color_threshold)
+    if model.distortion_loss_weight > 0:
+        out.distortion_loss = model.distortion_loss_weight * model.ray_distortion(rays, anchor, samples, out.weights)
+    counted = active & fits
+    num_active, num_counted = active.sum(), counted.sum()  # (an inactive ray needs no slot)
+    out.loss_weight = counted * (num_rays / num_counted.clamp(min=1))
+    out.num_samples = capacity  # the field runs on every slot
+    out.samples = out.weights = None  # as forward: the packed samples stay here
+    stats = torch.stack([num_active - num_counted, num_active, needed, model.occupancy.binary.any()])
+    return out, next_active_rays(needed, num_active, num_rays, capacity, headroom), stats

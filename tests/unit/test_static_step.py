@@ -1,0 +1,248 @@
+"""The static training step (train.samples_per_step, issue 49 item 2): the same loss and table gradients
+as the dynamic step on the same rays, no host sync (refresh steps included), overflow counted and
+left out of the loss."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from distnerf import dist as D
+from distnerf.components.sample_budget import SampleBudget
+from distnerf.host_buffers import sync_free_paths
+
+from bench.throughput import syncs as bench
+
+
+BIG = 1 << 15  # slots: more than 128 smoke rays need (about 60 samples a ray)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """The smoke grid trained by the static step (train.samples_per_step) past its upsampling (step 10) and an
+    occupancy refresh (every 8 steps); ``model.sample_budget`` is the trainer's budget."""
+    torch.manual_seed(0)
+    trainer, env = bench.build_trainer(["model=grid", "model.train_termination=false", "model.train_round_steps=0",
+                                        f"train.samples_per_step={BIG}", "train.global_rays=128"], tmp_path_factory.mktemp("static") / "run")
+    try:
+        while trainer.step < 17:
+            bench.run_step(trainer)
+        yield trainer
+    finally:
+        trainer.close()
+        D.shutdown(env)
+
+
+def _loss_and_grads(trainer, batch):
+    model = trainer.model
+    model.zero_grad(set_to_none=True)
+    out, error = trainer.step_fn.forward(model, batch)
+    (error.sse / len(batch.rgb)).backward()
+    grads = {n: p.grad.to_dense().clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    return out, error, grads
+
+
+@pytest.mark.parametrize("distortion", [0.0, 0.01])
+def test_static_equals_dynamic_loss_and_gradients(trained, distortion):
+    model = trained.model
+    model.distortion_loss_weight = distortion  # mip-NeRF 360's loss on the weights: the padding adds nothing to it
+    assert model.sample_budget is trained.step_fn.budget  # train.samples_per_step set it
+    batch = trained.sampler.to_device(trained.sampler.host_batch(trained.step))
+    assert not model.occupancy.binary.all() and model.occupancy.binary.any()  # a refreshed grid: real skipping
+    with sync_free_paths(True):  # dense table gradients in both (the sparse rows are the CPU's form of the same)
+        model.sample_budget = budget = SampleBudget(model, BIG)  # all rays active
+        out, error, grads = _loss_and_grads(trained, batch)
+        model.sample_budget = None  # the dynamic step
+        try:
+            _, dyn_error, dyn_grads = _loss_and_grads(trained, batch)
+        finally:
+            model.sample_budget = trained.step_fn.budget
+            model.distortion_loss_weight = 0.0
+    assert (error.distortion is not None) == (distortion > 0)
+    assert out.num_samples == BIG and torch.equal(out.loss_weight, torch.ones(len(batch.rgb)))  # all active, fitted
+    torch.testing.assert_close(error.sse, dyn_error.sse, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(error.rgb, dyn_error.rgb, rtol=1e-4, atol=1e-7)
+    assert grads.keys() == dyn_grads.keys() and {"density", "features"} <= grads.keys()
+    for name, g in grads.items():
+        torch.testing.assert_close(g, dyn_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+    assert dyn_grads["density"].abs().sum() > 0
+    budget._take()
+    overflow, active, needed, occupied = budget._last
+    assert overflow == 0 and active == len(batch.rgb) and 0 < needed < BIG and occupied == 1
+    assert not model.collapsed()
+
+
+def test_overflow_is_counted_and_left_out_of_the_loss(trained):
+    model = trained.model
+    batch = trained.sampler.to_device(trained.sampler.host_batch(trained.step + 1))
+    num_rays = len(batch.rgb)
+    model.sample_budget = None
+    with torch.no_grad():
+        out_dyn, _ = trained.step_fn.forward(model, batch)
+    with sync_free_paths(True):
+        model.sample_budget = budget = SampleBudget(model, 4 * num_rays)  # about a fifth of what they need
+        try:
+            out, error = trained.step_fn.forward(model, batch)
+            out2, _ = trained.step_fn.forward(model, batch)  # the next step: the ray rule and the late report
+        finally:
+            model.sample_budget = trained.step_fn.budget
+    counted = out.loss_weight > 0
+    num_counted = int(counted.sum())
+    assert 0 < num_counted < num_rays
+    # the counted rays are a prefix of the batch (samples packed in ray order), rendered exactly as the dynamic step
+    assert counted[:num_counted].all() and not counted[num_counted:].any()
+    torch.testing.assert_close(out.rgb[counted], out_dyn.rgb[counted], rtol=1e-5, atol=1e-6)
+    # the loss is the counted rays' mean error (loss_weight R / counted), the others add nothing
+    torch.testing.assert_close(error.sse / num_rays, error.rgb[counted].mean(), rtol=1e-5, atol=1e-8)
+    # reported a step late: every ray was active at the first step, those not counted overflowed
+    metrics = budget.metrics()
+    assert metrics["budget_active_rays"] == num_rays
+    assert metrics["budget_overflow_rate"] == pytest.approx((num_rays - num_counted) / num_rays)
+    assert metrics["budget_counted_rays"] == num_counted
+    # the rule: the next step marches about headroom * P / (samples per ray) rays, inside the capacity
+    expected = int(0.9 * 4 * num_rays / metrics["budget_samples_per_ray"])
+    active2 = int((out2.loss_weight > 0).sum())
+    assert abs(int(budget.active) - expected) <= 1 and active2 <= expected + 1
+
+
+#: operators of an eager static step (the CUDA paths, counted as tests/unit/test_ops.py counts the dynamic step's
+#: 263): 286 on 2026-12-06, the dense (R, K) march, every slot coloured and the budget's rule; compiled, the
+#: forward is one graph (test below), so on CUDA this is the count of the eager probe steps only
+STATIC_STEP_CEILING = 286
+
+
+def test_static_step_operators_under_ceiling(trained):
+    from distnerf.observe.ops import OpCounter
+
+    with sync_free_paths(True):
+        bench.run_step(trained)  # the dense gradients' first step (the optimizer's state) outside the count
+        with OpCounter() as ops:
+            bench.run_step(trained)
+    assert ops.total <= STATIC_STEP_CEILING, ops.summary()["by_op"]
+    assert ops.by_op().get("aten.nonzero_static.default", 0) == 1 and "aten.nonzero.default" not in ops.by_op()
+
+
+def test_static_steps_read_nothing_from_the_device(trained):
+    """0 host syncs on a static step and on an occupancy-refresh step (the CUDA paths, counted on the CPU as
+    tests/unit/test_syncs.py counts them)."""
+    with sync_free_paths(True):
+        step = bench.counted_step(trained)
+        while trained.step % trained.cfg.model.occupancy_every:
+            bench.run_step(trained)
+        refresh = bench.counted_step(trained)
+    assert step["total"] == 0, step["by_location"]
+    assert refresh["total"] == 0, refresh["by_location"]
+    # it trained: the budget measured samples at every step, none overflowed at this capacity
+    metrics = trained.step_fn.budget_metrics()
+    assert metrics["budget_overflow_rate"] == 0 and 0 < metrics["budget_fill"] < 1
+
+
+def test_compiled_static_step_has_no_graph_break_and_no_recompile(trained):
+    """model.compile on the static step (issue 49 item 5): forward and loss in one graph (fullgraph=True: a
+    break raises), backward through AOTAutograd, the same render as eager, and no recompilation over the
+    steps of a grid stage, an occupancy refresh included (aot_eager: the graph without inductor's codegen)."""
+    from torch._dynamo.utils import counters
+
+    budget, model = trained.step_fn.budget, trained.model
+    eager = budget._render
+    torch._dynamo.reset()
+    counters.clear()
+    try:
+        with sync_free_paths(True):  # the CUDA paths (dense table gradients)
+            _compiled_steps(trained, budget, model)
+        assert not counters["graph_break"], dict(counters["graph_break"])
+        assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    finally:
+        budget._render = eager
+        torch._dynamo.reset()
+
+
+def _compiled_steps(trained, budget, model) -> None:
+    budget.compile(backend="aot_eager")
+    batch = trained.sampler.to_device(trained.sampler.host_batch(trained.step))
+    with torch.no_grad():
+        model.sample_budget = None  # the dynamic render of the same rays
+        want, _ = trained.step_fn.forward(model, batch)
+        model.sample_budget = budget
+    got, error = trained.step_fn.forward(model, batch)
+    torch.testing.assert_close(got.rgb, want.rgb, rtol=1e-4, atol=1e-6)
+    assert error.sse.requires_grad and error.sse.grad_fn is not None
+    with torch._dynamo.config.patch(error_on_recompile=True):  # a recompile raises
+        refreshes = 0
+        for _ in range(trained.cfg.model.occupancy_every + 1):  # crosses one occupancy refresh
+            refreshes += trained.step % trained.cfg.model.occupancy_every == 0
+            bench.run_step(trained)
+    assert refreshes == 1 and model.resolution == trained.cfg.model.resolutions[-1]
+
+
+@pytest.mark.parametrize("static", [True, False])
+def test_compaction_pads_with_the_fill_value(static):
+    """Both kernels of the march's packing (nonzero_static; prefix sum and scatter, CUDA before torch 2.6)."""
+    from distnerf.host_buffers import compact_nonzeros
+
+    mask = torch.tensor([0, 1, 1, 0, 0, 1, 0, 1], dtype=torch.bool)
+    for capacity, want in ((6, [1, 2, 5, 7, 8, 8]), (3, [1, 2, 5])):  # padded / truncated (overflow)
+        position, count = compact_nonzeros(mask, capacity, static, fill_value=8)
+        assert position.tolist() == want and int(count) == 4
+
+
+def test_auto_budget_is_on_for_cuda_only(trained):
+    """train.samples_per_step=null (the default): 2^18 slots on CUDA where the static step covers the model,
+    the dynamic step on the CPU (the suite's default path unchanged) and for a model it does not cover."""
+    from distnerf.components.sample_budget import resolve_samples_per_step
+    from distnerf.schema import TrainLoopConfig
+
+    model = trained.model
+    assert TrainLoopConfig().samples_per_step is None
+    assert resolve_samples_per_step(None, model) == 0  # the CPU
+    assert resolve_samples_per_step(None, model, torch.device("cuda")) == 1 << 18
+    assert resolve_samples_per_step(7, model, torch.device("cpu")) == 7
+    model.train_termination = True  # a termination cut in training: not covered
+    try:
+        assert resolve_samples_per_step(None, model, torch.device("cuda")) == 0
+    finally:
+        model.train_termination = False
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (a lent GPU runs it: issue 49 item 5)")
+def test_static_step_on_cuda_never_synchronises_and_replays_as_a_graph(tmp_path):
+    """On a GPU: the default (train.samples_per_step=null) takes the static step; its forward and backward
+    under ``torch.cuda.set_sync_debug_mode("error")`` (a host sync raises), then its render compiled with the
+    ``cudagraphs`` backend (each step a CUDA graph replay) over steps of one grid stage, no recompile."""
+    from hydra import compose, initialize_config_dir
+
+    from distnerf.config_check import validate
+    from distnerf.engine.trainer import Trainer
+    from distnerf.strategy import build_strategy
+
+    with initialize_config_dir(config_dir=str(bench.ROOT / "conf"), version_base="1.3"):
+        cfg = validate(compose("train", overrides=[*bench.COMMON, "model=grid", "train.global_rays=4096",
+                                                   f"run_dir={tmp_path}"]))
+    env = D.init_distributed("cuda", timeout_s=cfg.dist_timeout_s, setup_timeout_s=cfg.dist_setup_timeout_s)
+    trainer = Trainer(cfg, build_strategy(cfg.strategy, env), tmp_path)
+    try:
+        budget = trainer.step_fn.budget
+        assert budget is not None and budget.capacity == 1 << 18
+        while trainer.step < 17:
+            bench.run_step(trainer)
+        batch = trainer.sampler.to_device(trainer.sampler.host_batch(trainer.step))
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            _, error = trainer.step_fn.forward(trainer.wrapped, batch)
+            (error.sse / len(batch.rgb)).backward()
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        trainer.model.zero_grad(set_to_none=True)
+        torch._dynamo.reset()
+        budget.compile(backend="cudagraphs")
+        bench.run_step(trainer)  # compiles
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            for _ in range(4):
+                bench.run_step(trainer)
+        torch.cuda.synchronize()
+        assert budget.metrics()["budget_counted_rays"] > 0
+    finally:
+        torch._dynamo.reset()
+        trainer.close()
+        D.shutdown(env)
