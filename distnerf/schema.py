@@ -438,6 +438,10 @@ class RenderConfig(TrainConfig):
     video_frames: int = positive(60)   # frames of the fly-through and of the orbit
     video_fps: float = positive(24.0)  # frames per second of both
     out: Optional[str] = None          # export: output file; null: RUN/export/...
+    format: str = choice("weights", "ply", "mesh")  # export: weights (a .pt for render weights=) | ply (coloured
+                                       # point cloud) | mesh (marching cubes, vertex colours), both PLY in the capture's frame
+    lattice: int = bounded(256, 2)     # export ply/mesh: lattice vertices per axis over the scene box
+    threshold: float = positive(10.0)  # export ply/mesh: density (1 / scene unit) of the surface and the points kept
 
 
 # ----------------------------------------------------------------------------- study
