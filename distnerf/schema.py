@@ -481,7 +481,7 @@ class StudyConfig:
     cells: Optional[List[Any]] = None           # null: every cell of the product
     exclude: List[Any] = items([])
     repeats: int = positive(1)                  # timed cells: repeats interleaved (r0 of every cell, then r1...)
-    vary_seed: bool = True                      # repeat r trains with seed=seed+r (initialisation and ray streams):
+    vary_seed: bool = True                      # repeat r trains with seed=seed+r (ray streams and jitter; model=grid's sh head starts the same):
                                                 # quality over repeats is a sample, not n = 1 copies; false: one seed
     seed: int = 0                               # the seed of repeat 0
     timed: bool = True                          # wait for a quiet machine before each cell (see load)
