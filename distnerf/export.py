@@ -91,6 +91,9 @@ def export_geometry(cfg, run_dir: Path) -> Path:
     use_cuda = cfg.device != "cpu" and torch.cuda.is_available()
     env = DistEnv(device=torch.device("cuda" if use_cuda else "cpu"))  # one process holds every region
     scene = load_scene(cfg.dataset, "test", pixels=undecoded)  # box and frame: no pixels
+    if scene.ndc is not None:  # the field lives in normalised device coordinates, not in a world frame
+        raise ConfigError(f"format={cfg.format}: {run_dir} was trained in NDC (a forward-facing LLFF scene); "
+                          f"a point cloud or mesh needs a world-space run (dataset.ndc=false)")
     if cfg.strategy.name == "ss":
         cfg.fusion = "segment"  # the owning region's field (blend mixes overlapping regions)
         fused, step = load_renderer(cfg, run_dir, scene, env)
