@@ -8,7 +8,7 @@ processes (``wall_s``: the process, imports included; ``export_s``: what the exp
 loading the scene and the checkpoint to the file written),
 each file read back with ``plyfile`` (vertex and face counts, bounding box in the capture's frame);
 the run's steps, strategy and test PSNR; a picture of the mesh (matplotlib, offscreen:
-``NAME_mesh.png``). Writes ``export.json`` and appends the meta block (command, commit) to ``meta.json``
+``NAME_mesh.png``). Writes ``export.json`` (adding to the runs already there) and appends the meta block (command, commit) to ``meta.json``
 in ``--out``. The PLY files themselves stay in the run directory (too large to commit).
 """
 from __future__ import annotations
@@ -44,7 +44,7 @@ def export(run: Path, fmt: str, lattice: int, threshold: float, out: Path) -> di
             "command": " ".join(["python", *cmd[1:]])}
 
 
-def picture(mesh_path: Path, png: Path, title: str, up: np.ndarray, max_faces: int = 60000) -> None:
+def picture(mesh_path: Path, png: Path, title: str, up: np.ndarray, max_faces: int = 600000) -> None:
     """The mesh in matplotlib's 3D axes (offscreen), faces in their vertices' mean colour times a Lambert
     term (the exported colours are unlit; shading shows the shape), ``up`` vertical."""
     import matplotlib
@@ -78,6 +78,7 @@ def picture(mesh_path: Path, png: Path, title: str, up: np.ndarray, max_faces: i
     half = np.abs(pts).max()
     ax.set(xlim=(-half, half), ylim=(-half, half), zlim=(-half, half), title=title)
     ax.view_init(elev=25, azim=-60)
+    ax.set_box_aspect((1, 1, 1), zoom=1.5)
     ax.set_axis_off()
     fig.savefig(png, bbox_inches="tight")
     plt.close(fig)
@@ -119,7 +120,9 @@ def main() -> None:
                 f"{name}: {row['exports'][-1]['vertices']} vertices", ups.get(name, np.array([0.0, 0.0, 1.0])))
         files.append(f"{name}_mesh.png")
         report[name] = row
-    (args.out / "export.json").write_text(json.dumps(report, indent=1) + "\n")
+    path = args.out / "export.json"  # runs measured by earlier invocations stay
+    report = {**(json.loads(path.read_text()) if path.exists() else {}), **report}
+    path.write_text(json.dumps(report, indent=1) + "\n")
     append_meta(args.out, {"files": files, **finish_meta(meta)})
 
 
