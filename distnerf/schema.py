@@ -445,6 +445,10 @@ class RenderConfig(TrainConfig):
     video_frames: int = positive(60)   # frames of the fly-through and of the orbit
     video_fps: float = positive(24.0)  # frames per second of both
     out: Optional[str] = None          # export: output file; null: RUN/export/...
+    format: str = choice("weights", "ply", "mesh")  # export: weights (a .pt for render weights=) | ply (coloured
+                                       # point cloud) | mesh (marching cubes, vertex colours), both PLY in the capture's frame
+    lattice: int = bounded(256, 2)     # export ply/mesh: lattice vertices per axis over the scene box
+    threshold: float = positive(10.0)  # export ply/mesh: density (1 / scene unit) of the surface and the points kept
 
 
 # ----------------------------------------------------------------------------- study
@@ -484,7 +488,7 @@ class StudyConfig:
     cells: Optional[List[Any]] = None           # null: every cell of the product
     exclude: List[Any] = items([])
     repeats: int = positive(1)                  # timed cells: repeats interleaved (r0 of every cell, then r1...)
-    vary_seed: bool = True                      # repeat r trains with seed=seed+r (initialisation and ray streams):
+    vary_seed: bool = True                      # repeat r trains with seed=seed+r (ray streams and jitter; model=grid's sh head starts the same):
                                                 # quality over repeats is a sample, not n = 1 copies; false: one seed
     seed: int = 0                               # the seed of repeat 0
     timed: bool = True                          # wait for a quiet machine before each cell (see load)

@@ -12,7 +12,7 @@ quiet() { grep -v "^WARNING: Location" || true; }  # this machine's pip mirrors 
 if [ -n "$TORCH_SPEC" ]; then
   python -m pip install -q "$TORCH_SPEC" 2>&1 | quiet
 fi
-python -m pip install -q -e ".[test,profile,colmap,viewer,wandb]" 2>&1 | quiet
+python -m pip install -q -e ".[test,profile,colmap,viewer,wandb,export]" 2>&1 | quiet
 # the viewer's browser test (tests/e2e/test_viewer.py) drives Debian's chromium; installed only when missing
 if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
   SUDO=$([ "$(id -u)" = 0 ] || echo sudo)

@@ -77,6 +77,7 @@ class RegionModels(RadianceModel):
         super().__init__(first.aabb, first.background if background is None else background)
         self.regions = sorted(models)
         self.models = nn.ModuleList([models[k] for k in self.regions])
+        self.partition = partition  # the regions (the fused field's owners: distnerf.engine.surface)
         self.register_buffer("boxes", partition.extents(enlarged=True)[self.regions].float())
         self.unbounded = partition.unbounded
         self.blocks = blocks

@@ -19,9 +19,12 @@ entry, in the order of :data:`AXES`. The built-in levels:
 Cell ids are the axis values joined in :data:`AXES` order (``ddp-sync-w2-lego-grid-s300``),
 then ``-r<repeat>``; run order interleaves repeats (every cell's ``r0``, then every
 ``r1``, ...), so a slow drift of the machine spreads over all cells alike. Repeat ``r``
-trains with ``seed=<study seed + r>`` (``vary_seed``, the default): a new initialisation and
-new ray streams, so the quality of a cell's repeats is a sample with a spread, where one
-seed gives n copies of one figure (the timing spread alone). A cell that logs to W&B does so in the
+trains with ``seed=<study seed + r>`` (``vary_seed``, the default): new ray streams (which rays
+each step draws) and new sample jitter, so the quality of a cell's repeats is a sample with a
+spread, where one seed gives n copies of one figure (the timing spread alone). The initialisation
+does not vary with the default model (``model=grid``, ``model.color=sh``: the tables start at zero,
+the colour head has no parameters); it varies too only where the model draws it (``model.color=mlp``,
+``model=nerf``, ``model=ngp``). A cell that logs to W&B does so in the
 group ``study-<name>``, job type its strategy, run name its id: W&B's grouping and parallel
 coordinates compare the cells of a study directly.
 """
@@ -166,7 +169,8 @@ def expand(cfg) -> list[Cell]:
                     overrides += levels.get(axis, {}).get(str(values[axis]), []) if axis == "world_size" \
                         else levels[axis][str(values[axis])]
             key = cell_key(values)
-            # the repeat's seed: a different initialisation and ray stream per repeat (vary_seed), or one seed
+            # the repeat's seed: other ray streams and jitter per repeat (vary_seed; the default grid's
+            # initialisation is the same for every seed), or one seed
             overrides.append(f"seed={int(cfg.seed) + (repeat if cfg.vary_seed else 0)}")
             # W&B (when a cell logs there): one group per study, the strategy as job type, the cell as the run
             overrides += [f"logger.wandb.group=study-{cfg.name}", f"logger.wandb.job_type={values.get('strategy', 'train')}",

@@ -54,6 +54,35 @@ def test_train_then_render_a_capture(tmp_path, tiny_city, fmt):
     assert frames.shape[0] == 4 and frames.shape[1:3] == (36, 48)
     rendered = json.loads((run / "render" / "metrics.json").read_text())
     assert rendered["protocol"]["scene_transform"] == transform and rendered["protocol"]["num_views"] == 1
+    if fmt == "colmap":  # a point cloud and a mesh in the capture's frame: the transform inverted
+        _export_lands_in_the_scene_box(run, transform)
+
+
+def _export_lands_in_the_scene_box(run, transform):
+    """``distnerf.export format=ply|mesh`` (every occupied lattice point kept: threshold 1e-9) reads back
+    with plyfile; its points, taken into the scene frame by ``scene_transform``, lie in the scene box --
+    in the COLMAP frame itself (5x the scene's scale, rotated, shifted) they do not."""
+    import numpy as np
+    from plyfile import PlyData
+
+    from distnerf.data import load_scene
+    from distnerf.data.images import undecoded
+    from distnerf.engine.runs import load_run_config
+
+    cfg, _ = load_run_config([f"run_dir={run}"])
+    box = np.asarray(load_scene(cfg.dataset, "test", pixels=undecoded).aabb, np.float64)
+    cell = (box[1] - box[0]) / 8  # lattice=9
+    matrix = np.asarray(transform["matrix"])
+    for fmt in ("ply", "mesh"):
+        out = run / f"export.{fmt}.ply"
+        run_cli([sys.executable, "-m", "distnerf.export", f"run_dir={run}", f"format={fmt}", "lattice=9",
+                 "threshold=1e-9", f"out={out}"])
+        v = PlyData.read(str(out))["vertex"]
+        source = np.stack([v["x"], v["y"], v["z"]], -1).astype(np.float64)
+        scene = source @ matrix[:3, :3].T + matrix[:3, 3]
+        assert len(source) > 8
+        assert (scene >= box[0] - cell - 1e-4).all() and (scene <= box[1] + cell + 1e-4).all()
+        assert not ((source >= box[0] - cell) & (source <= box[1] + cell)).all()  # not the scene frame
 
 
 @pytest.mark.slow
