@@ -19,8 +19,12 @@ import os
 import sys
 from pathlib import Path
 
-import hydra
-import torch
+from . import cpu
+
+cpu.passive_wait()  # before torch loads its OpenMP runtime, which reads the wait policy once (distnerf/cpu.py)
+
+import hydra  # noqa: E402
+import torch  # noqa: E402
 from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import record
 
@@ -54,6 +58,9 @@ def run(cfg: DictConfig) -> dict:
         torch.use_deterministic_algorithms(True)
     stop = D.StopRequest().install()  # SIGUSR1/SIGTERM: all ranks stop at one step and checkpoint
     env = D.init_distributed(cfg.device, timeout_s=cfg.dist_timeout_s, setup_timeout_s=cfg.dist_setup_timeout_s)
+    threads_before = torch.get_num_threads()
+    threads = cpu.configure(cfg.num_threads, env.local_world_size, warn=env.local_rank == 0)  # the node's cores shared
+    agent = D.AgentWatch(D.torchrun_agent_pid(), env.rank).start()  # its torchrun agent dies: stop, named
     beacon = ProgressBeacon(env.store, env.rank, env.world_size, cfg.dist_progress_s).start()  # step and phase, for hang reports
     run_dir = strategy = trainer = None
     finished = False
@@ -64,6 +71,7 @@ def run(cfg: DictConfig) -> dict:
             (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
             log.info("run directory %s; world size %d; backend %s; device %s", run_dir, env.world_size,
                      env.backend or "none", env.device)
+            log.info("threads: %s", threads.describe())
         strategy = build_strategy(cfg.strategy, env)
         trainer = Trainer(cfg, strategy, run_dir, stop=stop)
         D.end_setup(env, cfg.dist_setup_timeout_s, cfg.dist_timeout_s)  # names late ranks; then the step timeout
@@ -83,6 +91,8 @@ def run(cfg: DictConfig) -> dict:
         if run_dir is not None:
             release_run_dir(run_dir)
         beacon.stop()  # joined before the process group goes
+        agent.stop()
+        torch.set_num_threads(threads_before)
         torch.use_deterministic_algorithms(was_deterministic)
         strategy = trainer = None  # their DDP wrapper holds the process group: dropped first (D.shutdown)
         if D.shutdown(env) and finished:  # (an exception in flight holds the trainer's frames: expected then)
