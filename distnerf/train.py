@@ -35,7 +35,7 @@ from .rundir import RunDirBusy, release_run_dir, resolve_run_dir, setup_logging
 from .data import DatasetError
 from .config_check import GROUPS, ConfigError, validate
 from .engine.trainer import NonFiniteLoss, Trainer
-from .observe.progress import ProgressBeacon
+from .observe.progress import PROGRESS_DIR, ProgressBeacon
 from .schema import TrainConfig
 from .strategy import build_strategy
 
@@ -67,6 +67,8 @@ def run(cfg: DictConfig) -> dict:
     try:
         run_dir = resolve_run_dir(cfg, env)
         setup_logging(env, run_dir, cfg.logger.level)
+        if env.has_peers:  # each rank's progress also in RUN/progress/: readable when the store's node is lost
+            beacon.record_to(run_dir / PROGRESS_DIR)
         if env.is_main:
             (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
             log.info("run directory %s; world size %d; backend %s; device %s", run_dir, env.world_size,
