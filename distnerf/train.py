@@ -59,7 +59,6 @@ def run(cfg: DictConfig) -> dict:
     stop = D.StopRequest().install()  # SIGUSR1/SIGTERM: all ranks stop at one step and checkpoint
     env = D.init_distributed(cfg.device, timeout_s=cfg.dist_timeout_s, setup_timeout_s=cfg.dist_setup_timeout_s)
     threads_before = torch.get_num_threads()
-    threads = cpu.configure(cfg.num_threads, env.local_world_size, warn=env.local_rank == 0)  # the node's cores shared
     agent = D.AgentWatch(D.torchrun_agent_pid(), env.rank).start()  # its torchrun agent dies: stop, named
     beacon = ProgressBeacon(env.store, env.rank, env.world_size, cfg.dist_progress_s).start()  # step and phase, for hang reports
     run_dir = strategy = trainer = None
@@ -67,6 +66,7 @@ def run(cfg: DictConfig) -> dict:
     try:
         run_dir = resolve_run_dir(cfg, env)
         setup_logging(env, run_dir, cfg.logger.level)
+        threads = cpu.configure(cfg.num_threads, env.local_world_size, warn=env.local_rank == 0)  # the node's cores shared
         if env.has_peers:  # each rank's progress also in RUN/progress/: readable when the store's node is lost
             beacon.record_to(run_dir / PROGRESS_DIR)
         if env.is_main:

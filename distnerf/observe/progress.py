@@ -87,11 +87,21 @@ class ProgressBeacon:
         forget the watched source: a bound method of the trainer would keep the trainer, its DDP wrapper
         and so the process group alive past :func:`distnerf.dist.shutdown`."""
         self._stop.set()
+        try:
+            last_step = self.source()[0]
+        except Exception:
+            last_step = None
         born = self._born
         self.source = lambda: (None, "stopped", born)
         if self._thread is not None:
             self._thread.join(timeout=2 * self.interval_s)
             self._thread = None
+        if self.directory is not None:  # the file says the rank ended (not the store: it may hang with its host)
+            try:
+                atomic_write_text(self.file(self.rank), json.dumps(
+                    {"rank": self.rank, "step": last_step, "phase": "stopped", "since": time.time(), "beat": time.time()}))
+            except Exception:
+                pass
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
