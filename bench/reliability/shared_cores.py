@@ -132,18 +132,23 @@ def measure(variants: list[str], seconds: float, rounds: int) -> list[dict]:
 
 
 def summarise(rows: list[dict]) -> list[dict]:
-    """Per variant: total rays/s per competitor (steps over seconds, all rounds) and the slow-down
-    alone / beside."""
+    """Per variant: rays/s per competitor (all rounds' steps over their seconds), the slow-down alone /
+    beside, and the trainer's CPU seconds per step over all phases (threads that spin at their barriers
+    burn CPU time without progress: more CPU per step for the same work)."""
     out = []
     for variant in dict.fromkeys(r["variant"] for r in rows):
         rate = {}
         for name in COMPETITORS:
             mine = [r for r in rows if r["variant"] == variant and r["competitor"] == name]
-            rays = sum(r["rays_per_s"] * r["seconds"] for r in mine)
-            rate[name] = rays / sum(r["seconds"] for r in mine)
-        out.append({"variant": variant, **{f"rays_per_s_{k}": round(v) for k, v in rate.items()},
+            rate[name] = sum(r["steps"] for r in mine) / sum(r["seconds"] for r in mine)
+        mine = [r for r in rows if r["variant"] == variant]
+        rays = mine[0]["rays_per_s"] * mine[0]["seconds"] / mine[0]["steps"]
+        out.append({"variant": variant, "torch_threads": mine[0]["torch_threads"],
+                    **{f"rays_per_s_{k}": round(rays * v) for k, v in rate.items()},
                     "slowdown_nice": round(rate["alone"] / rate["nice"], 2),
-                    "slowdown_plain": round(rate["alone"] / rate["plain"], 2)})
+                    "slowdown_plain": round(rate["alone"] / rate["plain"], 2),
+                    "cpu_s_per_step": round(sum(r["cpu_s"] for r in mine) / sum(r["steps"] for r in mine), 3),
+                    "load_1min": round(sum(r["load_before"][0] for r in mine) / len(mine), 1)})
     return out
 
 
