@@ -30,6 +30,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 
 from . import cli as C
 from . import dist as D
+from .checkpoint import CheckpointError
 from .fileio import CheckpointWriteError
 from .rundir import RunDirBusy, release_run_dir, resolve_run_dir, setup_logging
 from .data import DatasetError
@@ -113,7 +114,7 @@ def main(cfg: DictConfig) -> None:
         run(cfg)
     except ConfigError as err:  # a key's value: a usage error, one line, exit 2
         ENTRY.error(err)
-    except (NonFiniteLoss, DatasetError, RunDirBusy, CheckpointWriteError) as err:  # the message says it all
+    except (NonFiniteLoss, DatasetError, RunDirBusy, CheckpointWriteError, CheckpointError) as err:  # the message says it all
         raise SystemExit(f"distnerf: {err}") from None
 
 
