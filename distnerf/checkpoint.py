@@ -26,7 +26,9 @@ read, so the loaders see one layout; any other format is refused, naming both ve
   ``optimizer_rank_R.pt`` (before the states moved into the region files), and its dataset
   hash covered ``dataset.cache_dir``: :func:`upgrade_from_3`.
 * 4: every region file holds its sub-model's optimizer state; ``dataset.cache_dir`` is not
-  hashed (:data:`UNHASHED`).
+  hashed (:data:`UNHASHED`); ``dataset.root`` was: :func:`upgrade_from_4`.
+* 5: ``dataset.root`` is not hashed either (the data may move); the ``data`` hash, the names and
+  sizes of the training images (:func:`data_hash`), checks that the data found there is the same.
 
 A checkpoint without a valid manifest (a rank died mid-save) is ignored; resume
 takes the newest committed one. Every file is written to ``name.tmp`` then renamed,
@@ -38,6 +40,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import shutil
 import time
 from pathlib import Path
@@ -54,7 +57,7 @@ SCENE_TRANSFORM_FILE = "scene_transform.json"
 """In a run directory: the similarity from the dataset's own frame into the normalised scene
 frame every model, render and export of the run uses (``SceneData.transform``), when the
 dataset was normalised (COLMAP, nerfstudio)."""
-FORMAT_VERSION = 4  # the formats and what changed: the module docstring
+FORMAT_VERSION = 5  # the formats and what changed: the module docstring
 
 
 def region_file(region: int) -> str:
@@ -115,7 +118,17 @@ def upgrade_from_3(manifest: dict) -> dict:
                           "dataset": "format 3 hashed dataset.cache_dir with it; format 4 does not"}}
 
 
-CONVERTERS = {3: upgrade_from_3}
+def upgrade_from_4(manifest: dict) -> dict:
+    """Format 4 -> 5, in memory: its dataset hash covered ``dataset.root``, which format 5 leaves out, and
+    it recorded no ``data`` hash: both sections go to ``unchecked`` (resume does not compare them, and
+    says so)."""
+    return {**manifest, "format": 5,
+            "unchecked": {**manifest.get("unchecked", {}),
+                          "dataset": "format 4 hashed dataset.root with it; format 5 does not",
+                          "data": "format 4 recorded no hash of the training images"}}
+
+
+CONVERTERS = {3: upgrade_from_3, 4: upgrade_from_4}
 """Format -> the converter of its manifest to the next format (applied in turn up to
 :data:`FORMAT_VERSION`)."""
 
@@ -219,11 +232,12 @@ def prune(root: Path, keep: int) -> None:
         shutil.rmtree(d, ignore_errors=True)
 
 
-UNHASHED = {"model": ("compile", "compile_mode"), "dataset": ("cache_dir",)}
+UNHASHED = {"model": ("compile", "compile_mode"), "dataset": ("cache_dir", "root")}
 """Keys of a section that resume ignores: the model's runtime keys (a run may resume with or
-without torch.compile) and where the built-in scene is generated (``dataset.cache_dir``: a
+without torch.compile), where the built-in scene is generated (``dataset.cache_dir``: a
 node-local directory may differ from node to node and between restarts; the scene's files are
-named by everything that decides their content)."""
+named by everything that decides their content) and where the data lies (``dataset.root``: moved
+data resumes; :func:`data_hash` checks it is the same data)."""
 
 
 def config_hashes(cfg: dict, sections=("model", "dataset", "strategy")) -> dict:
@@ -232,6 +246,29 @@ def config_hashes(cfg: dict, sections=("model", "dataset", "strategy")) -> dict:
     kept = {s: {k: v for k, v in cfg[s].items() if k not in UNHASHED.get(s, ())} for s in sections}
     return {s: hashlib.sha256(json.dumps(kept[s], sort_keys=True, default=str).encode()).hexdigest()[:16]
             for s in sections}
+
+
+def data_hash(image_paths: list, root: str, image_size: tuple[int, int]) -> str:
+    """sha256 (16 hex digits) of the training images as found: each file's path relative to the dataset
+    ``root`` and its size in bytes, in order, and the image size (H, W). The same data moved to another
+    root hashes the same; a file added, removed, renamed or rewritten to another size does not.
+    ``image_paths`` empty (a generated scene, named by its config): the image size alone.
+
+    Raises:
+        FileNotFoundError: an image file is missing (named).
+    """
+    listed = []
+    for p in image_paths:
+        try:
+            listed.append([os.path.relpath(p, root) if root else os.path.basename(p), os.path.getsize(p)])
+        except FileNotFoundError as err:
+            raise FileNotFoundError(f"{p}: training image missing (hashing the data for resume)") from err
+    body = json.dumps({"images": listed, "size": list(image_size)})
+    return hashlib.sha256(body.encode()).hexdigest()[:16]
+
+
+WHAT = {"data": "data (the names and file sizes of the training images found at dataset.root)"}
+"""What a hashed section is, in :func:`check_compatible`'s message (else ``<section> config``)."""
 
 
 def check_compatible(manifest: dict, hashes: dict, ckpt: Path) -> None:
@@ -243,5 +280,6 @@ def check_compatible(manifest: dict, hashes: dict, ckpt: Path) -> None:
         log.warning("resuming from %s: its %s config is not compared (%s)", ckpt, s, why)
     diff = [s for s, h in hashes.items() if s not in unchecked and saved.get(s) != h]
     if diff:
-        raise CheckpointError(f"cannot resume from {ckpt}: the {', '.join(diff)} config differs from the "
-                              f"checkpoint's (start a new run directory or restore the original settings)")
+        what = ", ".join(WHAT.get(s, f"{s} config") for s in diff)
+        raise CheckpointError(f"cannot resume from {ckpt}: the {what} differs from the checkpoint's "
+                              f"(start a new run directory or restore the original settings)")

@@ -426,6 +426,8 @@ class TrainConfig:
     resume: bool = False                # continue from the newest committed checkpoint in run_dir
     seed: int = 0
     device: str = choice("auto", "cpu", "cuda")  # the backend follows: nccl on CUDA, gloo on CPU
+    num_threads: Optional[int] = positive(None)  # compute threads per rank; null: OMP_NUM_THREADS if set, else the
+                                                 # usable cores (affinity, cgroup quota) / local ranks (distnerf/cpu.py)
     dist_timeout_s: float = positive(600.0)  # collective timeout of the training steps
     dist_setup_timeout_s: float = positive(7200.0)  # rendezvous and collectives before the first step (decoding,
                                                     # caches, the partition's fit); a monitored barrier ends it

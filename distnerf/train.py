@@ -19,19 +19,24 @@ import os
 import sys
 from pathlib import Path
 
-import hydra
-import torch
+from . import cpu
+
+cpu.passive_wait()  # before torch loads its OpenMP runtime, which reads the wait policy once (distnerf/cpu.py)
+
+import hydra  # noqa: E402
+import torch  # noqa: E402
 from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from . import cli as C
 from . import dist as D
+from .checkpoint import CheckpointError
 from .fileio import CheckpointWriteError
 from .rundir import RunDirBusy, release_run_dir, resolve_run_dir, setup_logging
 from .data import DatasetError
 from .config_check import GROUPS, ConfigError, derive, validate
 from .engine.trainer import NonFiniteLoss, Trainer
-from .observe.progress import ProgressBeacon
+from .observe.progress import PROGRESS_DIR, ProgressBeacon
 from .sampler import auto_kind
 from .schema import TrainConfig
 from .strategy import build_strategy
@@ -55,6 +60,8 @@ def run(cfg: DictConfig) -> dict:
         torch.use_deterministic_algorithms(True)
     stop = D.StopRequest().install()  # SIGUSR1/SIGTERM: all ranks stop at one step and checkpoint
     env = D.init_distributed(cfg.device, timeout_s=cfg.dist_timeout_s, setup_timeout_s=cfg.dist_setup_timeout_s)
+    threads_before = torch.get_num_threads()
+    agent = D.AgentWatch(D.torchrun_agent_pid(), env.rank).start()  # its torchrun agent dies: stop, named
     beacon = ProgressBeacon(env.store, env.rank, env.world_size, cfg.dist_progress_s).start()  # step and phase, for hang reports
     if cfg.sampler.name == "auto":  # the sampler this device runs, named in the run's config.yaml
         cfg = derive(cfg, sampler=derive(cfg.sampler, name=auto_kind(env.device, cfg.sampler.source)))
@@ -63,10 +70,14 @@ def run(cfg: DictConfig) -> dict:
     try:
         run_dir = resolve_run_dir(cfg, env)
         setup_logging(env, run_dir, cfg.logger.level)
+        threads = cpu.configure(cfg.num_threads, env.local_world_size, warn=env.local_rank == 0)  # the node's cores shared
+        if env.has_peers:  # each rank's progress also in RUN/progress/: readable when the store's node is lost
+            beacon.record_to(run_dir / PROGRESS_DIR)
         if env.is_main:
             (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
             log.info("run directory %s; world size %d; backend %s; device %s", run_dir, env.world_size,
                      env.backend or "none", env.device)
+            log.info("threads: %s", threads.describe())
         strategy = build_strategy(cfg.strategy, env)
         trainer = Trainer(cfg, strategy, run_dir, stop=stop)
         D.end_setup(env, cfg.dist_setup_timeout_s, cfg.dist_timeout_s)  # names late ranks; then the step timeout
@@ -86,6 +97,8 @@ def run(cfg: DictConfig) -> dict:
         if run_dir is not None:
             release_run_dir(run_dir)
         beacon.stop()  # joined before the process group goes
+        agent.stop()
+        torch.set_num_threads(threads_before)
         torch.use_deterministic_algorithms(was_deterministic)
         strategy = trainer = None  # their DDP wrapper holds the process group: dropped first (D.shutdown)
         if D.shutdown(env) and finished:  # (an exception in flight holds the trainer's frames: expected then)
@@ -104,7 +117,7 @@ def main(cfg: DictConfig) -> None:
         run(cfg)
     except ConfigError as err:  # a key's value: a usage error, one line, exit 2
         ENTRY.error(err)
-    except (NonFiniteLoss, DatasetError, RunDirBusy, CheckpointWriteError) as err:  # the message says it all
+    except (NonFiniteLoss, DatasetError, RunDirBusy, CheckpointWriteError, CheckpointError) as err:  # the message says it all
         raise SystemExit(f"distnerf: {err}") from None
 
 

@@ -39,7 +39,24 @@ def soak(res: Results) -> list[str]:
                       f"/dev/shm files before/after the run: {d['shm_files_before']}/{d['shm_files_after']}."]
 
 
+def shared_cores(res: Results) -> list[str]:
+    """bench/reliability/shared_cores.py: the README main job's training rays/s alone and beside one
+    CPU-bound process, per thread setting, and the trainer's CPU seconds per step."""
+    d = res.json("shared_cores/shared_cores.json")
+    waits = {"passive": "passive", "planned": "passive", "threads1": "none (one thread)"}
+    out = header("variant", "threads", "OpenMP wait", "rays/s alone", "beside nice'd", "beside un-niced",
+                 "slower beside nice'd / un-niced", "trainer CPU s per step", "load (1 min)")
+    for s in d["summary"]:
+        out.append(row(s["variant"], s["torch_threads"], waits.get(s["variant"], "spin (default)"),
+                       s["rays_per_s_alone"], s["rays_per_s_nice"], s["rays_per_s_plain"],
+                       f"{s['slowdown_nice']:.2f}x / {s['slowdown_plain']:.2f}x", f"{s['cpu_s_per_step']:.2f}",
+                       f"{s['load_1min']:.1f}"))
+    m = d["meta"]
+    return out + ["", f"{m['cpu_count']} cores; `uptime` before: {m['uptime_before']}; after: {m['uptime_after']}."]
+
+
 TABLES = {  # marker name -> the function that makes the table
     "exits": exits,
     "soak": soak,
+    "shared_cores": shared_cores,
 }

@@ -6,25 +6,28 @@
   CUDA device of a local rank (:func:`cuda_index`).
 - :mod:`.collectives`: every collective of the package (a test scans ``distnerf/`` for
   ``torch.distributed`` collectives outside this package) and the classification of their errors.
+- :mod:`.agent`: a rank whose torchrun agent died stops, naming it (:class:`AgentWatch`).
 - :mod:`.signals`: the stop requested by the preemption signal or SIGTERM (:class:`StopRequest`).
 - :mod:`.rng`: seeding, and the random states a checkpoint saves and restores.
 - :mod:`.compat`: version shims (torch APIs chosen by their signatures).
 
 Inside the package the modules import in one direction: ``compat`` <- ``env`` <- ``collectives``;
-``signals`` and ``rng`` import none of them.
+``agent``, ``signals`` and ``rng`` import none of them.
 """
 import torch.distributed as dist  # noqa: F401  (``D.dist``: the torch module these helpers call)
 
 from .collectives import (COLLECTIVE_FAILURES, OPS, PEER_LOST, all_gather, all_reduce_, all_reduce_max,
                           all_reduce_sum, barrier, broadcast_object, collective_failure, event_seconds,
                           gather_objects, peer_lost, rank, timing_event, world_size)
+from .agent import EXIT_AGENT_LOST, AgentWatch, torchrun_agent_pid
 from .compat import accepts, ddp_buffer_kwargs
 from .env import DistEnv, SetupTimeout, cuda_index, end_setup, init_distributed, new_host_group, shared_devices, \
     shutdown
 from .rng import own_cuda_state, rng_state, seed_everything, set_rng_state
 from .signals import PREEMPT_SIGNALS, StopRequest, preempt_signal
 
-__all__ = ["COLLECTIVE_FAILURES", "OPS", "PEER_LOST", "PREEMPT_SIGNALS", "DistEnv", "SetupTimeout", "StopRequest",
+__all__ = ["COLLECTIVE_FAILURES", "EXIT_AGENT_LOST", "OPS", "PEER_LOST", "PREEMPT_SIGNALS", "AgentWatch", "DistEnv",
+           "SetupTimeout", "StopRequest", "torchrun_agent_pid",
            "accepts", "all_gather", "all_reduce_", "all_reduce_max", "all_reduce_sum", "barrier",
            "broadcast_object", "collective_failure", "cuda_index", "ddp_buffer_kwargs", "end_setup",
            "event_seconds", "gather_objects", "init_distributed", "new_host_group", "own_cuda_state", "peer_lost",

@@ -41,6 +41,7 @@ class DistEnv:
     restart_count: int = 0  # torchrun's TORCHELASTIC_RESTART_COUNT: > 0 in a restarted worker group
     store: object = None  # the process group's key-value store (this attempt's prefix); None alone
     host_group: object = None  # a gloo group of all ranks (the default group itself on CPU): monitored barriers
+    local_world_size: int = 1  # ranks on this node (torchrun's LOCAL_WORLD_SIZE): they share its cores
 
     @property
     def is_main(self) -> bool:
@@ -110,7 +111,8 @@ def init_distributed(device: str, *, timeout_s: float, setup_timeout_s: float | 
             _check_distinct_devices(dev, rank, host_group)
     else:
         store = None
-    return DistEnv(rank, world_size, local_rank, dev, backend, restart_count, store, host_group)
+    return DistEnv(rank, world_size, local_rank, dev, backend, restart_count, store, host_group,
+                   local_world_size or 1)
 
 
 def resolve_device(device: str, cuda_available: bool, environ) -> str:

@@ -109,6 +109,9 @@ class Trainer:
         hashes = ckpt.config_hashes(OmegaConf.to_container(cfg, resolve=True))
         # which rays are drawn (not how fast): resume refuses a change
         hashes.update(ckpt.config_hashes({"sampler": batch_config(cfg.sampler)}, ("sampler",)))
+        # the data as found (dataset.root is not hashed: moved data resumes, the same data only)
+        scene = self.train_scene
+        hashes["data"] = ckpt.data_hash(scene.image_paths, scene.source, (scene.height, scene.width))
         self.checkpointer = Checkpointer(self.run_dir / "checkpoints", cfg.train, strategy, hashes)
         self.step, self.train_seconds = 0, 0.0
         self.budget_clock = BudgetClock(cfg.train)  # the schedule's p, agreed across ranks (None: no budget)

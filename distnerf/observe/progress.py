@@ -13,17 +13,28 @@ at the earliest step and phase while the others wait in a collective further on.
 The store is the rendezvous store of the run's attempt (``DistEnv.store``); on NCCL the
 collective's own error may never reach Python (the watchdog aborts the process): there, read
 the flight recorder's dump (docs/operations.md, "When a run hangs").
+
+The store lives in the torchrun agent of the first node (rank 0's), so it goes with that node.
+Each rank therefore also writes its entry to ``RUN/progress/rank_R.json`` (:meth:`ProgressBeacon.record_to`,
+:data:`PROGRESS_DIR`): a rank that outlives the store reads the files instead, and says so; the files stay
+after the run (on a node-local run directory, each node holds its own ranks' files).
 """
 from __future__ import annotations
 
+import datetime
 import json
 import threading
 import time
+from pathlib import Path
 from typing import Callable
+
+from ..fileio import atomic_write_text
 
 INTERVAL_S = 5.0  # publish period; "not heard from" means older than 3 periods
 STEP_ORDER = ("setup", "input_wait", "copy", "model_update", "forward", "step_sync", "checkpoint", "backward",
               "regularizer", "optimizer", "evaluate")
+PROGRESS_DIR = "progress"
+"""``RUN/progress/``: each rank's last entry, ``rank_R.json`` (as in the store, plus ``rank``)."""
 """The phases in the order a step passes them (the step breakdown's names; ``setup`` before
 step 0, ``evaluate`` after the last step): a rank at an earlier (step, phase) is behind."""
 
@@ -43,10 +54,22 @@ class ProgressBeacon:
         self._born = time.time()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.directory: Path | None = None  # record_to
+        self.store_lost = False  # a store operation failed: the files alone from then on
 
     @staticmethod
     def key(rank: int) -> str:
         return f"distnerf_progress/rank_{rank}"
+
+    def file(self, rank: int) -> Path:
+        return self.directory / f"rank_{rank}.json"
+
+    def record_to(self, directory: Path) -> None:
+        """Also write this rank's entry to ``DIRECTORY/rank_R.json`` at every publish (created; the
+        run directory's :data:`PROGRESS_DIR`), and read the others' there when the store is gone."""
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.publish()
 
     def watch(self, source: Callable[[], tuple[int | None, str, float]]) -> None:
         """Publish what ``source()`` returns from now on: (step, phase name, wall time the phase began)."""
@@ -54,8 +77,7 @@ class ProgressBeacon:
         self.publish()
 
     def start(self) -> "ProgressBeacon":
-        if self.store is not None and self._thread is None:
-            self.publish()
+        if (self.store is not None or self.directory is not None) and self._thread is None and self._try_publish():
             self._thread = threading.Thread(target=self._run, name="distnerf-progress", daemon=True)
             self._thread.start()
         return self
@@ -65,34 +87,69 @@ class ProgressBeacon:
         forget the watched source: a bound method of the trainer would keep the trainer, its DDP wrapper
         and so the process group alive past :func:`distnerf.dist.shutdown`."""
         self._stop.set()
+        try:
+            last_step = self.source()[0]
+        except Exception:
+            last_step = None
         born = self._born
         self.source = lambda: (None, "stopped", born)
         if self._thread is not None:
             self._thread.join(timeout=2 * self.interval_s)
             self._thread = None
+        if self.directory is not None:  # the file says the rank ended (not the store: it may hang with its host)
+            try:
+                atomic_write_text(self.file(self.rank), json.dumps(
+                    {"rank": self.rank, "step": last_step, "phase": "stopped", "since": time.time(), "beat": time.time()}))
+            except Exception:
+                pass
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
-            try:
-                self.publish()
-            except Exception:  # the store is gone (the agent shut down): nothing left to tell
+            if not self._try_publish():
                 return
 
+    def _try_publish(self) -> bool:
+        """:meth:`publish`; False when nothing is left to publish to."""
+        try:
+            self.publish()
+            return True
+        except Exception:  # the store is gone (the agent shut down): the file alone, if any
+            return self.store_lost and self.directory is not None
+
     def publish(self) -> None:
-        if self.store is None:
-            return
         step, phase, since = self.source()
-        self.store.set(self.key(self.rank), json.dumps({"step": step, "phase": phase, "since": since,
-                                                         "beat": time.time()}))
+        entry = json.dumps({"rank": self.rank, "step": step, "phase": phase, "since": since, "beat": time.time()})
+        if self.directory is not None:
+            atomic_write_text(self.file(self.rank), entry)
+        if self.store is not None and not self.store_lost:
+            try:
+                self.store.set(self.key(self.rank), entry)
+            except Exception:
+                self.store_lost = True
+                raise
 
     def read(self) -> dict[int, dict | None]:
-        """Every rank's last entry (None: never published), without blocking on a missing key."""
+        """Every rank's last entry (None: never published, or no readable record), without blocking
+        on a missing key: from the store, else (the store unreachable) from the rank's file."""
         out: dict[int, dict | None] = {}
-        for r in range(self.world_size):
-            try:
-                out[r] = json.loads(self.store.get(self.key(r))) if self.store.check([self.key(r)]) else None
+        if self.store is not None and not self.store_lost:
+            try:  # a store whose host vanished may not answer at all: wait a few periods, not its timeout
+                self.store.set_timeout(datetime.timedelta(seconds=max(5.0, 2 * self.interval_s)))
             except Exception:
-                out[r] = None
+                pass
+        for r in range(self.world_size):
+            out[r] = None
+            if self.store is not None and not self.store_lost:
+                try:
+                    out[r] = json.loads(self.store.get(self.key(r))) if self.store.check([self.key(r)]) else None
+                    continue
+                except Exception:
+                    self.store_lost = True
+            if self.directory is not None:
+                try:
+                    out[r] = json.loads(self.file(r).read_text())
+                except (OSError, ValueError):
+                    pass
         return out
 
     def silent(self, entries: dict[int, dict | None], now: float) -> list[int]:
@@ -115,7 +172,7 @@ class ProgressBeacon:
                 periods; the live ranks' threads keep publishing) until a rank falls silent,
                 and name that one.
         """
-        if self.store is None:
+        if self.store is None and self.directory is None:
             return "no progress store (one process)"
         entries = self.read()
         if peer_lost:
@@ -126,6 +183,10 @@ class ProgressBeacon:
         now = time.time() if now is None else now
         lines, silent, heard = [], self.silent(entries, now), []
         for r, e in entries.items():
+            if e is None and self.store_lost:
+                lines.append(f"rank {r}: no record here ({self.file(r)} missing: on a node-local run directory it is "
+                             "on that rank's node)" if self.directory is not None else f"rank {r}: no record")
+                continue
             if e is None:
                 lines.append(f"rank {r}: never reported")
                 continue
@@ -143,4 +204,9 @@ class ProgressBeacon:
             suspects, why = [], "every rank is at the same step and phase"
         verdict = (f"stopped making progress: rank {', '.join(map(str, suspects))} ({why})" if suspects
                    else f"no rank stands out ({why})")
-        return f"{verdict}. Progress of every rank: " + "; ".join(lines)
+        where = ""
+        if self.store_lost:  # the store's host (the first node's torchrun agent) is gone
+            where = (f" (the progress store, hosted by the first node's torchrun agent, is unreachable: read from "
+                     f"{self.directory}/rank_R.json)" if self.directory is not None else
+                     " (the progress store, hosted by the first node's torchrun agent, is unreachable; no files)")
+        return f"{verdict}. Progress of every rank{where}: " + "; ".join(lines)

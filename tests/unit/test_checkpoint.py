@@ -96,9 +96,9 @@ def test_checkpoint_of_another_format_is_refused_naming_both_versions(tmp_path, 
 
 
 def test_format_3_is_read_through_its_converter(tmp_path, caplog):
-    """A format-3 ss checkpoint with per-rank optimizer files: read as format 4 with the
-    per-rank layout; its dataset hash (which covered cache_dir) is not compared on resume, and
-    the log says so; a format-4 checkpoint's dataset hash still is."""
+    """A format-3 ss checkpoint with per-rank optimizer files: read as format 5 with the
+    per-rank layout; its dataset hash (which covered cache_dir, and root) is not compared on resume,
+    and the log says so; a format-5 checkpoint's dataset hash still is."""
     d = make(tmp_path, 5)
     atomic_torch_save({"state": {}}, d / ckpt.optimizer_file(0))
     cfg = {"model": {"name": "grid"}, "dataset": {"name": "synthetic", "cache_dir": "/a"}, "strategy": {"name": "ss"}}
@@ -109,7 +109,7 @@ def test_format_3_is_read_through_its_converter(tmp_path, caplog):
     (d / ckpt.MANIFEST).write_text(json.dumps({**manifest, "format": 3}))
     read = ckpt.read_manifest(d, verify=True)
     assert read["format"] == ckpt.FORMAT_VERSION and read["optimizer_layout"] == "per_rank"
-    assert list(read["unchecked"]) == ["dataset"]
+    assert sorted(read["unchecked"]) == ["data", "dataset"]
     with caplog.at_level("WARNING", logger="distnerf"):
         ckpt.check_compatible(read, other_dataset, d)  # the dataset section is not compared
     assert "dataset config is not compared" in caplog.text
@@ -119,9 +119,39 @@ def test_format_3_is_read_through_its_converter(tmp_path, caplog):
     manifest["files"].pop(ckpt.optimizer_file(0))
     (d / ckpt.MANIFEST).write_text(json.dumps({**manifest, "format": 3}))
     assert ckpt.read_manifest(d)["optimizer_layout"] == "per_region"
-    (d / ckpt.MANIFEST).write_text(json.dumps({**manifest, "format": 4}))  # format 4: compared
+    (d / ckpt.MANIFEST).write_text(json.dumps({**manifest, "format": 4}))  # format 4: root hashed, no data hash
+    assert "dataset.root" in ckpt.read_manifest(d)["unchecked"]["dataset"]
+    (d / ckpt.MANIFEST).write_text(json.dumps({**manifest, "format": 5}))  # format 5: compared
     with pytest.raises(ckpt.CheckpointError, match="the dataset config differs"):
         ckpt.check_compatible(ckpt.read_manifest(d), other_dataset, d)
+
+
+def test_moved_data_resumes_and_other_data_is_refused(tmp_path):
+    """``dataset.root`` is not hashed; the data hash (relative names and file sizes of the training
+    images) is equal for the same files under another root and differs when one changes."""
+    cfg = {"model": {"name": "grid"}, "dataset": {"name": "blender", "root": "/data/lego"}, "strategy": {"name": "ddp"}}
+    assert ckpt.config_hashes({**cfg, "dataset": {"name": "blender", "root": "/scratch/lego"}}) == ckpt.config_hashes(cfg)
+    sizes = {"train/r_0.png": 10, "train/r_1.png": 12}
+    for root in ("a", "b"):
+        for name, n in sizes.items():
+            (tmp_path / root / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / root / name).write_bytes(b"x" * n)
+
+    def digest(root, names=tuple(sizes)):
+        return ckpt.data_hash([str(tmp_path / root / n) for n in names], str(tmp_path / root), (8, 8))
+
+    saved = digest("a")
+    assert digest("b") == saved  # the same data, moved
+    assert ckpt.data_hash([str(tmp_path / "a" / n) for n in sizes], str(tmp_path / "a"), (8, 9)) != saved
+    assert digest("b", tuple(reversed(sizes))) != saved  # another order: other image indices
+    (tmp_path / "b" / "train/r_1.png").write_bytes(b"x" * 13)  # one image rewritten
+    assert digest("b") != saved
+    d = make(tmp_path / "ckpts", 1)
+    with pytest.raises(ckpt.CheckpointError, match=r"the data \(the names and file sizes of the training images"):
+        ckpt.check_compatible({"config": {"data": saved}}, {"data": digest("b")}, d)
+    (tmp_path / "b" / "train/r_1.png").unlink()
+    with pytest.raises(FileNotFoundError, match="r_1.png: training image missing"):
+        digest("b")
 
 
 def test_manifest_without_format_is_the_old_format(tmp_path):

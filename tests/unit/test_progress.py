@@ -94,3 +94,42 @@ def test_a_peer_that_died_at_once_is_named_once_it_falls_silent():
     assert report.startswith("stopped making progress: rank 1 (not heard from"), report
     assert 3 * 0.5 - 0.25 <= waited <= 4 * 0.5 + 0.5, waited  # until its entry is 3 periods old
     assert "rank 1: step 9, phase backward" in report and "rank 0: step 7, phase step_sync" in report, report
+
+
+class LostStore:
+    """The rendezvous store after its host (the first node's torchrun agent) died: every call fails."""
+
+    def __getattr__(self, name):
+        def fail(*args, **kwargs):
+            raise RuntimeError("Connection reset by peer")
+        return fail
+
+
+def test_rank_0s_node_lost_the_survivor_reads_the_files(tmp_path):
+    """Rank 0's node (and with it the store) is gone: rank 1 names rank 0 from its last file entry,
+    says where it read it, and its own thread goes on writing its file."""
+    store = dist.HashStore()
+    b0, b1 = ProgressBeacon(store, 0, 2, interval_s=0.05), ProgressBeacon(store, 1, 2, interval_s=0.05)
+    b0.watch(lambda: (12, "forward", time.time() - 30.0))
+    b0.record_to(tmp_path)
+    entry = json.loads((tmp_path / "rank_0.json").read_text())
+    (tmp_path / "rank_0.json").write_text(json.dumps({**entry, "beat": entry["beat"] - 20.0}))  # written 20 s ago
+    state = {"step": 13}
+    b1.source = lambda: (state["step"], "step_sync", time.time())
+    b1.record_to(tmp_path)
+    b1.store = LostStore()
+    b1.start()
+    try:
+        state["step"] = 14
+        time.sleep(0.3)  # the thread survives the store's loss and keeps the file current
+        assert json.loads((tmp_path / "rank_1.json").read_text())["step"] == 14
+        report = b1.describe()
+    finally:
+        b1.stop()
+    assert report.startswith("stopped making progress: rank 0 (not heard from"), report
+    assert f"unreachable: read from {tmp_path}/rank_R.json" in report, report
+    assert "rank 0: step 12, phase forward for 30 s (last heard 20 s ago)" in report, report
+    # a node-local run directory: rank 0's file is on its own node, and the report says so
+    (tmp_path / "rank_0.json").unlink()
+    report = b1.describe()
+    assert f"rank 0: no record here ({tmp_path}/rank_0.json missing" in report, report

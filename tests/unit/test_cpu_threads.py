@@ -1,0 +1,86 @@
+"""A rank's compute threads: the cores it may use (affinity, cgroup quota) shared among the node's
+ranks, the user's setting first, passive OpenMP waiting, and the load warning (issue 52, item 5)."""
+from __future__ import annotations
+
+import logging
+import sys
+
+import pytest
+import torch
+
+from distnerf import cpu
+
+
+@pytest.mark.parametrize("files, expected", [
+    ({"cpu.max": "250000 100000\n"}, 2.5),                                       # cgroup v2, --cpus=2.5
+    ({"cpu.max": "max 100000\n"}, None),                                         # v2, unlimited
+    ({"cpu/cpu.cfs_quota_us": "150000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 1.5),  # v1
+    ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),     # v1, unlimited
+    ({}, None),                                                                  # no cgroup cpu files
+])
+def test_cgroup_cpu_limit(tmp_path, files, expected):
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert cpu.cgroup_cpu_limit(tmp_path) == expected
+
+
+def test_usable_cores_and_the_share_of_each_rank():
+    assert cpu.usable_cores(set(range(8))) == 8
+    assert cpu.usable_cores(set(range(8)), quota=2.5) == 2  # the quota caps the affinity, rounded down
+    assert cpu.usable_cores({3}, quota=4.0) == 1
+    assert cpu.usable_cores(set(range(4)), quota=0.5) == 1  # at least one
+    assert cpu.threads_per_rank(16, 1) == 16
+    assert cpu.threads_per_rank(16, 3) == 5
+    assert cpu.threads_per_rank(2, 4) == 1
+    with pytest.raises(ValueError):
+        cpu.threads_per_rank(2, 0)
+
+
+@pytest.fixture
+def restore_threads():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_configure_takes_the_config_then_the_environment_then_the_cores(monkeypatch, restore_threads):
+    monkeypatch.setattr(cpu, "usable_cores", lambda: 6)
+    monkeypatch.setattr(cpu.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    plan = cpu.configure(None, 2, environ={})
+    assert (plan.threads, plan.source, torch.get_num_threads()) == (3, "cores / local ranks", 3)
+    plan = cpu.configure(None, 2, environ={"OMP_NUM_THREADS": "1"})
+    assert (plan.threads, plan.source, torch.get_num_threads()) == (1, "OMP_NUM_THREADS", 1)
+    plan = cpu.configure(4, 2, environ={"OMP_NUM_THREADS": "1"})
+    assert (plan.threads, plan.source, torch.get_num_threads()) == (4, "config num_threads", 4)
+    with pytest.raises(ValueError, match="OMP_NUM_THREADS='two'"):
+        cpu.configure(None, 1, environ={"OMP_NUM_THREADS": "two"})
+
+
+def test_a_loaded_machine_is_warned_about(monkeypatch, caplog, restore_threads):
+    monkeypatch.setattr(cpu, "usable_cores", lambda: 4)
+    monkeypatch.setattr(cpu.os, "getloadavg", lambda: (3.0, 0.0, 0.0))  # one core free, 4 threads wanted
+    with caplog.at_level(logging.WARNING, logger="distnerf.cpu"):
+        cpu.configure(None, 1, environ={})
+    assert "leaves about 1.0 of 4 usable cores free, fewer than this node's 1 rank(s) x 4 compute threads" \
+        in caplog.text
+    caplog.clear()
+    monkeypatch.setattr(cpu.os, "getloadavg", lambda: (0.5, 0.0, 0.0))
+    with caplog.at_level(logging.WARNING, logger="distnerf.cpu"):
+        cpu.configure(None, 2, environ={})  # 2 ranks x 2 threads on 3.5 free cores
+        assert "usable cores free" in caplog.text
+        caplog.clear()
+        cpu.configure(None, 2, environ={}, warn=False)  # the other local ranks stay quiet
+    assert caplog.text == ""
+
+
+def test_passive_wait_only_before_torch_and_never_over_the_user(monkeypatch):
+    monkeypatch.delitem(sys.modules, "torch")  # as at the entry point, before torch loads OpenMP
+    environ = {}
+    assert cpu.passive_wait(environ) and environ == {"OMP_WAIT_POLICY": "PASSIVE"}
+    for user in ({"OMP_WAIT_POLICY": "ACTIVE"}, {"GOMP_SPINCOUNT": "10000"}):
+        environ = dict(user)
+        assert not cpu.passive_wait(environ) and environ == user
+    monkeypatch.undo()
+    environ = {}
+    assert not cpu.passive_wait(environ) and environ == {}  # torch loaded: too late to take effect
