@@ -181,6 +181,9 @@ class GridModelConfig(MarchedModelConfig):
     num_features: int = positive(12)
     hidden_width: int = positive(64)
     viewdir_frequencies: int = bounded(4, 0)
+    # the mlp head's view-direction encoding: frequency (NeRF's sinusoids, viewdir_frequencies) | sh (the real
+    # spherical-harmonic basis of degree sh_degree, Instant-NGP's); color=sh reads neither
+    viewdir_encoding: str = choice("frequency", "sh")
     step_ratio: float = positive(0.5)                # march step = this x the smallest voxel edge
     alpha_init: float = bounded(1.0e-3, 0, 1, low_open=True)
     occupancy_every: int = positive(8)               # training steps between occupancy refreshes
