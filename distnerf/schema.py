@@ -194,7 +194,7 @@ class GridModelConfig(MarchedModelConfig):
     tv_weight: float = bounded(1.0e-5, 0)
     tighten_aabb: bool = True
     color: str = choice("sh", "mlp")           # sh: spherical-harmonic colour grid | mlp: features + tiny MLP
-    sh_degree: int = bounded(1, 0, 3)
+    sh_degree: int = bounded(1, 0, 2)                # the SH basis stops at degree 2 (model/grid_color.py)
     # contracted (model.contraction): one marching step starts at opacity alpha_init in the shell too (the initial density
     # divided by the shell's world length per step), instead of r^2 times as opaque there
     shell_alpha_init: bool = False

@@ -92,8 +92,11 @@ def test_grid_sh_viewdir_encoding_colour_by_hand():
     assert torch.allclose(rgb, expected, atol=1e-6)
     default = GridModel(AABB, WHITE, resolutions=[8], upsample_steps=[], color="mlp", num_features=1)
     assert default.color_net[0].in_features == 1 + 3 * (2 * 4 + 1)  # frequency, viewdir_frequencies=4
-    with pytest.raises(ValueError, match="degree 3"):
+    # the SH basis stops at degree 2: the schema refuses 3 at start, for either use of the key
+    with pytest.raises(ValueError, match=r"model.sh_degree=3 must be <= 2"):
         GridModel(AABB, WHITE, resolutions=[8], upsample_steps=[], color="mlp", viewdir_encoding="sh", sh_degree=3)
+    with pytest.raises(ValueError, match=r"model.viewdir_encoding='?cosine'? "):
+        GridModel(AABB, WHITE, resolutions=[8], upsample_steps=[], color="mlp", viewdir_encoding="cosine")
 
 
 # ----------------------------------------------------------------------------- hash grid
