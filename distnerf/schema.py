@@ -181,6 +181,9 @@ class GridModelConfig(MarchedModelConfig):
     num_features: int = positive(12)
     hidden_width: int = positive(64)
     viewdir_frequencies: int = bounded(4, 0)
+    # the mlp head's view-direction encoding: frequency (NeRF's sinusoids, viewdir_frequencies) | sh (the real
+    # spherical-harmonic basis of degree sh_degree, Instant-NGP's); color=sh reads neither
+    viewdir_encoding: str = choice("frequency", "sh")
     step_ratio: float = positive(0.5)                # march step = this x the smallest voxel edge
     alpha_init: float = bounded(1.0e-3, 0, 1, low_open=True)
     occupancy_every: int = positive(8)               # training steps between occupancy refreshes
@@ -191,7 +194,7 @@ class GridModelConfig(MarchedModelConfig):
     tv_weight: float = bounded(1.0e-5, 0)
     tighten_aabb: bool = True
     color: str = choice("sh", "mlp")           # sh: spherical-harmonic colour grid | mlp: features + tiny MLP
-    sh_degree: int = bounded(1, 0, 3)
+    sh_degree: int = bounded(1, 0, 2)                # the SH basis stops at degree 2 (model/grid_color.py)
     # contracted (model.contraction): one marching step starts at opacity alpha_init in the shell too (the initial density
     # divided by the shell's world length per step), instead of r^2 times as opaque there
     shell_alpha_init: bool = False

@@ -136,6 +136,19 @@ def timing_overhead(res: Results) -> list[str]:
     return out
 
 
+def colour_head(res: Results) -> list[str]:
+    """bench/throughput/colour_head.py: the grid model's colour head alone, forward + backward, per head."""
+    d = res.json("colour_head/colour_head.json")
+    base = d["rows"][0]
+    out = header("head (`model.color`, `model.viewdir_encoding`)", "feature channels C", "colour network parameters",
+                 f"ms per {d['points']:,} points (median of {d['repeats']})", "points/s (median)",
+                 f"time / {base['config']}'s")
+    for r in d["rows"]:
+        out.append(row(r["config"], r["feature_channels"], f"{r['colour_net_params']:,}", f"{r['ms_median']:.1f}",
+                       kilo(r["points_per_s_median"]), f"{r['ms_median'] / base['ms_median']:.2f}x"))
+    return out
+
+
 TABLES = {  # marker name -> the function that makes the table
     "engine_eval": engine_eval,
     "engine_train": engine_train,
@@ -143,4 +156,5 @@ TABLES = {  # marker name -> the function that makes the table
     "viewer": viewer,
     "syncs": syncs,
     "timing_overhead": timing_overhead,
+    "colour_head": colour_head,
 }

@@ -145,6 +145,26 @@ def gather_objects(env: DistEnv, obj) -> list:
     return out
 
 
+def all_gather_floats(env: DistEnv, values) -> torch.Tensor:
+    """Every rank's few host numbers, in one all-gather of float64 on the host (gloo) group.
+
+    For small per-rank figures logged or compared every few steps: unlike :func:`gather_objects`
+    (``all_gather_object``: a size exchange, then pickles), one fixed-size collective and no pickling.
+
+    Args:
+        values: K numbers (floats, ints, bools); K must be the same on every rank. NaN travels as a
+            number: the conventional "this rank has no such figure".
+    Returns:
+        (W, K) float64 on the CPU, row r rank r's ``values``; (1, K) without peers (no exchange).
+    """
+    mine = torch.tensor([float(v) for v in values], dtype=torch.float64)
+    if not env.has_peers:
+        return mine[None]
+    parts = [torch.empty_like(mine) for _ in range(env.world_size)]
+    dist.all_gather(parts, mine, group=env.host_group)
+    return torch.stack(parts)
+
+
 def barrier(env: DistEnv) -> None:
     """Wait for every rank (nothing to wait for alone), on the host (gloo) group: with a device
     bound, the default group's barrier runs through NCCL, where a slow rank ends in NCCL's watchdog

@@ -42,6 +42,10 @@ from .late_flag import LateFlag
 
 log = logging.getLogger("distnerf")
 TEST_PANELS = 4  # test views logged to W&B as panels at the end (ground truth | prediction | depth)
+RANK_FIGURES = ("step_ms", "input_wait_ms", "forward_ms", "backward_ms", "exposed_comm_ms", "optimizer_ms",
+                "peak_memory_mb", "peak_rss_mb", "rays_per_s")
+"""The per-rank figures of a log row under several ranks (``rank{r}/KEY``, W&B's rank-imbalance panels): the
+step breakdown's ``rank_figures`` and the trainer's own two, in the order they travel."""
 
 
 def _nonfinite(x: torch.Tensor) -> torch.Tensor:
@@ -369,8 +373,11 @@ class Trainer:
             self.timer.mark("step_sync")  # a collective between steps: what a hang report names while it waits
             mine = {**self.timer.rank_figures(self.cfg.train.log_every), "peak_rss_mb": peak_rss_mb(),
                     "rays_per_s": float(local_valid) / max(step_seconds, 1e-9)}
-            for r, figs in enumerate(self.strategy.gather(mine)):
-                row.update({f"rank{r}/{k}": v for k, v in figs.items()})
+            assert set(mine) <= set(RANK_FIGURES), sorted(set(mine) - set(RANK_FIGURES))
+            # collective: one float all-gather (a figure a rank lacks travels as NaN and is left out of the row)
+            gathered = D.all_gather_floats(self.env, [mine.get(k, math.nan) for k in RANK_FIGURES])
+            for r, figs in enumerate(gathered.tolist()):
+                row.update({f"rank{r}/{k}": v for k, v in zip(RANK_FIGURES, figs) if not math.isnan(v)})
         self.logger.log(row)
         if bar is not None:
             bar.set_postfix(loss=f"{loss:.4f}", psnr=f"{row['psnr']:.2f}", rays_s=f"{row['rays_per_s']:.0f}")

@@ -58,8 +58,7 @@ from ..renderer.contraction import contracted_box, world_step_scale
 from ..renderer.occupancy import OccupancyGrid
 from ..schema import GridModelConfig
 from .appearance import LR_SCALE, build_appearance
-from .encoding import PositionalEncoding
-from .grid_color import build_color_net, feature_channels, shade, spherical_harmonics
+from .grid_color import build_color_net, build_dir_encoding, feature_channels, shade, spherical_harmonics
 from .grid_occupancy import GridOccupancy, any_corner
 from .grid_schedule import GridSchedule
 from .grid_tables import corner_offsets, interpolate, row_strides, sparse_table_grad, trilinear_corners, voxel_shape
@@ -82,7 +81,7 @@ class GridModel(GridOccupancy, GridSchedule, MarchingModel):
             keywords; defaults there), kept as ``self.cfg``, the typed config (a ``GridModelConfig``):
         resolutions: vertex resolutions of the coarse-to-fine schedule, e.g. [64, 128, 160].
         upsample_steps: training steps at which to move to the next resolution.
-        num_features: C. hidden_width, viewdir_frequencies: colour MLP.
+        num_features: C. hidden_width, viewdir_encoding, viewdir_frequencies: colour MLP.
         step_ratio: marching step as a fraction of the smallest voxel edge of the current
             resolution (a distance in world, or NDC, units).
         alpha_init: initial opacity of one step of the final resolution.
@@ -147,7 +146,7 @@ class GridModel(GridOccupancy, GridSchedule, MarchingModel):
         vertices = math.prod(voxel_shape(n, box, cfg.cubic_voxels))
         self.density = nn.Parameter(torch.zeros(vertices, 1))
         self.features = nn.Parameter(torch.zeros(vertices, num_features))
-        self.dir_encoding = PositionalEncoding(cfg.viewdir_frequencies)
+        self.dir_encoding = build_dir_encoding(cfg.viewdir_encoding, cfg.viewdir_frequencies, cfg.sh_degree)
         self.appearance = build_appearance(cfg.appearance, num_images, cfg.appearance_dim, cfg.color == "mlp")
         latent_dim = self.appearance.latent_dim if self.appearance is not None else 0
         self.color_net = build_color_net(cfg.color, num_features, self.dir_encoding, latent_dim, cfg.hidden_width)

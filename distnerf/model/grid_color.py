@@ -6,8 +6,10 @@ Two heads (``model.color``):
 
 * ``sh``: the features are spherical-harmonic coefficients, 3 x K per vertex (Plenoxels,
   Fridovich-Keil et al. 2022; PlenOctrees, Yu et al. 2021), the colour ``sigmoid(sum_k c_k Y_k(d))``.
-* ``mlp``: a tiny MLP on the features, the positionally encoded view direction and, with
-  ``model.appearance=embedding``, the image's code (DVGO, Sun et al. 2022, Sec. 5).
+* ``mlp``: a tiny MLP on the features, the encoded view direction and, with
+  ``model.appearance=embedding``, the image's code (DVGO, Sun et al. 2022, Sec. 5). The direction's
+  encoding (``model.viewdir_encoding``): ``frequency``, NeRF's sinusoids (:class:`.PositionalEncoding`),
+  or ``sh``, its real spherical-harmonic basis (:class:`SphericalHarmonicEncoding`, Instant-NGP's).
 
 An ``affine`` appearance (:mod:`.appearance`) transforms either head's colour.
 """
@@ -26,7 +28,44 @@ def feature_channels(color: str, num_features: int, sh_degree: int) -> int:
     return 3 * (sh_degree + 1) ** 2 if color == "sh" else num_features
 
 
-def build_color_net(color: str, num_features: int, dir_encoding: PositionalEncoding, latent_dim: int,
+class SphericalHarmonicEncoding(nn.Module):
+    """A view direction as its real spherical-harmonic basis up to ``degree`` (Instant-NGP, Mueller et al.
+    2022, Sec. 4: the direction's encoding for the colour network), the same basis as the ``sh`` head's.
+
+    Args:
+        degree: the highest band, 0 to 2 (``model.sh_degree``).
+    Shapes: (P, 3) float unit directions -> (P, (degree + 1)^2).
+    Raises:
+        ValueError: ``degree`` above 2.
+    """
+
+    def __init__(self, degree: int):
+        super().__init__()
+        if degree > 2:
+            raise ValueError(f"spherical harmonics degree {degree} > 2 is not supported")
+        self.degree = degree
+
+    def output_dim(self, input_dim: int) -> int:
+        """(degree + 1)^2, the basis functions of a direction (``input_dim`` must be 3)."""
+        assert input_dim == 3, input_dim
+        return (self.degree + 1) ** 2
+
+    def forward(self, dirs: torch.Tensor) -> torch.Tensor:
+        return spherical_harmonics(dirs, self.degree)
+
+
+def build_dir_encoding(kind: str, frequencies: int, sh_degree: int) -> PositionalEncoding | SphericalHarmonicEncoding:
+    """The ``mlp`` head's view-direction encoding of ``model.viewdir_encoding``: ``frequency`` (``frequencies``
+    octaves of sinusoids and the direction itself, 3 (2 L + 1) values) or ``sh`` (degree ``sh_degree``,
+    (degree + 1)^2 values). Raises ValueError for another ``kind``."""
+    if kind == "frequency":
+        return PositionalEncoding(frequencies)
+    if kind == "sh":
+        return SphericalHarmonicEncoding(sh_degree)
+    raise ValueError(f"model.viewdir_encoding={kind!r}: expected 'frequency' or 'sh'")
+
+
+def build_color_net(color: str, num_features: int, dir_encoding: nn.Module, latent_dim: int,
                     hidden_width: int) -> nn.Module:
     """The ``mlp`` head's network, (C + encoded direction + latent) -> 64 -> 64 -> 3 with ReLUs
     (``hidden_width`` wide; no output activation), or ``nn.Identity`` for ``sh``."""
@@ -39,7 +78,7 @@ def build_color_net(color: str, num_features: int, dir_encoding: PositionalEncod
 
 
 def shade(feats: torch.Tensor, viewdirs: torch.Tensor, ray_idx: torch.Tensor | None, image_ids: torch.Tensor | None,
-          *, sh_degree: int | None, color_net: nn.Module, dir_encoding: PositionalEncoding,
+          *, sh_degree: int | None, color_net: nn.Module, dir_encoding: nn.Module,
           appearance: Appearance | None) -> torch.Tensor:
     """Features and view directions -> colour.
 

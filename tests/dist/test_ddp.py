@@ -5,6 +5,7 @@ import torch
 import pytest
 
 from distnerf.components.loss import photometric_sse
+from distnerf.observe.logger import read_metrics_log
 from tests.conftest import spawn
 from tests.dist import workers as W
 
@@ -138,6 +139,10 @@ def test_ddp_alone_in_its_group_does_no_collective(tmp_path, synthetic_cache, wo
     else:
         assert min(calls) >= 2 and "all_reduce" in res["per_step"][-1][1]  # the buckets' and the step's
         assert res["wrapped"] == "DistributedDataParallel"
+        # the log rows' per-rank figures travel in one float all-gather (D.all_gather_floats), never pickled
+        assert not any("all_gather_object" in names for _, names in res["per_step"]), res["per_step"]
+        rows = [r for r in read_metrics_log(tmp_path) if "rank1/step_ms" in r]
+        assert rows and all(r["rank0/rays_per_s"] > 0 and r["rank1/rays_per_s"] > 0 for r in rows), rows
 
 
 def test_shutdown_joins_the_gloo_threads_once_the_wrapper_is_dropped(tmp_path):

@@ -69,6 +69,9 @@ def test_helpers_are_the_identity_without_a_process_group():
     assert D.all_reduce_(t) is None and torch.equal(t, torch.arange(3.0))
     assert [p.tolist() for p in D.all_gather(t)] == [[0.0, 1.0, 2.0]]
     assert D.world_size() == 1 and D.rank() == 0
+    alone = D.all_gather_floats(D.DistEnv(), [1, 2.5, float("nan"), True])  # no peers: this rank's row, no exchange
+    assert alone.shape == (1, 4) and alone.dtype == torch.float64
+    assert alone[0, :2].tolist() == [1.0, 2.5] and alone[0, 2].isnan() and alone[0, 3] == 1.0
 
 
 def test_a_tensor_the_group_cannot_take_is_refused_naming_the_caller():

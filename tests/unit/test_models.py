@@ -67,6 +67,38 @@ def test_positional_encoding_without_input():
     assert vals == ref
 
 
+def test_grid_sh_viewdir_encoding_colour_by_hand():
+    """model.viewdir_encoding=sh: the mlp head reads the direction's degree-1 SH basis (c0, -c1 y, c1 z, -c1 x).
+    A colour network wired by hand to pass the c1 z column to red gives red = sigmoid(c1 d_z), green and blue
+    sigmoid(0) = 0.5."""
+    from distnerf.model.grid_color import shade
+    model = GridModel(AABB, WHITE, resolutions=[8], upsample_steps=[], color="mlp", num_features=1,
+                      hidden_width=2, viewdir_encoding="sh", sh_degree=1)
+    first, second, last = (m for m in model.color_net if isinstance(m, torch.nn.Linear))
+    assert first.in_features == 1 + 4  # the feature, then 4 basis values (the frequency encoding: 3 x 9)
+    with torch.no_grad():
+        for layer in (first, second, last):
+            layer.weight.zero_(), layer.bias.zero_()
+        first.weight[0, 1 + 2] = 1.0  # input column: the feature, then c0, -c1 y, c1 z: c1 z
+        second.weight[0, 0] = 1.0
+        last.weight[0, 0] = 1.0
+    c1 = math.sqrt(3 / (4 * math.pi))
+    dirs = torch.tensor([[0.0, 0.0, 1.0], [0.6, 0.0, 0.8], [0.0, 0.0, -1.0]])
+    rgb = shade(torch.zeros(3, 1), dirs, None, None, sh_degree=None, color_net=model.color_net,
+                dir_encoding=model.dir_encoding, appearance=None)
+    sigmoid = lambda v: 1 / (1 + math.exp(-v))  # noqa: E731
+    expected = torch.tensor([[sigmoid(c1 * 1.0), 0.5, 0.5], [sigmoid(c1 * 0.8), 0.5, 0.5],
+                             [sigmoid(0.0), 0.5, 0.5]])  # d_z < 0: the ReLU passes nothing
+    assert torch.allclose(rgb, expected, atol=1e-6)
+    default = GridModel(AABB, WHITE, resolutions=[8], upsample_steps=[], color="mlp", num_features=1)
+    assert default.color_net[0].in_features == 1 + 3 * (2 * 4 + 1)  # frequency, viewdir_frequencies=4
+    # the SH basis stops at degree 2: the schema refuses 3 at start, for either use of the key
+    with pytest.raises(ValueError, match=r"model.sh_degree=3 must be <= 2"):
+        GridModel(AABB, WHITE, resolutions=[8], upsample_steps=[], color="mlp", viewdir_encoding="sh", sh_degree=3)
+    with pytest.raises(ValueError, match=r"model.viewdir_encoding='?cosine'? "):
+        GridModel(AABB, WHITE, resolutions=[8], upsample_steps=[], color="mlp", viewdir_encoding="cosine")
+
+
 # ----------------------------------------------------------------------------- hash grid
 def _small_hash(dtype=torch.float64) -> HashEncoding:
     # T = 64 rows per level: level 0 (N = 2, 27 vertices) dense, level 1 (N = 8) hashed
