@@ -136,12 +136,28 @@ class ViewerServer:
         self._first_fov = float(2 * np.arctan(0.5 * train_cameras.size(0)[0] / float(train_cameras.fy[0])))
         self.server = viser.ViserServer(host=host, port=port, verbose=False)
         self.host, self.port = host, port
+        self._initial_camera(train_cameras.c2w[0].double().numpy())
         self._build_gui()
         self._draw_scene(train_cameras, thumbnails)
         self.server.on_client_connect(self._connect)
         self.server.on_client_disconnect(self._disconnect)
 
     # ------------------------------------------------------------------ set-up
+    def _initial_camera(self, c2w: np.ndarray) -> None:
+        """The page's own first camera (viser's initial camera, also its "Reset View"): ``c2w`` ((3, 4),
+        OpenGL; training camera 0), orbiting about the scene box's centre projected on its viewing axis.
+        Without it the page opens at viser's default camera and takes the camera set in :meth:`_connect`
+        only later, so it sends three different cameras in its first two seconds (ours, its default,
+        ours again), each rendered and each replacing the still frame of the one before."""
+        position, forward = c2w[:3, 3], -c2w[:3, 2]
+        centre = self.scene.aabb.double().mean(0).numpy()
+        depth = max(float(np.dot(centre - position, forward)), 1e-3 * float(np.linalg.norm(centre - position)), 1e-6)
+        initial = self.server.initial_camera
+        initial.fov = self._first_fov
+        initial.up = c2w[:3, 1]
+        initial.position = position
+        initial.look_at = position + depth * forward
+
     def _build_gui(self) -> None:
         gui = self.server.gui
         self.status = gui.add_markdown("**waiting for a model**")
