@@ -264,11 +264,12 @@ def test_viewer_still_frame_reaches_the_page_without_a_camera_move(runs, tmp_pat
         gt = (train.images[0].numpy() * 255).round().astype(np.uint8)
         gt_db = psnr(centres, gt)
         Image.fromarray(still.image).save(tmp_path / "still_frame.png")
+        Image.fromarray(first.image).save(tmp_path / "still_first_frame.png")
         for f in tmp_path.glob("still_*.png"):
             shutil.copy(f, artifacts_dir() / f.name)
         print(f"viewer still: screenshot vs distnerf.render {shot_db:.1f} dB (vs the first, "
-              f"{first.image.shape[0]} px frame {low_db:.1f} dB); still vs ground truth {gt_db:.1f} dB; "
-              f"{len(session.pushed)} frames pushed")
+              f"{first.image.shape[0]} px frame {low_db:.1f} dB); still vs ground truth {gt_db:.1f} dB; frames "
+              f"pushed {[(f.image.shape[0], f.full, np.round(f.c2w[:, 3], 3).tolist()) for f in session.pushed]}")
         assert shot_db >= SHOT_DB, f"screenshot centre vs distnerf.render: {shot_db:.1f} dB"
         assert shot_db >= low_db + 3.0, f"the page shows the first frame ({low_db:.1f} dB) as well as the still"
         assert gt_db >= 25.0, f"the still at training camera 0 vs its ground truth: {gt_db:.1f} dB"
