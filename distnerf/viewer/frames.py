@@ -153,7 +153,9 @@ class Frame:
 class FrameRequest:
     """One frame to render: a pinhole camera (``c2w`` (4, 4) float64 camera-to-world, OpenGL
     convention; ``fov`` vertical field of view, radians; ``height`` x ``width`` pixels), whether
-    it is the client's full-size still frame, and the camera update it answers (``stamp``)."""
+    it is the client's full-size still frame, the camera update it answers (``stamp``) and the
+    browser's camera it was made from (``view``: ``(wxyz, position, fov, (canvas H, W))``, viser's
+    axes; None when not from a browser)."""
 
     c2w: np.ndarray
     fov: float
@@ -161,6 +163,7 @@ class FrameRequest:
     width: int
     full: bool
     stamp: float
+    view: tuple | None = None
 
     @property
     def cameras(self) -> Cameras:

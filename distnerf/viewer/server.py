@@ -8,8 +8,11 @@ owner's loop: ``distnerf.view``'s main loop, or the trainer between steps in liv
 (evaluation's :func:`~distnerf.engine.evaluate.render_image`) and pushes it with
 ``set_background_image``, which queues the message and returns (a slow client never blocks the
 caller). A client that disconnects is dropped from the bookkeeping by viser's disconnect
-callback; a frame pushed to it meanwhile is discarded. A camera not updated for :data:`STILL_S`
-seconds is still: its frame is rendered full size (:mod:`.frames`, Resolution).
+callback; a frame pushed to it meanwhile is discarded. A camera whose view (pose, field of view,
+canvas size) has not changed for :data:`STILL_S` seconds is still: its frame is rendered full size
+(:mod:`.frames`, Resolution). A camera message alone is no move: the page re-sends an unchanged
+camera on its own (about a second after connecting, and when it is captured); taken for a move, it
+replaced the still frame on the page with a low-resolution one and rendered the same still again.
 
 Access. The server has no authentication: whoever reaches its address sees the renders and the
 training images (the frustums' thumbnails). ``viewer.host`` is ``127.0.0.1`` by default (reach it
@@ -62,12 +65,30 @@ def check_port(port: int, host: str) -> None:
                           f"program holds it: choose another with port=N (viewer.port=N in training)") from None
 
 
+def camera_view(camera) -> tuple:
+    """What a browser's camera shows: ``(wxyz (4,), position (3,), fov, (canvas H, W))``, copies."""
+    return (np.array(camera.wxyz, dtype=np.float64), np.array(camera.position, dtype=np.float64),
+            float(camera.fov), (max(camera.image_height, 1), max(camera.image_width, 1)))
+
+
+def same_view(a: tuple | None, b: tuple | None) -> bool:
+    """Whether two :func:`camera_view` readings show the same picture: equal within 1e-4 (relative
+    or absolute; radians, world units). The page's camera controls return a pose they were sent moved
+    by about 5e-6; a pixel of a 512 px frame is about 1e-3 radians, and a drag moves far more."""
+    if a is None or b is None:
+        return a is b
+    return all(np.allclose(x, y, rtol=1e-4, atol=1e-4) for x, y in zip(a, b))
+
+
 @dataclasses.dataclass
 class _ClientState:
     client: object
-    stamp: float = -1.0       # camera update_timestamp of the last frame
-    full: bool = False        # the last frame was full resolution
-    dirty: bool = True        # something other than the camera changed (model, output, tint)
+    stamp: float = -1.0         # camera update_timestamp last looked at
+    view: tuple | None = None   # camera_view at that time
+    moved_at: float = 0.0       # when the view last changed (time.time(), as viser's stamps)
+    shown: tuple | None = None  # camera_view of the last frame pushed
+    full: bool = False          # the last frame was full resolution
+    dirty: bool = True          # something other than the camera changed (model, output, tint)
     frame: Frame | None = None
 
 
@@ -115,12 +136,28 @@ class ViewerServer:
         self._first_fov = float(2 * np.arctan(0.5 * train_cameras.size(0)[0] / float(train_cameras.fy[0])))
         self.server = viser.ViserServer(host=host, port=port, verbose=False)
         self.host, self.port = host, port
+        self._initial_camera(train_cameras.c2w[0].double().numpy())
         self._build_gui()
         self._draw_scene(train_cameras, thumbnails)
         self.server.on_client_connect(self._connect)
         self.server.on_client_disconnect(self._disconnect)
 
     # ------------------------------------------------------------------ set-up
+    def _initial_camera(self, c2w: np.ndarray) -> None:
+        """The page's own first camera (viser's initial camera, also its "Reset View"): ``c2w`` ((3, 4),
+        OpenGL; training camera 0), orbiting about the scene box's centre projected on its viewing axis.
+        Without it the page opens at viser's default camera and takes the camera set in :meth:`_connect`
+        only later, so it sends three different cameras in its first two seconds (ours, its default,
+        ours again), each rendered and each replacing the still frame of the one before."""
+        position, forward = c2w[:3, 3], -c2w[:3, 2]
+        centre = self.scene.aabb.double().mean(0).numpy()
+        depth = max(float(np.dot(centre - position, forward)), 1e-3 * float(np.linalg.norm(centre - position)), 1e-6)
+        initial = self.server.initial_camera
+        initial.fov = self._first_fov
+        initial.up = c2w[:3, 1]
+        initial.position = position
+        initial.look_at = position + depth * forward
+
     def _build_gui(self) -> None:
         gui = self.server.gui
         self.status = gui.add_markdown("**waiting for a model**")
@@ -214,18 +251,30 @@ class ViewerServer:
         self.status.content = text
 
     # ------------------------------------------------------------------ rendering
+    def _look(self, state: _ClientState) -> bool:
+        """Read ``state``'s camera if a message came since the last look; a message that changes
+        nothing the frame shows (the page re-sends its camera on its own, e.g. when it settles or is
+        captured) is no move. False: no camera message from the browser yet."""
+        camera = state.client.camera
+        try:
+            stamp = camera.update_timestamp
+        except AssertionError:  # no camera message from the browser yet
+            return False
+        if not stamp:
+            return False
+        if stamp != state.stamp:
+            view = camera_view(camera)
+            if not same_view(view, state.view):
+                state.view, state.moved_at = view, stamp
+            state.stamp = stamp
+        return True
+
     def due(self) -> list[_ClientState]:
-        """Clients that need a frame: new camera, not yet full resolution, or invalidated."""
-        due = []
-        for state in self.clients().values():
-            camera = state.client.camera
-            try:
-                stamp = camera.update_timestamp
-            except AssertionError:  # no camera message from the browser yet
-                continue
-            if stamp and (state.dirty or stamp != state.stamp or not state.full):
-                due.append(state)
-        return due
+        """Clients that need a frame: a camera that shows something other than the last frame, a frame
+        not yet full resolution, or invalidated (model, output, tint). A camera message that changes
+        nothing (:meth:`_look`) makes no frame due: a still frame is never replaced by the same view."""
+        return [state for state in self.clients().values()
+                if self._look(state) and (state.dirty or not state.full or not same_view(state.view, state.shown))]
 
     def render_pending(self, renderer, step: int, max_seconds: float | None = None, refresh: bool = True,
                        max_pixels: float | None = None) -> float:
@@ -269,15 +318,14 @@ class ViewerServer:
     def frame_request(self, state: _ClientState, max_pixels: float | None = None) -> FrameRequest:
         """The frame ``state``'s browser needs now: its camera, at the size the measured render
         speed allows (moving), or full size (still; at most ``max_pixels`` when given)."""
-        camera = state.client.camera
-        stamp, wxyz, position, fov = camera.update_timestamp, camera.wxyz.copy(), camera.position.copy(), camera.fov
-        canvas_h, canvas_w = max(camera.image_height, 1), max(camera.image_width, 1)
-        moving = time.time() - stamp < STILL_S
+        self._look(state)
+        wxyz, position, fov, (canvas_h, canvas_w) = state.view
+        moving = time.time() - state.moved_at < STILL_S
         max_side = min(self.max_resolution, max(canvas_h, canvas_w))
         height, width = frame_size(canvas_w / canvas_h, max_side, frame_pixels(moving, self.rays_per_s, max_pixels))
         c2w = c2w_from_viser(wxyz, position)
         full = not moving and (height, width) == frame_size(canvas_w / canvas_h, max_side)
-        return FrameRequest(c2w, float(fov), height, width, full, stamp)
+        return FrameRequest(c2w, float(fov), height, width, full, state.stamp, state.view)
 
     def push_frame(self, state: _ClientState, request: FrameRequest, out: dict, step: int, seconds: float) -> None:
         """Show ``out`` (:meth:`render_view` of ``request``'s camera, rendered in ``seconds``) in
@@ -292,7 +340,7 @@ class ViewerServer:
         # PNG for still frames (exact pixels), JPEG while moving (small); queued, never awaited
         state.client.scene.set_background_image(image, format="png" if request.full else "jpeg")
         state.frame = Frame(image, request.c2w, request.fov, request.full, int(step), seconds)
-        state.stamp, state.full, state.dirty = request.stamp, request.full, False
+        state.shown, state.full, state.dirty = request.view, request.full, False
         self.frames_rendered += 1
 
     def stop(self) -> None:

@@ -1,5 +1,6 @@
 """``python -m distnerf.study`` end to end: conf/study/smoke.yaml (2 strategies x world sizes 1 and
-2 x the sync sampler, and the pipelined one at 2 ranks: 6 real torchrun cells), its report, a re-run that trains nothing, a cell
+2 x the sync sampler, the pipelined one at 2 ranks, and ddp at 4 ranks: 7 real torchrun cells), its report
+with the scaling model checked out of sample at W = 4, a re-run that trains nothing, a cell
 killed mid-way that is run again, an untimed cell stopped by SIGTERM that resumes from its checkpoint, a
 failing cell, and an undeclared difference flagged."""
 from __future__ import annotations
@@ -43,16 +44,16 @@ def kill_tree(proc: subprocess.Popen) -> None:
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
-    """The smoke study, its runner killed (with the cell's torchrun and ranks) while the third
+    """The smoke study, its runner killed (with the cell's torchrun and ranks) while the fourth
     cell runs, then run again: the interrupted cell is set aside and run from scratch."""
     root = tmp_path_factory.mktemp("study") / "smoke"
     proc = subprocess.Popen([sys.executable, "-m", "distnerf.study", "run", str(SMOKE), str(root)], cwd=REPO,
                             env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    third = root / "cells" / "ddp-pipelined-w2-builtin-s12-r0"  # run order: plan.expand
+    third = root / "cells" / "ddp-pipelined-w2-builtin-s12-r0"  # the fourth cell; run order: plan.expand
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and proc.poll() is None and not (third / "train.log").exists():
         time.sleep(0.2)
-    assert (third / "train.log").exists(), "the third cell never started"
+    assert (third / "train.log").exists(), "the fourth cell never started"
     kill_tree(proc)
     assert not (third / "metrics.json").exists()  # killed mid-way
     again = study("run", SMOKE, root)
@@ -64,7 +65,7 @@ def test_a_cell_killed_mid_way_is_set_aside_and_run_again(smoke):
     root, again = smoke
     name = "ddp-pipelined-w2-builtin-s12-r0"
     assert f"{name}: interrupted; its directory moved to" in again.stderr
-    assert again.stderr.count(": finished") == 2  # the two cells before it are not trained again
+    assert again.stderr.count(": finished") == 3  # the three cells before it are not trained again
     kept = list((root / "attempts").iterdir())
     assert [p.name for p in kept] == [f"{name}.0"] and (kept[0] / "train.log").exists()
     rows = read_metrics_log(root / "cells" / name)
@@ -76,10 +77,10 @@ def test_smoke_study_runs_every_cell_and_reports_them(smoke):
     root, _ = smoke
     report = json.loads((root / "report" / "report.json").read_text())
     cells = report["cells"]
-    assert len(cells) == 6 and all(c["status"] == "done" for c in cells), [(c["id"], c["status"]) for c in cells]
+    assert len(cells) == 7 and all(c["status"] == "done" for c in cells), [(c["id"], c["status"]) for c in cells]
     assert {(c["values"]["strategy"], c["values"]["sampler"], c["values"]["world_size"]) for c in cells} == {
         (s, p, w) for s in ("ddp", "ss_joint") for p in ("sync", "pipelined") for w in (1, 2)
-        if (p, w) != ("pipelined", 1)}
+        if (p, w) != ("pipelined", 1)} | {("ddp", "sync", 4)}
     for c in cells:  # ordinary run directories, with the record of how each ran
         run = root / "cells" / c["id"]
         assert (run / "metrics.json").exists() and (run / "profile" / "rank_0.json").exists()
@@ -87,20 +88,26 @@ def test_smoke_study_runs_every_cell_and_reports_them(smoke):
         assert record["status"] == "done" and record["rc"] == 0 and record["load"]["load1"] >= 0
         assert len(list((run / "profile").glob("rank_*.json"))) == c["values"]["world_size"]
     t = report["tables"]
-    assert len(t["breakdown"]) == 6
+    assert len(t["breakdown"]) == 7
     for row in t["breakdown"]:  # the stacked shares of a step sum to one
         assert sum(row[p] for p in ("input_wait", "copy", "forward", "backward", "exposed_comm", "step_sync",
                                     "optimizer", "unattributed", "other")) == pytest.approx(1.0, abs=1e-6)
     kinds = {(r["kind"], r["world_size"]) for r in t["sync"]}
-    assert kinds == {("ddp all-reduce", 2), ("ss joint exchange", 2)}
+    assert kinds == {("ddp all-reduce", 2), ("ddp all-reduce", 4), ("ss joint exchange", 2)}
     assert all(r["bytes_per_step"] > 0 for r in t["sync"])
     assert {r["world_size"] for r in t["inference"]} == {1, 2} and all(r["fused_over_single"] > 0
                                                                       for r in t["inference"])
     piped = [r for r in t["input"] if r["sampler"] == "pipelined"]
     assert len(piped) == 2 and all(r["speedup_over_sync"] > 0 and r["ideal_bound"] >= 1 for r in piped)
     assert t["scaling"]["predictions"]["ib400"][-1]["world_size"] == 1024
-    # the check is out of sample: fitted at W <= 2, it predicts cells above; the smoke study has none
-    assert t["scaling_check"]["rows"] == [] and t["scaling_check"]["host_collectives"]
+    # the check is out of sample: fitted at W <= 2, it predicts the ddp cell at W = 4 (its own measured
+    # step time beside the prediction; within the tolerance or not, both are reported)
+    (row,) = t["scaling_check"]["rows"]
+    w4 = next(c for c in cells if c["values"]["world_size"] == 4)
+    assert (row["strategy"], row["world_size"]) == ("ddp", 4) and t["scaling_check"]["host_collectives"]
+    assert row["step_s"] == pytest.approx(w4["figures"]["step_s_median"]) and row["predicted_s"] > 0
+    assert row["relative_error"] == pytest.approx((row["predicted_s"] - row["step_s"]) / row["step_s"])
+    assert row["within"] == (abs(row["relative_error"]) <= row["tolerance"])
     assert t["differs"] == []
 
 
@@ -153,7 +160,7 @@ def test_rerun_skips_finished_cells(smoke):
     dirs = sorted(p.name for p in (root / "cells").iterdir())
     proc = study("run", SMOKE, root)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stderr.count(": finished") == 6 and "every cell is finished" in proc.stderr
+    assert proc.stderr.count(": finished") == 7 and "every cell is finished" in proc.stderr
     assert sorted(p.name for p in (root / "cells").iterdir()) == dirs and len(list((root / "attempts").iterdir())) == 1
     assert {p: p.stat().st_mtime_ns for p in (root / "cells").glob("*/metrics.json")} == before
 
@@ -228,7 +235,7 @@ def test_the_report_goes_to_wandb_as_one_run_of_the_study_group(smoke, tmp_path)
     tables = {k: v["nrows"] for k, v in row.items() if isinstance(v, dict) and v["_type"] == "table-file"}
     assert tables == {f"table/{k}": len(v) for k, v in report["tables"].items() if isinstance(v, list) and v
                       and isinstance(v[0], dict)}
-    assert tables["table/breakdown"] == 6
+    assert tables["table/breakdown"] == 7
 
 
 def test_an_untimed_cell_stopped_by_sigterm_resumes_from_its_checkpoint(tmp_path):

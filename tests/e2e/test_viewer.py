@@ -1,7 +1,12 @@
 """``distnerf.view`` in a real browser (issue 27, part 1): headless Debian chromium driven by
-playwright opens the viser page of a tiny ``ddp`` run and of a tiny ``ss`` run.
+playwright opens the viser page of a short ``ddp`` run and of a tiny ``ss`` run.
 
-Each case sets the browser's camera through the server's Python API (viser's client camera
+Left alone (issue 52, item 4), the page of the ``ddp`` run shows the still frame of its first camera
+(training camera 0): one still is pushed and never replaced; the screenshot matches ``distnerf.render``
+of that camera, and the still matches the ground-truth training image (>= 25 dB: the run is trained
+for it). The live viewer's cost is measured as training throughput with and without the page open.
+
+The other cases set the browser's camera through the server's Python API (viser's client camera
 handle) to a test camera, waits for the full-resolution frame the server pushed, and checks:
 
 * the frame equals ``distnerf.render``'s rendering of the same camera (``render_frames`` on a
@@ -45,6 +50,11 @@ pytestmark = pytest.mark.skipif(not os.path.exists(CHROMIUM),
 CHROMIUM_ARGS = ["--no-sandbox", "--use-angle=swiftshader", "--enable-unsafe-swiftshader", "--ignore-gpu-blocklist"]
 VIEWPORT = 600  # the GUI panel (bottom right) and the software-WebGL notice (top left) stay off the centre
 SIZE = 40  # the smoke scene's test views are 40 x 40: frames at that size match distnerf.render's camera
+DDP_STEPS = 250  # the ddp run's training steps
+STILL = 3 * SIZE  # the still frame of the no-move case: odd multiple of SIZE, larger than a moving frame
+SHOT_DB = 30.0  # screenshot centre vs distnerf.render at STILL px
+LIVE_WINDOW_S = 3.0  # each of the two throughput windows of the live case
+LIVE_NOISE = 0.7  # the live case's allowance for a shared machine and the browser's own CPU
 COMMON = ["experiment=smoke", "train.progress=false", "sampler=sync", "eval.enabled=false", "device=cpu"]
 
 
@@ -63,7 +73,10 @@ def artifacts_dir() -> Path:
 def runs(tmp_path_factory, synthetic_cache):
     root = tmp_path_factory.mktemp("viewer_runs")
     cache = f"dataset.cache_dir={synthetic_cache}"
-    jobs = [[f"run_dir={root / 'ddp'}", "train.max_steps=60"],
+    # ddp: trained until its still frame at training camera 0 scores >= 25 dB against the ground truth
+    # (26.9 dB measured; 19 CPU-seconds); ss: a few steps (its cases check plumbing and the tint)
+    jobs = [[f"run_dir={root / 'ddp'}", f"train.max_steps={DDP_STEPS}", "train.global_rays=2048",
+             "model.resolutions=[48,64]", "model.upsample_steps=[100]"],
             [f"run_dir={root / 'ss'}", "strategy=ss", "strategy.num_regions=2", "train.max_steps=30"]]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
     procs = [subprocess.Popen([sys.executable, "-m", "distnerf.train", *COMMON, cache, "train.ckpt_every=0", *job],
@@ -88,16 +101,19 @@ def wait_for(predicate, timeout: float, what: str):
 class Session:
     """A RunViewer serving in a thread and a headless chromium page on it."""
 
-    def __init__(self, run_dir: Path, playwright):
+    def __init__(self, run_dir: Path, playwright, max_resolution: int = SIZE):
         from distnerf import dist as D
         from distnerf.view import RunViewer, view_config
 
         self.port = free_port()
-        cfg, run = view_config([f"run_dir={run_dir}", f"port={self.port}", f"viewer.max_resolution={SIZE}",
+        cfg, run = view_config([f"run_dir={run_dir}", f"port={self.port}", f"viewer.max_resolution={max_resolution}",
                                 "device=cpu"])
         env = D.init_distributed("cpu", timeout_s=cfg.dist_timeout_s, setup_timeout_s=cfg.dist_setup_timeout_s)
         self.cfg, self.run, self.env = cfg, run, env
         self.viewer = RunViewer(cfg, run, self.env)
+        self.pushed = []  # every frame pushed, in order (the server's own record keeps the last one only)
+        push = self.viewer.server.push_frame
+        self.viewer.server.push_frame = lambda state, *args: (push(state, *args), self.pushed.append(state.frame))
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.viewer.serve, args=(self.stop,), daemon=True)
         self.thread.start()
@@ -146,14 +162,15 @@ class Session:
         self.viewer.close()
 
 
-def reference(session: Session, c2w: np.ndarray) -> np.ndarray:
-    """``distnerf.render``'s frame of test camera 0's intrinsics at pose ``c2w``: (H, W, 3) uint8."""
+def reference(session: Session, c2w: np.ndarray, scene=None) -> np.ndarray:
+    """``distnerf.render``'s frame of ``scene``'s camera 0's intrinsics (default: the test split's)
+    at pose ``c2w``: (H, W, 3) uint8."""
     from distnerf.engine.runs import load_renderer
     from distnerf.render import render_frames
     from distnerf.strategy import build_strategy
 
-    scene = session.viewer.scene
-    model, _ = load_renderer(session.cfg, session.run, scene, session.env)
+    scene = session.viewer.scene if scene is None else scene
+    model, _ = load_renderer(session.cfg, session.run, session.viewer.scene, session.env)
     strategy = build_strategy(session.cfg.strategy, session.env)
     return render_frames(model, strategy, scene, torch.as_tensor(c2w[None], dtype=torch.float32),
                          session.cfg.eval.chunk, session.env.device)[0]
@@ -201,10 +218,69 @@ def playwright():
         yield p
 
 
+def test_viewer_still_frame_reaches_the_page_without_a_camera_move(runs, tmp_path, playwright):
+    """Issue 52, item 4: the page is opened and left alone. The server sets its camera to training
+    camera 0 and, once still, pushes one full-size frame (STILL px, three times the training images'
+    size, larger than the low-resolution frame rendered while the camera settles); the page re-sends
+    its unchanged camera on its own (about a second after connecting, and when captured), which must
+    neither render the still again nor replace it. Scored against independent values: the page's
+    screenshot against ``distnerf.render`` of the same camera, and the still's pixel-centre samples
+    against the ground-truth training image (the run is trained to >= 25 dB there)."""
+    import dataclasses
+
+    from PIL import Image
+
+    from distnerf.data import load_scene
+
+    session = Session(runs / "ddp", playwright, max_resolution=STILL)
+    try:
+        train = load_scene(session.cfg.dataset, "train")
+        cams = train.cameras
+        assert cams.size(0) == (SIZE, SIZE) and float(cams.cx[0]) == SIZE / 2 == float(cams.cy[0])
+        wait_for(lambda: any(f.full for f in session.pushed), 60, "the still frame")
+        time.sleep(3.0)  # the page's own camera messages arrive meanwhile
+        shot_path = tmp_path / "still_screenshot.png"
+        still = session.pushed[-1]
+        # one still, the last frame pushed, at training camera 0 (the page's first camera)
+        assert [f.full for f in session.pushed].count(True) == 1 and still.full, \
+            [(f.image.shape[:2], f.full) for f in session.pushed]
+        assert still.image.shape == (STILL, STILL, 3)
+        assert np.allclose(still.c2w, cams.c2w[0].double().numpy(), atol=1e-3), still.c2w
+        # distnerf.render of training camera 0 at STILL px: its intrinsics scaled by STILL / SIZE
+        k = STILL // SIZE
+        big = dataclasses.replace(cams, fx=cams.fx * k, fy=cams.fy * k, cx=cams.cx * k, cy=cams.cy * k,
+                                  width=STILL, height=STILL)
+        ref = reference(session, cams.c2w[0].double().numpy(), dataclasses.replace(train, cameras=big))
+        crop = slice(STILL * 3 // 8, STILL * 5 // 8)
+        shot = session.screenshot(shot_path, still, crop)
+        shot_db = psnr(shot[crop, crop], ref[crop, crop])
+        first = session.pushed[0]  # the low-resolution frame, magnified as the page would show it
+        low = np.asarray(Image.fromarray(first.image).resize((STILL, STILL), Image.BILINEAR))
+        low_db = psnr(shot[crop, crop], low[crop, crop])
+        assert len(session.pushed) == [f.full for f in session.pushed].index(True) + 1, "a frame after the still"
+        # pixel (i, j) of the SIZE px image is the ray through STILL px pixel (k i + k // 2, k j + k // 2)
+        # (k odd: pixel centres coincide); ground truth, not the renderer
+        centres = still.image[k // 2::k, k // 2::k]
+        gt = (train.images[0].numpy() * 255).round().astype(np.uint8)
+        gt_db = psnr(centres, gt)
+        Image.fromarray(still.image).save(tmp_path / "still_frame.png")
+        Image.fromarray(first.image).save(tmp_path / "still_first_frame.png")
+        for f in tmp_path.glob("still_*.png"):
+            shutil.copy(f, artifacts_dir() / f.name)
+        print(f"viewer still: screenshot vs distnerf.render {shot_db:.1f} dB (vs the first, "
+              f"{first.image.shape[0]} px frame {low_db:.1f} dB); still vs ground truth {gt_db:.1f} dB; frames "
+              f"pushed {[(f.image.shape[0], f.full, np.round(f.c2w[:, 3], 3).tolist()) for f in session.pushed]}")
+        assert shot_db >= SHOT_DB, f"screenshot centre vs distnerf.render: {shot_db:.1f} dB"
+        assert shot_db >= low_db + 3.0, f"the page shows the first frame ({low_db:.1f} dB) as well as the still"
+        assert gt_db >= 25.0, f"the still at training camera 0 vs its ground truth: {gt_db:.1f} dB"
+    finally:
+        session.close()
+
+
 def test_viewer_ddp_run_in_browser(runs, tmp_path, playwright):
     session = Session(runs / "ddp", playwright)
     try:
-        assert "step 60" in session.viewer.server.status.content
+        assert f"step {DDP_STEPS}" in session.viewer.server.status.content
         frame, _ = check_view(session, tmp_path, "ddp")
         # the opacity output of the first view: grey, and where the model is dense
         server = session.viewer.server
@@ -273,8 +349,8 @@ def test_viewer_waits_for_a_checkpoint_then_follows_the_run(runs, tmp_path):
         assert "waiting for a committed checkpoint" in viewer.server.status.content
         shutil.copytree(runs / "ddp" / "checkpoints", run / "checkpoints")
         shutil.copy(runs / "ddp" / "metrics.jsonl", run / "metrics.jsonl")
-        assert viewer.poll() is True and viewer.step == 60
-        assert "step 60" in viewer.server.status.content and "training rays/s" in viewer.server.status.content
+        assert viewer.poll() is True and viewer.step == DDP_STEPS
+        assert f"step {DDP_STEPS}" in viewer.server.status.content and "training rays/s" in viewer.server.status.content
     finally:
         viewer.close()
 
@@ -306,38 +382,65 @@ def open_live_page(browser, port: int, proc, timeout: float):
             time.sleep(0.5)
 
 
+def logged_step(run: Path) -> int:
+    """The last training step ``run``'s metrics log holds (0: none yet)."""
+    from distnerf.observe.logger import read_metrics_log
+
+    steps = [r["step"] for r in read_metrics_log(run, partial_tail=True) if "loss" in r]
+    return steps[-1] if steps else 0
+
+
+def steps_per_s(run: Path, seconds: float) -> float:
+    """Training steps per wall second over the next ``seconds`` (from the metrics log, logged every step)."""
+    begin, first = time.monotonic(), logged_step(run)
+    time.sleep(seconds)
+    return (logged_step(run) - first) / (time.monotonic() - begin)
+
+
 def test_live_viewer_during_training(tmp_path, synthetic_cache, playwright):
     """``viewer.enabled=true`` on ``distnerf.train``: the page shows the live step, advancing, frames
-    of the model being trained are pushed (the count in the log at the end), and rendering stays
-    within ``viewer.max_render_share`` of wall time. No screenshot here: with training on both
-    cores a software-WebGL screenshot takes ~15 s (the ddp and ss cases check what is drawn)."""
+    of the model being trained are pushed (the count in the log at the end), and the live cost,
+    measured as training throughput (steps per wall second, a fixed number of rays a step) with
+    no client and then with the page open, stays within ``viewer.max_render_share`` plus a margin
+    for a shared 2-core machine (the browser's own software WebGL included). No screenshot here:
+    with training on both cores a software-WebGL screenshot takes ~15 s (the other cases check
+    what is drawn)."""
     import re
     import signal
+    import socket
 
-    port = free_port()
-    args = [sys.executable, "-m", "distnerf.train", *COMMON, f"run_dir={tmp_path / 'run'}",
+    port, run = free_port(), tmp_path / "run"
+    args = [sys.executable, "-m", "distnerf.train", *COMMON, f"run_dir={run}",
             f"dataset.cache_dir={synthetic_cache}", "train.max_steps=100000", "train.ckpt_every=0",
-            "viewer.enabled=true", f"viewer.port={port}", f"viewer.max_resolution={SIZE}"]
+            "train.log_every=1", "viewer.enabled=true", f"viewer.port={port}", f"viewer.max_resolution={SIZE}"]
     proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"})
     browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
     try:
+        def serving():  # a plain TCP connection: no viser client
+            assert proc.poll() is None, "training ended"
+            with socket.socket() as probe:
+                return probe.connect_ex(("127.0.0.1", port)) == 0
+        wait_for(serving, 60, "the live viewer's port")
+        wait_for(lambda: logged_step(run) >= 20, 60, "training past its first steps")  # grid upsampled
+        alone = steps_per_s(run, LIVE_WINDOW_S)
         page = open_live_page(browser, port, proc, 60)
         steps = []
         page.wait_for_function("document.body.innerText.includes('live')", timeout=60_000)
         steps.append(int(re.search(r"live\s+step (\d+)", page.inner_text("body")).group(1)))
-        time.sleep(2.0)  # two readings of the live step: it advances
+        watched = steps_per_s(run, LIVE_WINDOW_S)
         steps.append(int(re.search(r"live\s+step (\d+)", page.inner_text("body")).group(1)))
         assert steps[-1] > steps[0], f"the live step did not advance: {steps}"
     finally:
         browser.close()
         proc.send_signal(signal.SIGTERM)  # training stops at the next step with a checkpoint
         out = proc.communicate(timeout=120)[0]
-    share = re.search(r"viewer: (\d+) frames rendered in [\d.]+ s, ([\d.]+)% of", out)
-    assert share is not None, out[-3000:]
-    budget = 100 * ViewerConfig().max_render_share + 2.0  # + one frame's slack
-    assert int(share.group(1)) >= 1 and float(share.group(2)) <= budget, share.group(0)
-    print(f"live viewer: {share.group(0)}; steps seen {steps}")
+    rendered = re.search(r"viewer: (\d+) frames rendered in [\d.]+ s", out)
+    assert rendered is not None and int(rendered.group(1)) >= 1, out[-3000:]
+    bound = (1 - ViewerConfig().max_render_share) * LIVE_NOISE
+    print(f"live viewer: {alone:.1f} steps/s alone, {watched:.1f} with the page open ({watched / alone:.2f}x; "
+          f"bound {bound:.2f}x); {rendered.group(0)}; steps seen {steps}")
+    assert watched >= bound * alone, f"training with a client at {watched / alone:.2f}x its speed alone"
 
 
 def test_live_fused_view_of_ss_under_torchrun(tmp_path, synthetic_cache, playwright):

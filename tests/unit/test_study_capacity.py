@@ -55,9 +55,13 @@ def summary(key, strategy, w, budget, psnrs, params, gains=(0.05, 0.1, 0.1), con
 
 
 def test_capacity_and_ranks_tables_with_the_targets():
+    # parameters 1 M, 2.5 M, 4 M: 1.3219 and 0.6781 doublings between neighbours (log2 2.5, log2 1.6), so
+    # a slope that forgot the logarithm or used the ratio shows. Expected values worked out by hand:
+    # means 22.2, 24.1, 25.1 dB; slopes 1.9 / 1.3219281 = 1.4372945 and 1.0 / 0.6780719 = 1.4747698 dB per
+    # doubling; around p2 their mean 1.4560322
     keys = {s["key"]: s for s in [
         summary("ddp-w1-p1", "ddp", 1, "p1", [22.0, 22.2, 22.4], 1e6),
-        summary("ddp-w1-p2", "ddp", 1, "p2", [24.0, 24.0, 24.3], 2e6),
+        summary("ddp-w1-p2", "ddp", 1, "p2", [24.0, 24.0, 24.3], 2.5e6),
         summary("ddp-w1-p4", "ddp", 1, "p4", [25.0, 25.2, 25.1], 4e6, gains=(0.1, 0.3, None)),
         summary("ddp-w2-p2", "ddp", 2, "p2", [24.1, 24.2, 24.3], 2e6),
         summary("ss_joint-w2-p2", "ss_joint", 2, "p2", [25.5, 25.0, 25.6], 2e6),
@@ -65,24 +69,29 @@ def test_capacity_and_ranks_tables_with_the_targets():
     ]}
     cap = capacity.capacity_rows(keys)
     assert [r["budget"] for r in cap] == ["p1", "p2", "p4"]
+    assert [r["params_per_rank"] for r in cap] == [1e6, 2.5e6, 4e6]
     assert cap[1]["psnr_mean"] == pytest.approx(24.1) and cap[1]["n"] == 3
-    assert cap[1]["db_per_doubling"] == pytest.approx(24.1 - 22.2)
-    assert cap[2]["db_per_doubling"] == pytest.approx(25.1 - 24.1)
-    assert cap[1]["db_per_doubling_around"] == pytest.approx((1.9 + 1.0) / 2)
-    assert cap[0]["db_per_doubling"] is None and cap[0]["db_per_doubling_around"] == pytest.approx(1.9)
+    assert cap[1]["psnr_sd"] == pytest.approx(0.17320508)  # sqrt((0.01 + 0.01 + 0.04) / 2)
+    assert cap[1]["db_per_doubling"] == pytest.approx(1.4372945, abs=1e-6)
+    assert cap[2]["db_per_doubling"] == pytest.approx(1.4747698, abs=1e-6)
+    assert cap[1]["db_per_doubling_around"] == pytest.approx(1.4560322, abs=1e-6)
+    assert cap[0]["db_per_doubling"] is None and cap[0]["db_per_doubling_around"] == pytest.approx(1.4372945, abs=1e-6)
     assert cap[0]["plateau"] and not cap[2]["plateau"] and cap[2]["gain_last_max"] == pytest.approx(0.3)
     ranks = capacity.ranks_rows(keys)
     joint = [r for r in ranks if r["strategy"] == "ss_joint"]
     assert [r["world_size"] for r in joint] == [1, 2, 4]
+    # ss joint means 24.1 (W 1: the ddp cell), 25.3666667, 26.1; one doubling of ranks each step
     assert joint[0]["source"].startswith("ddp-w1-p2") and joint[0]["psnr_mean"] == pytest.approx(24.1)
-    assert joint[1]["db_per_doubling"] == pytest.approx(76.1 / 3 - 24.1)  # W 1 -> 2, one doubling
-    assert joint[2]["db_per_doubling"] == pytest.approx(26.1 - 76.1 / 3)
-    assert joint[2]["delta_vs_w1"] == pytest.approx(26.1 - 24.1)
+    assert joint[1]["psnr_mean"] == pytest.approx(25.3666667)
+    assert joint[1]["db_per_doubling"] == pytest.approx(1.2666667)  # W 1 -> 2
+    assert joint[2]["db_per_doubling"] == pytest.approx(0.7333333)  # W 2 -> 4
+    assert joint[2]["delta_vs_w1"] == pytest.approx(2.0)
     ddp = [r for r in ranks if r["strategy"] == "ddp"]
     assert [r["world_size"] for r in ddp] == [1, 2] and ddp[1]["delta_vs_w1"] == pytest.approx(0.1)
     lines = capacity.verdicts(cap, ranks)
     # 1.45 < 1.5, and p4 (a neighbour: one of the slope's points) gained 0.3 dB over its last 20%
-    assert lines[0].startswith("capacity curve at budget p2") and lines[0].endswith("MISSED (not at a plateau: p4)")
+    assert lines[0].startswith("capacity curve at budget p2") and "+1.46 dB" in lines[0]
+    assert lines[0].endswith("MISSED (not at a plateau: p4)")
     assert any("W 1 -> 2" in ln and ln.endswith(": met") for ln in lines)  # +1.27 dB
     assert any("W 2 -> 4" in ln and ln.endswith("MISSED") for ln in lines)  # +0.73 dB
     assert any(ln.startswith("ddp at p2, W = 2: +0.10") and ln.endswith(": met") for ln in lines)
