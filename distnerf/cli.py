@@ -226,6 +226,17 @@ class Entry:
                 self.error(f"{key}={given[key]}: no such file or directory")
         return argv
 
+    def run(self, main, argv: Sequence[str] | None, failures: tuple[type[BaseException], ...], *usage) -> int:
+        """``main(argv)`` as a console script runs it: a usage error (``usage``, as :meth:`usage_errors`) is
+        one line, exit 2; one of ``failures`` (e.g. a missing or damaged checkpoint) one line, exit 1;
+        else 0 (whatever ``main`` returns)."""
+        try:
+            with self.usage_errors(*usage):
+                main(argv)
+        except failures as err:
+            self.error(err, status=1)
+        return 0
+
     @contextlib.contextmanager
     def usage_errors(self, *errors: type[BaseException]) -> Iterator[None]:
         """Inside: ``errors`` (default ``ValueError`` (``ConfigError`` is one) and ``FileNotFoundError``)

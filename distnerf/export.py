@@ -154,12 +154,7 @@ def write_ply(path: Path, vertices: np.ndarray, normals: np.ndarray, colours: np
 def cli(argv: list[str] | None = None) -> int:
     """``distnerf-export`` / ``python -m distnerf.export``: :func:`main`; a config error is one line (exit 2), a
     missing or damaged checkpoint one line (exit 1)."""
-    try:
-        with ENTRY.usage_errors(ConfigError):
-            main(argv)
-    except (FileNotFoundError, CheckpointError) as err:  # no committed checkpoint yet, a damaged one: one line
-        ENTRY.error(err, status=1)
-    return 0
+    return ENTRY.run(main, argv, (FileNotFoundError, CheckpointError), ConfigError)  # no checkpoint yet, a damaged one
 
 
 if __name__ == "__main__":

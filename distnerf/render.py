@@ -184,12 +184,7 @@ def main(argv: list[str] | None = None) -> dict:
 def cli(argv: list[str] | None = None) -> int:
     """``distnerf-render`` / ``python -m distnerf.render``: :func:`main`; a config error found while
     rendering is one line too (exit 2), a missing or damaged checkpoint or file one line (exit 1)."""
-    try:
-        with ENTRY.usage_errors(ConfigError):
-            main(argv)
-    except (FileNotFoundError, CheckpointError) as err:  # no committed checkpoint yet, a damaged one: one line
-        ENTRY.error(err, status=1)
-    return 0
+    return ENTRY.run(main, argv, (FileNotFoundError, CheckpointError), ConfigError)  # no checkpoint yet, a damaged one
 
 
 if __name__ == "__main__":
