@@ -117,10 +117,13 @@ class OccupancyGrid(nn.Module):
         """Rays in cell units: (R, 3) origins and (R, 3) directions such that ``o + t d``
         is the point ``origins + t directions`` measured in cells from the box corner."""
         aabb = self.aabb.to(origins.dtype)
-        key = (aabb.data_ptr(), aabb._version, aabb.dtype, self.resolution)
-        if self.__dict__.get("_cell_scale_key") != key:  # cells per unit, made once per box (2 operators a march)
-            self._cell_scale, self._cell_scale_key = self.resolution / (aabb[1] - aabb[0]), key
-        scale = self._cell_scale
+        if torch.compiler.is_compiling():  # a graph computes it once anyway (and cannot compare data pointers)
+            scale = self.resolution / (aabb[1] - aabb[0])
+        else:
+            key = (aabb.data_ptr(), aabb._version, aabb.dtype, self.resolution)
+            if self.__dict__.get("_cell_scale_key") != key:  # cells per unit, made once per box (2 operators a march)
+                self._cell_scale, self._cell_scale_key = self.resolution / (aabb[1] - aabb[0]), key
+            scale = self._cell_scale
         return (origins - aabb[0]) * scale, directions * scale
 
     def coarse(self) -> tuple[torch.Tensor, torch.Tensor]:
