@@ -42,10 +42,12 @@ from typing import Callable
 
 import torch
 
+from ..host_buffers import sync_free
 from .contraction import ray_breaks
 from .occupancy import grid_edges, grid_index
 from .output import RenderOutput
 from .packed import PackedSamples, accumulate, ray_offsets, render_transmittance
+from .rounds import march_rounds_fixed
 
 #: ``(origins, directions, anchor, t_lo, t_hi, max_intervals=None) -> PackedSamples``, e.g.
 #: :meth:`~distnerf.model.marched.MarchingModel.marcher` (``max_intervals``: see
@@ -164,6 +166,10 @@ def _march_rounds(density_fn, marcher: Marcher, origins, directions, anchor, t_l
     clip = getattr(marcher, "clip", None)  # the segments' part that can hold samples: no round marches air
     if clip is not None:
         t_lo, t_hi = clip(origins, directions, t_lo, t_hi)
+        occupancy = getattr(marcher, "occupancy", None)
+        if occupancy is not None and sync_free(origins.device):  # a fixed number of rounds, no read per round
+            return march_rounds_fixed(density_fn, occupancy, origins, directions, anchor, t_lo, t_hi, termination,
+                                      in_front, step_size, round_steps)
         marcher = getattr(marcher, "inside", marcher)  # the rounds lie inside the clipped segments
     local = torch.ones(num_rays, dtype=origins.dtype, device=origins.device)  # transmittance so far
     alive = (t_hi > t_lo).nonzero().view(-1)
