@@ -8,7 +8,7 @@ The CPU takes the dynamic rounds by default; ``sync_free_paths(True)`` makes it 
 ``sync_free(device)`` selects on CUDA). Both render the same ``--views`` evenly spaced test views of the
 run's checkpoint at ``eval.chunk`` rays per chunk, alternating per view (order flipped every view); per
 view: seconds, PSNR and ``uptime``. First, host syncs of one chunk of ``--sync-chunk`` rays of the first
-view are counted with :class:`~distnerf.observe.syncs.SyncCounter` (not timed; it warms both paths up),
+view are counted with :class:`~distnerf.observe.syncs.SyncCounter` after a warm-up of both paths (not timed),
 with the number of rounds a fixed chunk marches. This machine is shared: the seconds are indicative (``uptime`` is stored
 beside them).
 
@@ -65,7 +65,10 @@ def main() -> None:
     middle = len(rays) // 2 - args.sync_chunk // 2  # the view's middle rows: rays that hit the object
     part = rays.map(lambda t: t[middle:middle + args.sync_chunk])
     syncs = {}
-    with torch.no_grad():  # counted once (slow: one Python call per operator), and a warm-up of both paths
+    with torch.no_grad():  # a warm-up of both paths (first-use copies), then counted (one Python call an operator)
+        for name in PATHS:
+            with sync_free_paths(name == "fixed"):
+                model(part)
         for name in PATHS:
             with sync_free_paths(name == "fixed"), SyncCounter() as counter:
                 model(part)
