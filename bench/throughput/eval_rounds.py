@@ -9,8 +9,8 @@ The CPU takes the dynamic rounds by default; ``sync_free_paths(True)`` makes it 
 run's checkpoint at ``eval.chunk`` rays per chunk, alternating per view (order flipped every view); per
 view: seconds, PSNR and ``uptime``. First, host syncs of one chunk of ``--sync-chunk`` rays of the first
 view are counted with :class:`~distnerf.observe.syncs.SyncCounter` after a warm-up of both paths (not timed),
-with the number of rounds a fixed chunk marches. This machine is shared: the seconds are indicative (``uptime`` is stored
-beside them).
+with the number of rounds a fixed chunk marches. This machine is shared: the seconds are indicative
+(``uptime`` is stored beside them).
 
 Writes JSON (``meta``: command, date, commit, load before/after).
 """
