@@ -103,3 +103,16 @@ def test_a_round_that_overflows_its_capacity_is_marched_again():
         torch.testing.assert_close(other[3][1], full[3][1], rtol=0, atol=0)
     with pytest.raises(ValueError):
         march_rounds_fixed(*args, capacity=0.0)
+
+
+def test_too_few_rounds_fail_loudly(monkeypatch):
+    """The number of rounds is a bound from the occupied box's diagonal; were it too small, a ray still
+    marching after the last round would be cut silently: a device-side assert refuses it."""
+    import distnerf.renderer.rounds as rounds
+
+    model = grid_model(seed=1).eval()
+    model.eval_round_steps, model.termination = 4, 0.0
+    assert rounds.num_rounds(model.occupancy, model.step_size(), 4) > 2
+    monkeypatch.setattr(rounds, "num_rounds", lambda *args: 2)
+    with pytest.raises(RuntimeError, match="longer than the rounds"):
+        _render(model, sphere_rays(50, 1), True)
