@@ -157,6 +157,7 @@ class MarchingModel(RadianceModel):
 
         fn.clip = clip  # evaluation rounds start and end inside the box and its occupied cells
         fn.inside = inside  # ... and march their rounds without clipping each round again
+        fn.occupancy = self.occupancy  # ... or, on the sync-free paths, in a fixed layout (renderer/rounds.py)
         return fn
 
     def sample_anchor(self, rays: RayBundle, step_size: float, generator: torch.Generator | None) -> torch.Tensor:

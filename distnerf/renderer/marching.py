@@ -30,7 +30,9 @@ than ``eps``. The gradient of a channel of C w.r.t. a kept sample's density is
 terms of the samples after the cut sum to weight ``T_cut < eps``, so termination changes
 it by less than ``|d| delta_i eps`` (the interval measured in distance); colour gradients ``dC/dc_i = w_i`` are unchanged.
 
-Host syncs (:mod:`distnerf.observe.syncs`): a training render reads four sizes from the
+Host syncs (:mod:`distnerf.observe.syncs`): evaluation rounds on the sync-free paths read the
+device once per call whatever the number of rounds (:mod:`~distnerf.renderer.rounds`), the
+colour pass once more. A training render reads four sizes from the
 device, each the length of a packed tensor, and nothing else: the march's candidate
 intervals and samples (:func:`~distnerf.renderer.occupancy.march`), the samples in
 front of the termination cut and the coloured samples. The counts it returns are
@@ -42,10 +44,12 @@ from typing import Callable
 
 import torch
 
+from ..host_buffers import sync_free
 from .contraction import ray_breaks
 from .occupancy import grid_edges, grid_index
 from .output import RenderOutput
 from .packed import PackedSamples, accumulate, ray_offsets, render_transmittance
+from .rounds import march_rounds_fixed
 
 #: ``(origins, directions, anchor, t_lo, t_hi, max_intervals=None) -> PackedSamples``, e.g.
 #: :meth:`~distnerf.model.marched.MarchingModel.marcher` (``max_intervals``: see
@@ -125,7 +129,10 @@ def march_alive(density_fn, marcher: Marcher, origins, directions, anchor, t_lo,
     behind an opaque surface is never evaluated (training and evaluation alike: an aerial
     ray that hits the ground in its first round costs that round, not the whole ray).
     Otherwise one no-grad pass over all marched samples finds the cut. Both keep the same
-    samples (those whose transmittance in front exceeds ``termination``).
+    samples (those whose transmittance in front exceeds ``termination``). On the sync-free paths
+    (:func:`~distnerf.host_buffers.sync_free`: CUDA), a marcher with ``clip`` and ``occupancy``
+    marches its rounds in a fixed layout instead (:func:`~distnerf.renderer.rounds.march_rounds_fixed`:
+    a fixed number of rounds, stopped rays masked, one host read per call, not several per round).
 
     Returns:
         samples: the kept PackedSamples (a prefix of each ray's marched samples);
@@ -164,6 +171,10 @@ def _march_rounds(density_fn, marcher: Marcher, origins, directions, anchor, t_l
     clip = getattr(marcher, "clip", None)  # the segments' part that can hold samples: no round marches air
     if clip is not None:
         t_lo, t_hi = clip(origins, directions, t_lo, t_hi)
+        occupancy = getattr(marcher, "occupancy", None)
+        if occupancy is not None and sync_free(origins.device):  # a fixed number of rounds, no read per round
+            return march_rounds_fixed(density_fn, occupancy, origins, directions, anchor, t_lo, t_hi, termination,
+                                      in_front, step_size, round_steps)
         marcher = getattr(marcher, "inside", marcher)  # the rounds lie inside the clipped segments
     local = torch.ones(num_rays, dtype=origins.dtype, device=origins.device)  # transmittance so far
     alive = (t_hi > t_lo).nonzero().view(-1)
@@ -251,7 +262,9 @@ def render_segment(density_fn: Callable[[torch.Tensor], torch.Tensor],
             where the marcher can place a sample) makes the rounds start and end there instead
             of marching empty rounds through the air in front of and behind the occupied box; with
             it, an attribute ``inside`` (the marcher for segments already inside ``clip``'s part)
-            marches the rounds.
+            marches the rounds, and an attribute ``occupancy`` (the marcher's
+            :class:`~distnerf.renderer.occupancy.OccupancyGrid`) lets the sync-free paths march them
+            in a fixed layout (:mod:`~distnerf.renderer.rounds`).
         origins, directions: (R, 3) float. viewdirs: (R, 3) float unit, for colour.
         anchor: (R,) float sample-grid anchor. t_lo, t_hi: (R,) float segment bounds.
         background: (3,) or (R, 3) float RGB, or None (a segment: no background term).
