@@ -1,5 +1,8 @@
 """Config schemas: one dataclass per Hydra config group option, the only place a default is written.
 
+(Over 500 lines on purpose: every key of every group with its default and its one-line meaning, in one file,
+so that a default is written once and the entry points' --help reads the meanings from here.)
+
 Hydra composes ``conf/train.yaml``; every group file there (``conf/model/grid.yaml``, ...)
 starts from the schema declared here (``defaults: [schema_grid]``; registered with Hydra by
 :mod:`distnerf.config_check`) and holds only what that option changes. The code reads the validated config (``cfg.model.step_ratio``) and
