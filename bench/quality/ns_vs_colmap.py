@@ -115,8 +115,7 @@ def colmap_capture(sub: Path, work: Path) -> Path:
 
 def nerfstudio_files(cap: Path) -> dict:
     """``transforms.json`` (with sparse_pc.ply) and ``transforms_cameras.json`` (without) in ``cap``."""
-    sys.path.insert(0, str(ROOT))
-    from tests.fixtures.captures import write_ns_process_data
+    from tests.fixtures.captures import write_ns_process_data  # run from the checkout (python -m): tests/ imports
 
     test = set((cap / "test_list.txt").read_text().split())
     names = sorted(p.relative_to(cap / "images").as_posix() for p in (cap / "images").rglob("*.png"))
