@@ -101,7 +101,10 @@ def trilinear_corners(x: torch.Tensor, resolution: int | tuple[int, int, int],
         strides = row_strides((nx, ny, nz), x.device)
     if offsets is None:
         offsets = corner_offsets((nx, ny, nz), x.device)
-    lin = (base * strides).sum(-1)  # (P,) row (i n_y + j) n_z + k of corner (0, 0, 0)
+    if outer:  # (P,) row (i n_y + j) n_z + k of corner (0, 0, 0): 2 operators; the CPU's form is faster there
+        lin = (base * strides).sum(-1)
+    else:
+        lin = (base[:, 0] * ny + base[:, 1]) * nz + base[:, 2]
     index = lin[:, None] + offsets  # (P, 8), corners in (i, j, k) binary order
     if outer:  # (P, 3, 2) factors (1 - f, f); [i, j, k] = (w_x,i w_y,j) w_z,k as below
         factors = torch.stack([1 - frac, frac], dim=2)

@@ -63,7 +63,11 @@ def _lookup(cells: torch.Tensor, binary: torch.Tensor) -> torch.Tensor:
     clamped = cells.clamp(0, m)
     inside = (clamped == cells).all(dim=-1)  # 0 <= cells <= m (NaN: outside)
     i = clamped.clamp_(max=m - 1).to(torch.int32)
-    return binary.reshape(-1).index_select(0, (i * _strides(m, i.device)).sum(-1)) & inside
+    if sync_free(i.device):  # 2 operators (the host paces a GPU step); on the CPU the sum over 3 is ~4x slower
+        flat = (i * _strides(m, i.device)).sum(-1)
+    else:
+        flat = (i[:, 0] * m + i[:, 1]) * m + i[:, 2]
+    return binary.reshape(-1).index_select(0, flat) & inside
 
 
 class OccupancyGrid(nn.Module):
@@ -226,7 +230,10 @@ class OccupancyGrid(nn.Module):
         from ``lo`` hold an occupied cell (:meth:`coarse`)."""
         blocks, _ = self.coarse()
         mc = blocks.shape[0]
-        flat = (lo * _strides(mc, lo.device)).sum(-1)  # int64, as lo
+        if sync_free(lo.device):  # as _lookup: fewer operators on the CUDA paths, the faster form on the CPU
+            flat = (lo * _strides(mc, lo.device)).sum(-1)
+        else:
+            flat = (lo[..., 0] * mc + lo[..., 1]) * mc + lo[..., 2]
         return blocks.reshape(-1).index_select(0, flat.reshape(-1)).view(flat.shape)
 
     @torch.no_grad()

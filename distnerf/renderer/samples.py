@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import torch
 
+from ..host_buffers import sync_free
+
 
 def ray_aabb(origins: torch.Tensor, directions: torch.Tensor, aabb: torch.Tensor):
     """Slab-test intersection of rays with an axis-aligned box.
@@ -19,11 +21,13 @@ def ray_aabb(origins: torch.Tensor, directions: torch.Tensor, aabb: torch.Tensor
         ray misses the box. ``t_min`` may be negative (origin inside the box).
     """
     safe = directions.masked_fill(directions.abs() < 1e-12, 1e-12)
-    # both faces at once: (R, 2, 3) ray parameters of the box's min and max faces per axis
-    t = (aabb - origins[:, None]) * safe.reciprocal()[:, None]
-    t_min = t.amin(dim=1).amax(dim=-1)
-    t_max = t.amax(dim=1).amin(dim=-1)
-    return t_min, t_max
+    inv = safe.reciprocal()
+    if sync_free(origins.device):  # both faces at once, (R, 2, 3): fewer operators, ~3x slower on the CPU
+        t = (aabb - origins[:, None]) * inv[:, None]
+        return t.amin(dim=1).amax(dim=-1), t.amax(dim=1).amin(dim=-1)
+    t0 = (aabb[0] - origins) * inv
+    t1 = (aabb[1] - origins) * inv
+    return torch.minimum(t0, t1).amax(dim=-1), torch.maximum(t0, t1).amin(dim=-1)
 
 
 def clip_to_box(origins: torch.Tensor, directions: torch.Tensor, near: torch.Tensor, far: torch.Tensor,
