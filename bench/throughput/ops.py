@@ -33,6 +33,8 @@ CONFIGS = {
     "lego_grid": ["dataset=blender", f"dataset.root={LEGO}"],
     "lego_grid_64_rays": ["dataset=blender", f"dataset.root={LEGO}", "train.global_rays=64"],
     "smoke_grid": ["model=grid"],
+    # the static, sync-free step (train.samples_per_step; CUDA's default), the same options
+    "lego_grid_static": ["dataset=blender", f"dataset.root={LEGO}", "train.samples_per_step=65536"],
     "smoke_ngp": ["model=ngp"],
 }
 COMMON = ["experiment=smoke", "sampler=sync", "train.ckpt_every=-1", "eval.enabled=false", "train.progress=false",
