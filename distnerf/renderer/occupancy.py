@@ -1,5 +1,9 @@
 """Occupancy grid for empty-space skipping and packed ray marching.
 
+(Just over 500 lines: the grid and the marches that read it, the two-level walk, the dense layout that the
+dense walk, the static step and evaluation's fixed rounds share, and the contracted march, use one private
+cell lookup and one interval layout, kept in one place.)
+
 Legend: R rays, P packed samples, Q candidate groups, M occupancy cells per axis.
 
 The occupancy grid is a binary (M, M, M) grid over a box, indexed ``[ix, iy, iz]``
@@ -397,6 +401,43 @@ def _march_groups(origins, directions, anchor, dt, t_lo, t_hi, lo_j, hi_j, step_
                          edges.index_select(0, flat + 1), num_rays)
 
 
+def interval_bounds(t_lo: torch.Tensor, t_hi: torch.Tensor, anchor: torch.Tensor, dt: torch.Tensor,
+                    valid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sample-grid intervals a segment touches: (R,) int64 first and one past the last,
+    ``floor((t_lo - anchor) / dt)`` and ``ceil((t_hi - anchor) / dt)``, both 0 where the segment is empty
+    (``t_hi <= t_lo``, or not ``valid`` when given). Both ends at once, ``ceil(x)`` as ``-floor(-x)`` (exact);
+    the mask a product, not a where (one operator, no scalar tensor)."""
+    valid = t_hi > t_lo if valid is None else valid
+    ends = torch.floor(torch.stack([t_lo - anchor, anchor - t_hi]) / dt).long() * valid
+    return ends[0], -ends[1]
+
+
+def occupied_intervals(anchor: torch.Tensor, dt: torch.Tensor, t_lo: torch.Tensor, t_hi: torch.Tensor,
+                       lo_j: torch.Tensor, counts: torch.Tensor, num_slots: int, cell_origins: torch.Tensor,
+                       cell_directions: torch.Tensor, binary: torch.Tensor):
+    """Every interval of R segments in a fixed (R, K) layout (K = ``num_slots``, a Python number) and whether
+    it is kept: inside its segment, of non-zero length, its midpoint in an occupied cell. Interval ``k`` of
+    ray ``r`` is grid interval ``lo_j[r] + k``, clipped to ``[t_lo, t_hi]`` (:func:`interval_bounds`);
+    the dense march, the static step's and evaluation's fixed rounds all lay out intervals this way.
+
+    Args:
+        anchor, dt, t_lo, t_hi: (R,) float. lo_j: (R,) int64 first interval; counts: (R,) int64 intervals
+        of each segment (``hi_j - lo_j``, often needed by the caller too). cell_origins, cell_directions: (R, 3)
+        the rays in cell units (:meth:`OccupancyGrid.ray_cells`). binary: (M, M, M) bool occupancy.
+    Returns:
+        edges: (R, K + 1) float clipped interval edges (interval ``k`` is ``[edges[:, k], edges[:, k + 1]]``);
+        keep: (R, K) bool; t_mids: (R, K) float interval midpoints.
+    """
+    rank = torch.arange(num_slots + 1, device=anchor.device)
+    edges = grid_edges(anchor[:, None], dt[:, None], lo_j[:, None] + rank).clamp(t_lo[:, None], t_hi[:, None])
+    t0, t1 = edges[:, :-1], edges[:, 1:]
+    keep = (t1 > t0) & (rank[:-1] < counts[:, None])
+    t_mids = 0.5 * (t0 + t1)
+    mids = torch.addcmul(cell_origins[:, None], cell_directions[:, None], t_mids[..., None])  # cell units
+    keep &= _lookup(mids.view(-1, 3), binary).view(keep.shape)
+    return edges, keep, t_mids
+
+
 def _march_dense(origins, directions, anchor, dt, t_lo, t_hi, lo_j, hi_j, step_size: float,
                  occupancy: OccupancyGrid, max_intervals: int | None) -> PackedSamples:
     """:func:`_march_groups`'s samples, bit for bit, without its coarse level: every interval of every
@@ -414,14 +455,8 @@ def _march_dense(origins, directions, anchor, dt, t_lo, t_hi, lo_j, hi_j, step_s
     num_slots = int(bound + 2) + 1
     counts = hi_j - lo_j  # (R,) intervals of each segment (0 where it is empty)
     torch._assert_async((counts <= num_slots).all(), "march: more intervals than the padded layout holds")
-    rank = torch.arange(num_slots + 1, device=origins.device)
-    edges = grid_edges(anchor[:, None], dt[:, None], lo_j[:, None] + rank).clamp(t_lo[:, None], t_hi[:, None])
-    t0, t1 = edges[:, :-1], edges[:, 1:]  # (R, K) interval j = lo_j + rank: [edge j, edge j + 1]
-    keep = (t1 > t0) & (rank[:-1] < counts[:, None])
-    cell_origins, cell_directions = occupancy.ray_cells(origins, directions)
-    mids = torch.addcmul(cell_origins[:, None], cell_directions[:, None],
-                         (0.5 * (t0 + t1))[..., None])  # (R, K, 3) midpoints in cell units
-    keep &= _lookup(mids.view(-1, 3), occupancy.binary).view(keep.shape)
+    edges, keep, _ = occupied_intervals(anchor, dt, t_lo, t_hi, lo_j, counts, num_slots,
+                                        *occupancy.ray_cells(origins, directions), occupancy.binary)
     keep = keep.view(-1).nonzero().view(-1)  # host sync: the number of samples (packed layout)
     ray = torch.div(keep, num_slots, rounding_mode="floor")
     first = keep + ray  # the interval's first edge in ``edges`` (K + 1 a row)
@@ -467,11 +502,7 @@ def march(origins: torch.Tensor, directions: torch.Tensor, anchor: torch.Tensor,
     dt = step_size / directions.norm(dim=-1)
     if occupancy is not None and not inside_occupied_box:  # nothing outside the occupied cells' box is sampled
         t_lo, t_hi = clip_to_box(origins, directions, t_lo, t_hi, occupancy.occupied_box().to(origins.dtype))
-    valid = t_hi > t_lo
-    # both ends at once, ceil(x) as -floor(-x) (exact); zero intervals where the segment is empty (a
-    # product, not a where: one operator, no scalar tensor)
-    ends = (torch.floor(torch.stack([t_lo - anchor, anchor - t_hi]) / dt).long() * valid)
-    lo_j, hi_j = ends[0], -ends[1]  # first interval, one past the last
+    lo_j, hi_j = interval_bounds(t_lo, t_hi, anchor, dt)  # first interval, one past the last
     if occupancy is not None:
         walk = _march_dense if sync_free(origins.device) else _march_groups
         return walk(origins, directions, anchor, dt, t_lo, t_hi, lo_j, hi_j, step_size, occupancy, max_intervals)

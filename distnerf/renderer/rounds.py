@@ -39,7 +39,7 @@ import math
 
 import torch
 
-from .occupancy import OccupancyGrid, _lookup, grid_edges, grid_index
+from .occupancy import OccupancyGrid, grid_edges, grid_index, interval_bounds, occupied_intervals
 from .packed import PackedSamples
 
 
@@ -84,7 +84,6 @@ def march_rounds_fixed(density_fn, occupancy: OccupancyGrid, origins: torch.Tens
     norm = directions.norm(dim=-1)
     dt = step_size / norm
     cell_origins, cell_directions = occupancy.ray_cells(origins, directions)
-    rank = torch.arange(num_slots + 1, device=device)
     before_front = 1.0 if in_front is None else in_front
     local = torch.ones(num_rays, dtype=dtype, device=device)  # transmittance of the earlier rounds
     alive = t_hi > t_lo
@@ -98,14 +97,10 @@ def march_rounds_fixed(density_fn, occupancy: OccupancyGrid, origins: torch.Tens
         hi = torch.minimum(grid_edges(anchor, dt, j_end), t_hi)
         # this round's segment [lo, hi], empty for a ray that stopped: march's interval layout, (R, K)
         valid = alive & (hi > lo)
-        lo_j = torch.floor((lo - anchor) / dt).long() * valid
-        hi_j = torch.ceil((hi - anchor) / dt).long() * valid
-        edges = grid_edges(anchor[:, None], dt[:, None], lo_j[:, None] + rank).clamp(lo[:, None], hi[:, None])
+        lo_j, hi_j = interval_bounds(lo, hi, anchor, dt, valid=valid)
+        edges, occupied, t_mids = occupied_intervals(anchor, dt, lo, hi, lo_j, hi_j - lo_j, num_slots,
+                                                     cell_origins, cell_directions, occupancy.binary)
         t0, t1 = edges[:, :-1], edges[:, 1:]
-        occupied = (t1 > t0) & (rank[:-1] < (hi_j - lo_j)[:, None])
-        t_mids = 0.5 * (t0 + t1)
-        mids = torch.addcmul(cell_origins[:, None], cell_directions[:, None], t_mids[..., None])
-        occupied &= _lookup(mids.view(-1, 3), occupancy.binary).view(occupied.shape)
         # the occupied slots packed into ``cap`` rows (padded with ``slots``: a row written past the end)
         flat = occupied.view(-1)
         index = torch.nonzero_static(flat, size=cap, fill_value=slots).view(-1)

@@ -28,7 +28,7 @@ import torch
 
 from ..host_buffers import compact_nonzeros
 from .marching import along_ray
-from .occupancy import _lookup, grid_edges
+from .occupancy import interval_bounds, occupied_intervals
 from .output import RenderOutput
 from .packed import PackedSamples, render_transmittance, sum_along_rays
 
@@ -65,15 +65,9 @@ def march_static(origins: torch.Tensor, directions: torch.Tensor, anchor: torch.
     """
     num_rays = origins.shape[0]
     dt = step_size / directions.norm(dim=-1)
-    valid = t_hi > t_lo
-    lo_j = torch.floor((t_lo - anchor) / dt).long() * valid
-    hi_j = torch.ceil((t_hi - anchor) / dt).long() * valid  # exclusive
-    rank = torch.arange(num_slots + 1, device=origins.device)
-    edges = grid_edges(anchor[:, None], dt[:, None], lo_j[:, None] + rank).clamp(t_lo[:, None], t_hi[:, None])
-    t0, t1 = edges[:, :-1], edges[:, 1:]  # (R, K): interval lo_j + k is [edge k, edge k + 1]
-    keep = (t1 > t0) & (rank[:-1] < (hi_j - lo_j)[:, None])
-    mids = torch.addcmul(cell_origins[:, None], cell_directions[:, None], (0.5 * (t0 + t1))[..., None])
-    keep &= _lookup(mids.view(-1, 3), binary).view(keep.shape)
+    lo_j, hi_j = interval_bounds(t_lo, t_hi, anchor, dt)
+    edges, keep, _ = occupied_intervals(anchor, dt, t_lo, t_hi, lo_j, hi_j - lo_j, num_slots, cell_origins,
+                                        cell_directions, binary)  # (R, K): interval lo_j + k
     counts = keep.sum(dim=1)
     fits = torch.cumsum(counts, 0) <= capacity
     # row-major positions of the kept intervals, padded with one past the last (R K): no size read
