@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from bench.common import default_out, start_meta, write_result
+from bench.throughput.eval_swap import load_eval_model
 
 PATHS = ("dynamic", "fixed")
 
@@ -38,27 +39,16 @@ def main() -> None:
     meta = start_meta()
 
     import torch
-    from omegaconf import OmegaConf
 
-    from distnerf.data import load_scene
     from distnerf.data.rays import image_rays
     from distnerf.engine.evaluate import render_image, select_views
-    from distnerf.engine.runs import load_run_config, load_weights
     from distnerf.host_buffers import sync_free_paths
-    from distnerf.model import build_model
     from distnerf.observe.metrics import psnr
     from distnerf.observe.syncs import SyncCounter
     from distnerf.renderer.rounds import num_rounds
 
     torch.set_num_threads(args.threads)
-    cfg, run_dir = load_run_config([f"run_dir={args.run_dir}"])
-    model_cfg = {k: v for k, v in OmegaConf.to_container(cfg.model, resolve=True).items()
-                 if k not in ("compile", "compile_mode")}
-    state, step = load_weights(cfg, run_dir)
-    scene = load_scene(OmegaConf.to_container(cfg.dataset, resolve=True), "test")
-    model = build_model(model_cfg, scene.aabb, scene.background)
-    model.load_state_dict(state)
-    model.eval()
+    cfg, run_dir, scene, model, step = load_eval_model(args.run_dir)
     chunk, device = int(cfg.eval.chunk), torch.device("cpu")
     views = select_views(len(scene), args.views)
     rays = image_rays(scene.cameras, views[0], scene.near, scene.far, scene.ndc)

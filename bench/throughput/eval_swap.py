@@ -33,6 +33,26 @@ from pathlib import Path
 from bench.common import ROOT, default_out, start_meta, write_result
 
 
+def load_eval_model(run_dir: Path):
+    """A trained run's model for evaluation on the CPU, eager (``model.compile`` off): ``(cfg, run_dir,
+    test scene, model in eval mode, step)``; its weights are the newest committed checkpoint's."""
+    from omegaconf import OmegaConf
+
+    from distnerf.data import load_scene
+    from distnerf.engine.runs import load_run_config, load_weights
+    from distnerf.model import build_model
+
+    cfg, run_dir = load_run_config([f"run_dir={run_dir}"])
+    model_cfg = {k: v for k, v in OmegaConf.to_container(cfg.model, resolve=True).items()
+                 if k not in ("compile", "compile_mode")}
+    state, step = load_weights(cfg, run_dir)
+    scene = load_scene(OmegaConf.to_container(cfg.dataset, resolve=True), "test")
+    model = build_model(model_cfg, scene.aabb, scene.background)
+    model.load_state_dict(state)
+    model.eval()
+    return cfg, run_dir, scene, model, step
+
+
 def load_baseline_module(path: str, rev: str) -> tuple[types.ModuleType, types.ModuleType]:
     """(the checkout's module, the same module's source at ``rev``) for a path like
     ``distnerf/renderer/packed.py``; the baseline's relative imports resolve to the checkout's package.
@@ -100,23 +120,12 @@ def main() -> None:
     meta = start_meta()
 
     import torch
-    from omegaconf import OmegaConf
 
-    from distnerf.data import load_scene
     from distnerf.engine.evaluate import render_image, select_views
-    from distnerf.engine.runs import load_run_config, load_weights
-    from distnerf.model import build_model
     from distnerf.observe.metrics import psnr
 
     torch.set_num_threads(args.threads)
-    cfg, run_dir = load_run_config([f"run_dir={args.run_dir}"])
-    model_cfg = {k: v for k, v in OmegaConf.to_container(cfg.model, resolve=True).items()
-                 if k not in ("compile", "compile_mode")}
-    state, step = load_weights(cfg, run_dir)
-    scene = load_scene(OmegaConf.to_container(cfg.dataset, resolve=True), "test")
-    model = build_model(model_cfg, scene.aabb, scene.background)
-    model.load_state_dict(state)
-    model.eval()
+    cfg, run_dir, scene, model, step = load_eval_model(args.run_dir)
     pairs = [load_baseline_module(p, args.baseline) for p in args.modules]
     table = swap_table(pairs)
     link_baselines(pairs, table)
