@@ -29,6 +29,16 @@ def pytest_configure(config):
         raise pytest.UsageError(f"DISTNERF_REQUIRE_DATA=1 but the real datasets are missing: {', '.join(missing)}")
 
 
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (``tools/run_tests.sh``: ``-n 2 --dist loadgroup``) a file's tests run on one worker, so
+    its module- and session-scoped runs (the shared multi-process trainings) are built once, not once per
+    worker; every test of the local Slurm cluster (the ``slurm`` fixture: one slurmctld and munged per
+    machine) runs on one worker too. Without xdist the marks do nothing."""
+    for item in items:
+        group = "slurm" if "slurm" in getattr(item, "fixturenames", ()) else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 def pytest_report_header(config):
     missing = _data_missing()
     if missing:
