@@ -352,15 +352,16 @@ class GridModel(GridOccupancy, GridSchedule, MarchingModel):
 
         def field_fn(points: torch.Tensor):
             p = self.field_coordinates(points)
-            index, weights = self._table_corners(((p - box[0]) / (box[1] - box[0])).clamp(0, 1), shape)
+            # (trilinear_corners clamps the positions to [0, 1])
+            index, weights = self._table_corners((p - box[0]) / (box[1] - box[0]), shape)
             self.note_rows_read(density, index.numel())
             sigmas = self.densities(interpolate(density, index, weights).view(-1))
 
-            def colour_at(sel: torch.Tensor, viewdirs: torch.Tensor, ray_indices: torch.Tensor) -> torch.Tensor:
-                rows = index.index_select(0, sel)
+            def colour_at(sel: torch.Tensor | None, viewdirs: torch.Tensor, ray_indices: torch.Tensor) -> torch.Tensor:
+                rows, w = (index, weights) if sel is None else (index.index_select(0, sel), weights.index_select(0, sel))
                 self.note_rows_read(features, rows.numel())
                 # sparse rows need their count (a host sync); where that stalls the device, dense gradients
-                feats = interpolate(features, rows, weights.index_select(0, sel),
+                feats = interpolate(features, rows, w,
                                     self.sparse_grad and not sync_free(points.device))
                 return self._colours(feats, viewdirs, ray_indices, image_ids)
 
