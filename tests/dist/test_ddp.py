@@ -36,7 +36,7 @@ STRATEGIES = {
     "dense": {"name": "ddp", "sparse_min_numel": None},
     # every bucket as (index, value) pairs, however dense: the sparse path must be exact too
     "sparse": {"name": "ddp", "sparse_min_numel": 0, "sparse_max_density": 1.0},
-    # the device path (no host sync), run here on gloo: buckets sized by the forward's row bounds
+    # the device path (no host sync), run here on gloo: buckets sized by a fixed capacity (W.fix_capacity)
     "bounded": {"name": "ddp", "sparse_min_numel": 0, "sparse_max_density": 1.0, "sparse_mode": "bounded"},
 }
 
@@ -57,12 +57,16 @@ def test_unequal_valid_counts_really_differ():
 
 
 def test_gradients_equal_single_process_on_union(ddp_results):
+    """The ranks' loss is ``sse / 24`` (the fixed per-rank batch), corrected after the backward by
+    W x 24 / N = 48 / 30 (``Strategy.loss_normalizer``), against ``sse / 30`` in one process. The
+    model's few float32 operators round differently under a scale that is not a power of two, so
+    the match is to float32 rounding, not 1e-9 (a wrong normaliser is off by percents)."""
     ref_grads, _ = single_process_reference()
     for res in ddp_results:
         assert set(res["grads"]) == set(ref_grads)
         for name, g in ref_grads.items():
             assert g.abs().max() > 0, name  # the check is not vacuous
-            torch.testing.assert_close(res["grads"][name], g, rtol=1e-9, atol=1e-12, msg=name)
+            torch.testing.assert_close(res["grads"][name], g, rtol=1e-5, atol=1e-6 * float(g.abs().max()), msg=name)
 
 
 def test_parameters_after_sgd_identical_across_ranks_and_equal_reference(ddp_results):
@@ -94,7 +98,7 @@ def test_comm_hook_counted_allreduce_bytes(ddp_results):
 
 
 def test_a_bound_that_does_not_hold_is_raised_on_every_rank_even_across_a_rewrap(tmp_path):
-    """The bounded exchange's overflow guard: bounds a quarter of the forward's drop non-zeros; the
+    """The bounded exchange's overflow guard: a capacity a 64th of each table drops non-zeros; the
     count survives a rewrap (grid upsampling rebuilds the wrapper) and the collective check raises
     on both ranks, naming the entries lost."""
     spawn(W.overflow_worker, 2, str(tmp_path), NUM_RAYS)

@@ -18,7 +18,6 @@ from distnerf.data.rays import RayBundle
 from distnerf.components.loss import photometric_sse
 from distnerf.model.grid import GridModel
 from distnerf.schema import TrainConfig
-from distnerf.strategy.base import StepStats
 from distnerf.strategy.ddp import DDPStrategy
 
 
@@ -62,6 +61,14 @@ def valid_mask(rank: int, n: int) -> torch.Tensor:
     return mask
 
 
+def fix_capacity(model: GridModel, fraction: int) -> None:
+    """Give ``model`` a fixed capacity of 1 / ``fraction`` of each table's entries
+    (:meth:`~distnerf.model.base.RadianceModel.gradient_entry_capacity`; the grid has one only under a
+    static step's sample budget, which this eval-mode float64 model does not run), the same on every
+    rank: a half holds every non-zero of this problem (the strategy's check says so), a 64th does not."""
+    model.gradient_entry_capacity = lambda: {id(p): p.numel() // fraction for p in model.bounded_parameters()}
+
+
 def init_gloo() -> D.DistEnv:
     """This rank's CPU process group, with the schema's ``dist_timeout_s`` throughout (no longer
     set-up timeout: a hung worker fails within it)."""
@@ -79,20 +86,25 @@ def grad_worker(rank: int, world_size: int, port: int, out_dir: str, num_rays: i
         rays_r, rgb_r, valid_r = rays.map(lambda t: t[mine]), rgb[mine], valid_mask(rank, per)
         strategy = DDPStrategy(strategy_cfg, env)
         model = make_model()
+        if strategy_cfg.get("sparse_mode") == "bounded":
+            fix_capacity(model, 2)
         wrapped = strategy.wrap(model)
         optimizer = torch.optim.SGD(model.parameters(), lr=lr)
         grads, params = None, None
         for step in range(sgd_steps + 1):
             out = wrapped(rays_r)
             sse = photometric_sse(out, rgb_r, valid_r)
-            loss = sse / strategy.reduce_step_stats(StepStats(valid_r.sum())).loss_normalizer
-            loss.backward()
+            # the trainer's path: a fixed divisor, the global count's correction after the backward
+            norm = strategy.loss_normalizer(valid_r.sum(), per)
+            (sse / norm.divisor).backward()
+            norm.rescale_(model.parameters())
             if step == 0:
                 grads = {k: p.grad.detach().clone() for k, p in model.named_parameters()}
             if step < sgd_steps:
                 optimizer.step()
                 optimizer.zero_grad()
         params = {k: p.detach().clone() for k, p in model.named_parameters()}
+        strategy.check_exchange()  # bounded: every non-zero found a slot (raises otherwise)
         model.update_occupancy()
         comm = strategy.comm_stats()
         torch.save({"grads": grads, "params": params, "occupancy": model.occupancy.binary.clone(), "comm": comm},
@@ -103,7 +115,7 @@ def grad_worker(rank: int, world_size: int, port: int, out_dir: str, num_rays: i
 
 
 def overflow_worker(rank: int, world_size: int, port: int, out_dir: str, num_rays: int):
-    """One bounded-exchange step with bounds a quarter of the forward's (a model whose bound is wrong),
+    """One bounded-exchange step with a capacity a 64th of each table (a model whose bound is wrong),
     then a rewrap (what grid upsampling does), then the strategy's check: every rank must raise."""
     set_env(rank, world_size, port)
     env = init_gloo()
@@ -116,11 +128,10 @@ def overflow_worker(rank: int, world_size: int, port: int, out_dir: str, num_ray
         strategy = DDPStrategy({"name": "ddp", "sparse_min_numel": 0, "sparse_max_density": 1.0,
                                 "sparse_mode": "bounded"}, env)
         model = make_model()
+        fix_capacity(model, 64)
         wrapped = strategy.wrap(model)
-        real = model.gradient_entry_bounds
-        model.gradient_entry_bounds = lambda: {k: v // 4 for k, v in real().items()}
         sse = photometric_sse(wrapped(rays_r), rgb_r, valid_r)
-        (sse / strategy.reduce_step_stats(StepStats(valid_r.sum())).loss_normalizer).backward()
+        (sse / per).backward()  # the loss's scale does not matter here
         strategy.rewrap()
         try:
             strategy.check_exchange()
