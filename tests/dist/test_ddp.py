@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 import pytest
 
+from distnerf import checkpoint as ckpt
 from distnerf.components.loss import photometric_sse
 from distnerf.observe.logger import read_metrics_log
 from tests.conftest import spawn
@@ -112,18 +113,33 @@ TINY = ["experiment=smoke", "train.progress=false", "eval.enabled=false", "train
         "train.max_steps=6"]
 
 
-@pytest.mark.parametrize("mode", ["nan", "budget"])
+STOPS = {  # mode (W.trainer_worker): the run's strategy and cadence
+    "nan": ["strategy=ddp", "train.ckpt_every=2"],
+    "budget_nan": ["strategy=ss", "strategy.num_regions=2"],
+}
+
+
+@pytest.mark.parametrize("mode", sorted(STOPS))
 def test_one_rank_stop_cause_stops_all_ranks_at_same_step(tmp_path, synthetic_cache, mode):
-    spawn(W.trainer_worker, 2, str(tmp_path), TINY + [f"dataset.cache_dir={synthetic_cache}"], mode)
+    """The step agreement is launched after the forward and read after the update (issue 50 item 2),
+    with the non-finite flag a step late. ``nan`` (ddp): rank 1's loss at step 2 is non-finite; the
+    checkpoint of step 2 (before it) is kept, finite; step 3's agreement carries the flag and both
+    ranks stop after step 3's update, before anything saves. ``budget_nan`` (ss, sharded
+    checkpoints): rank 1 passes its time budget at step 1's agreement, so both ranks leave after step
+    1; rank 0's loss at step 1 was non-finite, a flag no agreement carried: the final checkpoint settles
+    it first and nothing is saved."""
+    spawn(W.trainer_worker, 2, str(tmp_path), TINY + STOPS[mode] + [f"dataset.cache_dir={synthetic_cache}"], mode)
     results = [torch.load(tmp_path / f"result_rank_{r}.pt", weights_only=False) for r in range(2)]
     for res in results:
         assert "traceback" not in res, res.get("traceback")
-    assert results[0]["step"] == results[1]["step"]
-    if mode == "nan":
-        assert all("non-finite loss at step 2" in r["error"] for r in results)
-        assert not list((tmp_path / "checkpoints").glob("step_*/manifest.json"))  # nothing saved
-    else:
-        assert results[0]["step"] == 1 and all(r["stop_reason"] == "time_budget" for r in results)
+    poisoned, stopped, kept = {"nan": (2, 3, [2]), "budget_nan": (1, 2, [])}[mode]
+    assert [r["step"] for r in results] == [stopped, stopped]  # within one step of the poisoned one, together
+    assert all(f"non-finite loss at step {poisoned} on 1 rank" in r.get("error", "") for r in results), results
+    saved = [ckpt.read_manifest(d)["step"] for d in ckpt.committed(tmp_path / "checkpoints")]
+    assert saved == kept
+    for step in kept:  # what was kept is finite
+        state = torch.load(ckpt.step_dir(tmp_path / "checkpoints", step) / ckpt.MODEL_FILE, weights_only=False)
+        assert all(torch.isfinite(v).all() for v in state["model"].values() if v.is_floating_point())
 
 
 @pytest.mark.parametrize("world_size", [1, 2])

@@ -159,8 +159,9 @@ def compose_config(overrides: list[str]):
 
 
 def trainer_worker(rank: int, world_size: int, port: int, run_dir: str, overrides: list, mode: str):
-    """Runs the real Trainer on the built-in scene; ``mode`` injects a rank-local stop cause
-    on rank 1: ``nan`` (non-finite loss at its 3rd step) or ``budget`` (tiny time budget)."""
+    """Runs the real Trainer (the strategy of ``overrides``) on the built-in scene; ``mode`` injects
+    rank-local stop causes: ``nan``, a non-finite loss on rank 1 at step 2; ``budget_nan``, a tiny
+    time budget on rank 1 and a non-finite loss on rank 0 at step 1."""
     from distnerf.components import step as step_mod
     from distnerf.engine import trainer as trainer_mod
     from distnerf.strategy import build_strategy
@@ -170,19 +171,20 @@ def trainer_worker(rank: int, world_size: int, port: int, run_dir: str, override
     env = init_gloo()
     try:
         cfg = compose_config(overrides + [f"run_dir={run_dir}"])
-        if rank == 1 and mode == "budget":
+        if rank == 1 and mode == "budget_nan":
             cfg.train.max_minutes = 1e-9
-        if rank == 1 and mode == "nan":
+        poisoned_step = {("nan", 1): 2, ("budget_nan", 0): 1}.get((mode, rank))
+        if poisoned_step is not None:
             calls = {"n": 0}
             real = step_mod.ray_error
 
             def poisoned(*args, **kwargs):
                 calls["n"] += 1
                 error = real(*args, **kwargs)
-                return dataclasses.replace(error, sse=error.sse * float("nan")) if calls["n"] == 3 else error
+                return dataclasses.replace(error, sse=error.sse * float("nan")) if calls["n"] == poisoned_step + 1 else error
 
             step_mod.ray_error = poisoned
-        trainer = trainer_mod.Trainer(cfg, build_strategy({"name": "ddp"}, env), Path(run_dir))
+        trainer = trainer_mod.Trainer(cfg, build_strategy(cfg.strategy, env), Path(run_dir))
         try:
             out = trainer.fit()
             result.update(step=out["step"], stop_reason=out["stop_reason"])
