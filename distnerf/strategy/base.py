@@ -90,7 +90,7 @@ class PendingAgreement:
         then reads the sums (a CPU tensor: no device is waited for)."""
         if self._work is not None:
             self._work.wait()
-        return self._finish(self.mine, StepStats(*self._summed.tolist()))
+        return self._finish(self.mine, StepStats(*self._summed.numpy().tolist()))  # a CPU tensor: no device read
 
 
 
