@@ -93,7 +93,6 @@ class PendingAgreement:
         return self._finish(self.mine, StepStats(*self._summed.numpy().tolist()))  # a CPU tensor: no device read
 
 
-
 class LossNormalizer:
     """The loss normaliser of one step (:meth:`Strategy.loss_normalizer`): the loss is
     ``sse / divisor``; :meth:`rescale_` corrects the gradients after the backward where the
@@ -117,14 +116,10 @@ class LossNormalizer:
             return
         if self._work is not None:
             self._work.wait()
-        scale = self._factor / self._count.clamp(min=1.0)
         grads = [p.grad for p in params if p.grad is not None]
-        dense = [g for g in grads if not g.is_sparse]
-        if dense:
-            torch._foreach_mul_(dense, scale)
-        for g in grads:
-            if g.is_sparse:
-                g.mul_(scale)
+        if grads:
+            torch._foreach_mul_(grads, self._factor / self._count.clamp(min=1.0))  # dense or sparse rows alike
+
 
 class Strategy:
     """Base strategy (also the behaviour of a single process).
@@ -215,16 +210,12 @@ class Strategy:
         work = D.all_reduce_(summed, async_op=True) if self.env.has_peers else None
         return PendingAgreement(StepStats(*mine), summed, work, self.finish_step_stats)
 
-    def reduce_step_stats(self, local: StepStats) -> StepAgreement:
-        """:meth:`launch_step_stats` and wait for it at once (between steps; tools and tests)."""
-        return self.launch_step_stats(local).wait()
-
     def finish_step_stats(self, mine: StepStats, total: StepStats) -> StepAgreement:
         """The agreement from this rank's stats and their sums over ranks (``ss`` joint counts its
         shared rays once)."""
         return StepAgreement(total, mine)
 
-    def loss_normalizer(self, valid, batch_rays: int) -> "LossNormalizer":
+    def loss_normalizer(self, valid, batch_rays: int) -> LossNormalizer:
         """How this rank's summed squared error becomes its loss, so that the gradient the ranks end
         with is the gradient of the global mean loss (the mean over every rank's valid rays).
 
