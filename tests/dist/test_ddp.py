@@ -106,7 +106,7 @@ def test_a_bound_that_does_not_hold_is_raised_on_every_rank_even_across_a_rewrap
     results = [torch.load(tmp_path / f"overflow_rank_{r}.pt", weights_only=False) for r in range(2)]
     for res in results:
         assert "traceback" not in res, res.get("traceback")
-        assert res["error"] and "exceeded the capacity" in res["error"], res
+        assert res["error"] and "exceeded their fixed capacity" in res["error"], res
 
 
 TINY = ["experiment=smoke", "train.progress=false", "eval.enabled=false", "train.ckpt_every=0",
