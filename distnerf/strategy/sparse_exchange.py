@@ -14,7 +14,9 @@ least ``sparse_min_numel`` entries may travel as (index, value) pairs, in one of
   vertex table has a fixed capacity of gradient entries a training forward can make non-zero, from
   sizes every rank knows alike (the static step's P sample slots, 8 corner rows each:
   :meth:`~distnerf.model.base.RadianceModel.gradient_entry_capacity`; a table without one counts all
-  its entries). Nothing about this step's forward is exchanged before the backward. A bucket's
+  its entries). Why every rank holds the same capacities without exchanging them: they depend on P
+  (the config) and the tables' shapes (replicas change them at the same step: an upsampling), never
+  on this step's forward, so the all-gathers' sizes match. A bucket's
   capacity is the sum of its parameters' capacities; its non-zeros are compacted into it on the
   device (``torch.nonzero_static``, or a prefix sum and a scatter where it has no kernel) and
   all-gathered. The capacity holds every non-zero by construction, so the

@@ -147,7 +147,8 @@ def test_ddp_alone_in_its_group_does_no_collective(tmp_path, synthetic_cache, wo
     """A world-size-1 torchrun (a process group of one) trains without any collective in its
     steps: no DDP wrapper, no gradient all-reduce, no step agreement (issue 25: the study's
     W = 1 ddp cell reported 18.5 MB all-reduced per step with no peer). The same counter at
-    world size 2 sees the all-reduces of every step, so the count can fail."""
+    world size 2 sees the all-reduces of every step, so the count can fail, and that the one
+    collective between forward and backward is the step agreement, never waited for there."""
     spawn(W.counting_worker, world_size, str(tmp_path), TINY + [f"dataset.cache_dir={synthetic_cache}"])
     res = torch.load(tmp_path / "result_rank_0.pt", weights_only=False)
     assert "traceback" not in res, res.get("traceback")
@@ -159,6 +160,9 @@ def test_ddp_alone_in_its_group_does_no_collective(tmp_path, synthetic_cache, wo
     else:
         assert min(calls) >= 2 and "all_reduce" in res["per_step"][-1][1]  # the buckets' and the step's
         assert res["wrapped"] == "DistributedDataParallel"
+        # between forward and backward only the step agreement, launched async and waited for after the
+        # optimizer: no host wait on a collective there (issue 50 item 2)
+        assert res["gap"] == [{"name": "all_reduce", "async": True, "waited_in": "step_sync"}] * 6, res["gap"]
         # the log rows' per-rank figures travel in one float all-gather (D.all_gather_floats), never pickled
         assert not any("all_gather_object" in names for _, names in res["per_step"]), res["per_step"]
         rows = [r for r in read_metrics_log(tmp_path) if "rank1/step_ms" in r]

@@ -199,11 +199,24 @@ def trainer_worker(rank: int, world_size: int, port: int, run_dir: str, override
     torch.save(result, Path(run_dir) / f"result_rank_{rank}.pt")
 
 
+class WaitRecorder:
+    """A collective's work handle that notes, in ``call["waited_in"]``, the trainer's phase when it is waited for."""
+
+    def __init__(self, work, call: dict, timer):
+        self.work, self.call, self.timer = work, call, timer
+
+    def wait(self, *args, **kwargs):
+        self.call["waited_in"] = self.timer.current
+        return self.work.wait(*args, **kwargs)
+
+
 def counting_worker(rank: int, world_size: int, port: int, run_dir: str, overrides: list):
     """Runs the real Trainer under ``strategy=ddp`` with every torch.distributed collective
     wrapped by a counter (the dist helpers call them through the module), and records the
     calls of each step (from one step's ``profiler.end_step`` to the next: input, forward,
-    step agreement, backward with DDP's bucket hook, optimizer, logging)."""
+    step agreement, backward with DDP's bucket hook, optimizer, logging), and (``gap``) each one
+    called between the forward and the backward: whether it was launched ``async_op`` and the phase
+    in which the host waited for it."""
     import torch.distributed as dist
 
     from distnerf.engine import trainer as trainer_mod
@@ -211,6 +224,8 @@ def counting_worker(rank: int, world_size: int, port: int, run_dir: str, overrid
 
     set_env(rank, world_size, port)
     counts = {"calls": 0, "names": []}
+    result = {"rank": rank, "per_step": [], "gap": []}
+    timer = {}  # the trainer's step timer, once built: which phase a collective is called and waited in
     for name in ("all_reduce", "all_gather", "broadcast", "broadcast_object_list", "all_gather_object", "barrier",
                  "all_gather_into_tensor", "reduce_scatter_tensor"):
         real = getattr(dist, name)
@@ -218,14 +233,19 @@ def counting_worker(rank: int, world_size: int, port: int, run_dir: str, overrid
         def counted(*args, _real=real, _name=name, **kwargs):
             counts["calls"] += 1
             counts["names"].append(_name)
-            return _real(*args, **kwargs)
+            work = _real(*args, **kwargs)
+            if "steps" in timer and timer["steps"].current == "forward":  # after the forward, before the backward
+                call = {"name": _name, "async": bool(kwargs.get("async_op")), "waited_in": None}
+                result["gap"].append(call)
+                return WaitRecorder(work, call, timer["steps"]) if work is not None else work
+            return work
 
         setattr(dist, name, counted)
-    result = {"rank": rank, "per_step": []}
     env = init_gloo()
     try:
         cfg = compose_config(overrides + [f"run_dir={run_dir}"])
         trainer = trainer_mod.Trainer(cfg, build_strategy({"name": "ddp"}, env), Path(run_dir))
+        timer["steps"] = trainer.timer
         real_end = trainer.profiler.end_step
         mark = {"at": counts["calls"]}
 
