@@ -72,9 +72,7 @@ def _trainer(tmp_path: Path, overrides: list[str]):
 def _step(trainer) -> None:
     """One step of ``Trainer.fit`` without logging, evaluation or checkpoints."""
     trainer.timer.begin_step()
-    batch, out, error = trainer.train_step(trainer.step)
-    agreed = trainer.agree(batch, error.sse)
-    trainer.step_fn.update(error.sse / agreed.loss_normalizer)
+    batch, out, error, agreed = trainer.take_step()
     trainer.step += 1
     trainer.profiler.end_step(trainer.step - 1, agreed.mine.valid_rays, out.get("num_samples", 0),
                               trainer.strategy.step_comm())
