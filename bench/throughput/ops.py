@@ -81,10 +81,13 @@ def count(name: str, overrides: list[str], cuda_paths: bool, root: Path, device:
 
         def step(counted: bool) -> None:
             trainer.timer.begin_step()
-            batch, out, error = trainer.train_step(trainer.step)
-            sse = getattr(error, "sse", error)  # a RayError since the config-once change, a tensor before
-            agreed = trainer.agree(batch, sse)
-            trainer.step_fn.update(sse / agreed.loss_normalizer)
+            if hasattr(trainer, "take_step"):  # since the step agreement moved after the update (issue 50)
+                batch, out, error, agreed = trainer.take_step()
+            else:
+                batch, out, error = trainer.train_step(trainer.step)
+                sse = getattr(error, "sse", error)  # a RayError since the config-once change, a tensor before
+                agreed = trainer.agree(batch, sse)
+                trainer.step_fn.update(sse / agreed.loss_normalizer)
             trainer.step += 1
             trainer.profiler.end_step(trainer.step - 1, agreed.mine.valid_rays, out.get("num_samples", 0),
                                       trainer.strategy.step_comm())

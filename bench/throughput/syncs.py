@@ -9,9 +9,9 @@ strategy.num_regions=2``, ``ss_joint``: the same with ``strategy.training=joint`
 :class:`~distnerf.engine.trainer.Trainer` runs ``--step`` steps exactly as
 ``Trainer.fit`` does (no logging, evaluation or checkpoints), so the occupancy grids
 exist and the smoke grid is past its upsampling (step 10), then one more step
-under a :class:`~distnerf.observe.syncs.SyncCounter`: ``train_step`` (input, model
-update, forward and loss), ``agree`` (the trainer's flags and the step's all-reduce),
-``step_fn.update`` (backward, regulariser, optimizer) and ``profiler.end_step``. For the
+under a :class:`~distnerf.observe.syncs.SyncCounter`: ``Trainer.take_step`` (input, model
+update, forward and loss; ``agree``: the trainer's flags and the step's all-reduce launched;
+backward, regulariser, optimizer; ``step_sync``: the all-reduce read) and ``profiler.end_step``. For the
 marched models the next occupancy-refresh step is counted too (``refresh_step``).
 
 Every event is labelled with the step's phase (``input_wait`` ... ``optimizer``, and
@@ -78,12 +78,19 @@ def run_step(trainer, counter=None) -> None:
     """One step of ``Trainer.fit`` (without logging, validation, checkpoints), counted by ``counter``."""
     section = counter.section if counter is not None else (lambda name: contextlib.nullcontext())
     trainer.timer.begin_step()
-    batch, out, error = trainer.train_step(trainer.step)
-    with section("agree"):
-        agreed = trainer.agree(batch, error.sse)
+    agree = trainer.agree
+
+    def labelled(*args):  # the trainer's own reads of the step, in their section
+        with section("agree"):
+            return agree(*args)
+
+    trainer.agree = labelled
+    try:
+        batch, out, error, agreed = trainer.take_step()
+    finally:
+        del trainer.agree
     total = agreed.total
     assert not (total.nonfinite or total.over_budget or total.signal), total
-    trainer.step_fn.update(error.sse / agreed.loss_normalizer)
     trainer.step += 1
     with section("end_step"):
         trainer.profiler.end_step(trainer.step - 1, agreed.mine.valid_rays, out.get("num_samples", 0),

@@ -63,9 +63,8 @@ def ray_error(outputs: RenderOutput, target: torch.Tensor, valid: torch.Tensor) 
     """
     if outputs.ray_index is not None:
         target, valid = target[outputs.ray_index], valid[outputs.ray_index]
-    w = valid.to(target.dtype)
-    if outputs.loss_weight is not None:
-        w = w * outputs.loss_weight
+    # (the same values as valid.to(float) * loss_weight, in one operator)
+    w = valid.to(target.dtype) if outputs.loss_weight is None else outputs.loss_weight * valid
     rgb = ((outputs.rgb.float() - target) ** 2).mean(dim=-1)
     sse = (rgb * w).sum()
     distortion = coarse = None

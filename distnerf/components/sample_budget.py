@@ -71,7 +71,8 @@ class SampleBudget:
         self.capacity, self.headroom = int(capacity), float(headroom)
         self.active: torch.Tensor | None = None  # () int64 on the device: the rays the next step marches
         self._render = static_render
-        self._clip_key = self._slots_key = None
+        self._clip_key = self._slots_key = self._range_key = None
+        self._any_occupied = None  # 0-dim bool: any occupancy cell set, with the clip box
         self._host = None  # (4,) float32 host buffer: the last step's stats (static_render's), read a step late
         self._event, self._pending, self._last = None, False, [0.0] * 4
 
@@ -95,10 +96,18 @@ class SampleBudget:
             background = torch.rand(len(rays), 3, generator=generator, device=origins.device, dtype=origins.dtype)
         out, next_active, stats = self._render(model, rays, u, background, self._clip_box(model), self.active,
                                                field_fn_of(model, rays.image_ids), model.step_size(),
-                                               self._num_slots(model), self.capacity, self.headroom)
+                                               self._num_slots(model), self.capacity, self.headroom,
+                                               self._ranges(len(rays), origins.device), self._any_occupied)
         self.active.copy_(next_active)
         self._push(stats)
         return out
+
+    def _ranges(self, num_rays: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(arange(R), arange(P))`` int64 on ``device``, kept (fixed buffers: no operator a step)."""
+        if self._range_key != (num_rays, device):
+            self._range = (torch.arange(num_rays, device=device), torch.arange(self.capacity, device=device))
+            self._range_key = (num_rays, device)
+        return self._range
 
     def _clip_box(self, model) -> torch.Tensor:
         """(2, 3) the marching box within the occupied cells' box, on the device, recomputed when the
@@ -107,6 +116,7 @@ class SampleBudget:
         key = (occ.binary.data_ptr(), occ.binary._version, occ.aabb._version, box.data_ptr(), box._version)
         if key != self._clip_key:
             occupied = occ.occupied_aabb()
+            self._any_occupied = occ.binary.any()  # the collapse flag's source (it changes here only)
             lo = torch.maximum(box[0], occupied[0])
             self._clip = torch.stack([lo, torch.maximum(torch.minimum(box[1], occupied[1]), lo)])
             self._clip_key = key
@@ -144,7 +154,8 @@ class SampleBudget:
 
     def metrics(self) -> dict[str, float]:
         """The previous step's figures (module docstring), host floats; empty before two steps."""
-        overflow, active, needed, _ = self._last
+        counted, active, needed, _ = self._last
+        overflow = active - counted
         if active == 0:
             return {}
         return {"budget_overflow_rate": overflow / active, "budget_active_rays": active,

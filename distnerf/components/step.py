@@ -2,9 +2,11 @@
 between.
 
 ``forward`` renders a batch and returns the *summed* photometric error, with the per-ray
-error it sums; the caller (the trainer, after its per-step all-reduce) divides the sum by the
-loss normaliser and hands the loss to ``update``: backward, the model's closed-form regulariser gradients
-(identical on every rank, so added after any gradient all-reduce), the optimizer step.
+error it sums; the caller (the trainer) divides the sum by the strategy's loss normaliser (a
+fixed number: no collective between forward and backward) and hands the loss to ``update``:
+backward, the strategy's correction of its gradients (if any), the model's closed-form
+regulariser gradients (identical on every rank, so added after any gradient all-reduce), the
+optimizer step.
 The trainer and the balanced partition's density fit (:mod:`distnerf.strategy.density`)
 both run exactly this step.
 """
@@ -97,10 +99,14 @@ class TrainStep:
             out = module(batch.rays, generator)
         return out, ray_error(out, batch.rgb, batch.valid)
 
-    def update(self, loss: torch.Tensor) -> None:
-        """Backward (a data-parallel wrapper all-reduces inside), regulariser gradients, step."""
+    def update(self, loss: torch.Tensor, after_backward: Callable[[], None] | None = None) -> None:
+        """Backward (a data-parallel wrapper all-reduces inside), ``after_backward()`` (the strategy's
+        correction of the loss gradients: :meth:`~distnerf.strategy.base.LossNormalizer.rescale_`),
+        regulariser gradients, step."""
         with self.phase("backward"):
             loss.backward()
+            if after_backward is not None:
+                after_backward()
         with self.phase("regularizer"):
             add_regularizer_grads_(self.model)
         with self.phase("optimizer"):

@@ -3,8 +3,10 @@
 Data flow of one step: dataset -> sampler.host_batch(step) (waits for the
 pipelined workers) -> sampler.to_device (pinned, non-blocking) ->
 strategy-wrapped model forward (the whole render) -> photometric loss -> the
-step's one all-reduce (valid rays + stop flags) -> backward (gradient all-reduce
-inside DDP) -> optimizer -> metrics -> checkpoint.
+step's one small all-reduce launched (valid rays + stop flags, not waited for) ->
+backward (gradient all-reduce inside DDP) -> optimizer -> the all-reduce read
+(stops) -> metrics -> checkpoint. No host wait on a collective between forward and
+backward (``Trainer.agree``).
 """
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ from ..sampler.base import RayBatch
 from ..model import contracted
 from ..config_check import ConfigError
 from ..schema import TrainConfig
-from ..strategy.base import StepAgreement, StepStats, Strategy
+from ..strategy.base import LossNormalizer, PendingAgreement, StepAgreement, StepStats, Strategy
 from .checkpoint_cadence import Checkpointer
 from .evaluate import evaluate_run, image_panels, make_eval_split
 from .held_out_appearance import check_appearance_protocol
@@ -103,6 +105,7 @@ class Trainer:
                                      strategy.sampler_stream(), self.device, strategy.ray_filter(self.train_scene))
         # the loss's finiteness, read a step late (no host sync in the step): see agree()
         self._late_nonfinite, self._late_step = LateFlag(self.device), -1
+        self._late_valid = LateFlag(self.device)  # a valid count on the device, for the logs (agree())
         self.model = strategy.build_model(model_cfg, self.train_scene)
         if self.env.is_main and cfg.model.max_params is not None:  # what the budget derived (rank 0's model)
             log.info("model.max_params=%d per rank: %s", cfg.model.max_params, strategy.parameter_report(self.model))
@@ -199,23 +202,40 @@ class Trainer:
             out, error = self.step_fn.forward(self.wrapped, batch)
         return batch, out, error
 
-    def agree(self, batch, sse: torch.Tensor) -> StepAgreement:
-        """The step's one small all-reduce: global valid rays, stop and checkpoint flags.
+    def agree(self, batch, sse: torch.Tensor) -> PendingAgreement:
+        """Launch the step's one small all-reduce (valid rays, stop and checkpoint flags) and return it
+        unread: :meth:`take_step` reads it after the optimizer step.
 
-        It reads nothing from the device when the batch was built on the host (its valid count was
-        taken there, ``RayBatch.num_valid``) or every ray is valid (no ray filter: the count is
-        the batch size), and the model's flags are host values: the non-finite-loss flag is the
-        *previous* step's (:class:`~.late_flag.LateFlag`), so a non-finite loss at step k stops
-        every rank at step k + 1's agreement, before step k + 1's update. Nothing is lost by the
-        step's delay: the run stops without saving either way, and every point that would keep the
-        parameters of step k (a ``ckpt_every`` checkpoint, validation, the final checkpoint) first
-        settles the flag (:meth:`_settle_nonfinite`, a collective at a step every rank reaches);
-        a time-mark checkpoint is taken after the agreement that carried step k's flag.
+        No collective whose result the host waits for sits between forward and backward: the loss
+        normaliser is the per-rank batch, a fixed capacity (:meth:`Strategy.loss_normalizer`; with a
+        ray filter the global valid count travels asynchronously and corrects the gradients after the
+        backward, on the device), the sparse exchange's capacity is fixed
+        (:meth:`~distnerf.model.base.RadianceModel.gradient_entry_capacity`), and this agreement is
+        launched here (``async_op``) and waited for after the update, when the backward's gradient
+        all-reduce has already brought the ranks together.
+
+        Why the stops stay right. Every rank launches one agreement per step and reads it at the same
+        point of the same step, so every rank reads the same sums and takes the same branch: every rank
+        leaves at the same step, and a checkpoint is written by all or none. A stop acts after the step
+        in flight (a time budget or a signal: that step is kept, and the final checkpoint holds it).
+        The non-finite-loss flag is the *previous* step's (:class:`~.late_flag.LateFlag`), so a
+        non-finite loss at step k is read after step k + 1's update and every rank stops there, without
+        saving: within one step. Every point that keeps the current parameters (a checkpoint, by step
+        count or time mark, validation, the final checkpoint) first settles the flag not yet carried
+        (:meth:`_settle_nonfinite`, a collective every rank reaches at the same step), so no checkpoint
+        holds parameters a non-finite loss produced.
+
+        Nothing is read from the device here when the batch was built on the host (its valid count was
+        taken there, ``RayBatch.num_valid``) or every ray is valid (the count is the batch size); a count
+        on the device (``sampler=device`` with a ray filter) travels a step late, like the flag (it is
+        only logged). The model's flags are host values.
         """
         if batch.num_valid is not None:  # counted on the host before the copy
             valid = batch.num_valid
-        else:  # a batch built on the device (sampler=device): its count is on the device too
-            valid = float(batch.valid.shape[0]) if self.sampler.every_ray_valid else batch.valid.sum()
+        elif self.sampler.every_ray_valid:
+            valid = float(batch.valid.shape[0])
+        else:  # a batch built on the device: its count, for the logs, read a step late
+            valid = self._late_valid.swap(batch.valid.sum())
         nonfinite, self._late_step = self._late_nonfinite.swap(_nonfinite(sse.detach())), self.step
         local = StepStats(valid_rays=valid, nonfinite=nonfinite,
                           over_budget=float(0 < self.cfg.train.max_minutes * 60.0 <= self.train_seconds),
@@ -223,11 +243,34 @@ class Trainer:
                           signal=float(self.stop.requested), collapsed=float(bool(self.model.collapsed())),
                           train_seconds=self.train_seconds,
                           live_frame=float(self.viewer is not None and self.viewer.wants_frame()))
-        with self.timer.phase("step_sync"):
-            agreed = self.strategy.reduce_step_stats(local)
-        # the mean over ranks: the same float everywhere (one all-reduce)
+        return self.strategy.launch_step_stats(local)
+
+    def take_step(self) -> tuple[RayBatch, RenderOutput, RayError, StepAgreement]:
+        """One training step without its bookkeeping: the forward half (:meth:`train_step`), the step
+        agreement launched (:meth:`agree`), the loss divided by the strategy's normaliser
+        (:meth:`loss_normalizer`: a host number or a device tensor, never read), backward, its
+        gradients corrected where the normaliser says so, optimizer, then the agreement read.
+        ``self.step`` is not advanced. Returns (batch, model outputs, their :class:`RayError`, the
+        agreement)."""
+        batch, out, error = self.train_step(self.step)
+        pending = self.agree(batch, error.sse)
+        norm = self.loss_normalizer(batch)
+        self.step_fn.update(error.sse / norm.divisor, lambda: norm.rescale_(self.model.parameters()))
+        with self.timer.phase("step_sync"):  # after the update: the host waits for no rank before the backward
+            agreed = pending.wait()
+        # the mean over ranks: the same float everywhere (read by the next step's schedule)
         self.budget_clock.agree(agreed.total.train_seconds / self.env.world_size)
-        return agreed
+        return batch, out, error, agreed
+
+    def loss_normalizer(self, batch: RayBatch) -> LossNormalizer:
+        """The strategy's normaliser of this batch's summed error (:meth:`Strategy.loss_normalizer`):
+        every ray valid (no ray filter): the batch size; else its valid count (host, or on the device:
+        never read)."""
+        if self.sampler.every_ray_valid:
+            valid = None
+        else:
+            valid = batch.num_valid if batch.num_valid is not None else batch.valid.sum()
+        return self.strategy.loss_normalizer(valid, len(batch.valid))
 
     def _settle_nonfinite(self) -> None:
         """Read the non-finite flag the last agreement did not carry and stop (without saving) if
@@ -248,21 +291,12 @@ class Trainer:
         while self.step < max_steps:
             start = time.perf_counter()
             self.timer.begin_step()
-            batch, out, error = self.train_step(self.step)
-            agreed = self.agree(batch, error.sse)
+            batch, out, error, agreed = self.take_step()
             total = agreed.total  # over ranks: the valid rays, and how many ranks raised each flag
             if total.nonfinite:  # the previous step's loss (agree's docstring)
                 self._stop_nonfinite(total.nonfinite, self.step - 1)
             if total.collapsed:
                 self._stop_collapsed(total.collapsed)
-            if total.over_budget or total.signal:  # every rank leaves at this step
-                stop_reason = "time_budget" if total.over_budget else "signal"
-                self.timer.cancel_step()  # the begun step is not taken: no record of it
-                break
-            if total.at_mark:  # some rank passed a time mark: everyone saves at this step
-                with self.timer.phase("checkpoint"):
-                    self.save_checkpoint(at_mark=True, background=True)
-            self.step_fn.update(error.sse / agreed.loss_normalizer)
             self.step += 1
             done = self.profiler.end_step(self.step - 1, agreed.mine.valid_rays, out.num_samples,
                                           self.strategy.step_comm())  # after the step's GPU work (CUDA: its sync)
@@ -276,13 +310,17 @@ class Trainer:
                 self.timer.mark("evaluate")  # outside the step: named for hang reports, not timed
                 self._settle_nonfinite()
                 self.evaluate_val()
-            if self.checkpointer.due(self.step):
+            # some rank passed a time mark (everyone saves at this step), or the ckpt_every cadence
+            if total.at_mark or self.checkpointer.due(self.step):
                 self.timer.mark("checkpoint")  # its barrier waits for every rank
                 self._settle_nonfinite()
-                self.save_checkpoint(background=True)
+                self.save_checkpoint(at_mark=bool(total.at_mark), background=True)
             if self.viewer is not None:  # between steps, in this thread: the model is not changing
                 self.viewer.after_step(self.model, self.step, float(total.valid_rays) / max(step_seconds, 1e-9),
                                        frame_agreed=bool(total.live_frame))
+            if total.over_budget or total.signal:  # every rank leaves after this step
+                stop_reason = "time_budget" if total.over_budget else "signal"
+                break
         return self._finish(stop_reason, bar, segment_start, time.perf_counter() - loop_start)
 
     def _stop_nonfinite(self, ranks: float, step: int) -> None:

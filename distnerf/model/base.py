@@ -83,41 +83,20 @@ class RadianceModel(nn.Module):
         (:func:`distnerf.components.regularizer.add_regularizer_grads_`); [] by default."""
         return []
 
-    # -- bounds on a gradient's non-zero entries (for a sparse gradient exchange) ---------
-    #: whether the forward records the rows it reads (:meth:`note_rows_read`); set by a strategy
-    #: that sizes a sparse gradient exchange from them, off otherwise (no cost)
-    record_rows_read: bool = False
-
+    # -- a fixed capacity of a gradient's non-zero entries (for a sparse gradient exchange) ---------
     def bounded_parameters(self) -> list[nn.Parameter]:
-        """The parameters whose loss gradient :meth:`gradient_entry_bounds` bounds (row tables
+        """The parameters whose loss gradient :meth:`gradient_entry_capacity` bounds (row tables
         read by interpolation), in a fixed order (the same on every replica); [] by default."""
         return []
 
-    def note_rows_read(self, table: torch.Tensor, references: int) -> None:
-        """Record that a forward with autograd read ``references`` rows of the (V, C) ``table``
-        (with repeats: e.g. 8 corner rows per point of a trilinear interpolation). Only shapes
-        are used, so recording reads nothing from the device."""
-        if self.record_rows_read and torch.is_grad_enabled() and table.requires_grad:
-            refs = self.__dict__.setdefault("_rows_read", {})
-            refs[id(table)] = refs.get(id(table), 0) + int(references)
-
-    def gradient_entry_bounds(self) -> dict[int, int]:
-        """Upper bounds on the non-zero entries of each :meth:`bounded_parameters` gradient
-        from the recorded forwards since the last :meth:`reset_rows_read`, keyed by ``id(param)``.
-
-        A (V, C) table read only through interpolation at rows it references gets a
-        non-zero gradient only in those rows (the backward scatters into them), so at most
-        ``min(V, references) * C`` entries; an unread table: 0. Parameter-only regularisers
-        add their gradients after the exchange (:meth:`regularized_tables`), so they do
-        not count. Host integers from shapes: computing them needs no device value.
-        """
-        refs = self.__dict__.get("_rows_read", {})
-        return {id(p): min(p.shape[0], refs.get(id(p), 0)) * (p.numel() // max(p.shape[0], 1))
-                for p in self.bounded_parameters()}
-
-    def reset_rows_read(self) -> None:
-        """Forget the rows recorded so far (a new step)."""
-        self.__dict__["_rows_read"] = {}
+    def gradient_entry_capacity(self) -> dict[int, int]:
+        """Fixed upper bounds on the non-zero entries of each :meth:`bounded_parameters` gradient that
+        any one training forward can make, keyed by ``id(param)``: from sizes alone (the same on every
+        replica, with no forward seen), so a sparse gradient exchange sized by them needs no agreement
+        between ranks (:mod:`distnerf.strategy.sparse_exchange`, ``bounded``). Parameter-only
+        regularisers add their gradients after the exchange (:meth:`regularized_tables`), so they do
+        not count. A parameter left out has no such bound (all its entries count). None by default."""
+        return {}
 
     def update_state(self, step: int, stage_step: int | None = None) -> bool:
         """Non-gradient updates before training step ``step`` (occupancy grid,

@@ -246,8 +246,18 @@ class GridModel(GridOccupancy, GridSchedule, MarchingModel):
 
     def bounded_parameters(self) -> list[nn.Parameter]:
         """The vertex tables: read only by trilinear interpolation (8 corner rows per point), so
-        their loss gradient is non-zero in the rows read (:meth:`RadianceModel.gradient_entry_bounds`)."""
+        their loss gradient is non-zero in the rows read (:meth:`gradient_entry_capacity`)."""
         return [t for d, f, _, _ in self._tables() for t in (d, f)]
+
+    def gradient_entry_capacity(self) -> dict[int, int]:
+        """Under a static step's sample budget of P slots (``sample_budget``: the field runs on every
+        slot, each reading 8 corner rows of a table) a forward reads at most 8 P rows of each table, so
+        ``min(V, 8 P) x C`` entries of a (V, C) table can be non-zero. Without one the samples a step
+        marches depend on the data: no fixed bound ({})."""
+        if self.sample_budget is None:
+            return {}
+        rows = 8 * self.sample_budget.capacity
+        return {id(t): min(t.shape[0], rows) * (t.numel() // max(t.shape[0], 1)) for t in self.bounded_parameters()}
 
     def param_groups(self, lr: float) -> list[dict]:
         """Tables at ``lr`` * 100 (DVGO uses 0.1 for grids and 1e-3 for the MLP)."""
@@ -333,7 +343,6 @@ class GridModel(GridOccupancy, GridSchedule, MarchingModel):
             x = ((p - box[0]) / (box[1] - box[0])).clamp(0, 1)
             if grad:
                 index, weights = self._table_corners(x, shape)
-                self.note_rows_read(density, index.numel())
                 return interpolate(density, index, weights).view(-1)
             return F.grid_sample(density.view(1, 1, *shape), (x * 2 - 1).flip(-1).view(1, 1, 1, -1, 3),
                                  mode="bilinear", align_corners=True).view(-1)
@@ -352,15 +361,14 @@ class GridModel(GridOccupancy, GridSchedule, MarchingModel):
 
         def field_fn(points: torch.Tensor):
             p = self.field_coordinates(points)
-            index, weights = self._table_corners(((p - box[0]) / (box[1] - box[0])).clamp(0, 1), shape)
-            self.note_rows_read(density, index.numel())
+            # (trilinear_corners clamps the positions to [0, 1])
+            index, weights = self._table_corners((p - box[0]) / (box[1] - box[0]), shape)
             sigmas = self.densities(interpolate(density, index, weights).view(-1))
 
-            def colour_at(sel: torch.Tensor, viewdirs: torch.Tensor, ray_indices: torch.Tensor) -> torch.Tensor:
-                rows = index.index_select(0, sel)
-                self.note_rows_read(features, rows.numel())
+            def colour_at(sel: torch.Tensor | None, viewdirs: torch.Tensor, ray_indices: torch.Tensor) -> torch.Tensor:
+                rows, w = (index, weights) if sel is None else (index.index_select(0, sel), weights.index_select(0, sel))
                 # sparse rows need their count (a host sync); where that stalls the device, dense gradients
-                feats = interpolate(features, rows, weights.index_select(0, sel),
+                feats = interpolate(features, rows, w,
                                     self.sparse_grad and not sync_free(points.device))
                 return self._colours(feats, viewdirs, ray_indices, image_ids)
 
@@ -376,7 +384,6 @@ class GridModel(GridOccupancy, GridSchedule, MarchingModel):
         def sample(p: torch.Tensor, t: int) -> torch.Tensor:
             _, features, shape, box = tables[t]
             index, weights = self._table_corners((p - box[0]) / (box[1] - box[0]), shape)
-            self.note_rows_read(features, index.numel())
             # sparse rows need their count (a host sync); where that stalls the device, dense gradients
             return interpolate(features, index, weights, self.sparse_grad and not sync_free(p.device))
 

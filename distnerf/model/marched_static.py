@@ -49,7 +49,8 @@ def field_fn_of(model, image_ids: torch.Tensor | None):
 
     def both(points: torch.Tensor):
         def colour_at(index, viewdirs, ray_indices):
-            return model.colours(points.index_select(0, index), viewdirs, ray_indices, image_ids=image_ids)
+            at = points if index is None else points.index_select(0, index)
+            return model.colours(at, viewdirs, ray_indices, image_ids=image_ids)
 
         return model.field_density(points), colour_at
 
@@ -58,7 +59,8 @@ def field_fn_of(model, image_ids: torch.Tensor | None):
 
 def static_render(model, rays: RayBundle, u: torch.Tensor, background: torch.Tensor | None, clip_box: torch.Tensor,
                   active_rays: torch.Tensor, field_fn, step_size: float, num_slots: int, capacity: int,
-                  headroom: float):
+                  headroom: float, ranges: tuple[torch.Tensor, torch.Tensor] | None = None,
+                  any_occupied: torch.Tensor | None = None):
     """One training render in P fixed slots (module docstring).
 
     Args:
@@ -67,37 +69,45 @@ def static_render(model, rays: RayBundle, u: torch.Tensor, background: torch.Ten
         background: (3,) or (R, 3) float, or None (the model's or the random background).
         clip_box: (2, 3) float32 the part of the marching box that can hold a sample (the occupied
             cells' box within it, :meth:`~distnerf.renderer.occupancy.OccupancyGrid.occupied_aabb`).
-        active_rays: 0-dim int64 rays marched this step (the first ones of the batch).
+        active_rays: 0-dim int64 rays marched this step (the first ones of the batch; 1 to R).
         field_fn: :func:`field_fn_of` the model and the rays' images. step_size: :meth:`step_size`
             (both found by the caller: the model's caches compare data pointers, which a graph cannot).
         num_slots: K (:func:`~distnerf.renderer.static.interval_slots`). capacity: P.
         headroom: :func:`~distnerf.renderer.static.next_active_rays`'s.
+        ranges: ``(arange(R), arange(P))`` int64 on the device when the caller keeps them (fixed buffers,
+            two operators fewer a step), else made here.
+        any_occupied: 0-dim bool whether any occupancy cell is set, when the caller keeps it (it changes
+            only on a refresh), else computed here.
     Returns:
         out: :class:`~distnerf.renderer.output.RenderOutput` with ``loss_weight`` (R,) float32
             ``counted_r * R / num_counted`` (counted: active and not overflowed; the summed error over
             R is then the counted rays' mean), ``num_samples`` P, and ``distortion_loss`` as
             :meth:`forward`'s;
         next_active: 0-dim int64 the next step's active rays;
-        stats: (4,) int64 [overflowed rays, active rays, samples needed, any cell occupied].
+        stats: (4,) int64 [counted rays, active rays, samples needed, any cell occupied].
     """
     num_rays = len(rays)
-    anchor = rays.near + u * step_size / rays.directions.norm(dim=-1)  # sample_anchor's expression
-    active = torch.arange(num_rays, device=u.device) < active_rays
+    ray_range, slot_range = ranges if ranges is not None else (torch.arange(num_rays, device=u.device), None)
+    norms = rays.directions.norm(dim=-1)  # once: the anchor, the intervals and the densities' scale
+    dt = step_size / norms  # the interval in ray parameter, as the dynamic march's
+    anchor = rays.near + u * dt  # sample_anchor's jitter (its ``u * step_size / |d|``, to rounding)
+    active = ray_range < active_rays
     t_lo, t_hi = clip_to_box(rays.origins, rays.directions, rays.near, model.ray_far(rays),
                              clip_box.to(rays.origins.dtype))
     t_hi = torch.where(active, t_hi, t_lo)  # an inactive ray: an empty segment, no slot
     cell_origins, cell_directions = model.occupancy.ray_cells(rays.origins, rays.directions)
-    samples, filled, fits, needed = march_static(rays.origins, rays.directions, anchor, t_lo, t_hi, step_size,
-                                                 model.occupancy.binary, cell_origins, cell_directions, num_slots,
-                                                 capacity)
+    samples, filled, fits, needed = march_static(rays.origins, rays.directions, anchor, t_lo, t_hi,
+                                                 dt, model.occupancy.binary, cell_origins, cell_directions,
+                                                 num_slots, capacity, slot_range)
     out = render_static(field_fn, samples, rays.origins, rays.directions, rays.viewdirs,
-                        model.appearance_background(background, rays), model.color_threshold)
+                        model.appearance_background(background, rays), model.color_threshold, norms)
     if model.distortion_loss_weight > 0:
         out.distortion_loss = model.distortion_loss_weight * model.ray_distortion(rays, anchor, samples, out.weights)
     counted = active & fits
-    num_active, num_counted = active.sum(), counted.sum()  # (an inactive ray needs no slot)
-    out.loss_weight = counted * (num_rays / num_counted.clamp(min=1))
+    num_counted = counted.sum()  # (active_rays <= R: the active count itself)
+    out.loss_weight = counted * num_rays / num_counted.clamp(min=1)
     out.num_samples = capacity  # the field runs on every slot
     out.samples = out.weights = None  # as forward: the packed samples stay here
-    stats = torch.stack([num_active - num_counted, num_active, needed, model.occupancy.binary.any()])
-    return out, next_active_rays(needed, num_active, num_rays, capacity, headroom), stats
+    any_occupied = model.occupancy.binary.any() if any_occupied is None else any_occupied
+    stats = torch.stack([num_counted, active_rays, needed, any_occupied])
+    return out, next_active_rays(needed, active_rays, num_rays, capacity, headroom), stats

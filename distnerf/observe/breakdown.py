@@ -443,10 +443,6 @@ class StepProfiler:
             self.records = head + steady[::2]
             self.stride *= 2
 
-    def cancel_step(self) -> None:
-        """Drop a begun step (the loop left before finishing it)."""
-        self._step_start = None
-
     def pop(self) -> dict[str, float]:
         """Sums of every phase since the last call (seconds; log rows)."""
         out = dict(self.totals)

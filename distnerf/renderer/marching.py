@@ -57,8 +57,10 @@ from .rounds import march_rounds_fixed
 Marcher = Callable[..., PackedSamples]
 
 
-def along_ray(sigmas: torch.Tensor, samples: PackedSamples, directions: torch.Tensor) -> torch.Tensor:
-    """Densities per distance -> per unit of the ray parameter: ``sigma |d|`` ((P,) float).
+def along_ray(sigmas: torch.Tensor, samples: PackedSamples, directions: torch.Tensor,
+              norms: torch.Tensor | None = None) -> torch.Tensor:
+    """Densities per distance -> per unit of the ray parameter: ``sigma |d|`` ((P,) float); ``norms``:
+    the (R,) ``|d|`` when the caller has them (one operator fewer).
 
     A marched field's density is per unit of distance in the scene's space (world, or NDC
     for LLFF), like its marching step; the quadrature runs on ray-parameter intervals
@@ -67,7 +69,8 @@ def along_ray(sigmas: torch.Tensor, samples: PackedSamples, directions: torch.Te
     """
     if sigmas.numel() == 0:
         return sigmas
-    return sigmas * directions.norm(dim=-1).to(sigmas.dtype).index_select(0, samples.ray_indices)
+    norms = directions.norm(dim=-1) if norms is None else norms
+    return sigmas * norms.to(sigmas.dtype).index_select(0, samples.ray_indices)
 
 
 def shade(density_fn, colour_fn, samples: PackedSamples, origins, directions, viewdirs, in_front,
@@ -251,8 +254,8 @@ def render_segment(density_fn: Callable[[torch.Tensor], torch.Tensor],
         colour_fn: (Q, 3) points, (R, 3) viewdirs, (Q,) int64 ray indices -> (Q, 3) rgb.
         field_fn: optional, for the pass that renders (not the no-grad march): (P, 3) points ->
             ``(sigmas, colour_at)``, density_fn's (P,) sigmas and ``colour_at(index, viewdirs,
-            ray_indices)``, the colours of the samples at ``index`` ((Q,) int64), equal to colour_fn's of
-            their points: a field that shares work between the two (a grid's corner rows and weights,
+            ray_indices)``, the colours of the samples at ``index`` ((Q,) int64; None: every sample, in
+            order, with no gather), equal to colour_fn's of their points: a field that shares work between the two (a grid's corner rows and weights,
             found once) returns both from one pass. None: density_fn, then colour_fn.
         marcher: ``(origins, directions, anchor, t_lo, t_hi, max_intervals=None) -> PackedSamples``,
             e.g. :func:`~distnerf.renderer.occupancy.march` bound to a step and a grid; an

@@ -24,7 +24,8 @@ def ray_aabb(origins: torch.Tensor, directions: torch.Tensor, aabb: torch.Tensor
     inv = safe.reciprocal()
     if sync_free(origins.device):  # both faces at once, (R, 2, 3): fewer operators, ~3x slower on the CPU
         t = (aabb - origins[:, None]) * inv[:, None]
-        return t.amin(dim=1).amax(dim=-1), t.amax(dim=1).amin(dim=-1)
+        near_faces, far_faces = torch.aminmax(t, dim=1)  # (R, 3) each
+        return near_faces.amax(dim=-1), far_faces.amin(dim=-1)
     t0 = (aabb[0] - origins) * inv
     t1 = (aabb[1] - origins) * inv
     return torch.minimum(t0, t1).amax(dim=-1), torch.maximum(t0, t1).amin(dim=-1)

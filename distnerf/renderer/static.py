@@ -42,8 +42,8 @@ def interval_slots(box_diagonal: float, step_size: float) -> int:
 
 
 def march_static(origins: torch.Tensor, directions: torch.Tensor, anchor: torch.Tensor, t_lo: torch.Tensor,
-                 t_hi: torch.Tensor, step_size: float, binary: torch.Tensor, cell_origins: torch.Tensor,
-                 cell_directions: torch.Tensor, num_slots: int, capacity: int):
+                 t_hi: torch.Tensor, dt: torch.Tensor, binary: torch.Tensor, cell_origins: torch.Tensor,
+                 cell_directions: torch.Tensor, num_slots: int, capacity: int, slot_range: torch.Tensor | None = None):
     """The occupied grid intervals of R segments in P fixed slots, reading no size from the device.
 
     Args:
@@ -51,62 +51,66 @@ def march_static(origins: torch.Tensor, directions: torch.Tensor, anchor: torch.
         anchor: (R,) float ray parameter of sample-grid edge 0 (:func:`~.occupancy.march`).
         t_lo, t_hi: (R,) float segments, already inside the occupancy grid's box (empty where
             ``t_lo >= t_hi``: an inactive ray).
-        step_size: interval length (world units). binary: (M, M, M) bool occupancy.
+        dt: (R,) float the interval length in ray parameter, ``step_size / |d|`` (world units over
+            the directions' norms). binary: (M, M, M) bool occupancy.
         cell_origins, cell_directions: (R, 3) the rays in cell units
             (:meth:`~.occupancy.OccupancyGrid.ray_cells`).
         num_slots: K >= the intervals any segment touches (:func:`interval_slots`).
-        capacity: P.
+        capacity: P. slot_range: (P,) int64 ``arange(P)`` when the caller keeps one (else made here).
     Returns:
         samples: :class:`~.packed.PackedSamples` of P slots (the first ``min(needed, P)``
-            are real samples, as :func:`~.occupancy.march` would give them, the rest padding);
+            are real samples, as :func:`~.occupancy.march` would give them, the rest padding),
+            its ``t_mids`` set from the march's (the same expression);
         filled: (P,) bool the real slots;
         fits: (R,) bool whether all of a ray's samples got a slot (False: overflow);
         needed: 0-dim int64 the occupied intervals of all segments (the slots they needed).
     """
     num_rays = origins.shape[0]
-    dt = step_size / directions.norm(dim=-1)
     lo_j, hi_j = interval_bounds(t_lo, t_hi, anchor, dt)
-    edges, keep, _ = occupied_intervals(anchor, dt, t_lo, t_hi, lo_j, hi_j - lo_j, num_slots, cell_origins,
-                                        cell_directions, binary)  # (R, K): interval lo_j + k
-    counts = keep.sum(dim=1)
-    fits = torch.cumsum(counts, 0) <= capacity
-    # row-major positions of the kept intervals, padded with one past the last (R K): no size read
-    flat, needed = compact_nonzeros(keep.view(-1), capacity, fill_value=num_rays * num_slots)
-    filled = flat < num_rays * num_slots
-    ray = torch.div(flat, num_slots, rounding_mode="floor").clamp_(max=num_rays - 1)  # padding: the last ray
-    # the interval's first edge in ``edges`` (K + 1 a row); a padding slot takes the last row's last
-    # interval (a real interval never lies past it) and is then given zero width
-    first = (flat + ray).clamp_(max=num_rays * (num_slots + 1) - 2)
-    edges = edges.reshape(-1)
-    starts = edges.index_select(0, first)
-    ends = torch.where(filled, edges.index_select(0, first + 1), starts)
-    return PackedSamples(ray, starts, ends, num_rays), filled, fits, needed
+    edges, keep, t_mids = occupied_intervals(anchor, dt, t_lo, t_hi, lo_j, hi_j - lo_j, num_slots, cell_origins,
+                                             cell_directions, binary)  # (R, K): interval lo_j + k
+    fits = torch.cumsum(keep.sum(dim=1), 0) <= capacity
+    # row-major positions of the kept intervals, padded with the last position (R K - 1): its ray is the
+    # last and its first edge the last row's last interval's, so no clamp is needed; no size read
+    flat, needed = compact_nonzeros(keep.view(-1), capacity, fill_value=num_rays * num_slots - 1)
+    slot_range = torch.arange(capacity, device=flat.device) if slot_range is None else slot_range
+    filled = slot_range < needed
+    ray = torch.div(flat, num_slots, rounding_mode="floor")
+    # (start, end) of each slot's interval in one gather: the overlapping pairs of the flat edges (a view)
+    pairs = edges.reshape(-1).unfold(0, 2, 1).index_select(0, flat + ray)  # (P, 2); K + 1 edges a row
+    starts = pairs[:, 0]
+    ends = torch.where(filled, pairs[:, 1], starts)  # a padding slot: zero width
+    samples = PackedSamples(ray, starts, ends, num_rays)
+    samples.__dict__["_t_mids"] = t_mids.reshape(-1).index_select(0, flat)  # the property's cache
+    return samples, filled, fits, needed
 
 
 def render_static(field_fn, samples: PackedSamples, origins: torch.Tensor, directions: torch.Tensor,
-                  viewdirs: torch.Tensor, background: torch.Tensor | None, colour_threshold: float) -> RenderOutput:
+                  viewdirs: torch.Tensor, background: torch.Tensor | None, colour_threshold: float,
+                  norms: torch.Tensor | None = None) -> RenderOutput:
     """Render P fixed slots (:func:`march_static`): :func:`~.marching.shade` without its ``nonzero``.
 
     Args:
         field_fn: (P, 3) points -> ``(sigmas, colour_at)``, (P,) float densities (per distance) and
             ``colour_at(index, viewdirs, ray_indices)``, the (Q, 3) colours of the samples at ``index``
-            (:meth:`~distnerf.model.marched.MarchingModel.field_query`'s contract).
+            (None: all P) (:meth:`~distnerf.model.marched.MarchingModel.field_query`'s contract).
         samples: P slots. origins, directions, viewdirs: (R, 3) float.
         background: (3,) or (R, 3) float RGB, or None. colour_threshold: weight below which a
             sample's colour does not count (every slot is coloured; its weight is masked).
+        norms: (R,) float ``|directions|`` when the caller has them (else computed).
     Returns:
         :class:`~.output.RenderOutput`: ``rgb`` (R, 3), ``depth`` (R,), ``opacity``, ``transmittance``
-        (R,), ``weights`` (P,) and ``samples`` (no counts: each would be a device value). Equal to :func:`~.marching.shade`'s on the same samples (the masked slots
-        add exact zeros), to the colour network's float rounding.
+        (R,), ``weights`` (P,) and ``samples`` (no counts: each would be a device value). Equal to
+        :func:`~.marching.shade`'s on the same samples (the masked slots add exact zeros), to the colour
+        network's float rounding.
     """
     points = samples.points(origins, directions)
     sigmas, colour_at = field_fn(points)
-    weights, _, remaining = render_transmittance(along_ray(sigmas, samples, directions), samples)
+    weights, _, remaining = render_transmittance(along_ray(sigmas, samples, directions, norms), samples)
     coloured = weights.detach() > colour_threshold
-    slots = torch.arange(points.shape[0], device=points.device)
-    rgbs = colour_at(slots, viewdirs, samples.ray_indices).to(weights.dtype)
+    rgbs = colour_at(None, viewdirs, samples.ray_indices).to(weights.dtype)
     rgb = sum_along_rays((weights * coloured)[:, None] * rgbs, samples.ray_indices, samples.num_rays)
-    if background is not None:
+    if background is not None:  # (an addcmul: one operator fewer here, one more in the backward)
         rgb = rgb + remaining[:, None] * background
     depth = sum_along_rays(weights * samples.t_mids, samples.ray_indices, samples.num_rays)
     return RenderOutput(rgb=rgb, depth=depth, opacity=1.0 - remaining, transmittance=remaining, weights=weights,

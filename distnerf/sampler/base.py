@@ -171,7 +171,9 @@ def make_batch(spec: BatchSpec, scene: SceneData, flat_rgb: torch.Tensor | FileP
     else:
         valid = torch.ones(len(flat), dtype=torch.bool, device=flat.device)
     rgb = flat_rgb.gather(flat) if isinstance(flat_rgb, FilePixels) else flat_rgb[flat]
-    return RayBatch(rays, rgb, valid, jitter_seed)
+    # every ray valid: its count is known without counting (a host batch's num_valid; None on a device)
+    num_valid = float(len(flat)) if spec.ray_filter is None and flat.device.type == "cpu" else None
+    return RayBatch(rays, rgb, valid, jitter_seed, num_valid)
 
 
 class Sampler(ABC):

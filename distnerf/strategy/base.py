@@ -63,12 +63,62 @@ class StepAgreement:
     Attributes:
         total: the :class:`StepStats` summed over ranks (host floats).
         mine: this rank's own values (host floats).
-        loss_normalizer: divisor of this rank's summed squared error (:meth:`Strategy.reduce_step_stats`).
     """
 
     total: StepStats
     mine: StepStats
-    loss_normalizer: float
+
+
+class PendingAgreement:
+    """A step agreement in flight: its all-reduce launched (``async_op``), its result not read.
+
+    The trainer launches it after the forward and calls :meth:`wait` after the optimizer step, so
+    the host never waits for it between forward and backward (module docstring of
+    :mod:`distnerf.engine.trainer`, ``fit``).
+
+    Args:
+        mine: this rank's stats (host floats). summed: (F,) float64 CPU tensor the collective sums in
+            place. work: its handle, or None when nothing was launched (no peer: ``summed`` is
+            ``mine``). finish: ``(mine, total) -> StepAgreement`` (the strategy's reading of the sums).
+    """
+
+    def __init__(self, mine: StepStats, summed: torch.Tensor, work, finish):
+        self.mine, self._summed, self._work, self._finish = mine, summed, work, finish
+
+    def wait(self) -> StepAgreement:
+        """The agreement: waits for the all-reduce (gloo on the CPU: done long ago on a healthy run),
+        then reads the sums (a CPU tensor: no device is waited for)."""
+        if self._work is not None:
+            self._work.wait()
+        return self._finish(self.mine, StepStats(*self._summed.numpy().tolist()))  # a CPU tensor: no device read
+
+
+class LossNormalizer:
+    """The loss normaliser of one step (:meth:`Strategy.loss_normalizer`): the loss is
+    ``sse / divisor``; :meth:`rescale_` corrects the gradients after the backward where the
+    divisor was not yet the exact one.
+
+    Args:
+        divisor: a host float, or a 0-dim tensor on the training device (a count never read).
+        count: a 0-dim float64 tensor on the training device receiving the global valid count
+            (its all-reduce ``work`` in flight), or None: ``divisor`` is exact, nothing to correct.
+        factor: ``W x divisor``: the gradients are multiplied by ``factor / max(count, 1)``.
+    """
+
+    def __init__(self, divisor, count: torch.Tensor | None = None, work=None, factor: float = 1.0):
+        self.divisor, self._count, self._work, self._factor = divisor, count, work, factor
+
+    def rescale_(self, params) -> None:
+        """Multiply the gradients of ``params`` by ``factor / N`` (N: the global valid count) after
+        the backward, on the device: waits for N's all-reduce (on NCCL a stream wait, no host read).
+        Nothing when the divisor was exact."""
+        if self._count is None:
+            return
+        if self._work is not None:
+            self._work.wait()
+        grads = [p.grad for p in params if p.grad is not None]
+        if grads:
+            torch._foreach_mul_(grads, self._factor / self._count.clamp(min=1.0))  # dense or sparse rows alike
 
 
 class Strategy:
@@ -148,39 +198,59 @@ class Strategy:
         return self.wrap(self.model)
 
     # -- collectives -----------------------------------------------------------
-    def reduce_step_stats(self, local: StepStats) -> StepAgreement:
-        """This rank's step scalars summed over ranks, and the divisor of its summed squared error.
-
-        One small all-reduce per step serves both the loss normaliser and the stop
-        decision, so every rank leaves the loop at the same step. DDP averages gradients
-        over ranks, so the divisor ``global_valid / world_size`` makes the averaged gradient
-        the gradient of the global mean loss, even when ranks hold different numbers of
-        valid rays.
-
-        """
-        mine, total, extra = self._reduce(local, self.step_extra())
-        self.take_step_extra(extra)
-        return StepAgreement(total, mine, max(total.valid_rays, 1.0) / self.env.world_size)
-
-    def step_extra(self) -> list[float]:
-        """Host numbers the strategy sends along in the step agreement's all-reduce (after the
-        forward, before the backward); their sums go to :meth:`take_step_extra`. None by default."""
-        return []
-
-    def take_step_extra(self, sums: list[float]) -> None:
-        """The sums over ranks of :meth:`step_extra`'s numbers (empty when it sent none)."""
-
-    def _reduce(self, local: StepStats, extra: list[float] = ()) -> tuple[StepStats, StepStats, list[float]]:
-        """(this rank's stats, the sum over ranks, the sums of ``extra``), all host floats: one
-        device-to-host read of the tensor fields, then one CPU all-reduce (gloo, on CPU and CUDA
-        groups alike) of the stats and ``extra`` together."""
+    def launch_step_stats(self, local: StepStats) -> PendingAgreement:
+        """Launch this step's all-reduce of ``local`` (every rank at the same step) and return it
+        unread (:class:`PendingAgreement`): one small CPU all-reduce (gloo, on CPU and CUDA groups
+        alike), ``async_op``, so the host does not wait for the other ranks here. Its tensor fields
+        are read back first (one device-to-host transfer, :meth:`StepStats.host_values`; the trainer
+        passes host numbers only)."""
         mine = local.host_values()
-        summed = self.sum_over_ranks(mine + list(extra))
-        return StepStats(*mine), StepStats(*summed[:len(mine)]), summed[len(mine):]
+        summed = torch.tensor(mine, dtype=torch.float64)
+        # a CPU tensor on CPU and CUDA runs alike: waiting for it waits for no device
+        work = D.all_reduce_(summed, async_op=True) if self.env.has_peers else None
+        return PendingAgreement(StepStats(*mine), summed, work, self.finish_step_stats)
+
+    def finish_step_stats(self, mine: StepStats, total: StepStats) -> StepAgreement:
+        """The agreement from this rank's stats and their sums over ranks (``ss`` joint counts its
+        shared rays once)."""
+        return StepAgreement(total, mine)
+
+    def loss_normalizer(self, valid, batch_rays: int) -> LossNormalizer:
+        """How this rank's summed squared error becomes its loss, so that the gradient the ranks end
+        with is the gradient of the global mean loss (the mean over every rank's valid rays).
+
+        Correctness. DDP averages the ranks' gradients: ``(1 / W) sum_r grad(sse_r / d)``. The global
+        mean loss is ``sum_r sse_r / N`` (N the valid rays over all ranks), so ``d = N / W`` is exact.
+        Every rank draws the same ``batch_rays`` B (:meth:`rays_per_rank`), so when every ray counts
+        N = W B and ``d = B``: a fixed capacity, known before the forward, with no collective. With a
+        ray filter (unequal counts) the loss is still ``sse / B`` and the averaged gradient
+        ``sum_r grad(sse_r) / (W B)`` is multiplied by ``W B / N`` after the backward
+        (:meth:`LossNormalizer.rescale_`); N's all-reduce is launched here (``async_op``, a 0-dim
+        float64 tensor on the training device) and waited for only there, so no host waits for it
+        between forward and backward (on NCCL the wait orders streams; the multiply is a device
+        operator, nothing is read back). A gradient is linear in the loss, so scaling it after the
+        backward equals scaling the loss before it; the model's closed-form regulariser gradients
+        are added after (:meth:`~distnerf.components.step.TrainStep.update`) and are not scaled.
+
+        Args:
+            valid: None when every ray of the batch counts, else this rank's valid rays (a host
+                number, or a 0-dim tensor on the training device: never read here).
+            batch_rays: B, this rank's batch (the same on every rank).
+        Returns:
+            a :class:`LossNormalizer`.
+        """
+        if valid is None:
+            return LossNormalizer(float(max(batch_rays, 1)))
+        if not self.env.has_peers:  # alone: the count is the global one
+            return LossNormalizer(valid.clamp(min=1) if torch.is_tensor(valid) else max(float(valid), 1.0))
+        count = (valid.detach().reshape(()).to(self.env.device, torch.float64) if torch.is_tensor(valid)
+                 else torch.full((), float(valid), dtype=torch.float64, device=self.env.device))
+        work = D.all_reduce_(count, async_op=True)
+        return LossNormalizer(float(max(batch_rays, 1)), count, work, self.env.world_size * max(batch_rays, 1))
 
     def sum_over_ranks(self, values: list[float]) -> list[float]:
         """Host floats summed over every rank (one small CPU all-reduce; every rank must call it
-        at the same step): the step's stats, or a flag read late that a checkpoint must not ignore."""
+        at the same step): a flag read late that a checkpoint must not ignore."""
         # a CPU tensor on CPU and CUDA runs alike: reading it waits for no device
         return D.all_reduce_sum(self.env, torch.tensor(values, dtype=torch.float64)).numpy().tolist()
 

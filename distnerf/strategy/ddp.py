@@ -19,7 +19,8 @@ per-bucket durations, communication time, bus bandwidth and the exposed share.
 
 Sparse buckets. A voxel-grid table's gradient touches few rows per step, so a large bucket may
 travel as (index, value) pairs: ``counted`` (exact sizes, a host synchronisation) or ``bounded``
-(a fixed capacity from the forward's agreed bounds, no host synchronisation), chosen by
+(a fixed capacity, the model's :meth:`~distnerf.model.base.RadianceModel.gradient_entry_capacity`,
+the same on every rank and agreed with nobody: no host synchronisation, no collective), chosen by
 ``sparse_mode``; the rule and both exchanges are in :mod:`distnerf.strategy.sparse_exchange`.
 Their logged bytes are each rank's payload; the bus bandwidth the profiler derives counts each
 bucket in its own collective's convention (:func:`bus_bytes`: all-gather or all-reduce).
@@ -200,7 +201,6 @@ class DDPStrategy(Strategy):
         super().__init__(cfg, env)
         self.comm = CommStats()
         self.hook_state: HookState | None = None
-        self._bounded_tables: list[nn.Parameter] = []  # step_extra's tables, in its slot order
 
     @property
     def sparse_mode(self) -> str:
@@ -228,40 +228,15 @@ class DDPStrategy(Strategy):
         wire = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}[self.cfg.compression]
         bounded = (self.sparse_mode == "bounded" and self.cfg.sparse_min_numel is not None
                    and isinstance(self.model, RadianceModel))
-        if bounded:
-            self.model.record_rows_read = True  # the forward notes the rows it reads (host integers)
-            self.model.reset_rows_read()
         pending = self.hook_state.overflow if self.hook_state is not None else None  # a rewrap keeps it for the check
         self.hook_state = HookState(self.comm, wire, self.cfg.sparse_min_numel, self.cfg.sparse_max_density,
                                     "bounded" if bounded else "counted")
+        if bounded:  # the model's fixed capacity, asked at each hook call (its sample budget is set after wrap)
+            self.hook_state.entry_capacity = self.model.gradient_entry_capacity
         self.hook_state.overflow = pending
         ddp.register_comm_hook(self.hook_state, timed_allreduce_hook)
         self.wrapped = ddp
         return ddp
-
-    def step_extra(self) -> list[float]:
-        """Under the ``bounded`` sparse exchange, every rank's bounds on its tables' gradient entries
-        from this step's forward, carried by the step agreement's one all-reduce: each rank puts its
-        k bounds in its own k of W x k slots (zeros elsewhere), so the sum hands every rank every
-        rank's bounds (:meth:`take_step_extra`). Host numbers only: nothing is read from the device."""
-        state = self.hook_state
-        if state is None or state.mode != "bounded":
-            return []
-        self._bounded_tables = tables = self.model.bounded_parameters()
-        bounds = self.model.gradient_entry_bounds()
-        self.model.reset_rows_read()
-        k, rank = len(tables), self.env.rank
-        slots = [0.0] * (k * self.env.world_size)
-        slots[rank * k:(rank + 1) * k] = [float(bounds[id(p)]) for p in tables]  # exact in float64 (< 2^53)
-        return slots
-
-    def take_step_extra(self, sums: list[float]) -> None:
-        """The hook sizes each bucket by the largest bound over ranks (the same on every rank)."""
-        if not sums:
-            return
-        tables, world = self._bounded_tables, self.env.world_size
-        k = len(tables)
-        self.hook_state.bounds = {id(p): int(max(sums[r * k + i] for r in range(world))) for i, p in enumerate(tables)}
 
     def check_exchange(self) -> None:
         """Raise on every rank when any rank's ``bounded`` sparse exchange found more non-zeros than
@@ -280,7 +255,7 @@ class DDPStrategy(Strategy):
         lost = self.sum_over_ranks([local])[0]
         if lost:
             raise RuntimeError(f"ddp bounded sparse exchange: {int(lost)} non-zero gradient entries (over all ranks) "
-                               "exceeded the capacity their bounds gave (model.gradient_entry_bounds is wrong for "
+                               "exceeded their fixed capacity (model.gradient_entry_capacity is wrong for "
                                "this model); the run stops without saving")
 
     def comm_stats(self) -> dict:

@@ -10,14 +10,15 @@ least ``sparse_min_numel`` entries may travel as (index, value) pairs, in one of
   entries non-zero falls back to a dense all-reduce and is looked at again only every
   :data:`SPARSE_REVISIT` steps. Reading the counts is a host synchronisation in the hook (free
   on the CPU, a stall of the backward on CUDA).
-- ``bounded`` (:func:`bounded_sparse_allreduce_`): no host synchronisation. The forward
-  records how many rows it read of each vertex table (host integers, from shapes:
-  :meth:`~distnerf.model.base.RadianceModel.gradient_entry_bounds`); the step agreement,
-  which already all-reduces host numbers between forward and backward, carries every rank's
-  bounds, so all ranks know the largest (:meth:`~distnerf.strategy.ddp.DDPStrategy.step_extra`). A bucket's
-  capacity is the sum of its parameters' agreed bounds (a parameter without one counts all its
-  entries); its non-zeros are compacted into that fixed capacity on the device
-  (``torch.nonzero_static``, or a prefix sum and a scatter where it has no kernel) and
+- ``bounded`` (:func:`bounded_sparse_allreduce_`): no host synchronisation and no agreement. Each
+  vertex table has a fixed capacity of gradient entries a training forward can make non-zero, from
+  sizes every rank knows alike (the static step's P sample slots, 8 corner rows each:
+  :meth:`~distnerf.model.base.RadianceModel.gradient_entry_capacity`; a table without one counts all
+  its entries). Why every rank holds the same capacities without exchanging them: they depend on P
+  (the config) and the tables' shapes (replicas change them at the same step: an upsampling), never
+  on this step's forward, so the all-gathers' sizes match. A bucket's
+  capacity is the sum of its parameters' capacities; its non-zeros are compacted into it on the
+  device (``torch.nonzero_static``, or a prefix sum and a scatter where it has no kernel) and
   all-gathered. The capacity holds every non-zero by construction, so the
   result equals the dense average. The bucket goes sparse when that moves fewer bytes than a
   ring all-reduce (:func:`sparse_pays`) and the bound is at most ``sparse_max_density`` of
@@ -49,9 +50,9 @@ class SparseRule:
     def __init__(self, sparse_min_numel: int | None, sparse_max_density: float, mode: str = "counted"):
         self.sparse_min_numel, self.sparse_max_density = sparse_min_numel, sparse_max_density
         self.mode = mode  # counted | bounded (module docstring)
-        #: bounded: id(parameter) -> the largest bound over ranks on its gradient's non-zero
-        #: entries for the step in progress (set by the step agreement; empty: no bound, dense)
-        self.bounds: dict[int, int] = {}
+        #: bounded: () -> {id(parameter): fixed capacity of its gradient's non-zero entries} (the model's
+        #: ``gradient_entry_capacity``, the same on every rank); a parameter left out counts all its entries
+        self.entry_capacity = dict
         self.overflow: torch.Tensor | None = None  # bounded: non-zeros that found no slot (a bug), on the device
         # per bucket (index, size: DDP rebuilds its buckets after the first step): the hook call
         # from which a bucket found dense is looked at again, and the calls so far
@@ -69,10 +70,11 @@ class SparseRule:
 
     def capacity(self, bucket, buffer: torch.Tensor, world_size: int, dense_value_bytes: int) -> int | None:
         """``bounded``: the fixed number of (index, value) slots per rank for this bucket, or None to
-        all-reduce it densely. The same on every rank: it depends on the agreed bounds and sizes only."""
+        all-reduce it densely. The same on every rank: it depends on fixed capacities and sizes only."""
         if self.mode != "bounded" or self.sparse_min_numel is None or buffer.numel() < self.sparse_min_numel:
             return None
-        cap = sum(self.bounds.get(id(p), p.numel()) for p in bucket.parameters())
+        capacity = self.entry_capacity()
+        cap = sum(min(capacity.get(id(p), p.numel()), p.numel()) for p in bucket.parameters())
         if cap > self.sparse_max_density * buffer.numel():
             return None
         if not sparse_pays(cap, buffer.numel(), world_size, buffer.element_size(), dense_value_bytes):

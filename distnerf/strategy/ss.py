@@ -24,7 +24,7 @@ broadcast) gives each region's rays, cameras and cost (rays x their marched leng
 :func:`.partition.region_load`); a region no sampled ray crosses is refused.
 
 Ranks still agree on the step count, stop flags and checkpoint cadence (the trainer's
-one small all-reduce per step). Checkpoints are sharded: ``region_KKK.pt`` holds a
+one small all-reduce per step, read after the optimizer step). Checkpoints are sharded: ``region_KKK.pt`` holds a
 sub-model and its optimizer state (written by its owner); the manifest, written last,
 records the partition and the owner of every region. ``RUN/partition.json`` holds the
 partition for the whole run (resume and rendering reuse it).
@@ -55,7 +55,7 @@ from ..components.optim import merge_optimizer_states, split_optimizer_state
 from ..config_check import derive, section
 from ..model.base import RadianceModel
 from ..seeds import LOAD_STREAM, SHARED_STREAM, region_seed
-from .base import StepAgreement, StepStats, Strategy
+from .base import LossNormalizer, StepAgreement, StepStats, Strategy
 from .density import estimate_density
 from .fusion import FusedRenderer
 from .partition import (Partition, assign_regions, balanced_partition, empty_region_error, grid_partition,
@@ -319,16 +319,23 @@ class SSStrategy(Strategy):
         self.model = self.wrapped = model.to(self.env.device)  # no DDP: nothing is all-reduced
         return self.wrapped
 
-    def reduce_step_stats(self, local: StepStats) -> StepAgreement:
-        """The flags summed over ranks, and the loss normaliser. Independent: 1, since the
-        sub-models are independent and each one's rows carry 1 / its own rays as
-        ``loss_weight`` (:class:`.regions.RegionModels`). Joint: every rank holds the same
-        rays, so they are counted once, and the composite's mean error is the loss."""
-        mine, total, _ = self._reduce(local)
+    def finish_step_stats(self, mine: StepStats, total: StepStats) -> StepAgreement:
+        """Joint: every rank holds the same rays, so they are counted once."""
         if self.joint:
             total.valid_rays = mine.valid_rays
-            return StepAgreement(total, mine, max(mine.valid_rays, 1.0))
-        return StepAgreement(total, mine, 1.0)
+        return StepAgreement(total, mine)
+
+    def loss_normalizer(self, valid, batch_rays: int) -> LossNormalizer:
+        """Independent: 1, since the sub-models are independent and each one's rows carry 1 / its own
+        rays as ``loss_weight`` (:class:`.regions.RegionModels`). Joint: every rank holds the same rays,
+        so the composite's mean error over this rank's valid rays is the loss (``valid`` None: all B of
+        them; else a host number or a 0-dim device tensor, never read). Neither needs another rank's
+        count: no collective, no correction after the backward."""
+        if not self.joint:
+            return LossNormalizer(1.0)
+        if valid is None:
+            return LossNormalizer(float(max(batch_rays, 1)))
+        return LossNormalizer(valid.clamp(min=1) if torch.is_tensor(valid) else max(float(valid), 1.0))
 
     def comm_stats(self) -> dict:
         """Joint training: the segment exchange since the last call (seconds include waiting)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 import pytest
 
+from distnerf import checkpoint as ckpt
 from distnerf.components.loss import photometric_sse
 from distnerf.observe.logger import read_metrics_log
 from tests.conftest import spawn
@@ -36,7 +37,7 @@ STRATEGIES = {
     "dense": {"name": "ddp", "sparse_min_numel": None},
     # every bucket as (index, value) pairs, however dense: the sparse path must be exact too
     "sparse": {"name": "ddp", "sparse_min_numel": 0, "sparse_max_density": 1.0},
-    # the device path (no host sync), run here on gloo: buckets sized by the forward's row bounds
+    # the device path (no host sync), run here on gloo: buckets sized by a fixed capacity (W.fix_capacity)
     "bounded": {"name": "ddp", "sparse_min_numel": 0, "sparse_max_density": 1.0, "sparse_mode": "bounded"},
 }
 
@@ -57,12 +58,16 @@ def test_unequal_valid_counts_really_differ():
 
 
 def test_gradients_equal_single_process_on_union(ddp_results):
+    """The ranks' loss is ``sse / 24`` (the fixed per-rank batch), corrected after the backward by
+    W x 24 / N = 48 / 30 (``Strategy.loss_normalizer``), against ``sse / 30`` in one process. The
+    model's few float32 operators round differently under a scale that is not a power of two, so
+    the match is to float32 rounding, not 1e-9 (a wrong normaliser is off by percents)."""
     ref_grads, _ = single_process_reference()
     for res in ddp_results:
         assert set(res["grads"]) == set(ref_grads)
         for name, g in ref_grads.items():
             assert g.abs().max() > 0, name  # the check is not vacuous
-            torch.testing.assert_close(res["grads"][name], g, rtol=1e-9, atol=1e-12, msg=name)
+            torch.testing.assert_close(res["grads"][name], g, rtol=1e-5, atol=1e-6 * float(g.abs().max()), msg=name)
 
 
 def test_parameters_after_sgd_identical_across_ranks_and_equal_reference(ddp_results):
@@ -94,32 +99,47 @@ def test_comm_hook_counted_allreduce_bytes(ddp_results):
 
 
 def test_a_bound_that_does_not_hold_is_raised_on_every_rank_even_across_a_rewrap(tmp_path):
-    """The bounded exchange's overflow guard: bounds a quarter of the forward's drop non-zeros; the
+    """The bounded exchange's overflow guard: a capacity a 64th of each table drops non-zeros; the
     count survives a rewrap (grid upsampling rebuilds the wrapper) and the collective check raises
     on both ranks, naming the entries lost."""
     spawn(W.overflow_worker, 2, str(tmp_path), NUM_RAYS)
     results = [torch.load(tmp_path / f"overflow_rank_{r}.pt", weights_only=False) for r in range(2)]
     for res in results:
         assert "traceback" not in res, res.get("traceback")
-        assert res["error"] and "exceeded the capacity" in res["error"], res
+        assert res["error"] and "exceeded their fixed capacity" in res["error"], res
 
 
 TINY = ["experiment=smoke", "train.progress=false", "eval.enabled=false", "train.ckpt_every=0",
         "train.max_steps=6"]
 
 
-@pytest.mark.parametrize("mode", ["nan", "budget"])
+STOPS = {  # mode (W.trainer_worker): the run's strategy and cadence
+    "nan": ["strategy=ddp", "train.ckpt_every=2"],
+    "budget_nan": ["strategy=ss", "strategy.num_regions=2"],
+}
+
+
+@pytest.mark.parametrize("mode", sorted(STOPS))
 def test_one_rank_stop_cause_stops_all_ranks_at_same_step(tmp_path, synthetic_cache, mode):
-    spawn(W.trainer_worker, 2, str(tmp_path), TINY + [f"dataset.cache_dir={synthetic_cache}"], mode)
+    """The step agreement is launched after the forward and read after the update (issue 50 item 2),
+    with the non-finite flag a step late. ``nan`` (ddp): rank 1's loss at step 2 is non-finite; the
+    checkpoint of step 2 (before it) is kept, finite; step 3's agreement carries the flag and both
+    ranks stop after step 3's update, before anything saves. ``budget_nan`` (ss, sharded
+    checkpoints): rank 1 passes its time budget at step 1's agreement, so both ranks leave after step
+    1; rank 0's loss at step 1 was non-finite, a flag no agreement carried: the final checkpoint settles
+    it first and nothing is saved."""
+    spawn(W.trainer_worker, 2, str(tmp_path), TINY + STOPS[mode] + [f"dataset.cache_dir={synthetic_cache}"], mode)
     results = [torch.load(tmp_path / f"result_rank_{r}.pt", weights_only=False) for r in range(2)]
     for res in results:
         assert "traceback" not in res, res.get("traceback")
-    assert results[0]["step"] == results[1]["step"]
-    if mode == "nan":
-        assert all("non-finite loss at step 2" in r["error"] for r in results)
-        assert not list((tmp_path / "checkpoints").glob("step_*/manifest.json"))  # nothing saved
-    else:
-        assert results[0]["step"] == 1 and all(r["stop_reason"] == "time_budget" for r in results)
+    poisoned, stopped, kept = {"nan": (2, 3, [2]), "budget_nan": (1, 2, [])}[mode]
+    assert [r["step"] for r in results] == [stopped, stopped]  # within one step of the poisoned one, together
+    assert all(f"non-finite loss at step {poisoned} on 1 rank" in r.get("error", "") for r in results), results
+    saved = [ckpt.read_manifest(d)["step"] for d in ckpt.committed(tmp_path / "checkpoints")]
+    assert saved == kept
+    for step in kept:  # what was kept is finite
+        state = torch.load(ckpt.step_dir(tmp_path / "checkpoints", step) / ckpt.MODEL_FILE, weights_only=False)
+        assert all(torch.isfinite(v).all() for v in state["model"].values() if v.is_floating_point())
 
 
 @pytest.mark.parametrize("world_size", [1, 2])
@@ -127,7 +147,8 @@ def test_ddp_alone_in_its_group_does_no_collective(tmp_path, synthetic_cache, wo
     """A world-size-1 torchrun (a process group of one) trains without any collective in its
     steps: no DDP wrapper, no gradient all-reduce, no step agreement (issue 25: the study's
     W = 1 ddp cell reported 18.5 MB all-reduced per step with no peer). The same counter at
-    world size 2 sees the all-reduces of every step, so the count can fail."""
+    world size 2 sees the all-reduces of every step, so the count can fail, and that the one
+    collective between forward and backward is the step agreement, never waited for there."""
     spawn(W.counting_worker, world_size, str(tmp_path), TINY + [f"dataset.cache_dir={synthetic_cache}"])
     res = torch.load(tmp_path / "result_rank_0.pt", weights_only=False)
     assert "traceback" not in res, res.get("traceback")
@@ -139,6 +160,9 @@ def test_ddp_alone_in_its_group_does_no_collective(tmp_path, synthetic_cache, wo
     else:
         assert min(calls) >= 2 and "all_reduce" in res["per_step"][-1][1]  # the buckets' and the step's
         assert res["wrapped"] == "DistributedDataParallel"
+        # between forward and backward only the step agreement, launched async and waited for after the
+        # optimizer: no host wait on a collective there (issue 50 item 2)
+        assert res["gap"] == [{"name": "all_reduce", "async": True, "waited_in": "step_sync"}] * 6, res["gap"]
         # the log rows' per-rank figures travel in one float all-gather (D.all_gather_floats), never pickled
         assert not any("all_gather_object" in names for _, names in res["per_step"]), res["per_step"]
         rows = [r for r in read_metrics_log(tmp_path) if "rank1/step_ms" in r]

@@ -18,7 +18,6 @@ from distnerf.data.rays import RayBundle
 from distnerf.components.loss import photometric_sse
 from distnerf.model.grid import GridModel
 from distnerf.schema import TrainConfig
-from distnerf.strategy.base import StepStats
 from distnerf.strategy.ddp import DDPStrategy
 
 
@@ -62,6 +61,14 @@ def valid_mask(rank: int, n: int) -> torch.Tensor:
     return mask
 
 
+def fix_capacity(model: GridModel, fraction: int) -> None:
+    """Give ``model`` a fixed capacity of 1 / ``fraction`` of each table's entries
+    (:meth:`~distnerf.model.base.RadianceModel.gradient_entry_capacity`; the grid has one only under a
+    static step's sample budget, which this eval-mode float64 model does not run), the same on every
+    rank: a half holds every non-zero of this problem (the strategy's check says so), a 64th does not."""
+    model.gradient_entry_capacity = lambda: {id(p): p.numel() // fraction for p in model.bounded_parameters()}
+
+
 def init_gloo() -> D.DistEnv:
     """This rank's CPU process group, with the schema's ``dist_timeout_s`` throughout (no longer
     set-up timeout: a hung worker fails within it)."""
@@ -79,20 +86,25 @@ def grad_worker(rank: int, world_size: int, port: int, out_dir: str, num_rays: i
         rays_r, rgb_r, valid_r = rays.map(lambda t: t[mine]), rgb[mine], valid_mask(rank, per)
         strategy = DDPStrategy(strategy_cfg, env)
         model = make_model()
+        if strategy_cfg.get("sparse_mode") == "bounded":
+            fix_capacity(model, 2)
         wrapped = strategy.wrap(model)
         optimizer = torch.optim.SGD(model.parameters(), lr=lr)
         grads, params = None, None
         for step in range(sgd_steps + 1):
             out = wrapped(rays_r)
             sse = photometric_sse(out, rgb_r, valid_r)
-            loss = sse / strategy.reduce_step_stats(StepStats(valid_r.sum())).loss_normalizer
-            loss.backward()
+            # the trainer's path: a fixed divisor, the global count's correction after the backward
+            norm = strategy.loss_normalizer(valid_r.sum(), per)
+            (sse / norm.divisor).backward()
+            norm.rescale_(model.parameters())
             if step == 0:
                 grads = {k: p.grad.detach().clone() for k, p in model.named_parameters()}
             if step < sgd_steps:
                 optimizer.step()
                 optimizer.zero_grad()
         params = {k: p.detach().clone() for k, p in model.named_parameters()}
+        strategy.check_exchange()  # bounded: every non-zero found a slot (raises otherwise)
         model.update_occupancy()
         comm = strategy.comm_stats()
         torch.save({"grads": grads, "params": params, "occupancy": model.occupancy.binary.clone(), "comm": comm},
@@ -103,7 +115,7 @@ def grad_worker(rank: int, world_size: int, port: int, out_dir: str, num_rays: i
 
 
 def overflow_worker(rank: int, world_size: int, port: int, out_dir: str, num_rays: int):
-    """One bounded-exchange step with bounds a quarter of the forward's (a model whose bound is wrong),
+    """One bounded-exchange step with a capacity a 64th of each table (a model whose bound is wrong),
     then a rewrap (what grid upsampling does), then the strategy's check: every rank must raise."""
     set_env(rank, world_size, port)
     env = init_gloo()
@@ -116,11 +128,10 @@ def overflow_worker(rank: int, world_size: int, port: int, out_dir: str, num_ray
         strategy = DDPStrategy({"name": "ddp", "sparse_min_numel": 0, "sparse_max_density": 1.0,
                                 "sparse_mode": "bounded"}, env)
         model = make_model()
+        fix_capacity(model, 64)
         wrapped = strategy.wrap(model)
-        real = model.gradient_entry_bounds
-        model.gradient_entry_bounds = lambda: {k: v // 4 for k, v in real().items()}
         sse = photometric_sse(wrapped(rays_r), rgb_r, valid_r)
-        (sse / strategy.reduce_step_stats(StepStats(valid_r.sum())).loss_normalizer).backward()
+        (sse / per).backward()  # the loss's scale does not matter here
         strategy.rewrap()
         try:
             strategy.check_exchange()
@@ -148,8 +159,9 @@ def compose_config(overrides: list[str]):
 
 
 def trainer_worker(rank: int, world_size: int, port: int, run_dir: str, overrides: list, mode: str):
-    """Runs the real Trainer on the built-in scene; ``mode`` injects a rank-local stop cause
-    on rank 1: ``nan`` (non-finite loss at its 3rd step) or ``budget`` (tiny time budget)."""
+    """Runs the real Trainer (the strategy of ``overrides``) on the built-in scene; ``mode`` injects
+    rank-local stop causes: ``nan``, a non-finite loss on rank 1 at step 2; ``budget_nan``, a tiny
+    time budget on rank 1 and a non-finite loss on rank 0 at step 1."""
     from distnerf.components import step as step_mod
     from distnerf.engine import trainer as trainer_mod
     from distnerf.strategy import build_strategy
@@ -159,19 +171,20 @@ def trainer_worker(rank: int, world_size: int, port: int, run_dir: str, override
     env = init_gloo()
     try:
         cfg = compose_config(overrides + [f"run_dir={run_dir}"])
-        if rank == 1 and mode == "budget":
+        if rank == 1 and mode == "budget_nan":
             cfg.train.max_minutes = 1e-9
-        if rank == 1 and mode == "nan":
+        poisoned_step = {("nan", 1): 2, ("budget_nan", 0): 1}.get((mode, rank))
+        if poisoned_step is not None:
             calls = {"n": 0}
             real = step_mod.ray_error
 
             def poisoned(*args, **kwargs):
                 calls["n"] += 1
                 error = real(*args, **kwargs)
-                return dataclasses.replace(error, sse=error.sse * float("nan")) if calls["n"] == 3 else error
+                return dataclasses.replace(error, sse=error.sse * float("nan")) if calls["n"] == poisoned_step + 1 else error
 
             step_mod.ray_error = poisoned
-        trainer = trainer_mod.Trainer(cfg, build_strategy({"name": "ddp"}, env), Path(run_dir))
+        trainer = trainer_mod.Trainer(cfg, build_strategy(cfg.strategy, env), Path(run_dir))
         try:
             out = trainer.fit()
             result.update(step=out["step"], stop_reason=out["stop_reason"])
@@ -186,11 +199,24 @@ def trainer_worker(rank: int, world_size: int, port: int, run_dir: str, override
     torch.save(result, Path(run_dir) / f"result_rank_{rank}.pt")
 
 
+class WaitRecorder:
+    """A collective's work handle that notes, in ``call["waited_in"]``, the trainer's phase when it is waited for."""
+
+    def __init__(self, work, call: dict, timer):
+        self.work, self.call, self.timer = work, call, timer
+
+    def wait(self, *args, **kwargs):
+        self.call["waited_in"] = self.timer.current
+        return self.work.wait(*args, **kwargs)
+
+
 def counting_worker(rank: int, world_size: int, port: int, run_dir: str, overrides: list):
     """Runs the real Trainer under ``strategy=ddp`` with every torch.distributed collective
     wrapped by a counter (the dist helpers call them through the module), and records the
     calls of each step (from one step's ``profiler.end_step`` to the next: input, forward,
-    step agreement, backward with DDP's bucket hook, optimizer, logging)."""
+    step agreement, backward with DDP's bucket hook, optimizer, logging), and (``gap``) each one
+    called between the forward and the backward: whether it was launched ``async_op`` and the phase
+    in which the host waited for it."""
     import torch.distributed as dist
 
     from distnerf.engine import trainer as trainer_mod
@@ -198,6 +224,8 @@ def counting_worker(rank: int, world_size: int, port: int, run_dir: str, overrid
 
     set_env(rank, world_size, port)
     counts = {"calls": 0, "names": []}
+    result = {"rank": rank, "per_step": [], "gap": []}
+    timer = {}  # the trainer's step timer, once built: which phase a collective is called and waited in
     for name in ("all_reduce", "all_gather", "broadcast", "broadcast_object_list", "all_gather_object", "barrier",
                  "all_gather_into_tensor", "reduce_scatter_tensor"):
         real = getattr(dist, name)
@@ -205,14 +233,19 @@ def counting_worker(rank: int, world_size: int, port: int, run_dir: str, overrid
         def counted(*args, _real=real, _name=name, **kwargs):
             counts["calls"] += 1
             counts["names"].append(_name)
-            return _real(*args, **kwargs)
+            work = _real(*args, **kwargs)
+            if "steps" in timer and timer["steps"].current == "forward":  # after the forward, before the backward
+                call = {"name": _name, "async": bool(kwargs.get("async_op")), "waited_in": None}
+                result["gap"].append(call)
+                return WaitRecorder(work, call, timer["steps"]) if work is not None else work
+            return work
 
         setattr(dist, name, counted)
-    result = {"rank": rank, "per_step": []}
     env = init_gloo()
     try:
         cfg = compose_config(overrides + [f"run_dir={run_dir}"])
         trainer = trainer_mod.Trainer(cfg, build_strategy({"name": "ddp"}, env), Path(run_dir))
+        timer["steps"] = trainer.timer
         real_end = trainer.profiler.end_step
         mark = {"at": counts["calls"]}
 

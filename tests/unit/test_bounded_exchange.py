@@ -3,7 +3,7 @@
 The two-rank run on gloo, against a one-process float64 reference, is
 ``tests/dist/test_ddp.py`` (mode ``bounded``). Here: the compaction against the buffer's own
 non-zeros, the overflow count, the absence of host syncs (against the counted exchange,
-which has them), the byte rule by hand, and the forward's bounds against real gradients.
+which has them), the byte rule by hand, and the model's fixed capacity against real gradients.
 """
 from __future__ import annotations
 
@@ -88,16 +88,19 @@ def _grid(resolution: int) -> GridModel:
 
 
 @pytest.mark.parametrize("resolution", [6, 48])
-def test_forward_bounds_hold_every_non_zero_gradient_entry(resolution):
-    """The recorded bounds against the gradients a real forward and backward make: every table's
-    non-zero entries within its bound; at 48^3 (110 k rows, 64 rays) the bound is under half the
-    table (a bound of 'everything' would pass the first check trivially); at 6^3 it is the table."""
+def test_the_static_steps_fixed_capacity_holds_every_non_zero_gradient_entry(resolution):
+    """The fixed capacity (8 corner rows x P slots of each table under a static step's budget, from
+    sizes alone) against the gradients a real training forward and backward make: every table's
+    non-zero entries within it; at 48^3 (118 k rows, P = 2048 slots) it is under a fifth of the table
+    (a capacity of 'everything' would pass the first check trivially); at 6^3 it is the table. Without
+    a budget (the dynamic step) there is none: the exchange stays dense."""
+    from distnerf.components.sample_budget import SampleBudget
     from distnerf.data.rays import RayBundle
 
     model = _grid(resolution)
     model.sparse_grad = False  # dense gradients, as under DDP (its buckets hold dense tables)
-    model.record_rows_read = True
-    model.reset_rows_read()
+    assert model.gradient_entry_capacity() == {}
+    model.sample_budget = SampleBudget(model, 2048)
     gen = torch.Generator().manual_seed(1)
     origins = torch.randn(64, 3, generator=gen) * 0.1 + torch.tensor([0.0, 0.0, -3.0])
     directions = torch.nn.functional.normalize(torch.tensor([0.0, 0.0, 1.0]) + 0.2 * torch.randn(64, 3, generator=gen), dim=-1)
@@ -105,20 +108,15 @@ def test_forward_bounds_hold_every_non_zero_gradient_entry(resolution):
     model.train()
     out = model(rays, generator=torch.Generator().manual_seed(2))
     out.rgb.square().sum().backward()
-    bounds = model.gradient_entry_bounds()
-    assert set(bounds) == {id(p) for p in model.bounded_parameters()}
+    capacity = model.gradient_entry_capacity()
+    assert set(capacity) == {id(p) for p in model.bounded_parameters()}
     for table in model.bounded_parameters():
         nonzero = int((table.grad != 0).sum())
-        assert 0 < nonzero <= bounds[id(table)], (table.shape, nonzero, bounds[id(table)])
+        assert 0 < nonzero <= capacity[id(table)], (table.shape, nonzero, capacity[id(table)])
         if resolution == 48:
-            assert bounds[id(table)] < table.numel() / 2
+            assert capacity[id(table)] == 8 * 2048 * table.shape[1] < table.numel() / 5
         else:
-            assert bounds[id(table)] == table.numel()
-    model.reset_rows_read()
-    assert set(model.gradient_entry_bounds().values()) == {0}
-    model.record_rows_read = False  # off (the default): nothing is recorded
-    model(rays, generator=torch.Generator().manual_seed(2))
-    assert set(model.gradient_entry_bounds().values()) == {0}
+            assert capacity[id(table)] == table.numel()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (tools/gpu_check.sh runs it on a lent GPU)")

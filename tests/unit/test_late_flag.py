@@ -36,7 +36,7 @@ def test_swap_hands_out_the_previous_flag_and_take_the_kept_one():
 
 
 @pytest.mark.parametrize("poisoned_step, ckpt_every, kept", [
-    (2, 100, []),   # stopped at step 3's agreement, before its update
+    (2, 100, []),   # stopped by step 3's agreement, read after its update: nothing saved
     (5, 3, [3]),    # the checkpoint due after step 5 settles the flag first: step_6 is never written
 ])
 def test_a_non_finite_loss_stops_the_run_and_no_checkpoint_holds_its_parameters(tmp_path, monkeypatch,

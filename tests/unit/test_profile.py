@@ -165,22 +165,6 @@ def test_step_records_stay_within_their_bound_as_a_systematic_sample():
     assert prof.run_totals["step_s"] >= 66 * 0.0005  # every step's time counted, sampled or not
 
 
-def test_a_cancelled_step_leaves_no_record():
-    """fit() leaves the loop after begin_step when the ranks agree to stop (time budget, signal):
-    it cancels the step, so nothing later closes a step that was never taken."""
-    prof = step_profiler(skip_steps=0)
-    prof.begin_step()
-    with prof.phase("forward"):
-        pass
-    assert prof.end_step(0, 10, 100, None) is not None
-    prof.begin_step()
-    with prof.phase("forward"):
-        time.sleep(0.01)
-    prof.cancel_step()
-    assert prof.end_step(1, 10, 100, None) is None
-    assert [r["step"] for r in prof.records] == [0]
-
-
 def test_a_key_added_later_at_its_default_is_no_difference():
     """A run written before a key existed lacks it: no difference where the other run holds the
     schema's default (GridModelConfig: min_altitude None, shell_alpha_init False); a real value

@@ -67,8 +67,8 @@ def test_static_equals_dynamic_loss_and_gradients(trained, distortion):
         torch.testing.assert_close(g, dyn_grads[name], rtol=1e-4, atol=1e-6, msg=name)
     assert dyn_grads["density"].abs().sum() > 0
     budget._take()
-    overflow, active, needed, occupied = budget._last
-    assert overflow == 0 and active == len(batch.rgb) and 0 < needed < BIG and occupied == 1
+    counted, active, needed, occupied = budget._last  # static_render's stats, read a step late
+    assert counted == active == len(batch.rgb) and 0 < needed < BIG and occupied == 1
     assert not model.collapsed()
 
 
@@ -106,9 +106,11 @@ def test_overflow_is_counted_and_left_out_of_the_loss(trained):
 
 
 #: operators of an eager static step (the CUDA paths, counted as tests/unit/test_ops.py counts the dynamic step's
-#: 263): 286 on 2026-12-06, the dense (R, K) march, every slot coloured and the budget's rule; compiled, the
+#: 243): 286 on 2026-12-06, the dense (R, K) march, every slot coloured and the budget's rule; 250 after the
+#: march's one (start, end) gather, kept ranges and |d| found once (issue 49's target <= 250), 249 with the agreement
+#: read after the backward; compiled, the
 #: forward is one graph (test below), so on CUDA this is the count of the eager probe steps only
-STATIC_STEP_CEILING = 286
+STATIC_STEP_CEILING = 249
 
 
 def test_static_step_operators_under_ceiling(trained):
