@@ -11,23 +11,26 @@ from ..host_buffers import sync_free
 
 
 def ray_aabb(origins: torch.Tensor, directions: torch.Tensor, aabb: torch.Tensor):
-    """Slab-test intersection of rays with an axis-aligned box.
+    """Slab-test intersection of rays with an axis-aligned box, or with K boxes at once.
 
     Args:
         origins: (R, 3) float. directions: (R, 3) float (need not be unit).
-        aabb: (2, 3) float [min corner, max corner].
+        aabb: (2, 3) float [min corner, max corner], or (K, 2, 3) float K boxes.
     Returns:
-        t_min, t_max: (R,) entry and exit ray parameters; ``t_min > t_max`` when the
-        ray misses the box. ``t_min`` may be negative (origin inside the box).
+        t_min, t_max: (R,) entry and exit ray parameters, (R, K) for K boxes (the same operators
+        whatever K); ``t_min > t_max`` when the ray misses the box. ``t_min`` may be negative
+        (origin inside the box).
     """
     safe = directions.masked_fill(directions.abs() < 1e-12, 1e-12)
     inv = safe.reciprocal()
-    if sync_free(origins.device):  # both faces at once, (R, 2, 3): fewer operators, ~3x slower on the CPU
-        t = (aabb - origins[:, None]) * inv[:, None]
-        near_faces, far_faces = torch.aminmax(t, dim=1)  # (R, 3) each
+    if aabb.dim() == 3:  # K boxes: (R, 1, 3) against (K, 3), the per-box form's arithmetic elementwise
+        origins, inv = origins[:, None], inv[:, None]
+    if sync_free(origins.device):  # both faces at once, (R, [K,] 2, 3): fewer operators, ~3x slower on the CPU
+        t = (aabb - origins.unsqueeze(-2)) * inv.unsqueeze(-2)
+        near_faces, far_faces = torch.aminmax(t, dim=-2)  # (R, [K,] 3) each
         return near_faces.amax(dim=-1), far_faces.amin(dim=-1)
-    t0 = (aabb[0] - origins) * inv
-    t1 = (aabb[1] - origins) * inv
+    t0 = (aabb[..., 0, :] - origins) * inv
+    t1 = (aabb[..., 1, :] - origins) * inv
     return torch.minimum(t0, t1).amax(dim=-1), torch.maximum(t0, t1).amin(dim=-1)
 
 

@@ -103,6 +103,7 @@ class FusedRenderer(nn.Module):
         self.regions = sorted(models)
         self.models = nn.ModuleList([models[k] for k in self.regions])
         self._gathered_order = None  # distributed: the all-gathered regions' order, by region
+        self._boxes = {}  # (device, dtype) -> (K, 2, 3) the partition's extents there: copied once, not per chunk
         first = self.models[0]
         self.register_buffer("background", (first.background if background is None else background).clone().float())
         self.color_threshold, self.blend_power = color_threshold, blend_power
@@ -194,7 +195,7 @@ class FusedRenderer(nn.Module):
         if self.hierarchical:
             return self._hierarchical_segments(rays)
         segs = []
-        boxes = self.partition.extents().to(rays.origins.device, rays.origins.dtype)
+        boxes = self._extents_like(rays.origins)
         for k, model in zip(self.regions, self.models):
             t_lo, t_hi = clip_to_box(rays.origins, rays.directions, rays.near, rays.far, boxes[k])
             samples, sigmas, _, trans = march_alive(model.field_density, model.marcher(self.step_size),
@@ -204,6 +205,13 @@ class FusedRenderer(nn.Module):
             # trans: the rounds' weights and segment transmittance (None without rounds)
             segs.append({"samples": samples, "sigmas": sigmas, "rgbs": None, "model": model, "trans": trans})
         return segs
+
+    def _extents_like(self, like: torch.Tensor) -> torch.Tensor:
+        """(K, 2, 3) the partition's extents (float64 on the host) on ``like``'s device and dtype, kept."""
+        key = (like.device, like.dtype)
+        if key not in self._boxes:
+            self._boxes[key] = self.partition.extents().to(like.device, like.dtype)
+        return self._boxes[key]
 
     def _segment(self, rays: RayBundle) -> RenderOutput:
         segs = self._region_samples(rays)
@@ -217,7 +225,7 @@ class FusedRenderer(nn.Module):
         start = self._clock()
         # exchange 1: every segment's transmittance, so each rank knows what lies in front of its segments
         transmittance = self._all_regions(torch.stack([s["transmittance"] for s in segs], dim=1)[..., None])[..., 0]
-        entry = segment_entries(rays.origins, rays.directions, rays.near, rays.far, self.partition.extents())
+        entry = segment_entries(rays.origins, rays.directions, rays.near, rays.far, self._extents_like(rays.origins))
         before, _ = transmittance_in_front(transmittance, entry)
         self._add_time("exchange_composite_s", start)
         local = torch.zeros(len(rays), len(self.regions), 4, dtype=rays.origins.dtype, device=rays.origins.device)

@@ -160,6 +160,45 @@ def test_blend_equals_union_of_shared_samples_where_regions_do_not_overlap():
     assert float((blend_o["rgb"] - ref["rgb"]).abs().max()) > 1e-3
 
 
+@pytest.mark.parametrize("cuda_paths", [False, True])
+def test_segment_entries_of_k_boxes_by_hand_and_operators_constant_in_k(cuda_paths):
+    """Entries into K slabs along x, by hand: a ray along +x from x = -3 enters slab [a, b] at a + 3,
+    one from inside at its near bound, a ray missing every box at +inf; the near/far bounds clip them.
+    Then the operators of the entries and the compositing (issue 50 item 3: per-ray region entries
+    vectorised) are the same at K = 2, 4 and 8 regions, on the CPU's and the CUDA paths' slab test."""
+    from distnerf.host_buffers import sync_free_paths
+    from distnerf.observe.ops import OpCounter
+    from distnerf.renderer.segments import segment_entries
+
+    def slabs(k):  # x split in k equal slabs of [-1, 1], full in y and z
+        edges = torch.linspace(-1.0, 1.0, k + 1, dtype=torch.float64)
+        lo = torch.tensor([[e, -1.0, -1.0] for e in edges[:-1].tolist()], dtype=torch.float64)
+        hi = torch.tensor([[e, 1.0, 1.0] for e in edges[1:].tolist()], dtype=torch.float64)
+        return torch.stack([lo, hi], dim=1), edges
+
+    origins = torch.tensor([[-3.0, 0.0, 0.0], [0.1, 0.2, 0.0], [-3.0, 5.0, 0.0], [-3.0, 0.0, 0.0]], dtype=torch.float64)
+    directions = torch.tensor([[1.0, 0.0, 0.0], [1.0, 0.0, 0.0], [1.0, 0.0, 0.0], [2.0, 0.0, 0.0]], dtype=torch.float64)
+    near = torch.tensor([0.0, 0.0, 0.0, 0.0], dtype=torch.float64)
+    far = torch.tensor([10.0, 10.0, 10.0, 1.5], dtype=torch.float64)  # ray 3 (|d| = 2) ends at x = 0
+    inf = float("inf")
+    counts = []
+    with sync_free_paths(cuda_paths):
+        for k in (2, 4, 8):
+            boxes, edges = slabs(k)
+            entry = segment_entries(origins, directions, near, far, boxes)
+            want = torch.full((4, k), inf, dtype=torch.float64)
+            want[0] = edges[:-1] + 3.0
+            want[1] = torch.where(edges[1:] <= 0.1, inf, (edges[:-1] - 0.1).clamp(min=0.0))
+            want[3] = torch.where(edges[:-1] < 0.0, (edges[:-1] + 3.0) / 2.0, inf)  # far at x = 0
+            assert torch.equal(entry, want), (k, entry, want)
+            values = torch.rand(4, k, 5, dtype=torch.float64)
+            with OpCounter() as ops:
+                entry = segment_entries(origins, directions, near, far, boxes)
+                composite_segments(values[..., :3], values[..., 3], values[..., 4], entry, None)
+            counts.append(ops.total)
+    assert counts[0] == counts[1] == counts[2] > 0, counts
+
+
 def test_composite_segments_order_by_entry():
     # two segments given back to front must be composited front to back
     rgb = torch.tensor([[[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]]], dtype=torch.float64)  # far blue, near red
