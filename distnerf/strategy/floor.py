@@ -12,6 +12,13 @@ there (:func:`region_floor_colours`). Each rank computes the floor colours of th
 its own regions hold, zero elsewhere; summed over regions after the exchange, every floored ray
 gets exactly one (:func:`~distnerf.renderer.segments.floor_behind`). With the regions' fields
 equal to one model's, the composite equals that model's render (``tests/unit/test_ss_floor.py``).
+
+Where each part runs: joint training composites this way (:class:`.regions.JointRegionModels`, the
+floor colours exchanged with the segment values), and so does fusion (:class:`.fusion.FusedRenderer`,
+``segment`` and ``blend``). Independent training needs nothing here: a sub-model renders its rays
+whole with its own opaque floor (the model's ``forward``), and a ray whose floor point lies in a
+region's box crosses that region, so the region's sub-model trains on it and learns the floor
+colour that fusion takes from it.
 """
 from __future__ import annotations
 
