@@ -10,7 +10,8 @@ model only if every segment is rendered by its own region and every floor colour
 region holding the floor point; taking the floor's colour from another region, or compositing the
 leftover light over the background, changes the image. Segment fusion (evaluation) and joint
 training's exact compositing (loss and gradients: the regions' gradients sum to the single
-model's) are both checked, on a bounded and a contracted (unbounded partition) scene.
+model's) are both checked, on a bounded and a contracted (unbounded partition) scene; ``blend``
+fusion on the bounded one (it shares samples inside the box only).
 """
 from __future__ import annotations
 
@@ -123,13 +124,14 @@ def check_floor_in_view(single: GridModel, rays: RayBundle, rgb: torch.Tensor, s
     assert float((rgb - over_background)[~floored].abs().max()) < 1e-12
 
 
-@pytest.mark.parametrize("contraction", ["none", "mipnerf360"])
-def test_segment_fusion_composites_the_floor_of_the_region_holding_it(contraction):
+@pytest.mark.parametrize("contraction,fusion", [("none", "segment"), ("mipnerf360", "segment"), ("none", "blend")])
+def test_fusion_composites_the_floor_of_the_region_holding_it(contraction, fusion):
+    """(``blend`` with no overlap: each shared sample is rendered by the region holding it; bounded only.)"""
     part, single, models, rays = problem(contraction)
     single.eval()
     with torch.no_grad():
         ref = single(rays)
-        fused = fused_renderer(part, {k: m.eval() for k, m in models.items()}, "segment", background=BG,
+        fused = fused_renderer(part, {k: m.eval() for k, m in models.items()}, fusion, background=BG,
                                color_threshold=0.0)
         out = fused(rays)
     check_floor_in_view(single, rays, ref.rgb)
@@ -137,7 +139,7 @@ def test_segment_fusion_composites_the_floor_of_the_region_holding_it(contractio
     assert torch.allclose(out.opacity, ref.opacity, atol=1e-9, rtol=0)
     models[0].opaque_floor = False  # (the sub-models decide: fusion reads the first one's setting)
     with torch.no_grad():
-        plain = fused_renderer(part, models, "segment", background=BG, color_threshold=0.0)(rays)
+        plain = fused_renderer(part, models, fusion, background=BG, color_threshold=0.0)(rays)
     assert (plain.rgb - ref.rgb).abs().max() > 0.1
 
 
