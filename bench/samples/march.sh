@@ -25,7 +25,7 @@
 # STRATEGY (default strategy=ddp) runs the cells under another strategy, on NPROC ranks (default 1; more: torchrun,
 # gloo on the CPU), e.g. the opaque floor under ss (issue 51), 2 ranks of one thread each:
 #   CELLS="before opaquefloorprune02" NPROC=2 STRATEGY="strategy=ss strategy.training=joint" OMP_NUM_THREADS=1 \
-#     ../shared/tools/quiet -- bench/samples/march.sh 200 march_city_small_ss_joint dataset.kind=city_small ...
+#     ../shared/tools/quiet -- bench/samples/march.sh 200 march_city_small_ss_joint device=cpu dataset.kind=city_small ...
 # copies each run's metrics.json / metrics.jsonl to bench/samples/results/NAME/CELL/ with a meta.json entry (command,
 # date, commit, load before/after, wall seconds); bench/tables.py summarises (samples per ray, rays/s,
 # test PSNR at the last step).
