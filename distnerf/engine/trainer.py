@@ -45,9 +45,10 @@ from .late_flag import LateFlag
 log = logging.getLogger("distnerf")
 TEST_PANELS = 4  # test views logged to W&B as panels at the end (ground truth | prediction | depth)
 RANK_FIGURES = ("step_ms", "input_wait_ms", "forward_ms", "backward_ms", "exposed_comm_ms", "optimizer_ms",
-                "peak_memory_mb", "peak_rss_mb", "rays_per_s")
+                "peak_memory_mb", "peak_rss_mb", "rays_per_s", "samples_per_ray")
 """The per-rank figures of a log row under several ranks (``rank{r}/KEY``, W&B's rank-imbalance panels): the
-step breakdown's ``rank_figures`` and the trainer's own two, in the order they travel."""
+step breakdown's ``rank_figures`` and the trainer's own three, in the order they travel (``samples_per_ray``: the
+rank's samples over its batch's rays; under ``ss`` joint training a ray's segments sum over the ranks)."""
 
 
 def _nonfinite(x: torch.Tensor) -> torch.Tensor:
@@ -410,7 +411,8 @@ class Trainer:
         if self.env.has_peers:  # every rank's own figures, gathered to one row (rank imbalance in one W&B run)
             self.timer.mark("step_sync")  # a collective between steps: what a hang report names while it waits
             mine = {**self.timer.rank_figures(self.cfg.train.log_every), "peak_rss_mb": peak_rss_mb(),
-                    "rays_per_s": float(local_valid) / max(step_seconds, 1e-9)}
+                    "rays_per_s": float(local_valid) / max(step_seconds, 1e-9),
+                    "samples_per_ray": row["samples_per_ray"]}
             assert set(mine) <= set(RANK_FIGURES), sorted(set(mine) - set(RANK_FIGURES))
             # collective: one float all-gather (a figure a rank lacks travels as NaN and is left out of the row)
             gathered = D.all_gather_floats(self.env, [mine.get(k, math.nan) for k in RANK_FIGURES])

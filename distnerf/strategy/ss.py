@@ -134,18 +134,15 @@ class SSStrategy(Strategy):
             ValueError: a saved partition with another ``strategy.num_regions`` or contraction, or
                 whose K regions do not split evenly over the world size; ``model.floor_footprint``
                 (a sub-model's box is its region's, not the scene's: its floor would end rays at
-                other footprints than the routing's) or ``model.opaque_floor`` (the fusion stage
-                composites the segments over the background), with a floor set.
+                other footprints than the routing's) with a floor set. ``model.opaque_floor`` is
+                supported: the floor's colour is composited behind a floored ray's segments, from
+                the region holding the floor point (:mod:`.floor`).
         """
         self.seed = int(seed)
         if model_cfg.get("floor_footprint") and model_cfg.get("min_altitude") is not None:
             raise ValueError("model.floor_footprint=true is not supported with strategy=ss (each sub-model's box is "
                              "its region's, so its floor would not match the rays' routing); use it with "
                              "strategy=ddp, or model.floor_footprint=false")
-        if model_cfg.get("opaque_floor") and model_cfg.get("min_altitude") is not None:
-            raise ValueError("model.opaque_floor=true is not supported with strategy=ss (the fusion stage composites "
-                             "the regions' segments over the background); use it with strategy=ddp, or "
-                             "model.opaque_floor=false")
         self.min_altitude = model_cfg.get("min_altitude")  # the sub-models' floor: rays are routed to it
         num = self.cfg.num_regions or self.env.world_size
         path = Path(run_dir) / "partition.json"
