@@ -108,7 +108,8 @@ def _check_batch(train: DictConfig, prefix: str) -> None:
         raise ConfigError(f"config {prefix}global_rays={train.global_rays} and {prefix}rays_per_rank="
                           f"{train.rays_per_rank} are both set: give {prefix}rays_per_rank (per rank, the global "
                           f"batch grows with the world size) or {prefix}global_rays (a fixed global batch divided "
-                          f"over the ranks), not both")
+                          f"over the ranks), not both (where a preset sets one, e.g. experiment=smoke's "
+                          f"global_rays, set it to null)")
 
 
 def _schedule_resolver(*, _parent_, _root_) -> str:
