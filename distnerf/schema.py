@@ -370,9 +370,9 @@ class TrainLoopConfig:
     fused: bool = True                  # fused Adam kernel
     bf16: bool = False                  # bf16 autocast (CUDA only)
     # static sync-free step (distnerf/components/sample_budget.py): P fixed sample slots a step, the rays
-    # marched adapt inside global_rays; 0: off (the dynamic step); null: auto, 262144 (2^18, as Instant-NGP /
-    # nerfacc) on CUDA for a model the static step covers, else 0 (the CPU keeps the dynamic step). Set
-    # global_rays above what P holds at the final stage (e.g. 16384 on lego) for the budget to set the work
+    # marched adapt inside the rank's batch (rays_per_rank); 0: off (the dynamic step); null: auto, 262144 (2^18,
+    # as Instant-NGP / nerfacc) on CUDA for a model the static step covers, else 0 (the CPU keeps the dynamic
+    # step). Set rays_per_rank above what P holds at the final stage (e.g. 16384 on lego) for the budget to set the work
     samples_per_step: Optional[int] = bounded(None, 0)
     deterministic: bool = False         # torch.use_deterministic_algorithms: CUDA's scatter_add_/index_add_ take
                                         # their deterministic kernels (slower), an op without one raises; see README
