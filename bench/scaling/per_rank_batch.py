@@ -9,7 +9,8 @@ of one ray's whatever W (only its noise falls, as 1/sqrt(W)); Adam divides by th
 RMS, so the usual rule for Adam with a mean loss is the same learning rate. The square-root rule
 (lr x sqrt(W), Malladi et al. 2022, "On the SDEs and scaling rules for adaptive gradient algorithms")
 is the alternative; ``--sqrt-world-sizes`` trains those world sizes under it too, so the two rules are
-compared on the same steps.
+compared on the same steps; ``--control-lr-scales`` trains W = 1 at the base rate times each scale (rule
+``x<scale>``), to tell a larger rate's gain from the larger batch's.
 
 Every run: ``torchrun --standalone --nproc_per_node W -m distnerf.train device=cpu strategy=ddp
 dataset=blender dataset.root=LEGO train.max_steps=STEPS eval.num_views=VIEWS eval.lpips=false seed=0``
@@ -67,9 +68,11 @@ def summarise(run_dir: Path, world_size: int, rule: str, lr: float, wall_s: floa
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--world-sizes", type=int, nargs="+", default=[1, 2, 4])
+    p.add_argument("--world-sizes", type=int, nargs="*", default=[1, 2, 4])
     p.add_argument("--sqrt-world-sizes", type=int, nargs="*", default=[4],
                    help="world sizes also trained under the square-root rule (lr x sqrt(W))")
+    p.add_argument("--control-lr-scales", type=float, nargs="*", default=[],
+                   help="W = 1 also trained at lr x each scale (rule 'x<scale>'): is a larger rate's gain the batch's?")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--eval-views", type=int, default=8)
     p.add_argument("--rays-per-rank", type=int, default=None, help="train.rays_per_rank (default: the schema's)")
@@ -84,23 +87,26 @@ def main():
     from distnerf.schema import TrainLoopConfig
 
     base_lr = args.lr if args.lr is not None else TrainLoopConfig().lr
-    plan = [(w, "same") for w in args.world_sizes] + [(w, "sqrt") for w in args.sqrt_world_sizes if w > 1]
+    plan = ([(w, "same") for w in args.world_sizes] + [(w, "sqrt") for w in args.sqrt_world_sizes if w > 1]
+            + [(1, f"x{s:g}") for s in args.control_lr_scales])
     out = args.out or default_out(__file__, "per_rank_batch/result.json")
     meta = start_meta()
     runs = []
     for world_size, rule in plan:
         while args.wait_while is not None and args.wait_while.exists():
             time.sleep(20)
-        lr = base_lr * (math.sqrt(world_size) if rule == "sqrt" else 1.0)
+        scale = {"same": 1.0, "sqrt": math.sqrt(world_size)}.get(rule)
+        lr = base_lr * (float(rule[1:]) if scale is None else scale)  # "x<scale>": a W = 1 control
         run_dir = args.work / f"w{world_size}_{rule}"
         wall = launch(world_size, run_dir, args, lr)
         runs.append(summarise(run_dir, world_size, rule, lr, wall))
-        base = next((r["psnr"] for r in runs if r["world_size"] == 1), None)
+        base = next((r["psnr"] for r in runs if r["world_size"] == 1 and r["rule"] == "same"), None)
         for r in runs:
             r["psnr_minus_w1"] = None if base is None else round(r["psnr"] - base, 3)
         print(json.dumps({k: runs[-1][k] for k in ("world_size", "rule", "lr", "global_rays", "psnr",
                                                    "psnr_minus_w1", "wall_s")}), flush=True)
-        settings = {k: getattr(args, k) for k in ("steps", "eval_views", "rays_per_rank", "threads", "data", "set")}
+        settings = {k: getattr(args, k) for k in ("steps", "eval_views", "rays_per_rank", "threads", "data", "set",
+                                                  "control_lr_scales")}
         write_result(out, {"settings": {**settings, "base_lr": base_lr, "strategy": "ddp", "backend": "gloo"},
                            "runs": runs}, dict(meta))
 
