@@ -34,7 +34,7 @@ from ..renderer.output import RenderOutput
 from ..sampler import batch_config, build_sampler, pixel_source
 from ..sampler.base import RayBatch
 from ..model import contracted
-from ..config_check import ConfigError
+from ..config_check import ConfigError, describe_batch_rule, global_batch
 from ..schema import TrainConfig
 from ..strategy.base import LossNormalizer, PendingAgreement, StepAgreement, StepStats, Strategy
 from .checkpoint_cadence import Checkpointer
@@ -101,7 +101,8 @@ class Trainer:
                               f"(dataset.ndc=true): NDC already maps the frustum to infinity into a bounded "
                               f"box; use model.contraction=none, or dataset.ndc=false with contraction")
         strategy.prepare(self.train_scene, self.run_dir, cfg.seed, model_cfg)  # ss: the partition
-        self.rays_per_rank = strategy.rays_per_rank(cfg.train.global_rays)
+        self.global_rays = global_batch(cfg.train, self.env.world_size)  # W x train.rays_per_rank, or train.global_rays
+        self.rays_per_rank = strategy.rays_per_rank(self.global_rays)
         self.sampler = build_sampler(cfg.sampler, self.train_scene, self.rays_per_rank, cfg.seed,
                                      strategy.sampler_stream(), self.device, strategy.ray_filter(self.train_scene))
         # the loss's finiteness, read a step late (no host sync in the step): see agree()
@@ -148,9 +149,10 @@ class Trainer:
                              "torchrun_restart": self.env.restart_count})
         if self.env.is_main:
             log.info("schedule: %s", cfg.train.schedule)
-            log.info("global batch %d rays: %s; lr %.3g (per-group multipliers from the model; not scaled "
-                     "with the world size since the global batch is fixed)", cfg.train.global_rays,
-                     strategy.describe_batch(cfg.train.global_rays), cfg.train.lr)
+            log.info("global batch %d rays, %s: %s; lr %.3g (per-group multipliers from the model), not scaled "
+                     "with the global batch: the loss is its mean (bench/scaling/README.md measures W = 1, 2, 4)",
+                     self.global_rays, describe_batch_rule(cfg.train), strategy.describe_batch(self.global_rays),
+                     cfg.train.lr)
 
     def activity(self) -> tuple[int, str, float]:
         """(step, phase last entered, its wall-clock start): what this rank is doing
