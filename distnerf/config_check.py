@@ -20,7 +20,7 @@ import dataclasses
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from .schema import (DEFAULT_MAX_STEPS, BlenderDataset, ColmapDataset, DDPStrategyConfig, EvalConfig,
+from .schema import (DEFAULT_MAX_STEPS, DEFAULT_RAYS_PER_RANK, BlenderDataset, ColmapDataset, DDPStrategyConfig, EvalConfig,
                      GridModelConfig, LLFFDataset, LoggerConfig, NeRFModelConfig, NerfstudioDataset,
                      NGPModelConfig, ProfilerConfig, SamplerConfig, SSStrategyConfig, SyntheticDataset,
                      TraceConfig, TrainConfig, TrainLoopConfig, ViewerConfig)
@@ -71,6 +71,45 @@ def describe_schedule(max_steps, max_minutes, decay, decay_steps, warmup_steps, 
           f"lr constant until p = {start:g}, then x {float(decay):g} ** ((p - {start:g}) / {1 - start:g})")
     return (f"time budget (stop after {float(max_minutes):g} min of training{stop}; p = the fraction elapsed, "
             f"agreed across ranks): {lr}{warm}{at}{occ}")
+
+
+def global_batch(train, world_size: int) -> int:
+    """Rays per step over all ranks, the global batch of a ``train`` section at ``world_size`` ranks.
+
+    ``train.global_rays`` when set (strong scaling: the batch is fixed and each rank trains ``global_rays /
+    world_size``), else ``world_size x train.rays_per_rank`` (weak scaling, the default: each rank keeps its
+    batch, :data:`~distnerf.schema.DEFAULT_RAYS_PER_RANK` when null). The loss is the mean over the global batch
+    either way; the learning rate is not scaled with it (measured: bench/scaling/README.md, "Batches that
+    scale"). What "per rank" means under each strategy: :meth:`distnerf.strategy.base.Strategy.rays_per_rank`.
+
+    Args:
+        train: the validated ``train`` node, or a run directory's saved ``train`` mapping (one from before
+            ``rays_per_rank`` existed always has ``global_rays``, read first).
+        world_size: ranks of the run (>= 1).
+    """
+    if train["global_rays"] is not None:
+        return int(train["global_rays"])
+    per_rank = train["rays_per_rank"]
+    return world_size * int(DEFAULT_RAYS_PER_RANK if per_rank is None else per_rank)
+
+
+def describe_batch_rule(train) -> str:
+    """Which of the two batch keys sets the batch, and how it follows the world size (the start-up log)."""
+    if train["global_rays"] is not None:
+        return f"fixed by train.global_rays={train['global_rays']}, divided over the ranks"
+    per_rank = train["rays_per_rank"]
+    return (f"train.rays_per_rank={DEFAULT_RAYS_PER_RANK if per_rank is None else per_rank}"
+            f"{' (default)' if per_rank is None else ''} x the world size")
+
+
+def _check_batch(train: DictConfig, prefix: str) -> None:
+    """The two batch keys are alternatives (:func:`global_batch`): one may be set, not both."""
+    if train.global_rays is not None and train.rays_per_rank is not None:
+        raise ConfigError(f"config {prefix}global_rays={train.global_rays} and {prefix}rays_per_rank="
+                          f"{train.rays_per_rank} are both set: give {prefix}rays_per_rank (per rank, the global "
+                          f"batch grows with the world size) or {prefix}global_rays (a fixed global batch divided "
+                          f"over the ranks), not both (where a preset sets one, e.g. experiment=smoke's "
+                          f"global_rays, set it to null)")
 
 
 def _schedule_resolver(*, _parent_, _root_) -> str:
@@ -180,6 +219,8 @@ def check(cfg: DictConfig, prefix: str = "") -> None:
             raise ConfigError(f"config {key}={value!r} must be {'>' if meta.get('low_open') else '>='} {low}")
         if high is not None and value > high:
             raise ConfigError(f"config {key}={value!r} must be <= {high}")
+    if schema is TrainLoopConfig:
+        _check_batch(cfg, prefix)
 
 
 def validate(cfg, root: type = TrainConfig) -> DictConfig:

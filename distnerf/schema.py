@@ -29,6 +29,11 @@ from omegaconf import MISSING
 DEFAULT_MAX_STEPS = 1000
 """``train.max_steps`` when it is null and no time budget is set (the README main job's length)."""
 
+DEFAULT_RAYS_PER_RANK = 4096
+"""``train.rays_per_rank`` when it and ``train.global_rays`` are both null (the README main job's batch at one
+rank). Null, not 4096, is the key's default so that setting ``train.global_rays`` alone is not setting both, and
+a run directory's saved config from before the key (``global_rays: 4096``) still validates and means the same."""
+
 
 def choice(*allowed):
     """A field whose value must be one of ``allowed`` (checked by :func:`distnerf.config_check.validate`); the first is the default."""
@@ -335,7 +340,12 @@ class ProfilerConfig:
 # ----------------------------------------------------------------------------- train, eval, root
 @dataclass
 class TrainLoopConfig:
-    global_rays: int = positive(4096)   # rays per step over all ranks
+    # the batch: per rank by default (weak scaling: the global batch is world size x rays_per_rank, the lr
+    # unchanged, bench/scaling/README.md); global_rays: a fixed global batch split over the ranks (strong
+    # scaling). Setting both is an error. Joint ss: the global batch is drawn once (a shared stream) and every
+    # ray rendered by the regions it crosses (config_check.global_batch, strategy.rays_per_rank)
+    rays_per_rank: Optional[int] = positive(None)  # rays per step per rank; null: DEFAULT_RAYS_PER_RANK (4096) unless global_rays is set
+    global_rays: Optional[int] = positive(None)    # rays per step over all ranks, divided by the world size; null: rays_per_rank x world size
     # null: 1000 steps without a time budget, no step limit with one (the budget stops the run)
     max_steps: Optional[int] = positive(None)
     max_minutes: float = bounded(0.0, 0)  # training-time budget (evaluation excluded); 0: none
@@ -360,9 +370,9 @@ class TrainLoopConfig:
     fused: bool = True                  # fused Adam kernel
     bf16: bool = False                  # bf16 autocast (CUDA only)
     # static sync-free step (distnerf/components/sample_budget.py): P fixed sample slots a step, the rays
-    # marched adapt inside global_rays; 0: off (the dynamic step); null: auto, 262144 (2^18, as Instant-NGP /
-    # nerfacc) on CUDA for a model the static step covers, else 0 (the CPU keeps the dynamic step). Set
-    # global_rays above what P holds at the final stage (e.g. 16384 on lego) for the budget to set the work
+    # marched adapt inside the rank's batch (rays_per_rank); 0: off (the dynamic step); null: auto, 262144 (2^18,
+    # as Instant-NGP / nerfacc) on CUDA for a model the static step covers, else 0 (the CPU keeps the dynamic
+    # step). Set rays_per_rank above what P holds at the final stage (e.g. 16384 on lego) for the budget to set the work
     samples_per_step: Optional[int] = bounded(None, 0)
     deterministic: bool = False         # torch.use_deterministic_algorithms: CUDA's scatter_add_/index_add_ take
                                         # their deterministic kernels (slower), an op without one raises; see README

@@ -73,7 +73,7 @@ def child(variant: str, run_dir: Path) -> None:
     trainer = Trainer(cfg, build_strategy(cfg.strategy, env), run_dir)
     for _ in range(3):  # warm-up: allocator, occupancy grid, the workers' first batches
         run_step(trainer)
-    rays = int(cfg.train.global_rays)
+    rays = trainer.global_rays
     print(json.dumps({"ready": True, "torch_threads": torch.get_num_threads(),
                       "plan": None if plan is None else plan.describe()}), flush=True)
     for line in sys.stdin:

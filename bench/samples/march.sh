@@ -20,8 +20,12 @@
 #               there; 13% of city_small's training rays and 17% of its test rays reach the floor outside the box)
 #   opaquefloorprune  floorprune with an opaque floor (model.opaque_floor=true: the light a ray has left at the
 #               floor takes the colour field's value there, not the background's)
-#   [CELLS="before rounds ..."] bench/samples/march.sh STEPS NAME [hydra overrides...]
+#   [CELLS="before rounds ..."] [NPROC=W STRATEGY="strategy=..."] bench/samples/march.sh STEPS NAME [hydra overrides...]
 # e.g. OMP_NUM_THREADS=2 ../shared/tools/quiet -- bench/samples/march.sh 300 march_city_small dataset.kind=city_small
+# STRATEGY (default strategy=ddp) runs the cells under another strategy, on NPROC ranks (default 1; more: torchrun,
+# gloo on the CPU), e.g. the opaque floor under ss (issue 51), 2 ranks of one thread each:
+#   CELLS="before opaquefloorprune02" NPROC=2 STRATEGY="strategy=ss strategy.training=joint" OMP_NUM_THREADS=1 \
+#     ../shared/tools/quiet -- bench/samples/march.sh 200 march_city_small_ss_joint device=cpu dataset.kind=city_small ...
 # copies each run's metrics.json / metrics.jsonl to bench/samples/results/NAME/CELL/ with a meta.json entry (command,
 # date, commit, load before/after, wall seconds); bench/tables.py summarises (samples per ray, rays/s,
 # test PSNR at the last step).
@@ -47,10 +51,13 @@ declare -A CELL=(
   [opaquefloorprune02]="model.train_round_steps=0 model.min_altitude=-0.5 model.opaque_floor=true model.occupancy_threshold_final=0.02"
   [opaquefloorprune03]="model.train_round_steps=0 model.min_altitude=-0.5 model.opaque_floor=true model.occupancy_threshold_final=0.03"
 )
+read -r -a strategy <<< "${STRATEGY:-strategy=ddp}"
+launch=(python -m distnerf.train)
+[ "${NPROC:-1}" -gt 1 ] && launch=(torchrun --standalone --nproc_per_node="$NPROC" -m distnerf.train)
 for cell in ${CELLS:-before rounds dist001 dist01}; do
   out="runs/bench/${name}_${cell}"
   read -r -a overrides <<< "${CELL[$cell]}"
-  cmd=(python -m distnerf.train dataset=synthetic dataset.kind=city strategy=ddp model.contraction=mipnerf360
+  cmd=("${launch[@]}" dataset=synthetic dataset.kind=city "${strategy[@]}" model.contraction=mipnerf360
     model.appearance=affine "${overrides[@]}" run_dir="$out" train.max_steps="$steps" train.max_minutes=0
     train.progress=false train.log_every=25 logger.wandb.mode=disabled eval.lpips=false "$@")
   rm -rf "$out"

@@ -52,6 +52,41 @@ def march(res: Results, name: str) -> list[str]:
     return out + lines
 
 
+def march_ss(res: Results, names: dict[str, str], ranks: int = 2) -> list[str]:
+    """bench/samples/march.sh under ``strategy=ss`` on ``ranks`` ranks (``names``: training -> results folder):
+    per rank, samples per ray and rays/s (medians over the last 50 steps), against ``before`` at equal steps.
+    A joint ray's samples are its segments' on all ranks (every rank renders its regions' segments of the same
+    rays); an independent rank renders its own rays whole, so a ray costs one rank's figure (their mean)."""
+    out = header("training", "cell", "samples per ray (rank 0, rank 1), last 50 steps",
+                 "rays/s per rank (rank 0, rank 1)",
+                 "steps", "test PSNR / SSIM (views)")
+    lines = [""]
+    for training, name in names.items():
+        figures = {}
+        for cell, marching, _ in MARCH_CELLS:
+            if not res.locate(f"{name}/{cell}/metrics.json").is_file():
+                continue
+            m = res.json(f"{name}/{cell}/metrics.json")
+            tail = [r for r in res.jsonl(f"{name}/{cell}/metrics.jsonl")
+                    if "rank0/samples_per_ray" in r and r["step"] > m["step"] - 50]
+            spr = [statistics.median(r[f"rank{k}/samples_per_ray"] for r in tail) for k in range(ranks)]
+            rps = [statistics.median(r[f"rank{k}/rays_per_s"] for r in tail) for k in range(ranks)]
+            per_ray = sum(spr) if training == "joint" else statistics.mean(spr)
+            figures[cell] = (per_ray, statistics.mean(rps), m["psnr"])
+            out.append(row(training, f"{cell}: {marching}", f"{per_ray:.0f} ({', '.join(f'{x:.0f}' for x in spr)})",
+                           ", ".join(f"{x:.0f}" for x in rps), m["step"],
+                           f"{psnr_ssim(m)} ({m['protocol']['num_views']})"))
+        if "before" not in figures:
+            continue
+        b = figures["before"]
+        for cell, (spr, rps, psnr) in figures.items():
+            if cell != "before":
+                lines.append(f"- {training} `{cell}` against `before`: samples per ray {spr:.0f} (target <= 64: "
+                             f"**{'met' if spr <= 64 else 'missed'}**), rays/s per rank x{rps / b[1]:.2f}, test PSNR "
+                             f"{psnr - b[2]:+.2f} dB (target: not lower: **{'met' if psnr >= b[2] else 'missed'}**).")
+    return out + lines
+
+
 TABLES = {  # marker name -> the function that makes the table
     "march_city_small": lambda res: march(res, "march_city_small"),
     "march_city_small_floor": lambda res: march(res, "march_city_small_floor"),
@@ -60,4 +95,6 @@ TABLES = {  # marker name -> the function that makes the table
     "march_city_small_opaque": lambda res: march(res, "march_city_small_opaque"),
     "march_city_small_opaque_threshold": lambda res: march(res, "march_city_small_opaque_threshold"),
     "march_city_opaque": lambda res: march(res, "march_city_opaque"),
+    "march_city_small_ss": lambda res: march_ss(res, {"independent": "march_city_small_ss_independent",
+                                                      "joint": "march_city_small_ss_joint"}),
 }

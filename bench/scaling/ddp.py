@@ -8,7 +8,7 @@ Each writes JSON to ``--out`` (default ``bench/scaling/results/ddp_scaling.json`
 before/after).
 
 ``scaling``: ``torchrun --nproc_per_node=N`` with one thread per process
-(OMP_NUM_THREADS=1), a fixed per-process batch (``train.global_rays = N x rays``) on
+(OMP_NUM_THREADS=1), a fixed per-process batch (``train.rays_per_rank``: a global batch of N x rays) on
 lego, ``log_every=1``; per run the median over steps after ``--warmup`` of the
 global rays/s, then the median over ``--repeats`` runs. The runs of all N alternate
 (1, 2, 1, 2, ...) so drift of the machine hits both alike.
@@ -52,7 +52,7 @@ def scaling(args):
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(args.repeats):
             for n in args.nprocs:
-                rows = run(n, Path(tmp) / f"n{n}_r{rep}", [f"train.global_rays={n * args.rays_per_process}",
+                rows = run(n, Path(tmp) / f"n{n}_r{rep}", [f"train.rays_per_rank={args.rays_per_process}",
                                                              f"train.max_steps={args.steps}"], 1)
                 rates = [r["rays_per_s"] for r in rows if r["step"] > args.warmup]
                 results[n].append(statistics.median(rates))

@@ -50,6 +50,7 @@ def summarise(run_dir: Path) -> dict:
     """One run's row from its metrics.json, metrics.jsonl and config.yaml."""
     from omegaconf import OmegaConf
 
+    from distnerf.config_check import global_batch
     from distnerf.observe.logger import final_model_size
     from distnerf.study.capacity import lr_share, plateau_gain
 
@@ -68,7 +69,7 @@ def summarise(run_dir: Path) -> dict:
             "decay_start": float(cfg.train.decay_start),
             "upsample_steps": list(cfg.model.upsample_steps), "psnr": final["psnr"], "ssim": final["ssim"],
             "constant_psnr": final.get("constant_psnr"), "num_views": final.get("num_scored_views"),
-            "global_rays": int(cfg.train.global_rays),
+            "global_rays": global_batch(cfg.train, 1),  # one rank
             "val_gain_last_20pct": plateau_gain(val),
             # a warmup-stable-decay run (decay_steps null, decay < 1): the same gain over the last 20% of its
             # constant phase, before the cool-down begins (None for other schedules)

@@ -376,6 +376,26 @@ def study_capacity_1m(res: Results) -> list[str]:
     return study_capacity(res, "study_capacity_1m")
 
 
+def per_rank_batch(res: Results) -> list[str]:
+    """bench/scaling/per_rank_batch.py: lego under ``ddp`` at W ranks with the per-rank batch default (the global
+    batch W x ``train.rays_per_rank``), equal steps; the learning rate unchanged ("same"), x sqrt(W) ("sqrt"), or at
+    W = 1 x a scale ("x<scale>": the control telling a larger rate's gain from the larger batch's)."""
+    data = res.json("per_rank_batch/result.json")
+    runs = data["runs"] + res.json("per_rank_batch/controls.json")["runs"]
+    base = next(r["psnr"] for r in runs if r["world_size"] == 1 and r["rule"] == "same")
+    views = data["settings"]["eval_views"]
+    out = header("W", "lr rule", "lr", "rays per rank", "global batch", "steps", f"test PSNR dB ({views} views)", "SSIM",
+                 "vs W = 1", "within 0.3 dB of W = 1 or better", "last training loss")
+    order = {"same": 0, "sqrt": 1}
+    for r in sorted(runs, key=lambda r: (order.get(r["rule"], 2), r["world_size"], r["lr"])):
+        diff = r["psnr"] - base
+        rule = {"same": "same as W = 1", "sqrt": "x sqrt(W)"}.get(r["rule"], f"x {r['rule'][1:]} (control)")
+        target = "–" if r["world_size"] == 1 else ("met" if diff >= -0.3 else "missed")
+        out.append(row(r["world_size"], rule, f"{r['lr']:.3g}", r["rays_per_rank"], r["global_rays"], r["steps"],
+                       f2(r["psnr"]), f"{r['ssim']:.4f}", f"{diff:+.2f} dB", target, f"{r['final_train_loss']:.5f}"))
+    return out
+
+
 TABLES = {  # marker name -> the function that makes the table
     "study_capacity": study_capacity,
     "study_capacity_decay1500": study_capacity_decay1500,
@@ -394,6 +414,7 @@ TABLES = {  # marker name -> the function that makes the table
     "study_capacity_cooled_p62k": study_capacity_cooled_p62k,
     "study_capacity_cooled_p62k_seams": lambda res: study_capacity_seams(res, "study_capacity_cooled_p62k"),
     "study_characterization": study_characterization,
+    "per_rank_batch": per_rank_batch,
     "ss_eq": ss_eq,
     "ss_eq_detail": ss_eq_detail,
     "ddp_sparse_decision": ddp_sparse_decision,

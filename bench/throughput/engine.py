@@ -185,6 +185,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
     from omegaconf import OmegaConf
 
+    from distnerf.config_check import global_batch
     from distnerf.data import load_scene
     from distnerf.engine.evaluate import render_image, select_views
     from distnerf.model import build_model
@@ -285,7 +286,7 @@ def main(argv: list[str] | None = None) -> None:
             job = {"mode": "train", "threads": args.threads, "model_cfg": {**model_cfg, "resolutions": [res_n],
                                                                            "upsample_steps": []},
                    "dataset": dataset, "state": str(stage_file), "steps": 16, "warmup": 6,
-                   "rays": int(cfg.train.global_rays)}
+                   "rays": global_batch(cfg.train, 1)}  # one process's batch
             runs = {"new": [], "old": []}
             for _ in range(args.repeats):  # alternating, so that a drift of the machine hits both
                 runs["new"].append(run_worker(ROOT, job))

@@ -10,8 +10,9 @@ slot P) and the inactive ones weigh 0 in the loss, the counted rays' errors are 
 
 Learning-rate rule: the loss is the mean over the counted rays whatever their number, so the
 learning rate is unchanged as the ray count adapts (the gradient's noise, not its scale, follows the
-count). On CUDA set R (``train.global_rays``) above what P holds at the final stage (e.g. 2^18 slots and
-16384 rays at lego's ~10 samples per ray) so that the budget, not R, sets the work.
+count). On CUDA set R (the rank's batch: ``train.rays_per_rank``, or ``train.global_rays`` / W) above what P
+holds at the final stage (e.g. 2^18 slots and 16384 rays at lego's ~10 samples per ray) so that the budget,
+not R, sets the work.
 
 Reported a step late through a host buffer (as :mod:`distnerf.engine.late_flag`, no host sync):
 ``budget_overflow_rate`` (overflowed / active rays), ``budget_active_rays``, ``budget_counted_rays`` (the

@@ -34,7 +34,7 @@ from ..renderer.output import RenderOutput
 from ..sampler import batch_config, build_sampler, pixel_source
 from ..sampler.base import RayBatch
 from ..model import contracted
-from ..config_check import ConfigError
+from ..config_check import ConfigError, describe_batch_rule, global_batch
 from ..schema import TrainConfig
 from ..strategy.base import LossNormalizer, PendingAgreement, StepAgreement, StepStats, Strategy
 from .checkpoint_cadence import Checkpointer
@@ -45,9 +45,10 @@ from .late_flag import LateFlag
 log = logging.getLogger("distnerf")
 TEST_PANELS = 4  # test views logged to W&B as panels at the end (ground truth | prediction | depth)
 RANK_FIGURES = ("step_ms", "input_wait_ms", "forward_ms", "backward_ms", "exposed_comm_ms", "optimizer_ms",
-                "peak_memory_mb", "peak_rss_mb", "rays_per_s")
+                "peak_memory_mb", "peak_rss_mb", "rays_per_s", "samples_per_ray")
 """The per-rank figures of a log row under several ranks (``rank{r}/KEY``, W&B's rank-imbalance panels): the
-step breakdown's ``rank_figures`` and the trainer's own two, in the order they travel."""
+step breakdown's ``rank_figures`` and the trainer's own three, in the order they travel (``samples_per_ray``: the
+rank's samples over its batch's rays; under ``ss`` joint training a ray's segments sum over the ranks)."""
 
 
 def _nonfinite(x: torch.Tensor) -> torch.Tensor:
@@ -100,7 +101,8 @@ class Trainer:
                               f"(dataset.ndc=true): NDC already maps the frustum to infinity into a bounded "
                               f"box; use model.contraction=none, or dataset.ndc=false with contraction")
         strategy.prepare(self.train_scene, self.run_dir, cfg.seed, model_cfg)  # ss: the partition
-        self.rays_per_rank = strategy.rays_per_rank(cfg.train.global_rays)
+        self.global_rays = global_batch(cfg.train, self.env.world_size)  # W x train.rays_per_rank, or train.global_rays
+        self.rays_per_rank = strategy.rays_per_rank(self.global_rays)
         self.sampler = build_sampler(cfg.sampler, self.train_scene, self.rays_per_rank, cfg.seed,
                                      strategy.sampler_stream(), self.device, strategy.ray_filter(self.train_scene))
         # the loss's finiteness, read a step late (no host sync in the step): see agree()
@@ -147,9 +149,10 @@ class Trainer:
                              "torchrun_restart": self.env.restart_count})
         if self.env.is_main:
             log.info("schedule: %s", cfg.train.schedule)
-            log.info("global batch %d rays: %s; lr %.3g (per-group multipliers from the model; not scaled "
-                     "with the world size since the global batch is fixed)", cfg.train.global_rays,
-                     strategy.describe_batch(cfg.train.global_rays), cfg.train.lr)
+            log.info("global batch %d rays, %s: %s; lr %.3g (per-group multipliers from the model), not scaled "
+                     "with the global batch: the loss is its mean (bench/scaling/README.md measures W = 1, 2, 4)",
+                     self.global_rays, describe_batch_rule(cfg.train), strategy.describe_batch(self.global_rays),
+                     cfg.train.lr)
 
     def activity(self) -> tuple[int, str, float]:
         """(step, phase last entered, its wall-clock start): what this rank is doing
@@ -410,7 +413,8 @@ class Trainer:
         if self.env.has_peers:  # every rank's own figures, gathered to one row (rank imbalance in one W&B run)
             self.timer.mark("step_sync")  # a collective between steps: what a hang report names while it waits
             mine = {**self.timer.rank_figures(self.cfg.train.log_every), "peak_rss_mb": peak_rss_mb(),
-                    "rays_per_s": float(local_valid) / max(step_seconds, 1e-9)}
+                    "rays_per_s": float(local_valid) / max(step_seconds, 1e-9),
+                    "samples_per_ray": row["samples_per_ray"]}
             assert set(mine) <= set(RANK_FIGURES), sorted(set(mine) - set(RANK_FIGURES))
             # collective: one float all-gather (a figure a rank lacks travels as NaN and is left out of the row)
             gathered = D.all_gather_floats(self.env, [mine.get(k, math.nan) for k in RANK_FIGURES])

@@ -27,6 +27,10 @@ class RadianceModel(nn.Module):
     #: height (+y, scene units) below which rays end (``model.min_altitude``), or None; read by
     #: strategies that route whole rays to regions (they must end where the model ends them)
     min_altitude: float | None = None
+    #: whether the floor is opaque (``model.opaque_floor`` with a floor): the light a ray has left at the
+    #: floor takes the colour field's value there (:meth:`~distnerf.model.marched.MarchingModel.floor_colour`);
+    #: read by strategies that composite a ray's segments (the floor replaces the background)
+    opaque_floor: bool = False
     #: what ``model.max_params`` derived when the model was sized to it (:func:`distnerf.model.budget.fit_budget`'s
     #: report), set by :func:`distnerf.model.build_model`; None otherwise
     budget: dict | None = None

@@ -243,14 +243,25 @@ class MarchingModel(RadianceModel):
         since a render composites ``(1 - opacity) bg`` behind its samples. Every ray's floor colour
         is evaluated (R colour evaluations, no size read); the others are masked out."""
         floored = (far < self.ray_far_without_floor(rays)) & (far > rays.near)  # (R,) the floor ended these rays
-        t = torch.where(floored, far, torch.zeros_like(far))
-        points = rays.origins + rays.directions * t[:, None]
-        floor_rgb = self.colours(points, rays.viewdirs, torch.arange(len(rays), device=points.device),
-                                 image_ids=rays.image_ids)
+        floor_rgb = self.floor_colour(rays, torch.where(floored, far, torch.zeros_like(far)))
         bg = self.appearance_background(background, rays)
         bg = torch.zeros_like(floor_rgb) if bg is None else bg.expand_as(floor_rgb).to(floor_rgb.dtype)
         left = (1.0 - out.opacity).to(floor_rgb.dtype) * floored.to(floor_rgb.dtype)
         out.rgb = out.rgb + (left[:, None] * (floor_rgb - bg)).to(out.rgb.dtype)
+
+    def floor_colour(self, rays: RayBundle, t_floor: torch.Tensor) -> torch.Tensor:
+        """The colour field at each ray's floor point, seen along the ray (``model.opaque_floor``).
+
+        Args:
+            rays: R rays (their training images' appearance applied where ``rays.image_ids`` is set).
+            t_floor: (R,) float ray parameter of the floor point (any finite value for a ray the
+                floor does not end: its colour is computed and left to the caller to mask).
+        Returns:
+            (R, 3) float RGB of :meth:`colours` at ``origins + t_floor directions``.
+        """
+        points = rays.origins + rays.directions * t_floor[:, None]
+        return self.colours(points, rays.viewdirs, torch.arange(len(rays), device=points.device),
+                            image_ids=rays.image_ids)
 
     def ray_far_without_floor(self, rays: RayBundle) -> torch.Tensor:
         """(R,) float: :meth:`ray_far` before the floor's cut."""

@@ -61,8 +61,8 @@ from torch import nn
 
 log = logging.getLogger("distnerf")
 
-PHASES = ("input_wait", "copy", "model_update", "forward", "step_sync", "checkpoint", "backward", "exposed_comm",
-          "regularizer", "optimizer")
+PHASES = ("input_wait", "copy", "model_update", "forward", "backward", "exposed_comm", "regularizer", "optimizer",
+          "step_sync", "checkpoint")  # the order a step passes them: the agreement is read after the update
 FIGURES = ("rays_per_s", "samples_per_ray", "field_evals", "forward_ns_per_sample", "comm_bytes", "comm_total_s",
            "comm_hidden_s", "bus_bandwidth_gbps", "peak_memory_mb")
 

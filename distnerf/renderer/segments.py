@@ -12,6 +12,9 @@ NeRF-XL, Li et al. ECCV 2024, Eq. 4)::
     C = sum_k (prod_{j<k} T_j) C_k + (prod_k T_k) * background
 
 which equals rendering the union of the segments' samples in one pass (NeRF Eq. 3).
+With an opaque floor (``model.opaque_floor``) the light a floored ray has left after its last
+segment, ``prod_k T_k``, takes the floor's colour instead of the background's
+(:func:`floor_behind`), as one model rendering the whole ray does.
 """
 from __future__ import annotations
 
@@ -71,3 +74,18 @@ def composite_segments(seg_rgb: torch.Tensor, seg_transmittance: torch.Tensor, s
     if background is not None:
         rgb = rgb + remaining[:, None] * background
     return rgb, depth, 1.0 - remaining
+
+
+def floor_behind(background: torch.Tensor | None, floor_rgb: torch.Tensor, floored: torch.Tensor) -> torch.Tensor:
+    """What lies behind a ray's segments with an opaque floor: the floor's colour where the floor
+    ended the ray, the background elsewhere (the ``background`` of :func:`composite_segments`).
+
+    Args:
+        background: (3,) or (R, 3) float, or None (black).
+        floor_rgb: (R, 3) float colour at each ray's floor point (any value where not floored).
+        floored: (R,) bool, the floor ended the ray.
+    Returns:
+        (R, 3) float.
+    """
+    bg = torch.zeros_like(floor_rgb) if background is None else background.to(floor_rgb).expand_as(floor_rgb)
+    return torch.where(floored[:, None], floor_rgb, bg)

@@ -157,7 +157,9 @@ class Strategy:
         return None
 
     def rays_per_rank(self, global_rays: int) -> int:
-        """Per-rank batch for a global batch of ``global_rays``.
+        """This rank's sampler batch for a global batch of ``global_rays``
+        (:func:`distnerf.config_check.global_batch`: ``train.global_rays``, or the world size times
+        ``train.rays_per_rank``): ``global_rays / world_size`` rays drawn from this rank's own stream.
 
         Raises:
             ValueError: when the global batch does not split evenly.

@@ -38,6 +38,11 @@ Two fusions:
   Sec. 3.3), then one volume rendering pass over samples shared by all regions. With
   ``overlap = 0`` it equals ``segment`` up to the samples split at region boundaries.
   It mixes densities per sample, so it cannot be split by segment.
+
+The floor (``model.min_altitude``): rays end where the sub-models end them
+(:func:`.floor.floored_rays`); with ``model.opaque_floor`` the light a floored ray has left after
+its samples takes the colour of the floor point's region, not the background's (:mod:`.floor`):
+``segment`` exchanges it with the segment colours (3 more floats per ray and region).
 """
 from __future__ import annotations
 
@@ -56,9 +61,10 @@ from ..renderer.occupancy import OccupancyGrid, march
 from ..renderer.output import RenderOutput
 from ..renderer.packed import PackedSamples, render_packed, render_transmittance
 from ..renderer.samples import clip_to_box, intervals_from_points, sample_pdf, stratified_samples
-from ..renderer.segments import composite_segments, segment_entries, transmittance_in_front
+from ..renderer.segments import composite_segments, floor_behind, segment_entries, transmittance_in_front
 from ..renderer.volume import render_weights
-from .partition import Partition, to_infinity
+from .floor import floored_rays, region_floor_colours
+from .partition import Partition
 
 FUSIONS = ("segment", "blend")
 
@@ -108,6 +114,7 @@ class FusedRenderer(nn.Module):
         self.register_buffer("background", (first.background if background is None else background).clone().float())
         self.color_threshold, self.blend_power = color_threshold, blend_power
         self.min_altitude = first.min_altitude  # rays end at the sub-models' floor
+        self.opaque_floor = first.opaque_floor  # ... whose colour shows behind them (module docstring)
         step_size = first.step_size()
         self.hierarchical = step_size is None
         if not self.hierarchical:
@@ -175,9 +182,10 @@ class FusedRenderer(nn.Module):
     @torch.no_grad()
     def forward(self, rays: RayBundle, generator=None) -> RenderOutput:
         start = self._clock()
-        if self.partition.unbounded:  # the outer regions' segments reach the sky (or end at the floor)
-            rays = to_infinity(rays, self.min_altitude)
-        out = self._blend(rays) if self.fusion == "blend" else self._segment(rays)
+        # the outer regions' segments of an unbounded partition reach the sky; every ray ends at the floor
+        rays, floored = floored_rays(rays, self.partition.unbounded, self.min_altitude)
+        floored = floored if self.opaque_floor else None
+        out = self._blend(rays, floored) if self.fusion == "blend" else self._segment(rays, floored)
         self._add_time("total_s", start)
         return out
 
@@ -213,7 +221,12 @@ class FusedRenderer(nn.Module):
             self._boxes[key] = self.partition.extents().to(like.device, like.dtype)
         return self._boxes[key]
 
-    def _segment(self, rays: RayBundle) -> RenderOutput:
+    def _floor_colours(self, rays: RayBundle, floored: torch.Tensor) -> torch.Tensor:
+        """(R, m, 3) the floor colours held by this process's regions (:func:`.floor.region_floor_colours`)."""
+        return region_floor_colours(self.models, self.regions, self.partition, rays, floored)
+
+    def _segment(self, rays: RayBundle, floored: torch.Tensor | None = None) -> RenderOutput:
+        """``segment`` fusion (module docstring); ``floored``: (R,) bool rays ended at an opaque floor, or None."""
         segs = self._region_samples(rays)
         for seg in segs:
             if seg.get("trans") is not None:  # computed by the evaluation rounds
@@ -228,7 +241,10 @@ class FusedRenderer(nn.Module):
         entry = segment_entries(rays.origins, rays.directions, rays.near, rays.far, self._extents_like(rays.origins))
         before, _ = transmittance_in_front(transmittance, entry)
         self._add_time("exchange_composite_s", start)
-        local = torch.zeros(len(rays), len(self.regions), 4, dtype=rays.origins.dtype, device=rays.origins.device)
+        width = 4 if floored is None else 7  # colour, depth (, the floor's colour where this region holds it)
+        local = torch.zeros(len(rays), len(self.regions), width, dtype=rays.origins.dtype, device=rays.origins.device)
+        if floored is not None:
+            local[:, :, 4:] = self._floor_colours(rays, floored)
         for j, (k, seg) in enumerate(zip(self.regions, segs)):
             model = seg["model"]
             if seg["rgbs"] is not None:  # nerf: colours come with the densities
@@ -239,12 +255,14 @@ class FusedRenderer(nn.Module):
                             seg.get("trans"))
             local[:, j, :3], local[:, j, 3] = out.rgb, out.depth
         start = self._clock()
-        values = self._all_regions(local)  # exchange 2: segment colour and depth (4 floats per ray and region)
+        # exchange 2: segment colour and depth (4 floats per ray and region; 7 with an opaque floor)
+        values = self._all_regions(local)
         num_samples = torch.tensor([sum(len(s["samples"]) for s in segs)], dtype=torch.long)
         if self.distributed:  # host counts: a CPU tensor
             D.all_reduce_(num_samples)
-        rgb, depth, opacity = composite_segments(values[..., :3], transmittance, values[..., 3], entry,
-                                                 self.background)
+        background = self.background if floored is None else floor_behind(self.background,
+                                                                           values[..., 4:].sum(dim=1), floored)
+        rgb, depth, opacity = composite_segments(values[..., :3], transmittance, values[..., 3], entry, background)
         self._add_time("exchange_composite_s", start)
         return RenderOutput(rgb=rgb, depth=depth, opacity=opacity, num_samples=int(num_samples))
 
@@ -299,7 +317,9 @@ class FusedRenderer(nn.Module):
         t_lo, t_hi = clip_to_box(rays.origins, rays.directions, rays.near, rays.far, bounds)
         return march(rays.origins, rays.directions, rays.near, t_lo, t_hi, self.step_size, self.prefilter)
 
-    def _blend(self, rays: RayBundle) -> RenderOutput:
+    def _blend(self, rays: RayBundle, floored: torch.Tensor | None = None) -> RenderOutput:
+        """``blend`` fusion (module docstring); ``floored``: (R,) bool rays ended at an opaque floor, or None
+        (the floor's colour: its region's sub-model's, as in ``segment``)."""
         samples = self._shared_samples(rays)
         points = samples.points(rays.origins, rays.directions)
         ray_idx = samples.ray_indices
@@ -326,7 +346,9 @@ class FusedRenderer(nn.Module):
         sigma, rgb = (sigma / norm).to(points.dtype), (rgb / norm[:, None]).to(points.dtype)
         if not self.hierarchical:  # marched fields: density per distance
             sigma = along_ray(sigma, samples, rays.directions)
-        out = render_packed(sigma, rgb, samples, self.background)
+        background = self.background if floored is None else floor_behind(
+            self.background, self._floor_colours(rays, floored).sum(dim=1), floored)
+        out = render_packed(sigma, rgb, samples, background)
         return RenderOutput(rgb=out.rgb, depth=out.depth, opacity=out.opacity, num_samples=int(member.sum()))
 
 

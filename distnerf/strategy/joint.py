@@ -15,6 +15,10 @@ ECCV 2024, Eq. 4; :func:`composite_segments`)::
 
     C = sum_k (prod_{j<k} T_j) C_k + (prod_k T_k) * background
 
+With an opaque floor (``model.opaque_floor``) a floored ray's ``background`` is the colour field
+at its floor point, evaluated by the region holding that point and exchanged with its segment
+values (3 more floats per ray and region: :mod:`.floor`).
+
 The loss is computed on the composite, identically on every rank. Its gradient with
 respect to this rank's segment values, computed locally, is therefore already exact,
 so the backward of the exchange is a slice (no communication) and gradients flow
@@ -43,7 +47,7 @@ from ..data.rays import RayBundle
 from ..model.marched import MarchingModel
 from ..renderer import samples
 from ..renderer.output import RenderOutput
-from ..renderer.segments import composite_segments, segment_entries
+from ..renderer.segments import composite_segments, floor_behind, segment_entries
 from ..seeds import region_seed
 
 
@@ -128,8 +132,19 @@ def render_segments(models, regions: list[int], boxes: torch.Tensor, rays: RayBu
 
 
 def composite_all(values: torch.Tensor, rays: RayBundle, boxes: torch.Tensor,
-                  background: torch.Tensor) -> RenderOutput:
-    """Composite (R, K, C) segment values of every region front to back."""
+                  background: torch.Tensor, floored: torch.Tensor | None = None) -> RenderOutput:
+    """Composite (R, K, C) segment values of every region front to back.
+
+    Args:
+        values: (R, K, C) :func:`render_segments`' values, with an opaque floor followed by each
+            region's floor colours (3: :func:`.floor.region_floor_colours`).
+        boxes: (K, 2, 3) every region's box. background: (3,) float.
+        floored: (R,) bool rays ended at an opaque floor (their light left takes the floor's colour),
+            or None (no opaque floor: ``values`` hold no floor colours).
+    """
+    if floored is not None:
+        background = floor_behind(background, values[..., -3:].sum(dim=1), floored)
+        values = values[..., :-3]
     entry = segment_entries(rays.origins, rays.directions, rays.near, rays.far, boxes)
     rgb, depth, opacity = composite_segments(values[..., :3], values[..., 3], values[..., 4], entry, background)
     out = RenderOutput(rgb=rgb, depth=depth, opacity=opacity)

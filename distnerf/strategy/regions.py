@@ -18,6 +18,7 @@ from ..model.base import RadianceModel
 from ..model.grid import GridModel
 from ..renderer.output import RenderOutput
 from ..sampler.policy import BoxFilter
+from .floor import floored_rays, region_floor_colours
 from .joint import GatherSegments, composite_all, region_generator, render_segments
 from .partition import Partition, to_infinity
 
@@ -155,7 +156,8 @@ class RegionModels(RadianceModel):
 
 class JointRegionModels(RegionModels):
     """``training=joint``: this rank's sub-models render their segments of every ray; the
-    segments of all regions are exchanged and composited exactly (:mod:`.joint`).
+    segments of all regions are exchanged and composited exactly (:mod:`.joint`), with an
+    opaque floor over the floor's colour where the floor ends a ray (:mod:`.floor`).
 
     Args:
         models: region index -> sub-model (its box only, black background).
@@ -172,20 +174,25 @@ class JointRegionModels(RegionModels):
             raise ValueError(f"one process needs all {len(partition)} regions, got {self.regions}")
 
     def forward(self, rays: RayBundle, generator=None) -> RenderOutput:
-        if self.unbounded:  # the outer regions' segments reach the sky (or end at the floor)
-            rays = to_infinity(rays, self.models[0].min_altitude)
+        # the outer regions' segments of an unbounded partition reach the sky; every ray ends at the floor
+        rays, floored = floored_rays(rays, self.unbounded, self.models[0].min_altitude)
+        floored = floored if self.models[0].opaque_floor else None
         seg = render_segments(self.models, self.regions, self.all_boxes, rays, generator)
         values = seg["values"]
+        if floored is not None:  # the floor colours this rank's regions hold, exchanged with the segments
+            values = torch.cat([values, region_floor_colours(self.models, self.regions, self.partition, rays,
+                                                             floored).to(values.dtype)], dim=2)
         if self.distributed:  # the one exchange of a step: C floats per ray and region
+            sent = values.numel() * values.element_size()
             start = time.perf_counter()
             marks = D.timing_event() if values.is_cuda else None  # on the device: the all-gather's span
             values = GatherSegments.apply(values)
             if marks is not None:  # NCCL: the current stream waited on the collective
                 self.exchange.setdefault("events", []).append((marks, D.timing_event()))
             self.exchange["seconds"] += time.perf_counter() - start
-            self.exchange["bytes"] += seg["values"].numel() * seg["values"].element_size()
+            self.exchange["bytes"] += sent
             self.exchange["calls"] += 1
-        out = composite_all(values, rays, self.all_boxes, self.background)
+        out = composite_all(values, rays, self.all_boxes, self.background, floored)
         out.num_samples, out.samples_per_region = seg["num_samples"], seg["samples_per_region"]
         return out
 

@@ -6,8 +6,9 @@ The scene box is split into K regions (:mod:`.partition`; K = W by default, or a
 multiple of it); each rank owns K / W regions, assigned by their measured training cost
 (:func:`.partition.assign_regions`; joint training: contiguous blocks). Each region has its
 own sub-model and its own optimizer state: training needs no gradient all-reduce
-(Mega-NeRF, Turki et al. 2022). Every region draws its own block of ``global_rays / K``
-rays per step from its own ray stream (the stream is the region index; the sampler's
+(Mega-NeRF, Turki et al. 2022). Every region draws its own block of ``B / K`` rays per step
+(``B`` the global batch: the world size times ``train.rays_per_rank``, or ``train.global_rays``)
+from its own ray stream (the stream is the region index; the sampler's
 block batch), keeping through the ray-filter hook the rays whose segment crosses its
 enlarged region; its sub-model trains on those with their mean squared error, and its
 sample jitter comes from a generator keyed by the region. So what a region trains on
@@ -134,18 +135,15 @@ class SSStrategy(Strategy):
             ValueError: a saved partition with another ``strategy.num_regions`` or contraction, or
                 whose K regions do not split evenly over the world size; ``model.floor_footprint``
                 (a sub-model's box is its region's, not the scene's: its floor would end rays at
-                other footprints than the routing's) or ``model.opaque_floor`` (the fusion stage
-                composites the segments over the background), with a floor set.
+                other footprints than the routing's) with a floor set. ``model.opaque_floor`` is
+                supported: the floor's colour is composited behind a floored ray's segments, from
+                the region holding the floor point (:mod:`.floor`).
         """
         self.seed = int(seed)
         if model_cfg.get("floor_footprint") and model_cfg.get("min_altitude") is not None:
             raise ValueError("model.floor_footprint=true is not supported with strategy=ss (each sub-model's box is "
                              "its region's, so its floor would not match the rays' routing); use it with "
                              "strategy=ddp, or model.floor_footprint=false")
-        if model_cfg.get("opaque_floor") and model_cfg.get("min_altitude") is not None:
-            raise ValueError("model.opaque_floor=true is not supported with strategy=ss (the fusion stage composites "
-                             "the regions' segments over the background); use it with strategy=ddp, or "
-                             "model.opaque_floor=false")
         self.min_altitude = model_cfg.get("min_altitude")  # the sub-models' floor: rays are routed to it
         num = self.cfg.num_regions or self.env.world_size
         path = Path(run_dir) / "partition.json"
@@ -246,24 +244,35 @@ class SSStrategy(Strategy):
                      for k in self.my_regions)
 
     def rays_per_rank(self, global_rays: int) -> int:
-        """Joint: ``global_rays`` (every rank the same batch); independent: ``global_rays / K``
-        per region of this rank.
+        """This rank's sampler batch for a global batch of ``global_rays`` = B
+        (:func:`distnerf.config_check.global_batch`: W x ``train.rays_per_rank`` by default).
+
+        Joint: B, the same rays on every rank (one shared stream). "Per rank" then counts the rays
+        each rank adds to the batch (B = W x ``rays_per_rank``), not the rays it renders: the batch
+        is drawn once and every ray is rendered by the regions it crosses, each rank rendering its
+        regions' segments of all B rays (about B x regions crossed / K segments per region, so a
+        rank's samples stay about ``rays_per_rank`` rays' worth as W = K grows; the all-gather of
+        segment colours still carries all B rays, so it grows with W).
+        Independent: B / K rays per region of this rank, each region from its own stream (those
+        crossing its enlarged region count), i.e. ``rays_per_rank`` over the rank's K / W regions.
 
         Raises:
-            ValueError: independent training with ``global_rays`` not divisible by K.
+            ValueError: independent training with B not divisible by K.
         """
         if self.joint:
             return global_rays
         num = len(self.partition)
         if global_rays % num:
-            raise ValueError(f"train.global_rays={global_rays} is not divisible by the {num} regions "
-                             f"(strategy=ss draws global_rays / K rays per region)")
+            raise ValueError(f"the global batch of {global_rays} rays (train.global_rays, or the world size x "
+                             f"train.rays_per_rank) is not divisible by the {num} regions (strategy=ss "
+                             f"training=independent draws B / K rays per region)")
         return global_rays // num * len(self.my_regions)
 
     def describe_batch(self, global_rays: int) -> str:
         if self.joint:
-            return (f"the same {global_rays} rays on each of {self.env.world_size} ranks, each rendering the segments "
-                    f"of its {len(self.my_regions)} region(s)")
+            return (f"{global_rays} rays drawn once (one shared stream, {global_rays / self.env.world_size:g} per "
+                    f"rank), each rendered by the regions it crosses: each of {self.env.world_size} ranks renders "
+                    f"the segments of its {len(self.my_regions)} region(s) of all {global_rays}")
         return (f"{self.env.world_size} ranks x {len(self.my_regions)} region(s) x "
                 f"{global_rays // len(self.partition)} rays drawn from each region's own stream (those crossing its enlarged region count)")
 

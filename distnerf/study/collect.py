@@ -15,6 +15,7 @@ from pathlib import Path
 
 import yaml
 
+from ..config_check import global_batch
 from ..observe.logger import final_model_size, read_metrics_log
 from ..observe.run_report import build_report
 
@@ -79,7 +80,7 @@ def cell_figures(run_dir: Path) -> dict:
         "exchange_s_per_step": comm["exchange_s"] / num_steps if num_steps and "exchange_s" in comm else None,
         "exchange_launch_s_per_step": (comm["exchange_launch_s"] / num_steps if num_steps and "exchange_launch_s"
                                        in comm else None),
-        "global_rays": cfg["train"]["global_rays"], "num_workers": cfg["sampler"].get("num_workers"),
+        "global_rays": global_batch(cfg["train"], report["world_size"]), "num_workers": cfg["sampler"].get("num_workers"),
         "sampler": cfg["sampler"]["name"], "strategy": cfg["strategy"]["name"],
         "training": cfg["strategy"].get("training"), "num_regions": (cfg["strategy"].get("num_regions")
                                                                     or report["world_size"])

@@ -9,8 +9,8 @@ entry, in the order of :data:`AXES`. The built-in levels:
   style exact compositing), i.e. ``strategy=ss strategy.training=...``;
 * ``sampler``: ``sync``, ``pipelined``, ``device`` (``sampler=<it>``);
 * ``world_size``: an integer, the ranks of the cell (torchrun ``--nproc_per_node``); a
-  config's ``levels.world_size.<W>`` may add overrides (e.g. ``train.global_rays`` growing with
-  W, for equal rays per rank per step);
+  config's ``levels.world_size.<W>`` may add overrides (e.g. ``train.global_rays=2048`` at every W for
+  strong scaling; equal rays per rank per step is the default, ``train.rays_per_rank``, and needs none);
 * ``model``: ``grid``, ``ngp``, ``nerf`` (``model=<it>``).
 
 ``scene`` and ``budget`` have no built-in meaning: the config's ``levels`` gives them

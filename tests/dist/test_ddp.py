@@ -167,6 +167,7 @@ def test_ddp_alone_in_its_group_does_no_collective(tmp_path, synthetic_cache, wo
         assert not any("all_gather_object" in names for _, names in res["per_step"]), res["per_step"]
         rows = [r for r in read_metrics_log(tmp_path) if "rank1/step_ms" in r]
         assert rows and all(r["rank0/rays_per_s"] > 0 and r["rank1/rays_per_s"] > 0 for r in rows), rows
+        assert all(r["rank0/samples_per_ray"] == r["samples_per_ray"] and r["rank1/samples_per_ray"] > 0 for r in rows)
 
 
 def test_shutdown_joins_the_gloo_threads_once_the_wrapper_is_dropped(tmp_path):

@@ -140,9 +140,10 @@ def test_report_on_the_trace_run(profiled_runs):
     assert report["top_ops"]["0"]["ops"] and not any(o["name"].startswith("phase:")
                                                      for o in report["top_ops"]["0"]["ops"])
     assert "no GPU kernels" in report["hta"]["skipped"]
-    for rank in ("0", "1"):  # gradient all-reduces in backward, the per-step all-reduce in step_sync
+    for rank in ("0", "1"):  # gradient all-reduces in backward; the step agreement's all-reduce launched after the
+        # forward, run by gloo's thread while the backward runs, only waited for in step_sync (issue 50 item 2)
         phases = report["collectives"][rank]["gloo:all_reduce"]["phases"]
-        assert phases["step_sync"] == 2 and phases["backward"] >= 2
+        assert phases.get("step_sync", 0) == 0 and phases["backward"] >= 2 and sum(phases.values()) >= 4, phases
 
 
 def test_cpu_overlap_of_2rank_run_is_computed(profiled_runs):

@@ -64,14 +64,14 @@ def test_with_a_footprint_the_floor_ends_only_rays_that_reach_it_above_the_box()
     assert torch.equal(model.ray_far(rays), out)
 
 
-@pytest.mark.parametrize("key", ["floor_footprint", "opaque_floor"])
-def test_ss_refuses_a_floor_it_does_not_route(key):
+def test_ss_refuses_a_floor_it_does_not_route():
+    """(``model.opaque_floor`` is supported under ``ss``: tests/unit/test_ss_floor.py.)"""
     from distnerf.dist import DistEnv
     from distnerf.strategy import build_strategy
 
     strategy = build_strategy({"name": "ss"}, DistEnv())
-    with pytest.raises(ValueError, match=f"model.{key}=true is not supported with strategy=ss"):
-        strategy.prepare(None, "/nonexistent", 0, {"min_altitude": -0.5, key: True})
+    with pytest.raises(ValueError, match="model.floor_footprint=true is not supported with strategy=ss"):
+        strategy.prepare(None, "/nonexistent", 0, {"min_altitude": -0.5, "floor_footprint": True})
 
 
 def _ground_model(min_altitude):

@@ -117,6 +117,57 @@ def test_saved_config_round_trips_and_partial_sections_get_the_schema_defaults(t
     assert part.num_workers == schema.SamplerConfig().num_workers and part.name == "sync"
 
 
+def test_global_batch_per_rank_by_default_or_fixed_by_global_rays():
+    """``train.rays_per_rank`` (the default, 4096): the global batch is W times it and each ``ddp``
+    rank draws it; ``train.global_rays``: the batch is fixed and split over the W ranks."""
+    from distnerf.dist.env import DistEnv
+    from distnerf.strategy import build_strategy
+
+    cases = [([], 4096, None), (["train.rays_per_rank=1024"], 1024, None), (["train.global_rays=8192"], None, 8192)]
+    for overrides, per_rank_key, fixed in cases:
+        cfg = config_check.validate(compose_train(overrides))
+        for world_size in (1, 2, 4):
+            batch = fixed if fixed else world_size * per_rank_key
+            per_rank = fixed // world_size if fixed else per_rank_key
+            assert config_check.global_batch(cfg.train, world_size) == batch, (overrides, world_size)
+            for rank in range(world_size):
+                ddp = build_strategy(cfg.strategy, DistEnv(rank=rank, world_size=world_size))
+                assert ddp.rays_per_rank(batch) == per_rank, (overrides, world_size, rank)
+
+
+def test_both_batch_keys_set_is_refused_naming_both():
+    with pytest.raises(config_check.ConfigError, match=re.escape(
+            "config train.global_rays=8192 and train.rays_per_rank=1024 are both set: give train.rays_per_rank")):
+        config_check.validate(compose_train(["train.global_rays=8192", "train.rays_per_rank=1024"]))
+    # a preset's global_rays (experiment=smoke) with a per-rank batch on the command line: the same error ...
+    with pytest.raises(config_check.ConfigError, match="are both set"):
+        config_check.validate(compose_train(["experiment=smoke", "train.rays_per_rank=256"]))
+    # ... and the preset's key set to null gives the per-rank batch
+    cfg = config_check.validate(compose_train(["experiment=smoke", "train.global_rays=null", "train.rays_per_rank=256"]))
+    assert config_check.global_batch(cfg.train, 2) == 512
+
+
+def test_a_saved_config_from_before_rays_per_rank_means_the_same(tmp_path):
+    """A run directory's config.yaml written before ``train.rays_per_rank`` existed (``global_rays:
+    4096``, no ``rays_per_rank``) validates and keeps its fixed global batch at any world size, read
+    as the validated node (resume, render) or as a plain mapping (the study collector)."""
+    cfg = config_check.validate(compose_train([]))
+    old = OmegaConf.to_container(cfg, resolve=True)
+    del old["train"]["rays_per_rank"]
+    old["train"]["global_rays"] = 4096
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(old))
+    again = config_check.validate(OmegaConf.load(path))
+    assert again.train.global_rays == 4096 and again.train.rays_per_rank is None
+    plain = yaml.safe_load(path.read_text())["train"]
+    for world_size in (1, 2, 4):
+        assert config_check.global_batch(again.train, world_size) == 4096
+        assert config_check.global_batch(plain, world_size) == 4096
+    # and one written now (both keys null) reads back as the per-rank default
+    path.write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    assert config_check.global_batch(config_check.validate(OmegaConf.load(path)).train, 4) == 4 * 4096
+
+
 def test_the_code_restates_no_config_default():
     """No ``cfg.get("key", default)`` on a config key anywhere in the package: the code reads
     the validated config, whose defaults are the schema's."""

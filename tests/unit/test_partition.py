@@ -142,3 +142,36 @@ def test_region_load_and_empty_region_refused():
     assert st["rays"] == [3, 0]
     err = empty_region_error(1, part.boxes[1].tolist(), 3)
     assert "region 1" in str(err) and "strategy.num_regions" in str(err) and "dataset.aabb" in str(err)
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_ss_batch_per_rank_joint_and_independent(world_size):
+    """What ``train.rays_per_rank`` = r means under ``ss`` (global batch B = W x r): joint, every rank
+    draws the same B rays (one shared stream) and renders its regions' segments of them; independent,
+    each region draws B / K from its own stream, so a rank of K / W regions draws r."""
+    from distnerf.dist.env import DistEnv
+    from distnerf.strategy.ss import SSStrategy
+
+    r, num = 1024, 2 * world_size
+    batch = world_size * r
+    for training in ("joint", "independent"):
+        for rank in range(world_size):
+            ss = SSStrategy({"training": training}, DistEnv(rank=rank, world_size=world_size))
+            ss.partition, ss.owner = grid_partition(BOUNDS, num), region_owner(num, world_size)
+            assert len(ss.my_regions) == 2
+            assert ss.rays_per_rank(batch) == (batch if training == "joint" else r), (training, rank)
+            if training == "joint":
+                assert ss.describe_batch(batch).startswith(f"{batch} rays drawn once (one shared stream, {r} per rank)")
+            else:
+                assert f"x {batch // num} rays drawn from each region's own stream" in ss.describe_batch(batch)
+
+
+def test_ss_independent_batch_not_divisible_by_the_regions_is_refused():
+    from distnerf.dist.env import DistEnv
+    from distnerf.strategy.ss import SSStrategy
+
+    ss = SSStrategy({"training": "independent"}, DistEnv(rank=0, world_size=1))
+    ss.partition, ss.owner = grid_partition(BOUNDS, 3), region_owner(3, 1)
+    with pytest.raises(ValueError, match=r"the global batch of 4096 rays .* is not divisible by the 3 regions"):
+        ss.rays_per_rank(4096)
+    assert ss.rays_per_rank(3 * 1000) == 3000  # one rank holding all 3 regions: 1000 from each
