@@ -17,6 +17,9 @@ from distnerf.observe.logger import read_metrics_log
 from distnerf.observe.traces import read_trace
 from tests.conftest import run_cli, torchrun
 
+# the breakdown is checked against the trace's clock to 0.5 ms: no other test's processes beside it
+pytestmark = pytest.mark.exclusive
+
 COMMON = ["experiment=smoke", "device=cpu", "train.progress=false", "train.ckpt_every=-1", "sampler=sync", "train.log_every=4",
           "eval.num_views=1"]
 # batches large enough that one OS time slice (~4 ms, the machine is shared) is not 5% of a step

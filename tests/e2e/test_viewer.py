@@ -397,6 +397,7 @@ def steps_per_s(run: Path, seconds: float) -> float:
     return (logged_step(run) - first) / (time.monotonic() - begin)
 
 
+@pytest.mark.exclusive  # its figure is training's speed with and without a client: no other test beside it
 def test_live_viewer_during_training(tmp_path, synthetic_cache, playwright):
     """``viewer.enabled=true`` on ``distnerf.train``: the page shows the live step, advancing, frames
     of the model being trained are pushed (the count in the log at the end), and the live cost,
