@@ -16,10 +16,12 @@ import torch.distributed as dist
 from .env import DistEnv
 
 
-COLLECTIVE_FAILURES = ("Timed out", "timed out", "Connection closed by peer", "Connection reset by peer",
-                       "NCCL", "Watchdog", "Socket Timeout")
+COLLECTIVE_FAILURES = ("Timed out", "timed out", "Application timeout", "Connection closed by peer",
+                       "Connection reset by peer", "NCCL", "Watchdog", "Socket Timeout")
 """Text of the RuntimeErrors a failed or timed-out collective raises (gloo's "Timed out waiting
-Nms for recv operation", a peer that died, NCCL's watchdog)."""
+Nms for recv operation"; gloo's "Application timeout caused pair closure", raised in a future's
+callback, e.g. DDP's comm hook, when a timed-out operation closed the pair; a peer that died, NCCL's
+watchdog)."""
 
 
 def collective_failure(err: BaseException) -> bool:

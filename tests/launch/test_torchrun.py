@@ -185,7 +185,7 @@ def test_a_hung_rank_is_named_with_its_phase_within_the_timeout(tmp_path):
     assert phase and waiting and 5 <= int(phase.group(1)) <= int(waiting.group(1)), said[0]
     assert phase.group(2) in ("input_wait", "copy", "model_update", "forward", "step_sync", "checkpoint",
                               "backward", "regularizer", "optimizer"), said.group(0)
-    assert re.search(r"rank 0: a collective failed \(.*Timed out", said.string), said.string[-3000:]
+    assert re.search(r"rank 0: a collective failed \(.*(Timed out|Application timeout)", said.string), said.string[-3000:]
     assert timeout_s <= took <= timeout_s + 30, took
 
 

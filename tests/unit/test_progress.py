@@ -133,3 +133,16 @@ def test_rank_0s_node_lost_the_survivor_reads_the_files(tmp_path):
     (tmp_path / "rank_0.json").unlink()
     report = b1.describe()
     assert f"rank 0: no record here ({tmp_path}/rank_0.json missing" in report, report
+
+
+def test_gloo_timeout_texts_are_collective_failures():
+    """The texts gloo raised in runs of this suite: a recv that timed out, and the pair closed by a
+    timed-out operation, re-raised from DDP's comm-hook callback (seen under load); a plain error is not."""
+    from distnerf.dist.collectives import collective_failure
+
+    assert collective_failure(RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Timed out waiting "
+                                           "10000ms for recv operation to complete"))
+    assert collective_failure(RuntimeError("Got the following error when running the callback: RuntimeError: "
+                                           "Application timeout caused pair closure"))
+    assert not collective_failure(RuntimeError("CUDA out of memory"))
+    assert not collective_failure(ValueError("Timed out"))
