@@ -29,14 +29,38 @@ def pytest_configure(config):
         raise pytest.UsageError(f"DISTNERF_REQUIRE_DATA=1 but the real datasets are missing: {', '.join(missing)}")
 
 
+SLURM_FILES = ("tests/launch/test_slurm.py", "tests/launch/test_study_slurm.py")
+"""The files whose tests use the local Slurm cluster (the ``slurm`` fixture: one slurmctld and munged per
+machine): under xdist they run on one worker, one after another. Collection fails if a test elsewhere uses it."""
+
+
+def test_file(nodeid: str) -> str:
+    """The scope a test is scheduled with under xdist: its file, or "slurm" for the files of SLURM_FILES."""
+    path = nodeid.split("::")[0]
+    return "slurm" if path in SLURM_FILES else path
+
+
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (``tools/run_tests.sh``: ``-n 2 --dist loadgroup``) a file's tests run on one worker, so
-    its module- and session-scoped runs (the shared multi-process trainings) are built once, not once per
-    worker; every test of the local Slurm cluster (the ``slurm`` fixture: one slurmctld and munged per
-    machine) runs on one worker too. Without xdist the marks do nothing."""
-    for item in items:
-        group = "slurm" if "slurm" in getattr(item, "fixturenames", ()) else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+    """Every test that uses the ``slurm`` fixture must be in a file of SLURM_FILES (else one worker's cluster
+    would meet another's)."""
+    strays = sorted({i.nodeid.split("::")[0] for i in items if "slurm" in getattr(i, "fixturenames", ())}
+                    - set(SLURM_FILES))
+    if strays:
+        raise pytest.UsageError(f"tests/conftest.py: {', '.join(strays)} use(s) the slurm fixture: add to SLURM_FILES")
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """Under pytest-xdist (``tools/run_tests.sh``: ``-n 2``) a file's tests run on one worker, so its module- and
+    session-scoped runs (the shared multi-process trainings) are built once, not once per worker, and the
+    Slurm files share one worker. (xdist's own ``--dist loadgroup`` does not group under pytest 9, whose node
+    ids ignore the group suffix xdist adds: each file's fixtures then ran on both workers.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return test_file(nodeid)
+
+    return FileScheduling(config, log)
 
 
 def pytest_report_header(config):
