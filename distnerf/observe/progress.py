@@ -53,6 +53,8 @@ class ProgressBeacon:
         self.source: Callable[[], tuple[int | None, str, float]] = lambda: (None, "setup", self._born)
         self._born = time.time()
         self._stop = threading.Event()
+        self._writing = threading.Lock()  # publish runs on the thread and on the caller's (watch, record_to): one
+        # writer at a time (they share RUN/progress/rank_R.json.tmp)
         self._thread: threading.Thread | None = None
         self.directory: Path | None = None  # record_to
         self.store_lost = False  # a store operation failed: the files alone from then on
@@ -98,8 +100,9 @@ class ProgressBeacon:
             self._thread = None
         if self.directory is not None:  # the file says the rank ended (not the store: it may hang with its host)
             try:
-                atomic_write_text(self.file(self.rank), json.dumps(
-                    {"rank": self.rank, "step": last_step, "phase": "stopped", "since": time.time(), "beat": time.time()}))
+                with self._writing:
+                    atomic_write_text(self.file(self.rank), json.dumps({"rank": self.rank, "step": last_step,
+                                      "phase": "stopped", "since": time.time(), "beat": time.time()}))
             except Exception:
                 pass
 
@@ -117,6 +120,10 @@ class ProgressBeacon:
             return self.store_lost and self.directory is not None
 
     def publish(self) -> None:
+        with self._writing:
+            self._publish()
+
+    def _publish(self) -> None:
         step, phase, since = self.source()
         entry = json.dumps({"rank": self.rank, "step": step, "phase": phase, "since": since, "beat": time.time()})
         if self.directory is not None:

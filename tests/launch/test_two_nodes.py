@@ -63,6 +63,12 @@ def listening(port: int) -> bool:
     return False
 
 
+def committed_step(run: Path) -> int | None:
+    """The step of the run's last committed checkpoint (None: none yet)."""
+    latest = ckpt.latest(run / "checkpoints")
+    return None if latest is None else ckpt.read_manifest(latest)["step"]
+
+
 def node_caches(node_dir: Path) -> list[str]:
     return [f"dataset.cache_dir={node_dir / 'scenes'}", f"sampler.cache_dir={node_dir / 'pixels'}"]
 
@@ -160,7 +166,10 @@ def chain(strategy, node_dirs, tmp_path_factory) -> dict:
     started = time.monotonic()
     agents = start_nodes(node_dirs, {"A": 0, "B": 1}, train("first"))
     try:
-        wait_for(lambda: last_step(run) >= KILL_AFTER, 300, f"step {KILL_AFTER} of the two-node run")
+        # past step KILL_AFTER, with the checkpoint of the last multiple of EVERY committed (its write runs in
+        # the background: it may commit a few steps after its own)
+        wait_for(lambda: (step := last_step(run)) >= KILL_AFTER and committed_step(run) == step // EVERY * EVERY,
+                 300, f"step {KILL_AFTER} of the two-node run, its last checkpoint committed")
         out["first_ranks"] = ranks_of(agents)
         out["kill_step"] = last_step(run)
         out["committed_at_kill"] = ckpt.latest(run / "checkpoints")

@@ -146,3 +146,20 @@ def test_gloo_timeout_texts_are_collective_failures():
                                            "Application timeout caused pair closure"))
     assert not collective_failure(RuntimeError("CUDA out of memory"))
     assert not collective_failure(ValueError("Timed out"))
+
+
+def test_the_thread_and_the_caller_publish_to_the_file_at_once(tmp_path):
+    """The thread publishes while the trainer's thread calls ``watch`` (a two-node run once failed its set-up
+    with "could not write RUN/progress/rank_0.json": two writers of one temp file). Each write completes and
+    the file holds the last step."""
+    b = ProgressBeacon(None, 0, 1, interval_s=0.0)  # the thread publishes without pause
+    b.record_to(tmp_path / "progress")
+    b.start()
+    try:
+        for step in range(400):
+            b.watch(lambda s=step: (s, "forward", time.time()))
+    finally:
+        b._stop.set()
+        b._thread.join()
+    b.publish()
+    assert json.loads((tmp_path / "progress" / "rank_0.json").read_text())["step"] == 399
