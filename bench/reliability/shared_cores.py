@@ -1,7 +1,7 @@
 """A run that shares its cores: the README main job's training rays/s alone and beside one CPU-bound
 process, per thread setting, in one invocation (issue 52, item 5).
 
-    python -m bench.reliability.shared_cores [--variants default,passive,threads1,sync,planned]
+    python -m bench.reliability.shared_cores [--variants default,passive,threads1,sync,planned,spin30k,spin3k]
         [--seconds 8] [--rounds 2] [--out bench/reliability/results/shared_cores/shared_cores.json]
 
 Each variant is one fresh process (``child``) that builds the real :class:`~distnerf.engine.trainer.Trainer`
@@ -18,7 +18,9 @@ Variants (environment of the child; ``OMP_NUM_THREADS``/``OMP_WAIT_POLICY`` remo
 - ``passive``: ``OMP_WAIT_POLICY=PASSIVE`` (threads sleep at barriers), threads as ``default``;
 - ``threads1``: ``OMP_NUM_THREADS=1``;
 - ``sync``: ``default`` with ``sampler=sync`` (no sampler worker processes);
-- ``planned``: what ``python -m distnerf.train`` now sets (:func:`distnerf.cpu.configure`).
+- ``planned``: what ``python -m distnerf.train`` now sets (:func:`distnerf.cpu.configure`);
+- ``spin30k``, ``spin3k``: ``planned`` with ``GOMP_SPINCOUNT=30000`` / ``3000`` (threads spin that many times at
+  a barrier, then sleep; libgomp's default is 300,000, ``PASSIVE`` 0), which ``python -m distnerf.train`` keeps.
 
 ``uptime`` (load averages) is recorded before and after each phase.
 """
@@ -43,6 +45,8 @@ VARIANTS = {
     "threads1": ({"OMP_NUM_THREADS": "1"}, []),
     "sync": ({}, ["sampler=sync"]),
     "planned": ({}, []),
+    "spin30k": ({"GOMP_SPINCOUNT": "30000"}, []),
+    "spin3k": ({"GOMP_SPINCOUNT": "3000"}, []),
 }
 COMPETITORS = {"alone": None, "nice": ["nice", "-n", "19"], "plain": []}
 
@@ -50,7 +54,7 @@ COMPETITORS = {"alone": None, "nice": ["nice", "-n", "19"], "plain": []}
 def child(variant: str, run_dir: Path) -> None:
     """The measured process: builds the trainer, then answers ``measure SECONDS`` lines on stdin with one
     JSON line (steps, seconds, rays_per_s, torch threads) on stdout, until ``quit``."""
-    if variant == "planned":  # before torch loads, as distnerf/train.py does
+    if variant in ("planned", "spin30k", "spin3k"):  # before torch loads, as distnerf/train.py does
         from distnerf import cpu
         cpu.passive_wait()
     import torch
@@ -65,7 +69,7 @@ def child(variant: str, run_dir: Path) -> None:
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = validate(compose("train", overrides=[*OVERRIDES, *VARIANTS[variant][1], f"run_dir={run_dir}"]))
     plan = None
-    if variant == "planned":
+    if variant in ("planned", "spin30k", "spin3k"):
         from distnerf import cpu
         plan = cpu.configure(cfg.num_threads, local_world_size=1)
     env = D.init_distributed("cpu", timeout_s=cfg.dist_timeout_s, setup_timeout_s=cfg.dist_setup_timeout_s)

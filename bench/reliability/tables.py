@@ -43,7 +43,7 @@ def shared_cores(res: Results) -> list[str]:
     """bench/reliability/shared_cores.py: the README main job's training rays/s alone and beside one
     CPU-bound process, per thread setting, and the trainer's CPU seconds per step."""
     d = res.json("shared_cores/shared_cores.json")
-    waits = {"passive": "passive", "planned": "passive", "threads1": "none (one thread)"}
+    waits = {"passive": "passive", "planned": "passive", "threads1": "none (one thread)", "spin30k": "30,000 spins", "spin3k": "3,000 spins"}
     out = header("variant", "threads", "OpenMP wait", "rays/s alone", "beside nice'd", "beside un-niced",
                  "slower beside nice'd / un-niced", "trainer CPU s per step", "load (1 min)")
     for s in d["summary"]:

@@ -159,6 +159,40 @@ def test_compiled_static_step_has_no_graph_break_and_no_recompile(trained):
         torch._dynamo.reset()
 
 
+def test_inductor_compiled_static_step_matches_eager(trained):
+    """The suite's one inductor test (issue 49 item 5; gcc builds its C++ kernels): the static render compiled
+    by inductor (forward and, through AOTAutograd, backward) gives eager's loss and table gradients on the same
+    rays, within float32 reassociation, and steps over an occupancy refresh with no graph break and no
+    recompile."""
+    from torch._dynamo.utils import counters
+
+    budget, model = trained.step_fn.budget, trained.model
+    eager = budget._render
+    batch = trained.sampler.to_device(trained.sampler.host_batch(trained.step))
+    torch._dynamo.reset()
+    counters.clear()
+    try:
+        with sync_free_paths(True):  # the CUDA paths (dense table gradients)
+            active = budget.active.clone()  # the render moves it to the next step's ray count
+            _, want_error, want_grads = _loss_and_grads(trained, batch)
+            budget.compile(backend="inductor")
+            budget.active.copy_(active)
+            _, error, grads = _loss_and_grads(trained, batch)
+            torch.testing.assert_close(error.sse, want_error.sse, rtol=1e-5, atol=1e-6)
+            assert grads.keys() == want_grads.keys() and grads
+            for name, grad in grads.items():
+                scale = want_grads[name].abs().max().item()
+                torch.testing.assert_close(grad, want_grads[name], rtol=1e-3, atol=1e-4 * scale, msg=name)
+            with torch._dynamo.config.patch(error_on_recompile=True):  # a recompile raises
+                for _ in range(trained.cfg.model.occupancy_every + 1):  # crosses one occupancy refresh
+                    bench.run_step(trained)
+        assert not counters["graph_break"], dict(counters["graph_break"])
+        assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    finally:
+        budget._render = eager
+        torch._dynamo.reset()
+
+
 def _compiled_steps(trained, budget, model) -> None:
     budget.compile(backend="aot_eager")
     batch = trained.sampler.to_device(trained.sampler.host_batch(trained.step))
