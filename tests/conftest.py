@@ -34,16 +34,21 @@ SLURM_FILES = ("tests/launch/test_slurm.py", "tests/launch/test_study_slurm.py")
 machine): under xdist they run on one worker, one after another. Collection fails if a test elsewhere uses it."""
 
 
-def test_file(nodeid: str) -> str:
-    """The scope a test is scheduled with under xdist: its file, or "slurm" for the files of SLURM_FILES."""
-    path = nodeid.split("::")[0]
+def _file(nodeid: str) -> str:
+    return nodeid.split("::")[0]
+
+
+def schedule_scope(nodeid: str) -> str:
+    """The scope a test is scheduled with under xdist: its file, or "slurm" for the files of SLURM_FILES.
+    (Not named ``test_*``: a test module importing this conftest's names would collect it as a test.)"""
+    path = _file(nodeid)
     return "slurm" if path in SLURM_FILES else path
 
 
 def pytest_collection_modifyitems(config, items):
     """Every test that uses the ``slurm`` fixture must be in a file of SLURM_FILES (else one worker's cluster
     would meet another's)."""
-    strays = sorted({i.nodeid.split("::")[0] for i in items if "slurm" in getattr(i, "fixturenames", ())}
+    strays = sorted({_file(i.nodeid) for i in items if "slurm" in getattr(i, "fixturenames", ())}
                     - set(SLURM_FILES))
     if strays:
         raise pytest.UsageError(f"tests/conftest.py: {', '.join(strays)} use(s) the slurm fixture: add to SLURM_FILES")
@@ -58,7 +63,7 @@ def pytest_xdist_make_scheduler(config, log):
 
     class FileScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return test_file(nodeid)
+            return schedule_scope(nodeid)
 
     return FileScheduling(config, log)
 

@@ -48,13 +48,16 @@ VARIANTS = {
     "spin30k": ({"GOMP_SPINCOUNT": "30000"}, []),
     "spin3k": ({"GOMP_SPINCOUNT": "3000"}, []),
 }
+PLANNED = ("planned", "spin30k", "spin3k")
+"""The variants that start as ``python -m distnerf.train`` does (:func:`distnerf.cpu.passive_wait`, which keeps a
+``GOMP_SPINCOUNT`` the variant set, then :func:`distnerf.cpu.configure`)."""
 COMPETITORS = {"alone": None, "nice": ["nice", "-n", "19"], "plain": []}
 
 
 def child(variant: str, run_dir: Path) -> None:
     """The measured process: builds the trainer, then answers ``measure SECONDS`` lines on stdin with one
     JSON line (steps, seconds, rays_per_s, torch threads) on stdout, until ``quit``."""
-    if variant in ("planned", "spin30k", "spin3k"):  # before torch loads, as distnerf/train.py does
+    if variant in PLANNED:  # before torch loads, as distnerf/train.py does
         from distnerf import cpu
         cpu.passive_wait()
     import torch
@@ -69,7 +72,7 @@ def child(variant: str, run_dir: Path) -> None:
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = validate(compose("train", overrides=[*OVERRIDES, *VARIANTS[variant][1], f"run_dir={run_dir}"]))
     plan = None
-    if variant in ("planned", "spin30k", "spin3k"):
+    if variant in PLANNED:
         from distnerf import cpu
         plan = cpu.configure(cfg.num_threads, local_world_size=1)
     env = D.init_distributed("cpu", timeout_s=cfg.dist_timeout_s, setup_timeout_s=cfg.dist_setup_timeout_s)
