@@ -103,6 +103,22 @@ def last_step(run_dir: Path) -> int:
     return max((r["step"] for r in rows(run_dir) if "loss" in r), default=-1)
 
 
+def committed_step(run_dir: Path) -> int | None:
+    """The step of the run's last committed checkpoint (None: none yet)."""
+    from distnerf import checkpoint as ckpt
+
+    latest = ckpt.latest(Path(run_dir) / "checkpoints")
+    return None if latest is None else ckpt.read_manifest(latest)["step"]
+
+
+def past_step_with_checkpoint(run_dir: Path, step: int, every: int) -> bool:
+    """The run is past ``step`` and the checkpoint of its last multiple of ``every`` has committed (the write
+    runs in the background: it commits a few steps after its own). A test that kills a rank waits for this, so
+    that the checkpoint to resume from is known at the kill, not committed after it."""
+    now = last_step(run_dir)
+    return now >= step and committed_step(run_dir) == now // every * every
+
+
 def launch_local(nproc: int, run_dir: Path, extra: list[str], env: dict | None = None, log: Path | None = None):
     """Start ``launch/torchrun_local.sh`` (its own process group); returns the Popen."""
     log = log or Path(run_dir).with_suffix(".out")

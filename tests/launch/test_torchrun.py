@@ -18,8 +18,8 @@ import torch
 
 from distnerf import checkpoint as ckpt
 from tests.conftest import free_port
-from tests.launch.conftest import (alive, descendants, finish, launch_local, last_step, rows, trainer_ranks,
-                                   wait_for)
+from tests.launch.conftest import (alive, descendants, finish, launch_local, last_step, past_step_with_checkpoint,
+                                   rows, trainer_ranks, wait_for)
 
 STEPS, EVERY = 40, 10
 
@@ -64,7 +64,8 @@ def killed(request, tmp_path_factory) -> dict:
         extra, env = extra + ["logger.wandb.mode=offline"], {**env, "WANDB_MODE": "offline"}
     proc = launch_local(2, run, extra, env=env)
     try:
-        wait_for(lambda: last_step(run) >= 22, 240, "step 22 of the run to be killed")
+        wait_for(lambda: past_step_with_checkpoint(run, 22, EVERY), 240,
+                 "step 22 of the run to be killed, its last checkpoint committed")
         ranks = trainer_ranks(proc.pid, run)
         assert sorted(ranks) == [0, 1], ranks
         group = {pid: start_time(pid) for r in ranks.values() for pid in [r, *descendants(r)]}

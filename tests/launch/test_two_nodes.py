@@ -40,8 +40,8 @@ import torch
 
 from distnerf import checkpoint as ckpt
 from tests.conftest import REPO, free_port
-from tests.launch.conftest import (RUN_ENV, alive, descendants, finish, launch_local, last_step, rows, trainer_ranks,
-                                   wait_for)
+from tests.launch.conftest import (RUN_ENV, alive, descendants, finish, launch_local, last_step,
+                                   past_step_with_checkpoint, rows, trainer_ranks, wait_for)
 
 STEPS, EVERY, KILL_AFTER = 40, 10, 22
 TIMEOUT_S = 20  # dist_timeout_s: the survivor's bound is this + 30 s
@@ -61,12 +61,6 @@ def listening(port: int) -> bool:
             if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
                 return True
     return False
-
-
-def committed_step(run: Path) -> int | None:
-    """The step of the run's last committed checkpoint (None: none yet)."""
-    latest = ckpt.latest(run / "checkpoints")
-    return None if latest is None else ckpt.read_manifest(latest)["step"]
 
 
 def node_caches(node_dir: Path) -> list[str]:
@@ -166,10 +160,8 @@ def chain(strategy, node_dirs, tmp_path_factory) -> dict:
     started = time.monotonic()
     agents = start_nodes(node_dirs, {"A": 0, "B": 1}, train("first"))
     try:
-        # past step KILL_AFTER, with the checkpoint of the last multiple of EVERY committed (its write runs in
-        # the background: it may commit a few steps after its own)
-        wait_for(lambda: (step := last_step(run)) >= KILL_AFTER and committed_step(run) == step // EVERY * EVERY,
-                 300, f"step {KILL_AFTER} of the two-node run, its last checkpoint committed")
+        wait_for(lambda: past_step_with_checkpoint(run, KILL_AFTER, EVERY), 300,
+                 f"step {KILL_AFTER} of the two-node run, its last checkpoint committed")
         out["first_ranks"] = ranks_of(agents)
         out["kill_step"] = last_step(run)
         out["committed_at_kill"] = ckpt.latest(run / "checkpoints")
