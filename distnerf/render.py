@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> dict:
         if cfg.video:
             video_path(cfg.video)  # a bad path fails before any rendering
     env = D.init_distributed(cfg.device, timeout_s=cfg.dist_timeout_s,  # the run's timeouts
-                             setup_timeout_s=cfg.dist_setup_timeout_s)
+                             setup_timeout_s=cfg.dist_setup_timeout_s, backend=cfg.dist_backend)
     try:
         out_dir = Path(cfg.out_dir or run_dir / "render")
         if env.is_main:

@@ -448,6 +448,9 @@ class TrainConfig:
     dist_setup_timeout_s: float = positive(7200.0)  # rendezvous and collectives before the first step (decoding,
                                                     # caches, the partition's fit); a monitored barrier ends it
     dist_progress_s: float = positive(5.0)  # each rank publishes its step and phase this often (hang reports)
+    dist_backend: str = choice("auto", "gloo")  # auto: nccl for CUDA tensors (gloo for host values), gloo on CPU;
+                                               # gloo: gloo for CUDA tensors too, so ranks may share a GPU (a check
+                                               # of the multi-rank code on one GPU, not a way to train)
 
 
 @dataclass

@@ -159,7 +159,8 @@ def view_config(argv: list[str]):
 
 def main(argv: list[str] | None = None) -> None:
     cfg, run_dir = view_config(sys.argv[1:] if argv is None else argv)
-    env = D.init_distributed(cfg.device, timeout_s=cfg.dist_timeout_s, setup_timeout_s=cfg.dist_setup_timeout_s)
+    env = D.init_distributed(cfg.device, timeout_s=cfg.dist_timeout_s, setup_timeout_s=cfg.dist_setup_timeout_s,
+                             backend=cfg.dist_backend)
     try:
         setup_logging(env, run_dir, "INFO", "view.log")
         viewer = RunViewer(cfg, run_dir, env)

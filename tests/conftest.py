@@ -54,18 +54,71 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError(f"tests/conftest.py: {', '.join(strays)} use(s) the slurm fixture: add to SLURM_FILES")
 
 
+DURATIONS = Path(__file__).with_name("durations.json")
+"""Seconds each schedule scope (:func:`schedule_scope`) took in a recorded run of the suite (setup, call and
+teardown of its tests, summed): the order in which the workers are given the scopes. Rewrite it with
+``DISTNERF_RECORD_DURATIONS=1 bash tools/run_tests.sh`` (:func:`pytest_sessionfinish`)."""
+
+
+def scope_order(scopes: list[str], seconds: dict[str, float]) -> list[str]:
+    """``scopes`` longest first by their recorded ``seconds``, the scopes with no record (new files) before
+    them in their given order: a scope's cost is unknown until recorded, and a long one started last leaves
+    the other worker idle while it runs (longest-processing-time-first; Graham 1969)."""
+    unknown = [s for s in scopes if s not in seconds]
+    return unknown + sorted((s for s in scopes if s in seconds), key=lambda s: -seconds[s])
+
+
 def pytest_xdist_make_scheduler(config, log):
     """Under pytest-xdist (``tools/run_tests.sh``: ``-n 2``) a file's tests run on one worker, so its module- and
     session-scoped runs (the shared multi-process trainings) are built once, not once per worker, and the
-    Slurm files share one worker. (xdist's own ``--dist loadgroup`` does not group under pytest 9, whose node
-    ids ignore the group suffix xdist adds: each file's fixtures then ran on both workers.)"""
+    Slurm files share one worker; the files are handed out longest first (:func:`scope_order`; xdist's own
+    order is by test count, which put the few-test multi-process files last). (xdist's own ``--dist
+    loadgroup`` does not group under pytest 9, whose node ids ignore the group suffix xdist adds: each
+    file's fixtures then ran on both workers.)"""
+    import json
+
     from xdist.scheduler import LoadScopeScheduling
 
+    seconds = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+
     class FileScheduling(LoadScopeScheduling):
+        _ordered = False
+
         def _split_scope(self, nodeid: str) -> str:
             return schedule_scope(nodeid)
 
+        def _assign_work_unit(self, node) -> None:
+            if not self._ordered:  # the queue is complete at the first hand-out (LoadScopeScheduling.schedule)
+                self._ordered = True
+                queue = dict(self.workqueue)
+                self.workqueue.clear()
+                self.workqueue.update((s, queue[s]) for s in scope_order(list(queue), seconds))
+            super()._assign_work_unit(node)
+
     return FileScheduling(config, log)
+
+
+_scope_seconds: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    """Sum each schedule scope's seconds (under xdist: on the controller, from the workers' reports)."""
+    scope = schedule_scope(report.nodeid)
+    _scope_seconds[scope] = _scope_seconds.get(scope, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session):
+    """``DISTNERF_RECORD_DURATIONS=1``: write :data:`DURATIONS` from this run's xdist part (on its controller; the
+    part ``tools/run_tests.sh`` runs alone afterwards is not scheduled), merged over the recorded scopes this run did not run (a run of a few files keeps
+    the others' records)."""
+    if (os.environ.get("DISTNERF_RECORD_DURATIONS") != "1" or hasattr(session.config, "workerinput")
+            or not getattr(session.config.option, "numprocesses", None)):  # the xdist part only (its order)
+        return
+    import json
+
+    seconds = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
+    seconds.update({k: round(v, 1) for k, v in _scope_seconds.items()})
+    DURATIONS.write_text(json.dumps(dict(sorted(seconds.items(), key=lambda kv: -kv[1])), indent=0) + "\n")
 
 
 def pytest_report_header(config):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -195,6 +196,76 @@ def path_skipped(name, what, reason):
     body["runs"][name] = {"what": what, "status": f"skipped: {reason}"}
     body.setdefault("status", "ok")
     write("paths", body)
+
+
+def two_ranks(strategy, run, rc_train, rc_resume, seconds, first, last, device):
+    """Section "two_ranks": a 2-rank run through gloo on the one device, trained to ``first`` steps
+    with a checkpoint there, resumed to ``last`` and evaluated. ok when both runs ended 0, the log
+    has the resume at ``first`` and a step at ``last``, ``train.log`` names a world size of 2 with
+    ``device`` (``cuda:0`` on a GPU run: both ranks on it) and ``metrics.json`` has a PSNR."""
+    f = sections_dir() / "two_ranks.json"
+    body = json.loads(f.read_text()) if f.exists() else {"runs": {}}
+    from distnerf.observe.logger import read_metrics_log
+
+    run = Path(run)
+    out = {"run_dir": str(run), "rc_train": rc_train, "rc_resume": rc_resume, "seconds": seconds}
+    rows = read_metrics_log(run) if (run / "metrics.jsonl").exists() else []
+    resumed = [r["step"] for r in rows if r.get("event") == "resumed"]
+    steps = [r["step"] for r in rows if "rays_per_s" in r]
+    log_text = (run / "train.log").read_text() if (run / "train.log").exists() else ""
+    where = re.search(r"world size (\d+); backend (\S+); device (\S+)", log_text)
+    out.update(resumed_at=resumed, last_step=steps[-1] if steps else None,
+               world_size=int(where.group(1)) if where else None, backend=where.group(2).rstrip(";") if where else None,
+               device=where.group(3) if where else None)
+    m = run / "metrics.json"
+    metrics = json.loads(m.read_text()) if m.exists() else {}
+    out["psnr"] = metrics.get("psnr")
+    want_device = "cuda:0" if device == "cuda" else "cpu"
+    problems = [p for p, bad in (
+        (status_of(rc_train, "training"), rc_train != 0),
+        (status_of(rc_resume, "the resumed run") if rc_resume >= 0 else "failed: not resumed", rc_resume != 0),
+        (f"no resume at step {first} (resumed at {resumed})", resumed != [first]),
+        (f"last step {out['last_step']}, not {last}", out["last_step"] != last),
+        (f"world size {out['world_size']}, backend {out['backend']}, device {out['device']} (want 2, gloo, "
+         f"{want_device})", (out["world_size"], out["backend"], out["device"]) != (2, "gloo", want_device)),
+        (f"no PSNR in {m}", not isinstance(out["psnr"], (int, float))),
+    ) if bad]
+    out["status"] = "ok" if not problems else "failed: " + "; ".join(problems)
+    body["runs"][strategy] = out
+    bad = [k for k, v in body["runs"].items() if not str(v["status"]).startswith(("ok", "skipped"))]
+    body["status"] = "ok" if not bad else "failed: " + ", ".join(bad)
+    write("two_ranks", body)
+
+
+def two_ranks_skipped(strategy, reason):
+    f = sections_dir() / "two_ranks.json"
+    body = json.loads(f.read_text()) if f.exists() else {"runs": {}, "status": "ok"}
+    body["runs"][strategy] = {"status": f"skipped: {reason}"}
+    body.setdefault("status", "ok")
+    write("two_ranks", body)
+
+
+def study_section(study_dir, rc, seconds):
+    """Section "study" (issue 50 item 7): ``conf/study/gpu_one.yaml``'s cells from its report: status,
+    PSNR, step time, global rays/s and exposed communication per cell; the scaling model's inputs (its
+    device speed: the world-size-1 ddp cell's seconds per ray on this GPU)."""
+    report = Path(study_dir) / "report" / "report.json"
+    out = {"study_dir": str(study_dir), "rc": rc, "seconds": seconds}
+    if not report.exists():
+        out["status"] = status_of(rc, "the study") if rc != 0 else f"failed: no {report}"
+        return write("study", out)
+    data = json.loads(report.read_text())
+    cells = {}
+    for c in data["cells"]:
+        f = c.get("figures") or {}
+        cells[c["id"]] = {"status": c["status"], "psnr": f.get("psnr"), "step_ms": 1e3 * f["step_s_median"]
+                          if f.get("step_s_median") else None, "global_rays_per_s": f.get("global_rays_per_s"),
+                          "exposed_comm_share": f.get("exposed_comm_share")}
+    scaling = (data.get("tables") or {}).get("scaling") or {}
+    out.update(cells=cells, scaling_inputs=scaling.get("inputs"), status_counts=data.get("status"))
+    bad = [k for k, v in cells.items() if v["status"] != "done"]
+    out["status"] = ("ok" if rc == 0 else status_of(rc, "the study")) if not bad else "failed: not done: " + ", ".join(bad)
+    write("study", out)
 
 
 def sync_debug(mode, models, steps, overrides):
@@ -388,6 +459,12 @@ def main(argv: list[str] | None = None) -> None:
         path_run(args[0], args[1], int(args[2]), float(args[3]), args[4])
     elif cmd == "path_skipped":
         path_skipped(args[0], args[1], args[2])
+    elif cmd == "two_ranks":
+        two_ranks(args[0], args[1], int(args[2]), int(args[3]), float(args[4]), int(args[5]), int(args[6]), args[7])
+    elif cmd == "two_ranks_skipped":
+        two_ranks_skipped(args[0], args[1])
+    elif cmd == "study":
+        study_section(args[0], int(args[1]), float(args[2]))
     elif cmd == "merge":
         merge(args[0], args[1], args[2].split(), float(args[3]), float(args[4]))
     else:

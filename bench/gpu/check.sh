@@ -21,11 +21,19 @@
 #   ss_trace       the same with strategy=ss strategy.num_regions=2
 #   paths          what users run, 30 steps each with evaluation: ss (segment fusion), ss joint, bf16
 #                  (experiment=gpu; CUDA only), sampler=device: status, PSNR, rays/s, peak memory
+#   two_ranks      issue 50 item 6: 2 ranks on the one device (dist_backend=gloo: gloo carries the CUDA
+#                  tensors, so the ranks may share a GPU; a check, not a way to train), for each strategy
+#                  of GPU_CHECK_TWO_RANKS (default "ddp ss_joint"; --cpu: "ss_joint", the launch tests
+#                  cover ddp's): train with a checkpoint, resume past it, evaluate (ss: segment fusion)
 #   hta_overlap    HolisticTraceAnalysis communication/computation overlap of the two kernel traces
 #   sync_debug     torch.cuda.set_sync_debug_mode("warn") over a few training steps of each model
 #                  (GPU_CHECK_SYNC_MODELS, default "grid ngp nerf"): warnings per step and where
 #   ops            bench/throughput/ops.py: ATen operators per training step on this device (issue 49: <= 250)
 #   sync_counter   bench/throughput/syncs.py (counts the would-be syncs on the CPU, any machine), if present
+#   study          issue 50 item 7, last: conf/study/gpu_one.yaml (ddp and joint ss at 1 and 2 ranks on
+#                  lego, 2 ranks sharing the GPU through gloo): its report's cells (PSNR, step time,
+#                  exposed communication) and the scaling model's device speed from this GPU; --cpu: the
+#                  study's cells are listed (the config checked), not run
 #   nsys           an Nsight Systems capture of a short 1-rank run and its NVTX summary, if nsys is on PATH
 # Each section's Python: bench/gpu/check.py. Writes OUT/summary.json (default bench/gpu/results/gpu_check/;
 # every section with "status": "ok", "failed: why" or "skipped: why", and its numbers) and OUT/log.txt; the runs (traces, checkpoints
@@ -34,7 +42,8 @@
 # Environment: DISTNERF_LEGO (default ../shared/data/nerf_synthetic_half/lego), PYTHON (python3),
 # GPU_CHECK_BUDGET_S, GPU_CHECK_SYNC_MODELS, GPU_CHECK_QUALITY_EXTRA (more overrides of the lego run),
 # GPU_CHECK_ONLY (a space-separated list of sections to run; the rest are "skipped: not selected"),
-# GPU_CHECK_PATHS (which of the paths section's runs: default "ss_fusion ss_joint bf16 sampler_device"),
+# GPU_CHECK_PATHS (which of the paths section's runs: default "ss_fusion ss_joint bf16 sampler_device"; --cpu: no ss_joint),
+# GPU_CHECK_TWO_RANKS (the two_ranks section's strategies),
 # GPU_CHECK_COMMIT (recorded where the checkout has no .git). The lego run is bounded by time, not
 # steps (train.max_steps=1000000): its learning-rate decay follows steps (train.decay_steps), so a
 # faster GPU decays further within the 2 minutes.
@@ -106,7 +115,7 @@ banner() { echo; echo "=== $1 ($(($(date +%s) - T0)) s of $BUDGET s)"; }
 # want NAME: the section is selected (GPU_CHECK_ONLY unset, or it names NAME); else it is recorded as skipped
 want() { [ -z "${GPU_CHECK_ONLY:-}" ] && return 0; case " $GPU_CHECK_ONLY " in *" $1 "*) return 0;; esac
          helper skipped "$1" "not selected (GPU_CHECK_ONLY=$GPU_CHECK_ONLY)"; return 1; }
-ORDER="env ops cuda_tests lego_quality ddp_trace ss_trace paths hta_overlap sync_debug sync_counter nsys"
+ORDER="env ops cuda_tests lego_quality ddp_trace ss_trace paths two_ranks hta_overlap sync_debug sync_counter nsys study"
 COMMON=(train.progress=false train.ckpt_every=-1 logger.wandb.mode=disabled device=$DEVICE)
 if [ "$MODE" = cpu ]; then
   DATA=(experiment=smoke); DATA_NAME="built-in scene (experiment=smoke; --cpu)"
@@ -170,7 +179,9 @@ rm -f "$SECT/paths.json"
 if want paths; then
 PATH_STEPS=(train.max_steps=30 eval.num_views=1 eval.lpips=false train.log_every=5)
 [ "$MODE" = cpu ] && PATH_STEPS=(train.max_steps=8 eval.num_views=1 eval.lpips=false train.log_every=2)
-for p in ${GPU_CHECK_PATHS:-ss_fusion ss_joint bf16 sampler_device}; do
+# --cpu leaves ss_joint to the two_ranks section (two ranks, a resume and the fused evaluation: a superset)
+PATHS_DEFAULT="ss_fusion ss_joint bf16 sampler_device"; [ "$MODE" = cpu ] && PATHS_DEFAULT="ss_fusion bf16 sampler_device"
+for p in ${GPU_CHECK_PATHS:-$PATHS_DEFAULT}; do
   case $p in
     ss_fusion) what="strategy=ss, 2 regions, evaluated through segment fusion (timed)"; extra=(strategy=ss strategy.num_regions=2 eval.fusion_timing=true);;
     ss_joint) what="strategy=ss strategy.training=joint, 2 regions, evaluated"; extra=(strategy=ss strategy.training=joint strategy.num_regions=2);;
@@ -182,6 +193,31 @@ for p in ${GPU_CHECK_PATHS:-ss_fusion ss_joint bf16 sampler_device}; do
   run="$RUNS/path_$p"; rm -rf "$run"; s=$(now)
   timeout -k 15 "$t" "${TORCHRUN[@]}" "${DATA[@]}" "${extra[@]}" "${COMMON[@]}" "${PATH_STEPS[@]}" run_dir="$run"
   helper path $p "$run" "$?" "$(since "$s")" "$what"
+done
+fi
+# two ranks on the one device through gloo: train to a checkpoint, resume past it, evaluate
+banner two_ranks
+rm -f "$SECT/two_ranks.json"
+if want two_ranks; then
+TWO_STEPS=(16 24); [ "$MODE" = cpu ] && TWO_STEPS=(4 6)
+TWO=(train.progress=false logger.wandb.mode=disabled device=$DEVICE dist_backend=gloo eval.num_views=1
+     eval.lpips=false train.log_every=2)
+TORCHRUN2=("$PY" -m torch.distributed.run --standalone --nproc_per_node=2 -m distnerf.train)
+for strat in ${GPU_CHECK_TWO_RANKS:-$([ "$MODE" = cpu ] && echo ss_joint || echo "ddp ss_joint")}; do
+  case $strat in ddp) extra=(strategy=ddp);; ss_joint) extra=(strategy=ss strategy.training=joint);;
+    *) echo "gpu_check: GPU_CHECK_TWO_RANKS: unknown strategy $strat" >&2; continue;; esac
+  t=$(limit 90); if [ "$t" = 0 ]; then helper two_ranks_skipped $strat "time budget of $BUDGET s spent"; continue; fi
+  run="$RUNS/two_$strat"; rm -rf "$run"; s=$(now)
+  timeout -k 15 "$t" "${TORCHRUN2[@]}" "${DATA[@]}" "${extra[@]}" "${TWO[@]}" train.max_steps=${TWO_STEPS[0]} \
+    train.ckpt_every=${TWO_STEPS[0]} eval.enabled=false run_dir="$run"
+  rc1=$?; rc2=-1
+  t=$(limit 90)
+  if [ $rc1 = 0 ] && [ "$t" != 0 ]; then
+    timeout -k 15 "$t" "${TORCHRUN2[@]}" "${DATA[@]}" "${extra[@]}" "${TWO[@]}" train.max_steps=${TWO_STEPS[1]} \
+      train.ckpt_every=0 resume=true run_dir="$run"
+    rc2=$?
+  fi
+  helper two_ranks $strat "$run" "$rc1" "$rc2" "$(since "$s")" "${TWO_STEPS[0]}" "${TWO_STEPS[1]}" "$DEVICE"
 done
 fi
 want hta_overlap && helper hta
@@ -214,6 +250,22 @@ elif [ "$t" = 0 ]; then helper skipped nsys "time budget of $BUDGET s spent"; el
   rc=$?; secs=$(since "$s")
   [ $rc = 0 ] && timeout 60 nsys stats --report nvtx_sum "$RUNS/nsys/ddp1.nsys-rep" > "$RUNS/nsys/nvtx_sum.txt" 2>&1
   helper nsys "$rc" "$secs" "$RUNS/nsys/ddp1.nsys-rep" "$RUNS/nsys/nvtx_sum.txt"
+fi
+
+# the characterisation on this GPU (after every other section: it gets what the budget has left)
+banner study
+STUDY_CONF=conf/study/gpu_one.yaml
+t=$(limit 300)
+if ! want study; then :
+elif [ "$CUDA" != 1 ]; then
+  n=$("$PY" -m distnerf.study list "$STUDY_CONF" | wc -l)  # the config expands (checked here, run on a GPU)
+  helper skipped study "needs CUDA ($STUDY_CONF lists $n cells)"
+elif [ "$t" = 0 ]; then helper skipped study "time budget of $BUDGET s spent"; else
+  rm -rf "$RUNS/study"; s=$(now)
+  DISTNERF_LEGO=$LEGO timeout -k 15 "$t" "$PY" -m distnerf.study run "$STUDY_CONF" "$RUNS/study"
+  rc=$?
+  [ -f "$RUNS/study/report/report.json" ] || timeout -k 5 60 "$PY" -m distnerf.study report "$RUNS/study"
+  helper study "$RUNS/study" "$rc" "$(since "$s")"
 fi
 
 banner summary

@@ -21,8 +21,8 @@ from .collectives import (COLLECTIVE_FAILURES, OPS, PEER_LOST, all_gather, all_g
                           gather_objects, peer_lost, rank, timing_event, world_size)
 from .agent import EXIT_AGENT_LOST, AgentWatch, torchrun_agent_pid
 from .compat import accepts, ddp_buffer_kwargs
-from .env import DistEnv, SetupTimeout, cuda_index, end_setup, init_distributed, new_host_group, shared_devices, \
-    shutdown
+from .env import DistEnv, SetupTimeout, cuda_index, end_setup, init_distributed, new_host_group, shared_cuda_index, \
+    shared_devices, shutdown
 from .rng import own_cuda_state, rng_state, seed_everything, set_rng_state
 from .signals import PREEMPT_SIGNALS, StopRequest, preempt_signal
 
@@ -31,5 +31,5 @@ __all__ = ["COLLECTIVE_FAILURES", "EXIT_AGENT_LOST", "OPS", "PEER_LOST", "PREEMP
            "accepts", "all_gather", "all_gather_floats", "all_reduce_", "all_reduce_max", "all_reduce_sum", "barrier",
            "broadcast_object", "collective_failure", "cuda_index", "ddp_buffer_kwargs", "end_setup",
            "event_seconds", "gather_objects", "init_distributed", "new_host_group", "own_cuda_state", "peer_lost",
-           "preempt_signal", "rank", "rng_state", "seed_everything", "set_rng_state", "shared_devices",
+           "preempt_signal", "rank", "rng_state", "seed_everything", "set_rng_state", "shared_cuda_index", "shared_devices",
            "shutdown", "timing_event", "world_size"]

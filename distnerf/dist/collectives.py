@@ -3,8 +3,8 @@ collectives outside ``distnerf/dist/``): strategies and the trainer call these h
 process group, or alone in it, every helper is the identity.
 
 Each helper checks its tensor (:func:`_checked`): a CUDA tensor must be on this process's current
-device, and a CUDA tensor on a gloo-only (CPU) group is refused, with a message naming the calling
-line (NCCL would fail obscurely or hang on the first). Pickled objects and barriers travel on the
+device (NCCL would fail obscurely or hang on another), with a message naming the calling line; a gloo
+group takes it too (``dist_backend=gloo``, :mod:`distnerf.dist.env`). Pickled objects and barriers travel on the
 host (gloo) group (:attr:`~distnerf.dist.env.DistEnv.host_group`). :func:`collective_failure` and
 :func:`peer_lost` classify the errors a failed collective raises.
 """
@@ -56,7 +56,9 @@ def _caller() -> str:
 
 def _checked(tensor: torch.Tensor) -> torch.Tensor:
     """``tensor`` if the process group can exchange it where it lies (module docstring):
-    on the CPU, or on this rank's current CUDA device under an NCCL-backed group.
+    on the CPU, or on this rank's current CUDA device under an NCCL-backed group or a CUDA rank's
+    gloo group (``dist_backend=gloo``: gloo's CUDA all-reduce and all-gather, the only collectives
+    called on device tensors here, stage them through pinned host memory).
 
     Raises:
         RuntimeError: naming the calling line, the tensor's device and what the group takes.
@@ -64,9 +66,10 @@ def _checked(tensor: torch.Tensor) -> torch.Tensor:
     if tensor.device.type == "cpu":
         return tensor
     backend = str(dist.get_backend())
-    if tensor.is_cuda and "nccl" in backend and tensor.device.index == torch.cuda.current_device():
+    cuda_group = "nccl" in backend or (backend == "gloo" and torch.cuda.is_available())
+    if tensor.is_cuda and cuda_group and tensor.device.index == torch.cuda.current_device():
         return tensor
-    takes = f"cpu or cuda:{torch.cuda.current_device()}" if "nccl" in backend else "cpu tensors only"
+    takes = f"cpu or cuda:{torch.cuda.current_device()}" if cuda_group else "cpu tensors only"
     raise RuntimeError(f"{_caller()}: a tensor on {tensor.device} passed to a collective of the {backend} group, "
                        f"which takes {takes}")
 

@@ -7,7 +7,11 @@ Backends. On CPU the group is ``gloo``. On CUDA it is ``cpu:gloo,cuda:nccl``: CU
 per-step flags, pickled objects, barriers) through gloo. Why: the small host-side values
 never need a device copy and a stream synchronisation to be exchanged, object collectives
 do not allocate GPU memory, and ``monitored_barrier`` (gloo only) can name a late rank on
-GPUs too (``host_group``). A process started by ``torchrun`` (``RANK``/``WORLD_SIZE``/``LOCAL_RANK``
+GPUs too (``host_group``). With ``dist_backend=gloo`` (:func:`init_distributed`'s ``backend``) the
+group is ``gloo`` on CUDA too: gloo carries the CUDA tensors (its CUDA all-reduce and all-gather
+stage them through pinned host memory), so several ranks may share one GPU, which NCCL refuses.
+That is a check of the multi-rank code on CUDA tensors on a one-GPU machine, not a way to train:
+the ranks contend for one device and every exchange crosses the host. A process started by ``torchrun`` (``RANK``/``WORLD_SIZE``/``LOCAL_RANK``
 set) joins a process group; a plain ``python -m`` process runs alone with no process group.
 """
 from __future__ import annotations
@@ -58,12 +62,17 @@ class DistEnv:
         return self.distributed and self.world_size > 1
 
 
-def init_distributed(device: str, *, timeout_s: float, setup_timeout_s: float | None) -> DistEnv:
+def init_distributed(device: str, *, timeout_s: float, setup_timeout_s: float | None,
+                     backend: str = "auto") -> DistEnv:
     """Join the process group when launched by torchrun.
 
     Args:
         device: ``"auto"`` (CUDA of the local rank if available, else CPU), ``"cpu"`` or ``"cuda"``
             (``device`` in ``conf/train.yaml``).
+        backend: ``"auto"`` (``cpu:gloo,cuda:nccl`` on CUDA, ``gloo`` on the CPU) or ``"gloo"``
+            (``dist_backend``): gloo for CUDA tensors too, the local ranks then sharing the visible
+            GPUs round-robin (``LOCAL_RANK`` modulo their count); a check, not a way to train
+            (module docstring). On the CPU both mean gloo.
         timeout_s: collective timeout (seconds), so that a lost or hung rank ends the job
             with an error instead of hanging (``dist_timeout_s`` in ``conf/train.yaml``).
         setup_timeout_s: the timeout of the rendezvous and of every collective until
@@ -72,9 +81,13 @@ def init_distributed(device: str, *, timeout_s: float, setup_timeout_s: float | 
             ``timeout_s`` throughout.
     Raises:
         ValueError: ``device="cuda"`` requested without CUDA, ``device="auto"`` without CUDA in a
-            Slurm job or a multi-process torchrun (:func:`resolve_device`), or a timeout ``<= 0``.
+            Slurm job or a multi-process torchrun (:func:`resolve_device`), a timeout ``<= 0``, or
+            an unknown ``backend``.
     """
     use_cuda = resolve_device(device, torch.cuda.is_available(), os.environ) == "cuda"
+    if backend not in ("auto", "gloo"):
+        raise ValueError(f"dist_backend must be auto or gloo, got {backend!r}")
+    gloo_cuda = use_cuda and backend == "gloo"
     if timeout_s <= 0:
         raise ValueError(f"dist_timeout_s must be > 0 seconds, got {timeout_s}")
     if setup_timeout_s is not None and setup_timeout_s <= 0:
@@ -85,10 +98,17 @@ def init_distributed(device: str, *, timeout_s: float, setup_timeout_s: float | 
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     restart_count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
-    backend = "cpu:gloo,cuda:nccl" if use_cuda else "gloo"
+    pg_backend = "cpu:gloo,cuda:nccl" if use_cuda and not gloo_cuda else "gloo"
     local_world_size = int(os.environ["LOCAL_WORLD_SIZE"]) if "LOCAL_WORLD_SIZE" in os.environ else None
-    dev = torch.device("cuda", cuda_index(local_rank, local_world_size=local_world_size)) if use_cuda \
-        else torch.device("cpu")
+    if gloo_cuda:  # several ranks may share a GPU: gloo does not mind (a check, not a way to train)
+        dev = torch.device("cuda", shared_cuda_index(local_rank))
+        if rank == 0:
+            log.warning("dist_backend=gloo on CUDA: gloo carries the CUDA tensors through the host and ranks may "
+                        "share a GPU; a check of the multi-rank code, not a way to train (use dist_backend=auto)")
+    elif use_cuda:
+        dev = torch.device("cuda", cuda_index(local_rank, local_world_size=local_world_size))
+    else:
+        dev = torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(dev)
     host_group = None
@@ -103,15 +123,18 @@ def init_distributed(device: str, *, timeout_s: float, setup_timeout_s: float | 
         # connect ("Gloo connectFullMesh failed ... Connection refused")
         store, _, _ = next(dist.rendezvous("env://", timeout=timeout))
         store = dist.PrefixStore(f"distnerf/attempt_{restart_count}", store)
-        bind = {"device_id": dev} if use_cuda and accepts(dist.init_process_group, "device_id") else {}
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout, **bind)
+        # device_id binds NCCL's communicator to the device (eager init); gloo has none to bind
+        bind = {"device_id": dev} if use_cuda and not gloo_cuda and accepts(dist.init_process_group, "device_id") \
+            else {}
+        dist.init_process_group(pg_backend, store=store, rank=rank, world_size=world_size, timeout=timeout, **bind)
         # monitored_barrier is gloo's: on CUDA a gloo group of the same ranks beside NCCL
-        host_group = dist.new_group(backend="gloo", timeout=timeout) if use_cuda else dist.group.WORLD
-        if use_cuda:
+        host_group = dist.new_group(backend="gloo", timeout=timeout) if use_cuda and not gloo_cuda \
+            else dist.group.WORLD
+        if use_cuda and not gloo_cuda:
             _check_distinct_devices(dev, rank, host_group)
     else:
         store = None
-    return DistEnv(rank, world_size, local_rank, dev, backend, restart_count, store, host_group,
+    return DistEnv(rank, world_size, local_rank, dev, pg_backend, restart_count, store, host_group,
                    local_world_size or 1)
 
 
@@ -224,6 +247,21 @@ def cuda_index(local_rank: int, visible: int | None = None, local_world_size: in
         raise ValueError(f"more local ranks than visible GPUs ({where}): start at most {visible} ranks per node "
                          "(torchrun --nproc_per_node), or bind one GPU per task (srun --gpus-per-task=1)")
     return local_rank
+
+
+def shared_cuda_index(local_rank: int, visible: int | None = None) -> int:
+    """The CUDA device of a rank under ``dist_backend=gloo``: ``LOCAL_RANK`` modulo the visible
+    devices, so any number of local ranks share them (two ranks on a one-GPU machine: both on
+    device 0).
+
+    Raises:
+        ValueError: no CUDA device visible (naming ``CUDA_VISIBLE_DEVICES``).
+    """
+    visible = torch.cuda.device_count() if visible is None else visible
+    if visible < 1:
+        raise ValueError(f"device=cuda but no CUDA device is visible to this process (LOCAL_RANK={local_rank}, "
+                         f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '(unset)')})")
+    return local_rank % visible
 
 
 def shared_devices(entries: list[tuple[int, str, str]]) -> list[list[int]]:

@@ -300,3 +300,21 @@ def shutdown_worker(rank: int, world_size: int, port: int, out_dir: str):
     gc.collect()
     result["after"] = gloo_worker_threads()
     torch.save(result, Path(out_dir) / f"shutdown_rank_{rank}.pt")
+
+
+def gloo_cuda_worker(rank: int, world_size: int, port: int) -> None:
+    """``dist_backend=gloo`` on CUDA: every rank joins on the one visible GPU (device 0 on a one-GPU
+    machine) and the package's device collectives exchange CUDA tensors through gloo."""
+    set_env(rank, world_size, port)
+    os.environ["LOCAL_WORLD_SIZE"] = str(world_size)
+    env = D.init_distributed("cuda", timeout_s=60.0, setup_timeout_s=None, backend="gloo")
+    try:
+        assert env.backend == "gloo" and env.device == torch.device("cuda", rank % torch.cuda.device_count())
+        t = torch.full((5,), float(rank + 1), device=env.device)
+        D.all_reduce_(t)
+        assert t.device == env.device and t.tolist() == [world_size * (world_size + 1) / 2] * 5, t
+        parts = D.all_gather(torch.tensor([rank, 10 * rank], device=env.device))
+        assert [p.tolist() for p in parts] == [[r, 10 * r] for r in range(world_size)], parts
+        D.barrier(env)
+    finally:
+        D.shutdown(env)

@@ -245,12 +245,12 @@ def test_an_untimed_cell_stopped_by_sigterm_resumes_from_its_checkpoint(tmp_path
     bit-exact)."""
     cfg = yaml.safe_load(SMOKE.read_text())
     cfg.update(name="resume", exclude=[], repeats=2, vary_seed=False,
-               axes={"strategy": ["ddp"], "sampler": ["sync"], "world_size": [1], "budget": ["s600"]},
-               # the grid grows at step 300, after the stop: the size logged at the stop is not the final one
-               levels={"budget": {"s600": ["train.max_steps=600", "model.upsample_steps=[300]"]}})
+               axes={"strategy": ["ddp"], "sampler": ["sync"], "world_size": [1], "budget": ["s240"]},
+               # the grid grows at step 120, after the stop: the size logged at the stop is not the final one
+               levels={"budget": {"s240": ["train.max_steps=240", "model.upsample_steps=[120]"]}})
     path, root = tmp_path / "resume.yaml", tmp_path / "resume"
     path.write_text(yaml.safe_dump(cfg))
-    first_cell, second_cell = (root / "cells" / f"ddp-sync-w1-s600-r{r}" for r in (0, 1))
+    first_cell, second_cell = (root / "cells" / f"ddp-sync-w1-s240-r{r}" for r in (0, 1))
     proc = subprocess.Popen([sys.executable, "-m", "distnerf.study", "run", str(path), str(root)], cwd=REPO,
                             env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
@@ -263,18 +263,18 @@ def test_an_untimed_cell_stopped_by_sigterm_resumes_from_its_checkpoint(tmp_path
     assert proc.returncode == 130 and "stopped (SIGTERM)" in err, err[-3000:]
     assert not (first_cell / "metrics.json").exists() and not second_cell.exists()
     stopped_at = json.loads(sorted((first_cell / "checkpoints").glob("step_*/manifest.json"))[-1].read_text())["step"]
-    assert 0 < stopped_at < 600  # the ranks checkpointed mid-way
+    assert 0 < stopped_at < 120  # the ranks checkpointed mid-way, before the grid grows
 
     again = study("run", path, root)
     assert again.returncode == 0, again.stderr[-5000:]
-    assert f"ddp-sync-w1-s600-r0: interrupted; resumes from its checkpoint at step {stopped_at} (untimed)" in again.stderr
+    assert f"ddp-sync-w1-s240-r0: interrupted; resumes from its checkpoint at step {stopped_at} (untimed)" in again.stderr
     assert not (root / "attempts").exists()
     resumed = json.loads((first_cell / "study_cell.json").read_text())
     assert resumed["status"] == "done" and resumed["resumed_from_step"] == stopped_at
     assert resumed["first_started"] == record["started"]
     rows = read_metrics_log(first_cell)
     assert [r["step"] for r in rows if r.get("event") == "resumed"] == [stopped_at]
-    assert max(r["step"] for r in rows if "loss" in r) == 600
+    assert max(r["step"] for r in rows if "loss" in r) == 240
     psnr = [json.loads((d / "metrics.json").read_text())["psnr"] for d in (first_cell, second_cell)]
     assert psnr[0] == psnr[1]  # the same seed, one run resumed, one not
     # the report's model size is the finished model's, not the one logged when the ranks stopped mid-way

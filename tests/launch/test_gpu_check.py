@@ -1,6 +1,7 @@
 """``tools/gpu_check.sh --cpu`` (bench/gpu/check.sh, bench/gpu/check.py): the prepared GPU check runs end to end on the CPU (tiny sizes,
 gloo, the built-in scene) and its summary has every section, the GPU-only ones marked
-``skipped: reason``."""
+``skipped: reason``; the two-rank section really trains, checkpoints and resumes two gloo ranks (on
+a GPU both share it: issue 50 item 6), and the one-GPU study's config expands."""
 from __future__ import annotations
 
 import json
@@ -12,9 +13,9 @@ import torch
 
 from tests.conftest import REPO
 
-SECTIONS = ["env", "ops", "cuda_tests", "lego_quality", "ddp_trace", "ss_trace", "paths", "hta_overlap", "sync_debug",
-            "sync_counter", "nsys"]
-NEED_GPU = {"hta_overlap", "sync_debug", "nsys"}
+SECTIONS = ["env", "ops", "cuda_tests", "lego_quality", "ddp_trace", "ss_trace", "paths", "two_ranks", "hta_overlap",
+            "sync_debug", "sync_counter", "nsys", "study"]
+NEED_GPU = {"hta_overlap", "sync_debug", "nsys", "study"}
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="--cpu is the check of CPU-only machines")
@@ -38,7 +39,8 @@ def test_gpu_check_cpu_mode_writes_every_section(tmp_path):
             assert status == "ok", (name, status, proc.stdout[-3000:])
     assert sections["env"]["cuda_available"] is False and sections["env"]["dev_shm_free_mb"] is not None
     paths = sections["paths"]["runs"]  # what users run: fusion, joint, sampler=device; bf16 needs CUDA
-    assert [paths[p]["status"] for p in ("ss_fusion", "ss_joint", "sampler_device")] == ["ok"] * 3, paths
+    assert [paths[p]["status"] for p in ("ss_fusion", "sampler_device")] == ["ok"] * 2, paths
+    assert "ss_joint" not in paths  # --cpu: joint ss runs in two_ranks instead
     assert paths["bf16"]["status"].startswith("skipped: ") and paths["ss_fusion"]["psnr"] > 0
     assert sections["cuda_tests"]["failed"] == 0 and sections["cuda_tests"]["skipped"] >= 1
     quality = sections["lego_quality"]
@@ -52,6 +54,11 @@ def test_gpu_check_cpu_mode_writes_every_section(tmp_path):
     assert sections["sync_debug"]["models"]["grid"]["error"] is None
     assert len(sections["sync_debug"]["models"]["grid"]["per_step"]) == 4
     assert 0 < sections["ops"]["totals"]["smoke_grid"] and sections["ops"]["by_section"]["smoke_grid"]["forward"] > 0
+    two = sections["two_ranks"]["runs"]  # --cpu: joint ss only, 2 gloo ranks, a checkpoint at 4, resumed to 6
+    assert list(two) == ["ss_joint"] and two["ss_joint"]["resumed_at"] == [4] and two["ss_joint"]["last_step"] == 6
+    assert (two["ss_joint"]["world_size"], two["ss_joint"]["backend"], two["ss_joint"]["device"]) == (2, "gloo", "cpu")
+    assert two["ss_joint"]["psnr"] > 0
+    assert sections["study"]["status"] == "skipped: needs CUDA (conf/study/gpu_one.yaml lists 4 cells)"
     if sections["sync_counter"]["status"] == "ok":
         assert sections["sync_counter"]["configs"]["grid"]["count_step"] >= 0
     assert summary["wall_s"] < summary["budget_s"]

@@ -105,6 +105,34 @@ def test_cuda_index_binds_local_rank_only_when_that_many_devices_are_visible():
     assert cuda_index(0, visible=1) == 0
 
 
+def test_gloo_on_cuda_lets_local_ranks_share_the_visible_gpus_and_refuses_an_unknown_backend(monkeypatch):
+    """``dist_backend=gloo``: local ranks take the visible devices round-robin (two ranks on a one-GPU
+    machine share device 0, which ``cuda_index`` refuses); ``init_distributed`` names a wrong backend before
+    joining any group; on the CPU ``gloo`` is the ``auto`` group."""
+    from distnerf.dist import cuda_index, init_distributed, shared_cuda_index
+
+    assert [shared_cuda_index(r, visible=1) for r in range(3)] == [0, 0, 0]
+    assert [shared_cuda_index(r, visible=2) for r in range(4)] == [0, 1, 0, 1]
+    with pytest.raises(ValueError, match="more local ranks than visible GPUs"):
+        cuda_index(2, visible=2, local_world_size=3)  # the NCCL path: a third rank on two GPUs is refused
+    with pytest.raises(ValueError, match="no CUDA device is visible"):
+        shared_cuda_index(0, visible=0)
+    monkeypatch.delenv("RANK", raising=False)
+    with pytest.raises(ValueError, match="dist_backend must be auto or gloo, got 'mpi'"):
+        init_distributed("cpu", timeout_s=10, setup_timeout_s=None, backend="mpi")
+    alone = init_distributed("cpu", timeout_s=10, setup_timeout_s=None, backend="gloo")
+    assert alone.device == torch.device("cpu") and not alone.distributed
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (tools/gpu_check.sh runs it: cuda_tests)")
+def test_two_ranks_share_one_cuda_device_through_gloo():
+    """Issue 50 item 6: ``dist_backend=gloo`` lets two ranks hold the one GPU and exchange CUDA tensors."""
+    from tests.conftest import spawn
+    from tests.dist.workers import gloo_cuda_worker
+
+    spawn(gloo_cuda_worker, 2, timeout=120)
+
+
 def test_a_bucket_found_dense_is_looked_at_again_only_every_sparse_revisit_calls():
     from distnerf.strategy.ddp import CommStats, HookState
     from distnerf.strategy.sparse_exchange import SPARSE_REVISIT
