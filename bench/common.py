@@ -34,6 +34,15 @@ def _utc() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def free_port() -> int:
+    """A free TCP port on the loopback interface (a benchmark's own process group or server)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def load_average() -> list[float]:
     """1-, 5- and 15-minute load averages (other work competing for the cores)."""
     return [round(x, 2) for x in os.getloadavg()]

@@ -30,7 +30,6 @@ import argparse
 import os
 import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -38,19 +37,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import ROOT, default_out, start_meta, write_result
+from bench.common import ROOT, default_out, free_port, start_meta, write_result
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--use-angle=swiftshader", "--enable-unsafe-swiftshader", "--ignore-gpu-blocklist"]
 STOP_LINE = re.compile(r"training stopped at step (\d+) \(\w+\) after ([\d.]+) s of training \(([\d.]+) s of wall time")
 SHARE_LINE = re.compile(r"viewer: (\d+) frames rendered in ([\d.]+) s, ([\d.]+)% of [\d.]+ s "
                         r"\(viewer.max_render_share=([\d.]+)\)")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def chromium_cpu_seconds(pids: set[int]) -> float:

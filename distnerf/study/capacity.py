@@ -192,8 +192,11 @@ def ranks_rows(keys: dict) -> list[dict]:
     Returns:
         rows with ``context``, ``budget``, ``strategy``, ``world_size``, ``psnr_mean``, ``psnr_sd``, ``n``,
         ``source`` (the cell key, or the ddp cell standing in at W = 1), ``steps``, ``db_per_doubling`` (from
-        the previous world size of the same strategy, ``from_world_size``) and ``delta_vs_w1``; sorted by budget,
-        strategy, world size.
+        the previous world size of the same strategy, ``from_world_size``), ``delta_vs_w1``, ``step_ms`` (the
+        median step time over the cell's seeds, ms; an untimed study's shares the machine) and
+        ``segments_per_ray`` (ray segments a rank marches per training ray: the mean regions a ray crosses
+        under joint ``ss``, where each rank renders its regions' segments of every ray; 1 otherwise); sorted by
+        budget, strategy, world size.
     """
     done = [s for s in keys.values() if s.get("n")]
     groups = sorted({(context(s["values"]), s["values"].get("budget")) for s in done if _ws(s) > 1}, key=str)
@@ -219,7 +222,9 @@ def ranks_rows(keys: dict) -> list[dict]:
                                                                       else float(s["parameters_per_rank"])),
                        "steps": s.get("steps"), "from_world_size": None if prev is None else prev[0],
                        "db_per_doubling": None if prev is None else per_doubling(prev[0], prev[1], w, mean),
-                       "delta_vs_w1": None if base is None or mean is None else mean - base}
+                       "delta_vs_w1": None if base is None or mean is None else mean - base,
+                       "step_ms": None if s.get("step_s_median") is None else 1e3 * s["step_s_median"],
+                       "segments_per_ray": _segments_per_ray(s)}
                 if w == 1:
                     base = mean
                 prev = (w, mean)
@@ -227,11 +232,19 @@ def ranks_rows(keys: dict) -> list[dict]:
     return rows
 
 
+def _segments_per_ray(s: dict) -> float | None:
+    """Ray segments a rank marches per training ray in the cell summary ``s`` (:func:`ranks_rows`)."""
+    if s.get("training") == "joint" or s["values"].get("strategy") == "ss_joint":
+        return s.get("regions_crossed_mean")
+    return 1.0
+
+
 def annotate_equal_total(ranks: list[dict], curve: list[dict], tolerance: float = 0.15) -> None:
     """Beside each row of :func:`ranks_rows`, the one-rank ``ddp`` cell of the capacity curve whose
     parameters are W times the row's per rank (within ``tolerance``): ``single_equal_total_psnr`` (its
     mean) and ``vs_single_equal_total`` (the row's PSNR minus it): the ranks' extra capacity given to
-    one model instead, at one rank's rays per step. None where the curve has no such budget, or has it
+    one model instead, at one rank's rays per step; ``single_equal_total_params`` and ``single_equal_total_sd`` that
+    cell's parameters and PSNR spread over its seeds. None where the curve has no such budget, or has it
     trained for other steps than the row (a curve cell trained longer to reach its plateau is no
     equal-steps reference)."""
     for row in ranks:
@@ -240,6 +253,8 @@ def annotate_equal_total(ranks: list[dict], curve: list[dict], tolerance: float 
                       and abs(c["params_per_rank"] - want) <= tolerance * want
                       and (c.get("steps") is None or row.get("steps") is None or c["steps"] == row["steps"])), None)
         row["single_equal_total_psnr"] = match["psnr_mean"] if match else None
+        row["single_equal_total_params"] = match["params_per_rank"] if match else None
+        row["single_equal_total_sd"] = match["psnr_sd"] if match else None
         row["vs_single_equal_total"] = (row["psnr_mean"] - match["psnr_mean"]
                                         if match and row["psnr_mean"] is not None else None)
 

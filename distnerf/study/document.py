@@ -84,6 +84,7 @@ def section_tables(data: dict) -> list[tuple[str, list[str]]]:
             ("db_per_doubling", "dB per doubling of ranks", "+.2f"), ("delta_vs_w1", "vs W = 1 dB", "+.2f"),
             ("steps", "steps", ".0f"), ("single_equal_total_psnr", "one rank, W x the params, same steps (dB)", ".2f"),
             ("vs_single_equal_total", "vs that", "+.2f"), ("params_per_rank", "params/rank", ".3g"),
+            ("segments_per_ray", "segments per ray", ".2f"), ("step_ms", "step ms (median)", ".1f"),
             ("source", "cell", "")]) + targets))
     sc, chk = t["scaling"], t["scaling_check"]
     if sc:

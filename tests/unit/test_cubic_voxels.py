@@ -164,3 +164,22 @@ def test_budget_counts_the_cubic_tables(focus):
     bigger = build_model({**cfg, "max_params": None, "resolutions": [last + 1], "upsample_steps": []},
                          QUARTER if not focus else box, BLACK, **extra)
     assert sum(t.numel() for t in bigger.parameters()) > 300_000
+
+
+def test_on_a_cube_cubic_voxels_change_nothing_so_ddp_needs_no_cubic_run():
+    """Issue 51 item 2 asks for ``ddp`` with ``model.cubic_voxels=true`` beside the joint sub-models that use it:
+    ``ddp``'s model holds the whole scene box, and the built-in detail scene's box is the cube [-1.1, 1.1]^3
+    (distnerf/data/synthetic/scenes.py), where the option builds the same tables, value for value, at every
+    resolution of the budget's schedule: the run would repeat the cubic-less one bit for bit."""
+    from distnerf.data.synthetic.scenes import build_scene
+
+    box = torch.as_tensor(build_scene("detail", seed=0).aabb, dtype=torch.float32)
+    assert torch.equal(box, torch.tensor([[-1.1] * 3, [1.1] * 3]))
+    models = []
+    for cubic in (False, True):
+        torch.manual_seed(0)
+        models.append(build_model({"name": "grid", "max_params": 62_500, "cubic_voxels": cubic}, box, BLACK))
+    plain, cubic = (m.state_dict() for m in models)
+    assert plain.keys() == cubic.keys() and all(torch.equal(plain[k], cubic[k]) for k in plain)
+    schedule = models[0].cfg.resolutions
+    assert all(voxel_shape(n, box, cubic=True) == (n, n, n) for n in schedule) and len(schedule) > 1

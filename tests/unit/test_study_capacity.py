@@ -67,6 +67,8 @@ def test_capacity_and_ranks_tables_with_the_targets():
         summary("ss_joint-w2-p2", "ss_joint", 2, "p2", [25.5, 25.0, 25.6], 2e6),
         summary("ss_joint-w4-p2", "ss_joint", 4, "p2", [26.0, 26.1, 26.2], 2e6),
     ]}
+    keys["ss_joint-w4-p2"].update(regions_crossed_mean=1.75, training="joint", step_s_median=0.0425)
+    keys["ddp-w2-p2"]["step_s_median"] = 0.02
     cap = capacity.capacity_rows(keys)
     assert [r["budget"] for r in cap] == ["p1", "p2", "p4"]
     assert [r["params_per_rank"] for r in cap] == [1e6, 2.5e6, 4e6]
@@ -88,6 +90,10 @@ def test_capacity_and_ranks_tables_with_the_targets():
     assert joint[2]["delta_vs_w1"] == pytest.approx(2.0)
     ddp = [r for r in ranks if r["strategy"] == "ddp"]
     assert [r["world_size"] for r in ddp] == [1, 2] and ddp[1]["delta_vs_w1"] == pytest.approx(0.1)
+    # a joint rank marches the segments of every region a ray crosses; ddp and the W = 1 stand-in one per ray
+    assert [r["segments_per_ray"] for r in joint] == [1.0, None, 1.75] and ddp[1]["segments_per_ray"] == 1.0
+    assert joint[2]["step_ms"] == pytest.approx(42.5) and ddp[1]["step_ms"] == pytest.approx(20.0)
+    assert joint[1]["step_ms"] is None  # no step time in the summary: none invented
     lines = capacity.verdicts(cap, ranks)
     # 1.45 < 1.5, and p4 (a neighbour: one of the slope's points) gained 0.3 dB over its last 20%
     assert lines[0].startswith("capacity curve at budget p2") and "+1.46 dB" in lines[0]
@@ -170,12 +176,15 @@ def test_the_regions_a_ray_crosses_and_their_extrapolation_by_hand():
 
 
 def test_each_ranks_row_is_set_beside_the_single_model_of_equal_total_parameters():
-    curve = [{"params_per_rank": 1.0e6, "psnr_mean": 25.0}, {"params_per_rank": 2.05e6, "psnr_mean": 26.0}]
+    curve = [{"params_per_rank": 1.0e6, "psnr_mean": 25.0, "psnr_sd": 0.1},
+             {"params_per_rank": 2.05e6, "psnr_mean": 26.0, "psnr_sd": 0.2}]
     ranks = [{"world_size": 1, "params_per_rank": 1e6, "psnr_mean": 25.0},
              {"world_size": 2, "params_per_rank": 1e6, "psnr_mean": 27.5},
              {"world_size": 4, "params_per_rank": 1e6, "psnr_mean": 28.0}]
     capacity.annotate_equal_total(ranks, curve)
     assert ranks[1]["single_equal_total_psnr"] == 26.0 and ranks[1]["vs_single_equal_total"] == pytest.approx(1.5)
+    assert (ranks[1]["single_equal_total_params"], ranks[1]["single_equal_total_sd"]) == (2.05e6, 0.2)
+    assert ranks[0]["single_equal_total_params"] == 1.0e6 and ranks[2]["single_equal_total_sd"] is None
     assert ranks[0]["vs_single_equal_total"] == 0.0
     assert ranks[2]["single_equal_total_psnr"] is None  # no 4 M cell on the curve
     # a curve cell trained for more steps (to reach its plateau) is no equal-steps reference
