@@ -371,6 +371,66 @@ def study_capacity_cooled_p62k(res: Results) -> list[str]:
     return study_capacity(res, "study_capacity_cooled_p62k", sections=("Quality against ranks",))
 
 
+def study_capacity_cooled_p62k_control(res: Results) -> list[str]:
+    """The cooled 62.5 k ranks study beside its control (conf/study/capacity_cooled_p62k_control.yaml): the study's
+    ranks rows (distnerf.study.capacity.ranks_rows over its committed cell summaries), each with the one-rank ddp
+    cell of W times its parameters (annotate_equal_total, the study's own rule), so that joint ss's gain over ddp
+    at W = 1 splits into what more parameters on one rank give (the control minus W = 1) and what joint ss gives
+    beyond them (the row minus the control); with each row's ray segments per ray and median step time."""
+    from distnerf.study.capacity import annotate_equal_total, ranks_rows
+
+    ranks = ranks_rows(res.json("study_capacity_cooled_p62k/report.json")["keys"])
+    curve = res.json("study_capacity_cooled_p62k_control/report.json")["tables"]["capacity"]
+    annotate_equal_total(ranks, curve)
+    base = next(r["psnr_mean"] for r in ranks if r["strategy"] == "ddp" and r["world_size"] == 1)
+    out = header("strategy", "W", "parameters per rank", "distinct in all", "test PSNR dB (3 seeds)", "vs ddp at W = 1",
+                 "control: one rank at the same distinct total", "its PSNR dB (3 seeds, sd)", "control vs ddp at W = 1",
+                 "row vs control", "segments per ray", "step ms (untimed)")
+    for r in ranks:
+        if r["strategy"] == "ss_joint" and r["world_size"] == 1:
+            continue  # one region is one model: the ddp row
+        split = r["strategy"] != "ddp"  # ddp's ranks hold replicas: one model's parameters, W copies
+        ctrl = r["single_equal_total_psnr"] if split and r["world_size"] > 1 else None
+        cells = ("–",) * 4 if ctrl is None else (
+            kilo(r["single_equal_total_params"]), f"{ctrl:.2f} ({r['single_equal_total_sd']:.2f})",
+            f"{ctrl - base:+.2f}", f"{r['vs_single_equal_total']:+.2f}")
+        out.append(row(r["strategy"], r["world_size"], kilo(r["params_per_rank"]),
+                       kilo(r["params_per_rank"] * (r["world_size"] if split else 1)), f2(r["psnr_mean"]),
+                       "–" if r["world_size"] == 1 else f"{r['psnr_mean'] - base:+.2f}", *cells,
+                       f2(r["segments_per_ray"]), f"{r['step_ms']:.1f}"))
+    return out
+
+
+OLD_SPARSE_BOUND = 0.25  # strategy.sparse_max_density's default before the crossover was measured (2026-12-07)
+
+
+def exchange_crossover(res: Results) -> list[str]:
+    """bench/scaling/exchange.py: one bucket's dense all-reduce against the counted and bounded sparse exchange,
+    rank 0's median seconds at each world size and density, the fastest, and what the byte rule
+    (sparse_exchange.sparse_pays) chooses under the old and the current default density bound."""
+    from distnerf.schema import DDPStrategyConfig
+
+    d = res.json("exchange_crossover/result.json")
+    bound = DDPStrategyConfig().sparse_max_density
+
+    def choice(r: dict, limit: float) -> str:
+        chosen = "sparse" if r["rule_chooses"] == "sparse" and r["density"] <= limit else "dense"
+        return chosen + (" (right)" if (chosen == "dense") == (r["fastest"] == "dense") else " (wrong)")
+
+    out = header("W", "density", "dense ms", "counted ms", "bounded ms", "fastest", "sparse / dense time (best sparse)",
+                 "sparse / dense bytes (bounded)", f"byte rule, bound {OLD_SPARSE_BOUND:g} (old default)",
+                 f"byte rule, bound {bound:g} (default)")
+    for r in d["rows"]:
+        sec = r["seconds"]
+        out.append(row(r["world_size"], f"{r['density']:g}", *(f"{1e3 * sec[k]:.1f}" for k in ("dense", "counted", "bounded")),
+                       r["fastest"], f"{r['sparse_over_dense_time']:.2f}", f"{r['sparse_over_dense_bytes']:.3f}",
+                       choice(r, OLD_SPARSE_BOUND), choice(r, bound)))
+    s = d["settings"]
+    out += ["", f"A bucket of {s['numel']:,} float32 entries, gloo on this machine's loopback, one thread a rank, "
+                f"median of {s['repeats']} alternating repeats; at W = 4 four ranks share 2 cores."]
+    return out
+
+
 def study_capacity_1m(res: Results) -> list[str]:
     """The earlier capacity study at 1 M parameters per rank (conf/study/capacity_1m.yaml)."""
     return study_capacity(res, "study_capacity_1m")
@@ -413,6 +473,8 @@ TABLES = {  # marker name -> the function that makes the table
     "study_capacity_cooled_seams": lambda res: study_capacity_seams(res, "study_capacity_cooled"),
     "study_capacity_cooled_p62k": study_capacity_cooled_p62k,
     "study_capacity_cooled_p62k_seams": lambda res: study_capacity_seams(res, "study_capacity_cooled_p62k"),
+    "study_capacity_cooled_p62k_control": study_capacity_cooled_p62k_control,
+    "exchange_crossover": exchange_crossover,
     "study_characterization": study_characterization,
     "per_rank_batch": per_rank_batch,
     "ss_eq": ss_eq,
