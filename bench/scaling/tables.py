@@ -373,13 +373,16 @@ def study_capacity_cooled_p62k(res: Results) -> list[str]:
 
 def study_capacity_cooled_p62k_control(res: Results) -> list[str]:
     """The cooled 62.5 k ranks study beside its control (conf/study/capacity_cooled_p62k_control.yaml): the study's
-    ranks rows (distnerf.study.capacity.ranks_rows over its committed cell summaries), each with the one-rank ddp
+    ranks rows (distnerf.study.capacity.ranks_rows over its committed cell summaries and those of
+    conf/study/capacity_cooled_p62k_independent.yaml, independent ss at W = 2), each with the one-rank ddp
     cell of W times its parameters (annotate_equal_total, the study's own rule), so that joint ss's gain over ddp
     at W = 1 splits into what more parameters on one rank give (the control minus W = 1) and what joint ss gives
     beyond them (the row minus the control); with each row's ray segments per ray and median step time."""
     from distnerf.study.capacity import annotate_equal_total, ranks_rows
 
-    ranks = ranks_rows(res.json("study_capacity_cooled_p62k/report.json")["keys"])
+    keys = {**res.json("study_capacity_cooled_p62k/report.json")["keys"],  # + independent ss (its own study)
+            **res.json("study_capacity_cooled_p62k_independent/report.json")["keys"]}
+    ranks = ranks_rows(keys)
     curve = res.json("study_capacity_cooled_p62k_control/report.json")["tables"]["capacity"]
     annotate_equal_total(ranks, curve)
     base = next(r["psnr_mean"] for r in ranks if r["strategy"] == "ddp" and r["world_size"] == 1)
@@ -387,7 +390,7 @@ def study_capacity_cooled_p62k_control(res: Results) -> list[str]:
                  "control: one rank at the same distinct total", "its PSNR dB (3 seeds, sd)", "control vs ddp at W = 1",
                  "row vs control", "segments per ray", "step ms (untimed)")
     for r in ranks:
-        if r["strategy"] == "ss_joint" and r["world_size"] == 1:
+        if r["strategy"] != "ddp" and r["world_size"] == 1:
             continue  # one region is one model: the ddp row
         split = r["strategy"] != "ddp"  # ddp's ranks hold replicas: one model's parameters, W copies
         ctrl = r["single_equal_total_psnr"] if split and r["world_size"] > 1 else None
