@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from bench.common import free_port  # noqa: F401  (tests import it from here)
 from tests.timeouts import pytest_timeout_set_timer  # noqa: F401  (the hook: a hung test prints its children's stacks)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -127,12 +127,6 @@ def pytest_report_header(config):
         return [f"!!! REAL-DATA TESTS WILL SKIP: {', '.join(missing)} not found (expected beside the repo, "
                 f"in ../shared/data; see its README) !!!"]
     return [f"real data: {SHARED_DATA}"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def spawn(fn, world_size: int, *args, timeout: float = 300.0) -> None:

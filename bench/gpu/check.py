@@ -167,8 +167,6 @@ def quality_section(run, rc, seconds, dataset):
 
 def path_run(name, run, rc, seconds, what):
     """One of the user paths (section "paths"): status, steps, PSNR, step time, peak memory."""
-    f = sections_dir() / "paths.json"
-    body = json.loads(f.read_text()) if f.exists() else {"runs": {}}
     out = {"what": what, "run_dir": run, "rc": rc, "seconds": seconds}
     m = Path(run) / "metrics.json"
     from distnerf.observe.logger import final_model_size, read_metrics_log
@@ -184,18 +182,22 @@ def path_run(name, run, rc, seconds, what):
                    rays_per_s_median=statistics.median(r["rays_per_s"] for r in steps[1:] or steps) if steps else None,
                    peak_rss_mb=size.get("peak_rss_mb"), peak_device_memory_mb=size.get("peak_device_memory_mb"),
                    eval_rays_per_s=metrics.get("eval_rays_per_s"), fusion_timing=metrics.get("fusion_timing"))
-    body["runs"][name] = out
-    bad = [k for k, v in body["runs"].items() if not str(v["status"]).startswith(("ok", "skipped"))]
-    body["status"] = "ok" if not bad else "failed: " + ", ".join(bad)
-    write("paths", body)
+    add_run("paths", name, out)
 
 
 def path_skipped(name, what, reason):
-    f = sections_dir() / "paths.json"
-    body = json.loads(f.read_text()) if f.exists() else {"runs": {}, "status": "ok"}
-    body["runs"][name] = {"what": what, "status": f"skipped: {reason}"}
-    body.setdefault("status", "ok")
-    write("paths", body)
+    add_run("paths", name, {"what": what, "status": f"skipped: {reason}"})
+
+
+def add_run(section, name, entry):
+    """Record ``entry`` as run ``name`` of a section made of runs (``paths``, ``two_ranks``): the section is
+    ok while every run is ok or skipped, else "failed: " and the failed runs' names."""
+    f = sections_dir() / f"{section}.json"
+    body = json.loads(f.read_text()) if f.exists() else {"runs": {}}
+    body["runs"][name] = entry
+    bad = [k for k, v in body["runs"].items() if not str(v["status"]).startswith(("ok", "skipped"))]
+    body["status"] = "ok" if not bad else "failed: " + ", ".join(bad)
+    write(section, body)
 
 
 def two_ranks(strategy, run, rc_train, rc_resume, seconds, first, last, device):
@@ -203,8 +205,6 @@ def two_ranks(strategy, run, rc_train, rc_resume, seconds, first, last, device):
     with a checkpoint there, resumed to ``last`` and evaluated. ok when both runs ended 0, the log
     has the resume at ``first`` and a step at ``last``, ``train.log`` names a world size of 2 with
     ``device`` (``cuda:0`` on a GPU run: both ranks on it) and ``metrics.json`` has a PSNR."""
-    f = sections_dir() / "two_ranks.json"
-    body = json.loads(f.read_text()) if f.exists() else {"runs": {}}
     from distnerf.observe.logger import read_metrics_log
 
     run = Path(run)
@@ -231,18 +231,7 @@ def two_ranks(strategy, run, rc_train, rc_resume, seconds, first, last, device):
         (f"no PSNR in {m}", not isinstance(out["psnr"], (int, float))),
     ) if bad]
     out["status"] = "ok" if not problems else "failed: " + "; ".join(problems)
-    body["runs"][strategy] = out
-    bad = [k for k, v in body["runs"].items() if not str(v["status"]).startswith(("ok", "skipped"))]
-    body["status"] = "ok" if not bad else "failed: " + ", ".join(bad)
-    write("two_ranks", body)
-
-
-def two_ranks_skipped(strategy, reason):
-    f = sections_dir() / "two_ranks.json"
-    body = json.loads(f.read_text()) if f.exists() else {"runs": {}, "status": "ok"}
-    body["runs"][strategy] = {"status": f"skipped: {reason}"}
-    body.setdefault("status", "ok")
-    write("two_ranks", body)
+    add_run("two_ranks", strategy, out)
 
 
 def study_section(study_dir, rc, seconds):
@@ -462,7 +451,7 @@ def main(argv: list[str] | None = None) -> None:
     elif cmd == "two_ranks":
         two_ranks(args[0], args[1], int(args[2]), int(args[3]), float(args[4]), int(args[5]), int(args[6]), args[7])
     elif cmd == "two_ranks_skipped":
-        two_ranks_skipped(args[0], args[1])
+        add_run("two_ranks", args[0], {"status": f"skipped: {args[1]}"})
     elif cmd == "study":
         study_section(args[0], int(args[1]), float(args[2]))
     elif cmd == "merge":

@@ -88,6 +88,7 @@ def init_distributed(device: str, *, timeout_s: float, setup_timeout_s: float | 
     if backend not in ("auto", "gloo"):
         raise ValueError(f"dist_backend must be auto or gloo, got {backend!r}")
     gloo_cuda = use_cuda and backend == "gloo"
+    nccl = use_cuda and not gloo_cuda
     if timeout_s <= 0:
         raise ValueError(f"dist_timeout_s must be > 0 seconds, got {timeout_s}")
     if setup_timeout_s is not None and setup_timeout_s <= 0:
@@ -98,7 +99,7 @@ def init_distributed(device: str, *, timeout_s: float, setup_timeout_s: float | 
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     restart_count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
-    pg_backend = "cpu:gloo,cuda:nccl" if use_cuda and not gloo_cuda else "gloo"
+    pg_backend = "cpu:gloo,cuda:nccl" if nccl else "gloo"
     local_world_size = int(os.environ["LOCAL_WORLD_SIZE"]) if "LOCAL_WORLD_SIZE" in os.environ else None
     if gloo_cuda:  # several ranks may share a GPU: gloo does not mind (a check, not a way to train)
         dev = torch.device("cuda", shared_cuda_index(local_rank))
@@ -124,13 +125,11 @@ def init_distributed(device: str, *, timeout_s: float, setup_timeout_s: float | 
         store, _, _ = next(dist.rendezvous("env://", timeout=timeout))
         store = dist.PrefixStore(f"distnerf/attempt_{restart_count}", store)
         # device_id binds NCCL's communicator to the device (eager init); gloo has none to bind
-        bind = {"device_id": dev} if use_cuda and not gloo_cuda and accepts(dist.init_process_group, "device_id") \
-            else {}
+        bind = {"device_id": dev} if nccl and accepts(dist.init_process_group, "device_id") else {}
         dist.init_process_group(pg_backend, store=store, rank=rank, world_size=world_size, timeout=timeout, **bind)
         # monitored_barrier is gloo's: on CUDA a gloo group of the same ranks beside NCCL
-        host_group = dist.new_group(backend="gloo", timeout=timeout) if use_cuda and not gloo_cuda \
-            else dist.group.WORLD
-        if use_cuda and not gloo_cuda:
+        host_group = dist.new_group(backend="gloo", timeout=timeout) if nccl else dist.group.WORLD
+        if nccl:
             _check_distinct_devices(dev, rank, host_group)
     else:
         store = None
