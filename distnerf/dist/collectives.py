@@ -114,6 +114,25 @@ def all_gather(tensor: torch.Tensor) -> list[torch.Tensor]:
     return parts
 
 
+def all_gather_into(tensor: torch.Tensor, async_op: bool = False):
+    """Every rank's ``tensor`` (same shape and dtype on every rank) concatenated along its first dimension in
+    rank order, in one new tensor and one collective (``W x N`` rows for ``N`` per rank): ``all_gather_single``
+    where the installed torch has it, else ``all_gather_into_tensor`` (the same call, deprecated in 2.13).
+
+    Returns:
+        ``(output, work)``: ``work`` is None when the call completed (``async_op`` false, or no peer: then
+        ``output`` is ``tensor`` itself), else the work handle (``.get_future()``; on NCCL its future completes
+        when the collective is enqueued, and a ``then`` callback's stream waits on it).
+    """
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return tensor, None  # alone: no exchange
+    tensor = _checked(tensor.contiguous())
+    output = tensor.new_empty((dist.get_world_size() * tensor.shape[0], *tensor.shape[1:]))
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    work = gather(output, tensor, async_op=async_op)
+    return output, work if async_op else None
+
+
 def broadcast_object(env: DistEnv, obj, src: int = 0):
     """``obj`` of rank ``src`` on every rank (identity without a process group or alone in it), through
     the host (gloo) group: a pickled object never travels through NCCL."""

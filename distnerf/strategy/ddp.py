@@ -22,7 +22,9 @@ travel as (index, value) pairs: ``counted`` (exact sizes, a host synchronisation
 (a fixed capacity, the model's :meth:`~distnerf.model.base.RadianceModel.gradient_entry_capacity`,
 the same on every rank and agreed with nobody: no host synchronisation, no collective), chosen by
 ``sparse_mode``; the rule and both exchanges are in :mod:`distnerf.strategy.sparse_exchange`.
-Their logged bytes are each rank's payload; the bus bandwidth the profiler derives counts each
+Every exchange is launched, not waited for: the hook returns the collective's future (a sparse
+bucket's pairs travel in one all-gather and are added into the bucket by one ``index_add_`` when it
+completes), so the backward goes on while the bucket travels. Their logged bytes are each rank's payload; the bus bandwidth the profiler derives counts each
 bucket in its own collective's convention (:func:`bus_bytes`: all-gather or all-reduce).
 """
 from __future__ import annotations
@@ -36,7 +38,7 @@ from torch.nn.parallel import DistributedDataParallel
 from .. import dist as D
 from ..model.base import RadianceModel
 from .base import Strategy
-from .sparse_exchange import SparseRule, bounded_sparse_allreduce_, sparse_allreduce_
+from .sparse_exchange import SparseRule, launch_bounded_sparse_allreduce, launch_sparse_allreduce
 
 
 class CommStats:
@@ -130,58 +132,62 @@ def timed_allreduce_hook(state, bucket):  # no annotations: DDP checks them at r
         return _allreduce_bucket(state, bucket)
 
 
-def _done_in_hook(state, buffer: torch.Tensor, start: float) -> torch.futures.Future:
-    """A completed future holding ``buffer``: a sparse exchange finished inside the hook."""
-    fut = torch.futures.Future()
-    fut.set_result(buffer)
+def _finished_later(state, fut: torch.futures.Future, start: float, nbytes: int, kind: str, events: list | None
+                    ) -> torch.futures.Future:
+    """The hook's return for a bucket whose collective ``fut`` was launched at ``start``: a future that
+    records the bucket's span and bytes (``kind``: the collective, for :func:`bus_bytes`) when it completes
+    (on CUDA also its completion event: the callback's stream waits on the collective) and holds the bucket."""
+    def done(f):
+        if events is not None:  # the callback's stream waits on the collective: its completion on the GPU
+            events[1] = D.timing_event()
+        state.stats.record(time.perf_counter() - start, nbytes, start, bus_bytes(kind, nbytes, D.world_size()))
+        return f.value()
+
+    out = fut.then(done)
     state.stats.hook_returned(start)
-    return fut
+    return out
 
 
 def _allreduce_bucket(state, bucket):
+    """Launch ``bucket``'s exchange and return its future without waiting for it: dense, an all-reduce; sparse
+    (the module docstring), one all-gather of every rank's (index, value) pairs, added into the bucket when it
+    completes. Either way the backward goes on while it travels (the counted sparse exchange first reads its
+    pairs' counts: a host synchronisation, its module docstring)."""
     buffer = bucket.buffer()
     start = time.perf_counter()
     state.stats.launch_only = buffer.is_cuda
     key = (bucket.index(), buffer.numel())
     if state.try_sparse(key, buffer):
-        nbytes = sparse_allreduce_(buffer, D.world_size(), state.sparse_max_density)
-        if nbytes is None:
+        launched = launch_sparse_allreduce(buffer, D.world_size(), state.sparse_max_density)
+        if launched is None:
             state.found_dense(key)
         else:
-            state.stats.record(time.perf_counter() - start, nbytes, start, bus_bytes("all_gather", nbytes, D.world_size()))
-            return _done_in_hook(state, buffer, start)
+            return _finished_later(state, launched[1], start, launched[0], "all_gather", None)
     wire_bytes = buffer.element_size() if state.wire_dtype is None else state.wire_dtype.itemsize
     capacity = state.capacity(bucket, buffer, D.world_size(), wire_bytes)
     if capacity is not None:  # bounded: no host sync (module docstring)
         events = [D.timing_event(), None, 0] if buffer.is_cuda else None
-        nbytes, overflow = bounded_sparse_allreduce_(buffer, D.world_size(), capacity)
-        if events is not None:  # the current stream waited for the all-gathers: their end on the GPU
-            events[1], events[2] = D.timing_event(), nbytes
+        nbytes, overflow, fut = launch_bounded_sparse_allreduce(buffer, D.world_size(), capacity)
+        if events is not None:
+            events[2] = nbytes
             state.stats.step_events.append(events)
         state.overflow = overflow if state.overflow is None else state.overflow + overflow
-        state.stats.record(time.perf_counter() - start, nbytes, start,  # on CUDA: the launch (as below)
-                           bus_bytes("all_gather", nbytes, D.world_size()))
-        return _done_in_hook(state, buffer, start)
+        return _finished_later(state, fut, start, nbytes, "all_gather", events)
     wire = buffer if state.wire_dtype is None else buffer.to(state.wire_dtype)
     nbytes = wire.numel() * wire.element_size()
     wire.div_(D.world_size())
     events = [D.timing_event(), None, nbytes] if buffer.is_cuda else None  # the launch, on the bucket's stream
     if events is not None:
         state.stats.step_events.append(events)
-    fut = D.all_reduce_(wire, async_op=True).get_future()
 
-    def done(f):
-        if events is not None:  # the callback's stream waits on the collective: its completion on the GPU
-            events[1] = D.timing_event()
-        state.stats.record(time.perf_counter() - start, nbytes, start, bus_bytes("all_reduce", nbytes, D.world_size()))
+    def into_bucket(f):
         result = f.value()[0]
         if result is not buffer:
             buffer.copy_(result)
         return buffer
 
-    out = fut.then(done)
-    state.stats.hook_returned(start)
-    return out
+    fut = D.all_reduce_(wire, async_op=True).get_future().then(into_bucket)
+    return _finished_later(state, fut, start, nbytes, "all_reduce", events)
 
 
 class DDPStrategy(Strategy):

@@ -11,12 +11,12 @@ W x its pairs, work a dense ring all-reduce does not do. Measured on gloo (``ben
 time at 1%, 1.58x at 5%, 4.5x at 25%) while its bytes are smaller up to 50%: hence the default
 ``sparse_max_density`` of 0.02, the bound on top of the byte rule (:func:`sparse_pays`).
 
-- ``counted`` (:func:`sparse_allreduce_`): a ``nonzero`` over the bucket and an all-gather of
+- ``counted`` (:func:`launch_sparse_allreduce`): a ``nonzero`` over the bucket and an all-gather of
   the counts size the pairs exactly; a bucket with more than ``sparse_max_density`` of its
   entries non-zero falls back to a dense all-reduce and is looked at again only every
   :data:`SPARSE_REVISIT` steps. Reading the counts is a host synchronisation in the hook (free
   on the CPU, a stall of the backward on CUDA).
-- ``bounded`` (:func:`bounded_sparse_allreduce_`): no host synchronisation and no agreement. Each
+- ``bounded`` (:func:`launch_bounded_sparse_allreduce`): no host synchronisation and no agreement. Each
   vertex table has a fixed capacity of gradient entries a training forward can make non-zero, from
   sizes every rank knows alike (the static step's P sample slots, 8 corner rows each:
   :meth:`~distnerf.model.base.RadianceModel.gradient_entry_capacity`; a table without one counts all
@@ -91,19 +91,58 @@ class SparseRule:
         self.dense_until[key] = self.calls[key] - 1 + SPARSE_REVISIT
 
 
-def sparse_allreduce_(buffer: torch.Tensor, world_size: int, max_density: float) -> int | None:
-    """Average ``buffer`` over ranks exchanging only its non-zero entries.
+def _pack(index: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """One rank's (index, value) slots as one byte payload, so that a single all-gather carries both."""
+    return torch.cat([index.contiguous().view(torch.uint8), values.contiguous().view(torch.uint8)])
 
-    Every rank all-gathers (index, value / world_size) pairs of its non-zeros
-    (padded to the largest count) and accumulates them into a zeroed buffer in rank
-    order. Zeros contribute nothing, so the result equals a dense average (bitwise for
-    2 ranks, where a sum of two values does not depend on order). When any rank holds
-    more than ``max_density`` non-zeros the exchange is not done (the caller falls
-    back to a dense all-reduce): the decision is taken from the gathered counts, so
-    every rank takes the same branch.
+
+def _accumulate_(buffer: torch.Tensor, gathered: torch.Tensor, slots: int, index_dtype: torch.dtype) -> torch.Tensor:
+    """Zero ``buffer`` and add every rank's gathered slots into it with one ``index_add_`` (rank order: the
+    slots are concatenated rank after rank, and a 1-D ``index_add_`` on the CPU adds in index order).
+
+    Args:
+        buffer: (N,) float bucket. gathered: (W x P,) uint8, the ranks' :func:`_pack` payloads in rank order,
+            each ``slots`` indices of ``index_dtype`` then ``slots`` values of the buffer's dtype.
+    """
+    buffer.zero_()
+    if slots == 0:
+        return buffer
+    width = index_dtype.itemsize * slots
+    rows = gathered.view(-1, width + buffer.element_size() * slots)
+    index = rows[:, :width].contiguous().view(index_dtype).view(-1)
+    values = rows[:, width:].contiguous().view(buffer.dtype).view(-1)
+    buffer.index_add_(0, index, values)
+    return buffer
+
+
+def _exchange(buffer: torch.Tensor, index: torch.Tensor, values: torch.Tensor) -> torch.futures.Future:
+    """Launch the all-gather of every rank's slots (one collective, asynchronous) and return a future that
+    holds ``buffer`` once the slots are added into it (:func:`_accumulate_`); alone, a completed one."""
+    gathered, work = D.all_gather_into(_pack(index, values), async_op=True)
+    slots, index_dtype = index.numel(), index.dtype
+    if work is None:
+        fut = torch.futures.Future()
+        fut.set_result(_accumulate_(buffer, gathered, slots, index_dtype))
+        return fut
+    return work.get_future().then(lambda _: _accumulate_(buffer, gathered, slots, index_dtype))
+
+
+def launch_sparse_allreduce(buffer: torch.Tensor, world_size: int, max_density: float
+                            ) -> tuple[int, torch.futures.Future] | None:
+    """Average ``buffer`` over ranks exchanging only its non-zero entries (the ``counted`` exchange),
+    launched asynchronously.
+
+    Every rank all-gathers its non-zeros' counts (a host read: the sizes), then (index, value /
+    world_size) pairs of its non-zeros padded to the largest count, in one collective, and the pairs
+    are added into the zeroed buffer in rank order by one ``index_add_`` when it completes. Zeros and
+    the padding (index 0, value 0) contribute nothing, so the result equals a dense average (bitwise for
+    2 ranks, where a sum of two values does not depend on order). When any rank holds more than
+    ``max_density`` non-zeros the exchange is not done (the caller falls back to a dense all-reduce):
+    the decision is taken from the gathered counts, so every rank takes the same branch.
 
     Returns:
-        bytes this rank sent (indices + values, padded), or None when not done.
+        (bytes this rank sent: indices + values, padded; a future holding ``buffer`` once it holds the
+        average), or None when not done (``buffer`` untouched).
     """
     index = buffer.nonzero().view(-1)
     counts = torch.cat(D.all_gather(torch.tensor([index.numel()]))).tolist()
@@ -114,11 +153,20 @@ def sparse_allreduce_(buffer: torch.Tensor, world_size: int, max_density: float)
     pad = width - index.numel()
     index_p = torch.cat([index, index.new_zeros(pad)])
     values_p = torch.cat([values, values.new_zeros(pad)])
-    all_index, all_values = D.all_gather(index_p), D.all_gather(values_p)
-    buffer.zero_()
-    for n, idx, val in zip(counts, all_index, all_values):
-        buffer.index_add_(0, idx[:n], val[:n])
-    return width * (index_p.element_size() + values_p.element_size())
+    return width * (index_p.element_size() + values_p.element_size()), _exchange(buffer, index_p, values_p)
+
+
+def sparse_allreduce_(buffer: torch.Tensor, world_size: int, max_density: float) -> int | None:
+    """:func:`launch_sparse_allreduce`, waited for: ``buffer`` holds the average on return.
+
+    Returns:
+        bytes this rank sent (indices + values, padded), or None when not done.
+    """
+    launched = launch_sparse_allreduce(buffer, world_size, max_density)
+    if launched is None:
+        return None
+    launched[1].wait()
+    return launched[0]
 
 
 INDEX_DTYPE = torch.int32  # bounded exchange: buckets hold fewer than 2^31 entries (checked)
@@ -138,25 +186,28 @@ def sparse_pays(capacity: int, numel: int, world_size: int, value_bytes: int, de
     return capacity * (INDEX_DTYPE.itemsize + value_bytes) * world_size < 2 * numel * dense_value_bytes
 
 
-def bounded_sparse_allreduce_(buffer: torch.Tensor, world_size: int, capacity: int,
-                              static: bool | None = None) -> tuple[int, torch.Tensor]:
+def launch_bounded_sparse_allreduce(buffer: torch.Tensor, world_size: int, capacity: int, static: bool | None = None
+                                    ) -> tuple[int, torch.Tensor, torch.futures.Future]:
     """Average the flat ``buffer`` over ranks, exchanging ``capacity`` (index, value) slots per rank,
-    with no host synchronisation (no data-dependent size is read).
+    with no host synchronisation (no data-dependent size is read), launched asynchronously: the
+    caller (DDP's communication hook) returns its future while the backward goes on.
 
     The non-zeros are compacted in order into the slots (:func:`compact_nonzeros`; ``static``
     chooses its kernel); unused slots hold (index 0, value 0), which add nothing. Every rank
-    all-gathers the slots (fixed size: the capacity is the same on every rank) and accumulates
-    them into the zeroed buffer in rank order with ``index_add_``. With the capacity at least
-    every rank's non-zero count, the result equals a dense average (bitwise for 2 ranks: a sum of
-    two values does not depend on order; on CUDA ``index_add_`` is atomic, so for more ranks the
-    order of the sum, and its rounding, may vary).
+    all-gathers its slots (fixed size: the capacity is the same on every rank; indices and values
+    in one collective) and, when it completes, they are added into the zeroed buffer in rank order
+    by one ``index_add_`` (not one per rank). With the capacity at least every rank's non-zero
+    count, the result equals a dense average (bitwise for 2 ranks: a sum of two values does not
+    depend on order; on CUDA ``index_add_`` is atomic, so for more ranks the order of the sum, and
+    its rounding, may vary).
 
     Args:
-        buffer: (N,) float gradient bucket, N < 2^31; overwritten with the average.
+        buffer: (N,) float gradient bucket, N < 2^31; overwritten with the average once the future completes.
         world_size: W. capacity: slots per rank (>= 0), the same on every rank.
     Returns:
-        (bytes this rank sent: capacity x (4 + value bytes), 0-dim int64 tensor on the buffer's
-        device: this rank's non-zeros that found no slot, 0 when the capacity held them).
+        (bytes this rank sent: capacity x (4 + value bytes); 0-dim int64 tensor on the buffer's
+        device: this rank's non-zeros that found no slot, 0 when the capacity held them; a future
+        holding ``buffer`` once it holds the average).
     Raises:
         ValueError: when the bucket has 2^31 entries or more (int32 indices).
     """
@@ -167,9 +218,19 @@ def bounded_sparse_allreduce_(buffer: torch.Tensor, world_size: int, capacity: i
     real = torch.arange(capacity, device=buffer.device) < count
     values = torch.where(real, buffer.index_select(0, position) / world_size, 0.0).to(buffer.dtype)
     index = position.to(INDEX_DTYPE)
-    all_index, all_values = D.all_gather(index), D.all_gather(values)
-    buffer.zero_()
-    for idx, val in zip(all_index, all_values):
-        buffer.index_add_(0, idx, val)
     overflow = (count - capacity).clamp(min=0)
-    return capacity * (index.element_size() + values.element_size()), overflow
+    return capacity * (index.element_size() + values.element_size()), overflow, _exchange(buffer, index, values)
+
+
+def bounded_sparse_allreduce_(buffer: torch.Tensor, world_size: int, capacity: int,
+                              static: bool | None = None) -> tuple[int, torch.Tensor]:
+    """:func:`launch_bounded_sparse_allreduce`, waited for: ``buffer`` holds the average on return.
+
+    Returns:
+        (bytes this rank sent, 0-dim int64 overflow tensor): :func:`launch_bounded_sparse_allreduce`.
+    Raises:
+        ValueError: when the bucket has 2^31 entries or more (int32 indices).
+    """
+    nbytes, overflow, fut = launch_bounded_sparse_allreduce(buffer, world_size, capacity, static)
+    fut.wait()
+    return nbytes, overflow

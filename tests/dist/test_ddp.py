@@ -181,3 +181,16 @@ def test_shutdown_joins_the_gloo_threads_once_the_wrapper_is_dropped(tmp_path):
         assert res["before"] == 0 and res["running"] >= 1, res
         assert res["alive_while_wrapped"] == 1 and res["held"] == res["running"], res
         assert res["after"] == 0, res
+
+
+def test_the_sparse_exchanges_are_launched_not_waited_for_and_equal_the_average(tmp_path):
+    """Issue 50 item 3: a bucket's sparse exchange returns its future at launch, so DDP's backward goes on while
+    it travels. Rank 1 sleeps 1.5 s before launching: rank 0's bounded launch returns within 0.5 s with its
+    future pending (a synchronous exchange would block there until rank 1 arrives); both exchanges' futures
+    then hold the float64 average of the two ranks' buffers, in the bucket itself."""
+    spawn(W.async_exchange_worker, 2, str(tmp_path))
+    out = [torch.load(tmp_path / f"exchange_rank_{r}.pt") for r in range(2)]
+    assert out[0]["bounded"]["pending"] and out[0]["bounded"]["launch_s"] < 0.5, out[0]
+    for res in out:
+        for name in ("counted", "bounded"):
+            assert res[name]["is_buffer"] and res[name]["max_error"] < 1e-12, (name, res)

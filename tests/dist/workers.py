@@ -318,3 +318,41 @@ def gloo_cuda_worker(rank: int, world_size: int, port: int) -> None:
         D.barrier(env)
     finally:
         D.shutdown(env)
+
+
+def async_exchange_worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    """Both sparse exchanges launched while the last rank is still busy (it sleeps 1.5 s before launching its
+    own): a rank's launch must return at once with its future pending, and the futures must then hold the
+    float64 average of every rank's buffer (the ranks' buffers are seeded by rank: each computes all of them)."""
+    import time
+
+    from distnerf.strategy.sparse_exchange import launch_bounded_sparse_allreduce, launch_sparse_allreduce
+
+    set_env(rank, world_size, port)
+    env = init_gloo()
+    try:
+        buffers = []
+        for r in range(world_size):
+            g = torch.Generator().manual_seed(r)
+            b = torch.zeros(5000, dtype=torch.float64)
+            b[torch.randperm(5000, generator=g)[:40 + 10 * r]] = torch.randn(40 + 10 * r, generator=g, dtype=torch.float64)
+            buffers.append(b)
+        expected = sum(buffers) / world_size
+        out = {}
+        for name in ("counted", "bounded"):
+            mine = buffers[rank].clone()
+            D.barrier(env)
+            if rank == world_size - 1:
+                time.sleep(1.5)
+            t0 = time.perf_counter()
+            if name == "counted":  # its counts' all-gather is synchronous (a host read): it waits for the last
+                _, fut = launch_sparse_allreduce(mine, world_size, 1.0)  # rank; only the pairs' gather is async
+            else:
+                _, _, fut = launch_bounded_sparse_allreduce(mine, world_size, 200)
+            out[name] = {"launch_s": time.perf_counter() - t0, "pending": not fut.done()}
+            result = fut.wait()
+            out[name]["max_error"] = float((result - expected).abs().max())
+            out[name]["is_buffer"] = result is mine
+        torch.save(out, Path(out_dir) / f"exchange_rank_{rank}.pt")
+    finally:
+        D.shutdown(env)

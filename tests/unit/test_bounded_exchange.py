@@ -67,6 +67,33 @@ def test_the_bounded_exchange_reads_nothing_from_the_device_the_counted_one_does
     assert counted.total >= 2, counted.by_op()  # the nonzero and the counts' tolist: the counter can fail
 
 
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])  # bounded slots, counted pairs
+def test_the_ranks_slots_are_added_by_one_index_add_whatever_the_world_size(index_dtype):
+    """Issue 50 item 3: the gathered slots of W ranks (each rank's (index, value) payload as the exchange packs
+    it, padding included) are added into the bucket by the same operators at W = 2, 4 and 8 (one
+    ``index_add_``, not one per rank), and equal the float64 sum of the ranks' sparse buffers."""
+    from distnerf.observe.ops import OpCounter
+    from distnerf.strategy.sparse_exchange import _accumulate_, _pack
+
+    ops = {}
+    for world_size in (2, 4, 8):
+        parts = [_sparse_buffer(3000, 50 + 7 * r, seed=r) for r in range(world_size)]
+        slots = 120
+        payloads = []
+        for part in parts:
+            index = part.nonzero().view(-1)
+            pad = slots - index.numel()
+            payloads.append(_pack(torch.cat([index, index.new_zeros(pad)]).to(index_dtype),
+                                  torch.cat([part[index], part.new_zeros(pad)])))
+        bucket = torch.full((3000,), 7.0)  # stale values: the exchange overwrites them
+        with OpCounter() as counter:
+            _accumulate_(bucket, torch.cat(payloads), slots, index_dtype)
+        ops[world_size] = counter.by_op()
+        expected = torch.stack([p.double() for p in parts]).sum(0)
+        assert torch.allclose(bucket.double(), expected, rtol=0, atol=1e-6), world_size
+    assert ops[2] == ops[4] == ops[8] and ops[2].get("aten.index_add_.default", 0) == 1, ops
+
+
 def test_sparse_pays_against_bytes_by_hand():
     # W = 2, float32: slots (4 + 4) B x 2 ranks against 2 x numel x 4 B -> capacity < numel / 2
     assert sparse_pays(49, 100, 2, 4, 4) and not sparse_pays(50, 100, 2, 4, 4)
