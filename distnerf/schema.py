@@ -273,6 +273,10 @@ class SSStrategyConfig(StrategyConfig):
     balance_resolution: int = positive(32)
     balance_rays: int = positive(2048)
     training: str = choice("independent", "joint")  # joint: exact compositing (NeRF-XL style)
+    # joint training's exchange: gather = every rank draws the same global batch, renders its regions' segments of
+    # all of it and all-gathers them (bytes per rank grow with W x the batch); route = each rank draws its own
+    # rays_per_rank and sends each ray only to the ranks whose regions it crosses (all-to-all; grid/ngp models)
+    joint_exchange: str = choice("gather", "route")
     fusion: str = choice("segment", "blend")  # evaluation: exact segment compositing | blend
     color_threshold: float = bounded(1.0e-3, 0)  # fusion: segment-local weight below which no colour
     blend_power: float = positive(2.0)           # blend: inverse-distance weight exponent

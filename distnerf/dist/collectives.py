@@ -133,6 +133,43 @@ def all_gather_into(tensor: torch.Tensor, async_op: bool = False):
     return output, work if async_op else None
 
 
+def exchange_counts(send_counts: list[int]) -> list[int]:
+    """How many rows every rank will send this rank, from how many this rank sends each (one all-to-all of
+    W integers, read on the host: the sizes of the :func:`all_to_all_rows` that follows).
+
+    Args:
+        send_counts: W rows this rank sends to rank 0, 1, ... (itself included).
+    Returns:
+        W rows this rank receives from rank 0, 1, ...
+    """
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return list(send_counts)
+    nccl = "nccl" in str(dist.get_backend())  # NCCL takes device tensors only
+    device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+    sent = torch.tensor(send_counts, dtype=torch.int64, device=device)
+    received = torch.empty_like(sent)
+    dist.all_to_all_single(received, sent)
+    return received.tolist()  # a host read: the next all-to-all's sizes
+
+
+def all_to_all_rows(tensor: torch.Tensor, send_counts: list[int], recv_counts: list[int]) -> torch.Tensor:
+    """Rows of ``tensor`` sent to their ranks (the first ``send_counts[0]`` rows to rank 0, the next to rank 1,
+    ...), and the rows every rank sent this one, concatenated in rank order (one all-to-all).
+
+    Args:
+        tensor: (sum(send_counts), ...) rows grouped by destination rank.
+        send_counts, recv_counts: W row counts (:func:`exchange_counts` gives the second from the first).
+    Returns:
+        (sum(recv_counts), ...) tensor of ``tensor``'s dtype and device.
+    """
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return tensor
+    tensor = _checked(tensor.contiguous())
+    output = tensor.new_empty((sum(recv_counts), *tensor.shape[1:]))
+    dist.all_to_all_single(output, tensor, output_split_sizes=list(recv_counts), input_split_sizes=list(send_counts))
+    return output
+
+
 def broadcast_object(env: DistEnv, obj, src: int = 0):
     """``obj`` of rank ``src`` on every rank (identity without a process group or alone in it), through
     the host (gloo) group: a pickled object never travels through NCCL."""

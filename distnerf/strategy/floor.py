@@ -52,6 +52,21 @@ def floored_rays(rays: RayBundle, unbounded: bool, min_altitude: float | None):
     return dataclasses.replace(rays, far=far), floored
 
 
+def _floor_points(partition: Partition, rays: RayBundle, floored: torch.Tensor):
+    """Each ray's floor parameter (``far`` where floored, else 0: (R,)) and the region holding its floor point
+    ((R, K) bool, one True per row: the point clamped to the scene box, as :meth:`Partition.region_of`)."""
+    t = torch.where(floored, rays.far, torch.zeros_like(rays.far))
+    points = rays.origins + rays.directions * t[:, None]
+    lo, hi = partition.bounds.to(points.device, points.dtype)
+    return t, partition.contains(torch.maximum(torch.minimum(points, hi), lo))
+
+
+def floor_holders(partition: Partition, rays: RayBundle, floored: torch.Tensor) -> torch.Tensor:
+    """(R, K) bool: region k holds ray r's floor point and the floor ends the ray (``floored``): the region
+    whose sub-model gives the ray its floor colour (:func:`region_floor_colours`)."""
+    return _floor_points(partition, rays, floored)[1] & floored[:, None]
+
+
 def region_floor_colours(models, regions: list[int], partition: Partition, rays: RayBundle,
                          floored: torch.Tensor) -> torch.Tensor:
     """Each of ``regions``' share of the floor colour: its sub-model's colour field at the floor
@@ -70,12 +85,9 @@ def region_floor_colours(models, regions: list[int], partition: Partition, rays:
     Returns:
         (R, m, 3) float: summed over all K regions, the floor colour of every floored ray, 0 elsewhere.
     """
-    t = torch.where(floored, rays.far, torch.zeros_like(rays.far))
-    points = rays.origins + rays.directions * t[:, None]
-    lo, hi = partition.bounds.to(points.device, points.dtype)
-    holds = partition.contains(torch.maximum(torch.minimum(points, hi), lo))  # (R, K): one True per row
+    t, holds = _floor_points(partition, rays, floored)
     out = []
     for k, model in zip(regions, models):
-        mine = (floored & holds[:, k]).to(points.dtype)
-        out.append(model.floor_colour(rays, t).to(points.dtype) * mine[:, None])
+        mine = (floored & holds[:, k]).to(rays.origins.dtype)
+        out.append(model.floor_colour(rays, t).to(rays.origins.dtype) * mine[:, None])
     return torch.stack(out, dim=1)

@@ -70,6 +70,27 @@ class GatherSegments(torch.autograd.Function):
         return grad[:, ctx.lo:ctx.hi].contiguous()
 
 
+class RouteValues(torch.autograd.Function):
+    """Segment values rendered for the rays other ranks routed here, sent back to the rays' owners (one
+    all-to-all); backward: the owners' gradients with respect to them, sent back the other way (the reverse
+    all-to-all), so a sub-model's gradient sums every owner's loss (its rays' share of the global mean).
+
+    Forward args: values (sum(recv_counts), D) in the order the rays arrived; recv_counts, send_counts: W
+    row counts (rows this rank received from / sent to each rank). Returns (sum(send_counts), D): the
+    values of this rank's sent rays, in the order it sent them.
+    """
+
+    @staticmethod
+    def forward(ctx, values: torch.Tensor, recv_counts: list[int], send_counts: list[int]) -> torch.Tensor:
+        ctx.counts = (recv_counts, send_counts)
+        return D.all_to_all_rows(values, recv_counts, send_counts)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        recv_counts, send_counts = ctx.counts
+        return D.all_to_all_rows(grad.contiguous(), send_counts, recv_counts), None, None
+
+
 def clip_to_box(rays: RayBundle, box: torch.Tensor):
     """Entry and exit of each ray segment ``[near, far]`` in ``box``.
 
@@ -87,20 +108,23 @@ def region_generator(generator: torch.Generator | None, region: int, device) -> 
     return torch.Generator(device).manual_seed(region_seed(generator.initial_seed(), region))
 
 
-def render_segments(models, regions: list[int], boxes: torch.Tensor, rays: RayBundle, generator=None) -> dict:
+def render_segments(models, regions: list[int], boxes: torch.Tensor, rays: RayBundle, generator=None,
+                    jitter: torch.Tensor | None = None) -> dict:
     """Each sub-model renders its region's segment of every ray.
 
     Args:
         models: sub-models (black background), one per entry of ``regions``.
         boxes: (K, 2, 3) every region's box (K regions in all).
+        jitter: (R,) float in [0, 1), each ray's offset of its sample grid (in steps), drawn by the ray's
+            owner (:class:`RouteValues`' callers); None: drawn here from ``generator`` when training.
     Returns:
         dict with ``values`` (R, m, C) [colour (3), transmittance, depth, (coarse colour (3),
         coarse transmittance)], ``num_samples`` and per-region sample counts.
     """
     num_rays = len(rays)
     segs, counts = [], []
-    u = None  # one jitter per ray for every marched segment: the ray's sample grid
-    if generator is not None and any(m.training for m in models):
+    u = jitter  # one jitter per ray for every marched segment: the ray's sample grid
+    if u is None and generator is not None and any(m.training for m in models):
         u = torch.rand(rays.near.shape, generator=generator, device=rays.near.device, dtype=rays.near.dtype)
     for k, model in zip(regions, models):
         t_in, t_out, hit = clip_to_box(rays, boxes[k])

@@ -18,8 +18,9 @@ from ..model.base import RadianceModel
 from ..model.grid import GridModel
 from ..renderer.output import RenderOutput
 from ..sampler.policy import BoxFilter
-from .floor import floored_rays, region_floor_colours
-from .joint import GatherSegments, composite_all, region_generator, render_segments
+from ..renderer.segments import segment_entries
+from .floor import floor_holders, floored_rays, region_floor_colours
+from .joint import GatherSegments, RouteValues, composite_all, region_generator, render_segments
 from .partition import Partition, to_infinity
 
 
@@ -163,17 +164,24 @@ class JointRegionModels(RegionModels):
         models: region index -> sub-model (its box only, black background).
         partition: the run's partition. background: (3,) scene background.
         distributed: exchange segments with the other ranks (else all K regions are here).
+        routed: training only, ``strategy.joint_exchange=route`` (:meth:`forward_routed`): each rank draws
+            its own rays and sends each only to the ranks whose regions it crosses; else every rank holds
+            the same rays and all-gathers its segments of all of them.
     """
 
-    def __init__(self, models: dict[int, RadianceModel], partition: Partition, background, distributed: bool):
+    def __init__(self, models: dict[int, RadianceModel], partition: Partition, background, distributed: bool,
+                 routed: bool = False):
         super().__init__(models, partition, background)
         self.register_buffer("all_boxes", partition.extents().float())
         self.distributed = distributed
+        self.routed = routed and distributed
         self.exchange = {"seconds": 0.0, "bytes": 0, "calls": 0}
         if not distributed and self.regions != list(range(len(partition))):
             raise ValueError(f"one process needs all {len(partition)} regions, got {self.regions}")
 
     def forward(self, rays: RayBundle, generator=None) -> RenderOutput:
+        if self.routed and self.training:
+            return self.forward_routed(rays, generator)
         # the outer regions' segments of an unbounded partition reach the sky; every ray ends at the floor
         rays, floored = floored_rays(rays, self.unbounded, self.models[0].min_altitude)
         floored = floored if self.models[0].opaque_floor else None
@@ -193,6 +201,68 @@ class JointRegionModels(RegionModels):
             self.exchange["bytes"] += sent
             self.exchange["calls"] += 1
         out = composite_all(values, rays, self.all_boxes, self.background, floored)
+        out.num_samples, out.samples_per_region = seg["num_samples"], seg["samples_per_region"]
+        return out
+
+    def forward_routed(self, rays: RayBundle, generator=None) -> RenderOutput:
+        """This rank's own rays rendered by the regions they cross, wherever those are held.
+
+        Legend: R this rank's rays, K regions, m = K / W regions per rank (contiguous blocks), C values per
+        segment (5, + 3 floor colours with an opaque floor). Steps: (1) which ranks each ray needs: the
+        owners of the regions its segment crosses (one slab test over all K boxes) or whose box holds its
+        floor point; (2) one all-to-all of the counts (a host read: the next one's sizes), one of the
+        needed rays (origin, direction, view direction, near, far, sample-grid jitter, image, floored: 14
+        floats each); (3) each rank renders its m regions' segments of the rays it received, exactly as
+        the gathered path renders them (the jitter comes from the ray's owner); (4) one all-to-all sends
+        the (rays x m x C) values back to the owners, whose rays' (R, K, C) tables hold them and, elsewhere,
+        an empty segment (colour 0, transmittance 1: what a region the ray misses renders); (5) the owner
+        composites (:func:`~.joint.composite_all`). The backward of (4) sends the values' gradients to
+        the ranks that rendered them (:class:`~.joint.RouteValues`). A rank's bytes per step grow with
+        its rays times the ranks they cross, not with W x R x K.
+
+        Returns:
+            the composite of this rank's R rays (``num_samples``: samples this rank marched, for the rays
+            it received).
+        """
+        world, m = D.world_size(), len(self.regions)
+        rays, floored = floored_rays(rays, self.unbounded, self.models[0].min_altitude)
+        floored = floored if self.models[0].opaque_floor else None
+        crosses = torch.isfinite(segment_entries(rays.origins, rays.directions, rays.near, rays.far, self.all_boxes))
+        if floored is not None:
+            crosses = crosses | floor_holders(self.partition, rays, floored)
+        need = crosses.view(len(rays), world, m).any(dim=2)  # (R, W): region k is rank k // m's
+        dtype, device = rays.origins.dtype, rays.origins.device
+        jitter = (torch.rand(rays.near.shape, generator=generator, device=device, dtype=dtype)
+                  if generator is not None else torch.zeros_like(rays.near))
+        image = rays.image_ids.to(dtype) if rays.image_ids is not None else torch.full_like(rays.near, -1.0)
+        flag = floored.to(dtype) if floored is not None else torch.zeros_like(rays.near)
+        table = torch.cat([rays.origins, rays.directions, rays.viewdirs, rays.near[:, None], rays.far[:, None],
+                           jitter[:, None], image[:, None], flag[:, None]], dim=1)  # (R, 14)
+        rank_of, ray_of = need.t().nonzero(as_tuple=True)  # grouped by destination rank, rays in order
+        send_counts = torch.bincount(rank_of, minlength=world).tolist()
+        recv_counts = D.exchange_counts(send_counts)
+        start = time.perf_counter()
+        got = D.all_to_all_rows(table[ray_of], send_counts, recv_counts)
+        ids = got[:, 12].round().long() if rays.image_ids is not None else None
+        theirs = RayBundle(got[:, 0:3], got[:, 3:6], got[:, 6:9], got[:, 9], got[:, 10], ids)
+        seg = render_segments(self.models, self.regions, self.all_boxes, theirs, jitter=got[:, 11])
+        values = seg["values"]
+        if floored is not None:
+            values = torch.cat([values, region_floor_colours(self.models, self.regions, self.partition, theirs,
+                                                             got[:, 13] > 0.5).to(values.dtype)], dim=2)
+        width = values.shape[2]
+        back = RouteValues.apply(values.reshape(len(theirs), m * width), recv_counts, send_counts)
+        self.exchange["seconds"] += time.perf_counter() - start
+        me = D.rank()  # what leaves this rank: its rays for the others and, in the backward, their values'
+        out_rows, in_rows = sum(send_counts) - send_counts[me], sum(recv_counts) - recv_counts[me]  # gradients;
+        self.exchange["bytes"] += table.element_size() * (14 * out_rows + m * width * (in_rows + out_rows))  # values
+        self.exchange["calls"] += 1
+        empty = values.new_zeros(width)
+        empty[3] = 1.0  # a region the ray misses: no colour, all light through
+        full = empty.repeat(len(rays), world * m, 1)  # (R, K, C)
+        slots = (rank_of * m)[:, None] + torch.arange(m, device=device)  # (sent, m): the sender's regions
+        full = full.index_put((ray_of[:, None], slots), back.view(-1, m, width))
+        out = composite_all(full, rays, self.all_boxes, self.background, floored)
         out.num_samples, out.samples_per_region = seg["num_samples"], seg["samples_per_region"]
         return out
 

@@ -123,6 +123,10 @@ class SSStrategy(Strategy):
         self.owner: list[int] = []
         self.training = self.cfg.training
         self.joint = self.training == "joint"
+        # joint, route: each rank's own rays, sent to the regions they cross (regions.JointRegionModels.forward_routed)
+        self.routed = self.joint and self.cfg.joint_exchange == "route"
+        if self.routed:
+            self.elastic = False  # per-rank ray streams: another world size draws other rays
         self.seed = 0
         self.min_altitude: float | None = None
 
@@ -234,6 +238,8 @@ class SSStrategy(Strategy):
     def sampler_stream(self) -> int | tuple[int, ...]:
         """Joint: the shared stream (every rank the same rays); independent: one block per region
         of this rank, each region's own stream (the region index)."""
+        if self.routed:  # joint, routed: each rank its own rays, as ddp
+            return self.env.rank
         return SHARED_STREAM if self.joint else tuple(self.my_regions)
 
     def ray_filter(self, scene):
@@ -259,6 +265,8 @@ class SSStrategy(Strategy):
         Raises:
             ValueError: independent training with B not divisible by K.
         """
+        if self.routed:  # each rank draws B / W of its own (Strategy.rays_per_rank)
+            return super().rays_per_rank(global_rays)
         if self.joint:
             return global_rays
         num = len(self.partition)
@@ -269,6 +277,9 @@ class SSStrategy(Strategy):
         return global_rays // num * len(self.my_regions)
 
     def describe_batch(self, global_rays: int) -> str:
+        if self.routed:
+            return (f"{self.env.world_size} ranks x {global_rays // self.env.world_size} rays from each rank's own "
+                    f"stream, each ray sent to the ranks whose regions it crosses (strategy.joint_exchange=route)")
         if self.joint:
             return (f"{global_rays} rays drawn once (one shared stream, {global_rays / self.env.world_size:g} per "
                     f"rank), each rendered by the regions it crosses: each of {self.env.world_size} ranks renders "
@@ -278,13 +289,23 @@ class SSStrategy(Strategy):
 
     # -- model --------------------------------------------------------------------
     def build_model(self, model_cfg: dict, scene) -> RadianceModel:
+        """This rank's regions' sub-models (:meth:`build_region_model`), joint or independent.
+
+        Raises:
+            ValueError: ``joint_exchange=route`` with a model that is not marched (``grid``, ``ngp``): the
+                routed rays carry one sample-grid jitter each, which ``nerf``'s stratified sampling has no use for.
+        """
+        name = section("model", model_cfg).get("name")
+        if self.routed and name not in ("grid", "ngp"):
+            raise ValueError(f"strategy.joint_exchange=route needs a marched model (model=grid or ngp), got "
+                             f"model={name}: use strategy.joint_exchange=gather")
         models = {}
         for k in self.my_regions:  # initialised from (seed, region): the same on whichever rank holds it
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(region_seed(self.seed, k + 1))
                 models[k] = self.build_region_model(model_cfg, scene.aabb, scene.background, k, len(scene))
         if self.joint:
-            return JointRegionModels(models, self.partition, scene.background, self.env.distributed)
+            return JointRegionModels(models, self.partition, scene.background, self.env.distributed, self.routed)
         return RegionModels(models, self.partition, blocks=True)
 
     def build_region_model(self, model_cfg: dict, aabb, background, region: int,
@@ -330,7 +351,7 @@ class SSStrategy(Strategy):
 
     def finish_step_stats(self, mine: StepStats, total: StepStats) -> StepAgreement:
         """Joint: every rank holds the same rays, so they are counted once."""
-        if self.joint:
+        if self.joint and not self.routed:  # routed: each rank its own rays, summed as ddp's
             total.valid_rays = mine.valid_rays
         return StepAgreement(total, mine)
 
@@ -339,9 +360,17 @@ class SSStrategy(Strategy):
         rays as ``loss_weight`` (:class:`.regions.RegionModels`). Joint: every rank holds the same rays,
         so the composite's mean error over this rank's valid rays is the loss (``valid`` None: all B of
         them; else a host number or a 0-dim device tensor, never read). Neither needs another rank's
-        count: no collective, no correction after the backward."""
+        count: no collective, no correction after the backward. Joint with ``joint_exchange=route``: each
+        rank's own rays, the divisor W times ddp's (below)."""
         if not self.joint:
             return LossNormalizer(1.0)
+        if self.routed and self.env.has_peers:  # each rank its own B rays, as ddp, but nothing averages the
+            # gradients: the owners' losses sum into each sub-model through the routed values' backward, so the
+            # divisor is ddp's times W (W B, the global count when every ray counts; else corrected after the
+            # backward by W B / N, N's all-reduce in flight: Strategy.loss_normalizer)
+            base = super().loss_normalizer(valid, batch_rays)
+            world = self.env.world_size
+            return LossNormalizer(base.divisor * world, base._count, base._work, base._factor)
         if valid is None:
             return LossNormalizer(float(max(batch_rays, 1)))
         return LossNormalizer(valid.clamp(min=1) if torch.is_tensor(valid) else max(float(valid), 1.0))

@@ -35,7 +35,10 @@ def region_models(num_regions: int, regions: list[int]) -> dict:
     return part, models
 
 
-def joint_worker(rank: int, world_size: int, port: int, num_regions: int, out_dir: str) -> None:
+def joint_worker(rank: int, world_size: int, port: int, num_regions: int, out_dir: str, routed: bool = False) -> None:
+    """Gathered: every rank renders all 48 rays. Routed (``strategy.joint_exchange=route``): rank r owns rays
+    [24 r, 24 r + 24) and draws their jitter as the reference's draws (the generator advanced past the
+    rays before them); its loss is its rays' share of the 48-ray mean (the strategy's divisor W B)."""
     try:
         from distnerf.strategy.regions import JointRegionModels
 
@@ -43,11 +46,17 @@ def joint_worker(rank: int, world_size: int, port: int, num_regions: int, out_di
         dist.init_process_group("gloo")
         owners = region_owner(num_regions, world_size)
         part, models = region_models(num_regions, [k for k, r in enumerate(owners) if r == rank])
-        joint = JointRegionModels(models, part, BG, distributed=True)
+        joint = JointRegionModels(models, part, BG, distributed=True, routed=routed)
         rays, target = make_problem(48, seed=3)
-        out = joint(rays, torch.Generator().manual_seed(JITTER_SEED))
+        generator = torch.Generator().manual_seed(JITTER_SEED)
+        if routed:
+            per = len(target) // world_size
+            torch.rand(rank * per, generator=generator, dtype=torch.float64)  # the jitter of the rays before
+            mine = slice(rank * per, (rank + 1) * per)
+            rays, target = rays.map(lambda t: t[mine]), target[mine]
+        out = joint(rays, generator)
         # the photometric loss of components/loss.py, kept in float64 here (it casts to float32)
-        loss = ((out["rgb"] - target) ** 2).mean(dim=-1).sum() / len(target)
+        loss = ((out["rgb"] - target) ** 2).mean(dim=-1).sum() / (len(target) * (world_size if routed else 1))
         loss.backward()
         torch.save({"loss": loss.detach(), "rgb": out["rgb"].detach(),
                     "grads": {k: {n: p.grad.clone() for n, p in m.named_parameters() if p.grad is not None}
