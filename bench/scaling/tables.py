@@ -434,6 +434,23 @@ def exchange_crossover(res: Results) -> list[str]:
     return out
 
 
+def joint_exchange(res: Results) -> list[str]:
+    """bench/scaling/joint_exchange.py: joint ss's gathered and routed exchange at W = 2 and 4, rank 0's bytes per
+    step (what it contributes and what leaves it), their growth from the smallest W, the regions a ray crosses,
+    the untimed step median and the PSNR of the few steps."""
+    d = res.json("joint_exchange/result.json")
+    out = header("exchange", "W = K", "regions a ray crosses (mean)", "rank 0 contributes, kB/step",
+                 "leaves rank 0, kB/step", "x smallest W (leaves)", "step ms (untimed)", "test PSNR dB")
+    for r in d["runs"]:
+        out.append(row(r["exchange"], r["world_size"], f2(r["regions_crossed_mean"]),
+                       f"{r['bytes_per_step_rank0'] / 1e3:.1f}", f"{r['moved_bytes_per_step_rank0'] / 1e3:.1f}",
+                       f"{r['moved_bytes_vs_smallest_w']:.2f}", f"{r['step_ms_median']:.1f}", f2(r["psnr"])))
+    s = d["settings"]
+    out += ["", f"{s['rays_per_rank']} rays per rank per step, {s['steps']} steps, `city_small` with the aerial study's "
+                f"cheap march, K = W regions, gloo on this machine's loopback, one thread a rank."]
+    return out
+
+
 def study_capacity_1m(res: Results) -> list[str]:
     """The earlier capacity study at 1 M parameters per rank (conf/study/capacity_1m.yaml)."""
     return study_capacity(res, "study_capacity_1m")
@@ -478,6 +495,7 @@ TABLES = {  # marker name -> the function that makes the table
     "study_capacity_cooled_p62k_seams": lambda res: study_capacity_seams(res, "study_capacity_cooled_p62k"),
     "study_capacity_cooled_p62k_control": study_capacity_cooled_p62k_control,
     "exchange_crossover": exchange_crossover,
+    "joint_exchange": joint_exchange,
     "study_characterization": study_characterization,
     "per_rank_batch": per_rank_batch,
     "ss_eq": ss_eq,

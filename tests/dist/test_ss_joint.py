@@ -92,8 +92,8 @@ def union_loss(num_regions: int):
     return loss.detach(), out_rgb.detach(), grads
 
 
-@pytest.mark.parametrize("routed", [False, True], ids=["gathered", "routed"])
-@pytest.mark.parametrize("num_regions", [2, 4], ids=["K=2", "K=4 (2 per rank)"])
+@pytest.mark.parametrize("num_regions,routed", [(2, False), (4, False), (4, True)],
+                         ids=["K=2", "K=4 (2 per rank)", "K=4 routed"])
 def test_joint_loss_and_gradients_equal_single_process_union(num_regions, routed, tmp_path):
     """Gathered: every rank renders all rays. Routed (``strategy.joint_exchange=route``, issue 50 item 3):
     each rank owns half the rays and sends each to the ranks whose regions it crosses; the two ranks'
