@@ -23,7 +23,8 @@
 #                  (experiment=gpu; CUDA only), sampler=device: status, PSNR, rays/s, peak memory
 #   two_ranks      issue 50 item 6: 2 ranks on the one device (dist_backend=gloo: gloo carries the CUDA
 #                  tensors, so the ranks may share a GPU; a check, not a way to train), for each strategy
-#                  of GPU_CHECK_TWO_RANKS (default "ddp ss_joint"; --cpu: "ss_joint", the launch tests
+#                  of GPU_CHECK_TWO_RANKS (default "ddp ss_joint ss_joint_route", the last joint ss with
+#                  strategy.joint_exchange=route; --cpu: "ss_joint", the launch tests
 #                  cover ddp's): train with a checkpoint, resume past it, evaluate (ss: segment fusion)
 #   hta_overlap    HolisticTraceAnalysis communication/computation overlap of the two kernel traces
 #   sync_debug     torch.cuda.set_sync_debug_mode("warn") over a few training steps of each model
@@ -203,8 +204,9 @@ TWO_STEPS=(16 24); [ "$MODE" = cpu ] && TWO_STEPS=(4 6)
 TWO=(train.progress=false logger.wandb.mode=disabled device=$DEVICE dist_backend=gloo eval.num_views=1
      eval.lpips=false train.log_every=2)
 TORCHRUN2=("$PY" -m torch.distributed.run --standalone --nproc_per_node=2 -m distnerf.train)
-for strat in ${GPU_CHECK_TWO_RANKS:-$([ "$MODE" = cpu ] && echo ss_joint || echo "ddp ss_joint")}; do
+for strat in ${GPU_CHECK_TWO_RANKS:-$([ "$MODE" = cpu ] && echo ss_joint || echo "ddp ss_joint ss_joint_route")}; do
   case $strat in ddp) extra=(strategy=ddp);; ss_joint) extra=(strategy=ss strategy.training=joint);;
+    ss_joint_route) extra=(strategy=ss strategy.training=joint strategy.joint_exchange=route);;
     *) echo "gpu_check: GPU_CHECK_TWO_RANKS: unknown strategy $strat" >&2; continue;; esac
   t=$(limit 90); if [ "$t" = 0 ]; then helper two_ranks_skipped $strat "time budget of $BUDGET s spent"; continue; fi
   run="$RUNS/two_$strat"; rm -rf "$run"; s=$(now)

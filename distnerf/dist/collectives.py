@@ -127,10 +127,19 @@ def all_gather_into(tensor: torch.Tensor, async_op: bool = False):
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return tensor, None  # alone: no exchange
     tensor = _checked(tensor.contiguous())
+    if _gloo_cuda(tensor):  # gloo carries CUDA tensors for a check, not for speed: staged on the host, waited for
+        output, _ = all_gather_into(tensor.cpu())
+        return output.to(tensor.device), None
     output = tensor.new_empty((dist.get_world_size() * tensor.shape[0], *tensor.shape[1:]))
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     work = gather(output, tensor, async_op=async_op)
     return output, work if async_op else None
+
+
+def _gloo_cuda(tensor: torch.Tensor) -> bool:
+    """A CUDA tensor in a gloo group (``dist_backend=gloo`` on a GPU): the collectives gloo has no CUDA
+    kernel for (its all-to-all, its single-tensor all-gather) stage it through host memory."""
+    return tensor.is_cuda and "nccl" not in str(dist.get_backend())
 
 
 def exchange_counts(send_counts: list[int]) -> list[int]:
@@ -165,6 +174,8 @@ def all_to_all_rows(tensor: torch.Tensor, send_counts: list[int], recv_counts: l
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return tensor
     tensor = _checked(tensor.contiguous())
+    if _gloo_cuda(tensor):  # staged on the host (_gloo_cuda)
+        return all_to_all_rows(tensor.cpu(), send_counts, recv_counts).to(tensor.device)
     output = tensor.new_empty((sum(recv_counts), *tensor.shape[1:]))
     dist.all_to_all_single(output, tensor, output_split_sizes=list(recv_counts), input_split_sizes=list(send_counts))
     return output
