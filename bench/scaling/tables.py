@@ -371,19 +371,19 @@ def study_capacity_cooled_p62k(res: Results) -> list[str]:
     return study_capacity(res, "study_capacity_cooled_p62k", sections=("Quality against ranks",))
 
 
-def study_capacity_cooled_p62k_control(res: Results) -> list[str]:
-    """The cooled 62.5 k ranks study beside its control (conf/study/capacity_cooled_p62k_control.yaml): the study's
-    ranks rows (distnerf.study.capacity.ranks_rows over its committed cell summaries and those of
-    conf/study/capacity_cooled_p62k_independent.yaml, independent ss at W = 2), each with the one-rank ddp
-    cell of W times its parameters (annotate_equal_total, the study's own rule), so that joint ss's gain over ddp
-    at W = 1 splits into what more parameters on one rank give (the control minus W = 1) and what joint ss gives
-    beyond them (the row minus the control); with each row's ray segments per ray and median step time."""
+def ranks_with_control(res: Results, studies: tuple[str, ...], control: str) -> list[str]:
+    """A ranks study's rows (distnerf.study.capacity.ranks_rows over the committed cell summaries of ``studies``,
+    results folders), each with the one-rank ddp cell of W times its parameters from ``control``'s capacity table
+    (annotate_equal_total, the study's own rule), so that an ss row's gain over ddp at W = 1 splits into what more
+    parameters on one rank give (the control minus W = 1) and what ss gives beyond them (the row minus the
+    control); with each row's ray segments per ray and median step time."""
     from distnerf.study.capacity import annotate_equal_total, ranks_rows
 
-    keys = {**res.json("study_capacity_cooled_p62k/report.json")["keys"],  # + independent ss (its own study)
-            **res.json("study_capacity_cooled_p62k_independent/report.json")["keys"]}
+    keys = {}
+    for name in studies:
+        keys.update(res.json(f"{name}/report.json")["keys"])
     ranks = ranks_rows(keys)
-    curve = res.json("study_capacity_cooled_p62k_control/report.json")["tables"]["capacity"]
+    curve = res.json(f"{control}/report.json")["tables"]["capacity"]
     annotate_equal_total(ranks, curve)
     base = next(r["psnr_mean"] for r in ranks if r["strategy"] == "ddp" and r["world_size"] == 1)
     out = header("strategy", "W", "parameters per rank", "distinct in all", "test PSNR dB (3 seeds)", "vs ddp at W = 1",
@@ -402,6 +402,25 @@ def study_capacity_cooled_p62k_control(res: Results) -> list[str]:
                        "–" if r["world_size"] == 1 else f"{r['psnr_mean'] - base:+.2f}", *cells,
                        f2(r["segments_per_ray"]), f"{r['step_ms']:.1f}"))
     return out
+
+
+def study_capacity_cooled_p62k_control(res: Results) -> list[str]:
+    """The cooled 62.5 k ranks study beside its control (conf/study/capacity_cooled_p62k_control.yaml): the study's
+    ranks rows and those of conf/study/capacity_cooled_p62k_independent.yaml (independent ss at W = 2), each
+    beside the one-rank cell of W times its parameters (:func:`ranks_with_control`)."""
+    return ranks_with_control(res, ("study_capacity_cooled_p62k", "study_capacity_cooled_p62k_independent"),
+                              "study_capacity_cooled_p62k_control")
+
+
+def study_aerial(res: Results) -> list[str]:
+    """conf/study/aerial.yaml: ddp, joint and independent ss at W = 1, 2, 4 on city_small at 62.5 k per rank, each
+    ss row beside the study's own one-rank cells at 125 k and 250 k (:func:`ranks_with_control`)."""
+    return ranks_with_control(res, ("study_aerial",), "study_aerial")
+
+
+def study_aerial_curve(res: Results) -> list[str]:
+    """conf/study/aerial_curve.yaml: the capacity curve of one rank on city_small with the cheap march."""
+    return study_capacity(res, "study_aerial_curve", sections=("Capacity",))
 
 
 OLD_SPARSE_BOUND = 0.25  # strategy.sparse_max_density's default before the crossover was measured (2026-12-07)
@@ -494,6 +513,8 @@ TABLES = {  # marker name -> the function that makes the table
     "study_capacity_cooled_p62k": study_capacity_cooled_p62k,
     "study_capacity_cooled_p62k_seams": lambda res: study_capacity_seams(res, "study_capacity_cooled_p62k"),
     "study_capacity_cooled_p62k_control": study_capacity_cooled_p62k_control,
+    "study_aerial": study_aerial,
+    "study_aerial_curve": study_aerial_curve,
     "exchange_crossover": exchange_crossover,
     "joint_exchange": joint_exchange,
     "study_characterization": study_characterization,
