@@ -80,35 +80,51 @@ def _coalesced(grad: torch.Tensor) -> torch.Tensor:
     return grad.coalesce()
 
 
-def build_optimizer(model: RadianceModel, cfg: Mapping) -> torch.optim.Optimizer:
+def build_optimizer(model: RadianceModel, cfg: Mapping, tensor_lr: bool = False) -> torch.optim.Optimizer:
     """:class:`LazyAdam` over ``model.param_groups(cfg.lr)``; each group remembers its base lr.
 
     ``cfg``: the ``train`` config (``lr``, ``betas``, ``eps``, ``fused``; defaults: :class:`TrainLoopConfig`).
+    ``tensor_lr``: for a compiled ``step`` (:class:`~.step.TrainStep` under ``model.compile``): each group's
+    learning rate a 0-dim float32 tensor, changed in place by :func:`set_lr`, so the compiled step sees one value
+    that changes, not a new constant each step (which would recompile it: PyTorch's compiled-optimizer recipe);
+    ``capturable`` and not ``fused`` (below).
     """
     cfg = section(TrainLoopConfig, cfg)
     groups = model.param_groups(float(cfg["lr"]))
     for g in groups:
         g["base_lr"] = g["lr"]
+        if tensor_lr:
+            g["lr"] = torch.tensor(float(g["lr"]), dtype=torch.float32)
     kwargs = {"betas": tuple(cfg.betas), "eps": float(cfg.eps)}
-    if cfg.fused and accepts(torch.optim.Adam.__init__, "fused") and all(
+    if tensor_lr:  # compiled: PyTorch keeps torch.compile out of the fused kernel (torch.compiler.disable on
+        # _fused_adam), so the compiled step is the multi-tensor update, which inductor fuses itself; capturable:
+        # the step counts on the device, as a CUDA graph needs (CUDA only: eager Adam refuses it on the CPU)
+        kwargs["capturable"] = any(p.is_cuda for g in groups for p in g["params"])
+    elif cfg.fused and accepts(torch.optim.Adam.__init__, "fused") and all(
             p.is_floating_point() for g in groups for p in g["params"]):
         kwargs["fused"] = True
-    return LazyAdam(groups, **kwargs)
+    optimizer = LazyAdam(groups, **kwargs)
+    optimizer.tensor_lr = tensor_lr  # survives load_state_dict (set_lr restores a tensor lr a checkpoint replaced)
+    return optimizer
 
 
-def rebuild_optimizer(old: torch.optim.Optimizer, model: RadianceModel, cfg: Mapping) -> torch.optim.Optimizer:
-    """A new optimizer for ``model`` after it replaced parameter tensors.
+def rebuild_optimizer(old: torch.optim.Optimizer, model: RadianceModel, cfg: Mapping,
+                      tensor_lr: bool = False) -> torch.optim.Optimizer:
+    """A new optimizer for ``model`` after it replaced parameter tensors (``tensor_lr``: :func:`build_optimizer`).
 
     State of parameters that still exist (same tensor object) is carried over;
     replaced tensors start with fresh Adam moments.
     """
-    new = build_optimizer(model, cfg)
+    new = build_optimizer(model, cfg, tensor_lr)
     for group in new.param_groups:
         for p in group["params"]:
             if p in old.state:
                 new.state[p] = old.state[p]
     for g_new, g_old in zip(new.param_groups, old.param_groups):
-        g_new["lr"] = g_old["lr"]
+        if torch.is_tensor(g_new["lr"]):
+            g_new["lr"].fill_(float(g_old["lr"]))
+        else:
+            g_new["lr"] = float(g_old["lr"])
     return new
 
 
@@ -117,7 +133,12 @@ def set_lr(optimizer: torch.optim.Optimizer, clock: Clock | int, cfg: Mapping) -
     step, no budget); returns the factor."""
     factor = lr_factor(clock, cfg)
     for g in optimizer.param_groups:
-        g["lr"] = g["base_lr"] * factor
+        if torch.is_tensor(g["lr"]):  # build_optimizer(tensor_lr=True): in place, the same tensor
+            g["lr"].fill_(g["base_lr"] * factor)
+        elif getattr(optimizer, "tensor_lr", False):  # a float a checkpoint's state brought: a tensor again
+            g["lr"] = torch.tensor(g["base_lr"] * factor, dtype=torch.float32)
+        else:
+            g["lr"] = g["base_lr"] * factor
     return factor
 
 

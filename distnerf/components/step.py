@@ -46,21 +46,36 @@ class TrainStep:
         phase: ``phase(name)`` context manager timing ``backward``, ``regularizer`` and
             ``optimizer`` (the trainer's step breakdown); default: no timing.
         compile_static, compile_mode: ``model.compile`` and ``model.compile_mode`` for the static step:
-            its render is compiled with ``fullgraph=True`` (the trainer compiles the dynamic step's model).
+            its render is compiled with ``fullgraph=True`` (the trainer compiles the dynamic step's model),
+            and the optimizer's step is compiled on its own (its learning rates 0-dim tensors changed in
+            place, :func:`.optim.build_optimizer`, so the schedule recompiles nothing; one compilation per
+            grid stage, whose new tables rebuild the optimizer). ``compile_mode="reduce-overhead"`` replays
+            both compiled parts as CUDA graphs on a GPU.
+        compile_backend: torch.compile's backend for both (``inductor``; the tests' ``aot_eager``).
     Raises:
         ValueError: ``samples_per_step`` > 0 with a model the static step does not cover.
     """
 
     def __init__(self, model: RadianceModel, optim_cfg, phase: Phase = no_phase, compile_mode: str | None = None,
-                 compile_static: bool = False):
+                 compile_static: bool = False, compile_backend: str = "inductor"):
         self.model, self.cfg, self.phase = model, section(TrainLoopConfig, optim_cfg), phase
-        self.optimizer = build_optimizer(model, optim_cfg)
         self.budget = None  # train.samples_per_step > 0: the static step's sample budget (.sample_budget)
         samples = resolve_samples_per_step(self.cfg.samples_per_step, model)
+        self.compiled_optimizer = samples > 0 and compile_static  # model.compile on the static step
+        self._compile = (compile_mode, compile_backend)
+        self.optimizer = build_optimizer(model, optim_cfg, tensor_lr=self.compiled_optimizer)
+        self._optimizer_step = self._compiled_step()
         if samples > 0:
             self.budget = model.sample_budget = SampleBudget(model, samples)
             if compile_static:  # model.compile: the static render, fullgraph
-                self.budget.compile(compile_mode)
+                self.budget.compile(compile_mode, compile_backend)
+
+    def _compiled_step(self):
+        """The optimizer's ``step``, compiled on its own where the static step is compiled (the class docstring)."""
+        if not self.compiled_optimizer:
+            return self.optimizer.step
+        mode, backend = self._compile
+        return torch.compile(self.optimizer.step, mode=mode, backend=backend)
 
     def budget_metrics(self) -> dict[str, float]:
         """The sample budget's figures of the previous step (:meth:`SampleBudget.metrics`), or {}."""
@@ -78,7 +93,8 @@ class TrainStep:
         clock = Clock(step, budget_fraction if budgeted(self.cfg) else None)
         replaced = bool(self.model.update_state(step, stage_step(clock, self.cfg)))
         if replaced:
-            self.optimizer = rebuild_optimizer(self.optimizer, self.model, self.cfg)
+            self.optimizer = rebuild_optimizer(self.optimizer, self.model, self.cfg, tensor_lr=self.compiled_optimizer)
+            self._optimizer_step = self._compiled_step()
         set_lr(self.optimizer, clock, self.cfg)
         return replaced
 
@@ -110,5 +126,5 @@ class TrainStep:
         with self.phase("regularizer"):
             add_regularizer_grads_(self.model)
         with self.phase("optimizer"):
-            self.optimizer.step()
+            self._optimizer_step()
             self.optimizer.zero_grad(set_to_none=True)

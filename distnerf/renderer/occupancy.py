@@ -51,7 +51,10 @@ def normalize_points(points: torch.Tensor, aabb: torch.Tensor) -> torch.Tensor:
 
 
 def _strides(m: int, device) -> torch.Tensor:
-    """(3,) int32 row strides ``(m^2, m, 1)`` of an x-major (m, m, m) grid, made once per (m, device)."""
+    """(3,) int32 row strides ``(m^2, m, 1)`` of an x-major (m, m, m) grid, made once per (m, device) (inside a
+    compiled graph: a constant of the graph, not the cache, whose filling would recompile the graph once)."""
+    if torch.compiler.is_compiling():
+        return torch.tensor([m * m, m, 1], dtype=torch.int32, device=device)
     key = (m, str(device))
     if key not in _STRIDES:
         _STRIDES[key] = torch.tensor([m * m, m, 1], dtype=torch.int32, device=device)
