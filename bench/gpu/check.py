@@ -444,6 +444,8 @@ def main(argv: list[str] | None = None) -> None:
         nsys_section(int(args[0]), float(args[1]), args[2], args[3])
     elif cmd == "skipped":
         skipped(args[0], args[1])
+    elif cmd == "failed":  # a section whose command wrote nothing
+        write(args[0], {"status": f"failed: {args[1]}"})
     elif cmd == "path":
         path_run(args[0], args[1], int(args[2]), float(args[3]), args[4])
     elif cmd == "path_skipped":

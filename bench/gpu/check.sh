@@ -14,6 +14,9 @@
 #   env            torch, CUDA, GPU, driver, NCCL, /dev/shm, nsys, commit
 #   cuda_tests     `pytest -k cuda` over the unit tests that mention CUDA (the device and pipelined
 #                  sampler on CUDA, the device/NVML mapping, ...); the CUDA-only ones skip on the CPU
+#   sweep          bench/gpu/sweep.py (issue 49 item 8): rays/s and samples/s at lego's final grid for the
+#                  eager, compiled and graphed (reduce-overhead: CUDA graphs) static step over sample budgets
+#                  2^16-2^20, bf16 once; --cpu: the built-in scene, eager, two small budgets
 #   lego_quality   the lego 2-minute run (dataset=blender dataset.root=$LEGO train.max_minutes=2,
 #                  default grid model, 25 test views): PSNR/SSIM, training and evaluation rays/s
 #   ddp_trace      1-rank torchrun (NCCL; gloo with --cpu) strategy=ddp profiler=trace, then
@@ -116,7 +119,7 @@ banner() { echo; echo "=== $1 ($(($(date +%s) - T0)) s of $BUDGET s)"; }
 # want NAME: the section is selected (GPU_CHECK_ONLY unset, or it names NAME); else it is recorded as skipped
 want() { [ -z "${GPU_CHECK_ONLY:-}" ] && return 0; case " $GPU_CHECK_ONLY " in *" $1 "*) return 0;; esac
          helper skipped "$1" "not selected (GPU_CHECK_ONLY=$GPU_CHECK_ONLY)"; return 1; }
-ORDER="env ops cuda_tests lego_quality ddp_trace ss_trace paths two_ranks hta_overlap sync_debug sync_counter nsys study"
+ORDER="env ops cuda_tests sweep lego_quality ddp_trace ss_trace paths two_ranks hta_overlap sync_debug sync_counter nsys study"
 COMMON=(train.progress=false train.ckpt_every=-1 logger.wandb.mode=disabled device=$DEVICE)
 if [ "$MODE" = cpu ]; then
   DATA=(experiment=smoke); DATA_NAME="built-in scene (experiment=smoke; --cpu)"
@@ -152,6 +155,14 @@ t=$(limit 90); if ! want cuda_tests; then :; elif [ "$t" = 0 ]; then helper skip
   files=$(grep -lis cuda tests/unit/test_*.py | tr '\n' ' ')
   s=$(now); timeout -k 10 "$t" "$PY" -m pytest -q -rs -p no:cacheprovider $files -k cuda --junitxml="$RUNS/cuda_tests.xml"
   rc=$?; helper tests "$RUNS/cuda_tests.xml" "$rc" "$(since "$s")" "$CUDA"
+fi
+
+banner sweep
+t=$(limit 170); if ! want sweep; then :; elif [ "$t" = 0 ]; then helper skipped sweep "time budget of $BUDGET s spent"; else
+  SWEEP_DATA=(); [ "$MODE" = cpu ] || SWEEP_DATA=(--data "$LEGO")
+  timeout -k 15 "$t" "$PY" -m bench.gpu.sweep --mode "$([ "$CUDA" = 1 ] && echo cuda || echo cpu)" "${SWEEP_DATA[@]}" \
+    --seconds $((t - 45)) --runs "$RUNS/sweep"
+  rc=$?; [ -f "$SECT/sweep.json" ] || helper failed sweep "bench.gpu.sweep exited with $rc before writing (see log.txt)"
 fi
 
 banner lego_quality

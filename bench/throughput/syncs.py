@@ -58,8 +58,9 @@ TRAINER = ("agree", "step_sync", "end_step")
 INPUT = ("input_wait", "copy")
 
 
-def build_trainer(overrides: list[str], run_dir: Path):
-    """The real Trainer of one CPU process (as ``tests/dist/workers.py::trainer_worker``)."""
+def build_trainer(overrides: list[str], run_dir: Path, device: str = "cpu", common: list[str] | None = None):
+    """The real Trainer of one process on ``device`` (as ``tests/dist/workers.py::trainer_worker``); ``common``:
+    the overrides before ``overrides`` (default :data:`COMMON`)."""
     from hydra import compose, initialize_config_dir
 
     from distnerf import dist as D
@@ -68,9 +69,10 @@ def build_trainer(overrides: list[str], run_dir: Path):
     from distnerf.strategy import build_strategy
 
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = validate(compose("train", overrides=[*COMMON, *overrides, f"run_dir={run_dir}"]))
+        cfg = validate(compose("train", overrides=[*(COMMON if common is None else common), *overrides,
+                                                   f"run_dir={run_dir}"]))
     run_dir.mkdir(parents=True, exist_ok=True)
-    env = D.init_distributed("cpu", timeout_s=cfg.dist_timeout_s, setup_timeout_s=cfg.dist_setup_timeout_s)
+    env = D.init_distributed(device, timeout_s=cfg.dist_timeout_s, setup_timeout_s=cfg.dist_setup_timeout_s)
     return Trainer(cfg, build_strategy(cfg.strategy, env), run_dir), env
 
 
