@@ -459,7 +459,7 @@ def joint_exchange(res: Results) -> list[str]:
     the untimed step median and the PSNR of the few steps."""
     d = res.json("joint_exchange/result.json")
     out = header("exchange", "W = K", "regions a ray crosses (mean)", "rank 0 contributes, kB/step",
-                 "leaves rank 0, kB/step", "x smallest W (leaves)", "step ms (untimed)", "test PSNR dB")
+                 "leaves rank 0, kB/step", "x smallest W (leaves)", "step ms (rank 0 median, quiet)", "test PSNR dB")
     for r in d["runs"]:
         out.append(row(r["exchange"], r["world_size"], f2(r["regions_crossed_mean"]),
                        f"{r['bytes_per_step_rank0'] / 1e3:.1f}", f"{r['moved_bytes_per_step_rank0'] / 1e3:.1f}",
