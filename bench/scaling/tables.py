@@ -470,6 +470,21 @@ def joint_exchange(res: Results) -> list[str]:
     return out
 
 
+def exposed_comm(res: Results) -> list[str]:
+    """bench/scaling/exposed_comm.py: 2-rank ddp on lego, each run's exposed communication share per rank, the
+    median step and the test PSNR, by the dense buckets' wire dtype."""
+    d = res.json("exposed_comm/result.json")
+    out = header("wire dtype", "repeat", "exposed share, rank 0 / rank 1", "step ms (median, mean of ranks)",
+                 "test PSNR dB")
+    for r in d["runs"]:
+        out.append(row(r["compression"], r["repeat"], " / ".join(pct(x["exposed_share"]) for x in r["ranks"]),
+                       f"{r['step_ms_median_mean']:.1f}", f2(r["psnr"])))
+    s = d["settings"]
+    out += ["", f"lego, W = {s['world_size']}, {s['global_rays']} rays a step in all, {s['steps']} steps (the grid at "
+                f"128^3 from step 200), {s['eval_views']} test views, gloo on loopback, one thread a rank."]
+    return out
+
+
 def study_capacity_1m(res: Results) -> list[str]:
     """The earlier capacity study at 1 M parameters per rank (conf/study/capacity_1m.yaml)."""
     return study_capacity(res, "study_capacity_1m")
@@ -517,6 +532,7 @@ TABLES = {  # marker name -> the function that makes the table
     "study_aerial_curve": study_aerial_curve,
     "exchange_crossover": exchange_crossover,
     "joint_exchange": joint_exchange,
+    "exposed_comm": exposed_comm,
     "study_characterization": study_characterization,
     "per_rank_batch": per_rank_batch,
     "ss_eq": ss_eq,
