@@ -71,9 +71,10 @@ class TrainStep:
                 self.budget.compile(compile_mode, compile_backend)
 
     def _compiled_step(self):
-        """The optimizer's ``step``, compiled on its own where the static step is compiled (the class docstring)."""
+        """The optimizer's ``step`` compiled on its own where the static step is compiled (the class docstring),
+        else None: :meth:`update` then calls ``self.optimizer.step`` as it is at that moment."""
         if not self.compiled_optimizer:
-            return self.optimizer.step
+            return None
         mode, backend = self._compile
         return torch.compile(self.optimizer.step, mode=mode, backend=backend)
 
@@ -126,5 +127,5 @@ class TrainStep:
         with self.phase("regularizer"):
             add_regularizer_grads_(self.model)
         with self.phase("optimizer"):
-            self._optimizer_step()
+            (self._optimizer_step or self.optimizer.step)()
             self.optimizer.zero_grad(set_to_none=True)
