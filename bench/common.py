@@ -43,6 +43,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def run_timed(cmd: list[str], threads: int = 1) -> float:
+    """Run a benchmark's training command (``OMP_NUM_THREADS=threads``); its wall seconds.
+
+    Raises:
+        SystemExit: the command failed, with its exit code and the tail of its stderr.
+    """
+    t0 = time.time()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+    if proc.returncode:
+        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return time.time() - t0
+
+
 def load_average() -> list[float]:
     """1-, 5- and 15-minute load averages (other work competing for the cores)."""
     return [round(x, 2) for x in os.getloadavg()]

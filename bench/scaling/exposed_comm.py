@@ -17,14 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-from bench.common import default_out, start_meta, write_result
+from bench.common import default_out, run_timed, start_meta, write_result
 
 LEGO = "../shared/data/nerf_synthetic_half/lego"
 
@@ -36,11 +33,7 @@ def launch(compression: str, run_dir: Path, args) -> float:
            f"dataset.root={args.data}", f"run_dir={run_dir}", "train.global_rays=2048", f"train.max_steps={args.steps}",
            "train.max_minutes=0", f"eval.num_views={args.eval_views}", "eval.lpips=false", "train.ckpt_every=0",
            "train.log_every=50", "train.progress=false", "logger.wandb.mode=disabled", "seed=0", *args.set]
-    t0 = time.time()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    if proc.returncode:
-        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return time.time() - t0
+    return run_timed(cmd)
 
 
 def summarise(run_dir: Path, compression: str, repeat: int, wall_s: float) -> dict:

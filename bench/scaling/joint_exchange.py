@@ -23,13 +23,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-from bench.common import default_out, start_meta, write_result
+from bench.common import default_out, run_timed, start_meta, write_result
 
 AERIAL = ["dataset=synthetic", "dataset.kind=city_small", "model.contraction=mipnerf360", "model.appearance=affine",
           "model.min_altitude=-0.5", "model.opaque_floor=true", "model.occupancy_threshold_final=0.02",
@@ -44,11 +41,7 @@ def launch(world_size: int, exchange: str, run_dir: Path, args) -> float:
            "train.max_minutes=0", f"train.rays_per_rank={args.rays_per_rank}", "train.log_every=10",
            "train.ckpt_every=0", "train.progress=false", "eval.num_views=2", "eval.lpips=false",
            "logger.wandb.mode=disabled", "seed=0", *args.set]
-    t0 = time.time()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    if proc.returncode:
-        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return time.time() - t0
+    return run_timed(cmd)
 
 
 def summarise(run_dir: Path, world_size: int, exchange: str, wall_s: float) -> dict:

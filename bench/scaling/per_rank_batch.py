@@ -25,13 +25,11 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from bench.common import default_out, start_meta, write_result
+from bench.common import default_out, run_timed, start_meta, write_result
 
 LEGO = "../shared/data/nerf_synthetic_half/lego"
 
@@ -45,12 +43,7 @@ def launch(world_size: int, run_dir: Path, args, lr: float) -> float:
            "logger.wandb.mode=disabled", "seed=0", *args.set]
     if args.rays_per_rank:
         cmd.append(f"train.rays_per_rank={args.rays_per_rank}")
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
-    t0 = time.time()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if proc.returncode:
-        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    return time.time() - t0
+    return run_timed(cmd, args.threads)
 
 
 def summarise(run_dir: Path, world_size: int, rule: str, lr: float, wall_s: float) -> dict:

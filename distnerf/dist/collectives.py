@@ -57,8 +57,9 @@ def _caller() -> str:
 def _checked(tensor: torch.Tensor) -> torch.Tensor:
     """``tensor`` if the process group can exchange it where it lies (module docstring):
     on the CPU, or on this rank's current CUDA device under an NCCL-backed group or a CUDA rank's
-    gloo group (``dist_backend=gloo``: gloo's CUDA all-reduce and all-gather, the only collectives
-    called on device tensors here, stage them through pinned host memory).
+    gloo group (``dist_backend=gloo``: gloo's CUDA all-reduce and all-gather stage them through pinned host
+    memory; the all-to-all and the single-tensor all-gather, which gloo has no CUDA kernel for, are staged
+    here: :func:`_gloo_cuda`).
 
     Raises:
         RuntimeError: naming the calling line, the tensor's device and what the group takes.
@@ -66,7 +67,7 @@ def _checked(tensor: torch.Tensor) -> torch.Tensor:
     if tensor.device.type == "cpu":
         return tensor
     backend = str(dist.get_backend())
-    cuda_group = "nccl" in backend or (backend == "gloo" and torch.cuda.is_available())
+    cuda_group = _nccl() or (backend == "gloo" and torch.cuda.is_available())
     if tensor.is_cuda and cuda_group and tensor.device.index == torch.cuda.current_device():
         return tensor
     takes = f"cpu or cuda:{torch.cuda.current_device()}" if cuda_group else "cpu tensors only"
@@ -139,7 +140,12 @@ def all_gather_into(tensor: torch.Tensor, async_op: bool = False):
 def _gloo_cuda(tensor: torch.Tensor) -> bool:
     """A CUDA tensor in a gloo group (``dist_backend=gloo`` on a GPU): the collectives gloo has no CUDA
     kernel for (its all-to-all, its single-tensor all-gather) stage it through host memory."""
-    return tensor.is_cuda and "nccl" not in str(dist.get_backend())
+    return tensor.is_cuda and not _nccl()
+
+
+def _nccl() -> bool:
+    """Whether the default group runs NCCL (it takes device tensors only)."""
+    return "nccl" in str(dist.get_backend())
 
 
 def exchange_counts(send_counts: list[int]) -> list[int]:
@@ -153,8 +159,7 @@ def exchange_counts(send_counts: list[int]) -> list[int]:
     """
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return list(send_counts)
-    nccl = "nccl" in str(dist.get_backend())  # NCCL takes device tensors only
-    device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+    device = torch.device("cuda", torch.cuda.current_device()) if _nccl() else torch.device("cpu")
     sent = torch.tensor(send_counts, dtype=torch.int64, device=device)
     received = torch.empty_like(sent)
     dist.all_to_all_single(received, sent)

@@ -108,6 +108,11 @@ class LossNormalizer:
     def __init__(self, divisor, count: torch.Tensor | None = None, work=None, factor: float = 1.0):
         self.divisor, self._count, self._work, self._factor = divisor, count, work, factor
 
+    def with_divisor_times(self, k: float) -> "LossNormalizer":
+        """This normaliser with the loss divided by ``k`` times more (the correction after the backward, if
+        any, unchanged): a strategy whose gradients are summed over ranks rather than averaged."""
+        return LossNormalizer(self.divisor * k, self._count, self._work, self._factor)
+
     def rescale_(self, params) -> None:
         """Multiply the gradients of ``params`` by ``factor / N`` (N: the global valid count) after
         the backward, on the device: waits for N's all-reduce (on NCCL a stream wait, no host read).

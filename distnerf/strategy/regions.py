@@ -253,9 +253,11 @@ class JointRegionModels(RegionModels):
         width = values.shape[2]
         back = RouteValues.apply(values.reshape(len(theirs), m * width), recv_counts, send_counts)
         self.exchange["seconds"] += time.perf_counter() - start
-        me = D.rank()  # what leaves this rank: its rays for the others and, in the backward, their values'
-        out_rows, in_rows = sum(send_counts) - send_counts[me], sum(recv_counts) - recv_counts[me]  # gradients;
-        self.exchange["bytes"] += table.element_size() * (14 * out_rows + m * width * (in_rows + out_rows))  # values
+        # what leaves this rank: its rays for the others (14 floats) and their values' gradients in the backward,
+        # and the others' rays' values (m x C floats each way)
+        me = D.rank()
+        out_rows, in_rows = sum(send_counts) - send_counts[me], sum(recv_counts) - recv_counts[me]
+        self.exchange["bytes"] += table.element_size() * (14 * out_rows + m * width * (in_rows + out_rows))
         self.exchange["calls"] += 1
         empty = values.new_zeros(width)
         empty[3] = 1.0  # a region the ray misses: no colour, all light through

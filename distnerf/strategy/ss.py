@@ -368,9 +368,7 @@ class SSStrategy(Strategy):
             # gradients: the owners' losses sum into each sub-model through the routed values' backward, so the
             # divisor is ddp's times W (W B, the global count when every ray counts; else corrected after the
             # backward by W B / N, N's all-reduce in flight: Strategy.loss_normalizer)
-            base = super().loss_normalizer(valid, batch_rays)
-            world = self.env.world_size
-            return LossNormalizer(base.divisor * world, base._count, base._work, base._factor)
+            return super().loss_normalizer(valid, batch_rays).with_divisor_times(self.env.world_size)
         if valid is None:
             return LossNormalizer(float(max(batch_rays, 1)))
         return LossNormalizer(valid.clamp(min=1) if torch.is_tensor(valid) else max(float(valid), 1.0))
