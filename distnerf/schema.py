@@ -380,6 +380,12 @@ class TrainLoopConfig:
     # as Instant-NGP / nerfacc) on CUDA for a model the static step covers, else 0 (the CPU keeps the dynamic
     # step). Set rays_per_rank above what P holds at the final stage (e.g. 16384 on lego) for the budget to set the work
     samples_per_step: Optional[int] = bounded(None, 0)
+    # the whole static step (render, loss, backward, regulariser, optimizer) recorded once per grid stage and replayed
+    # as one CUDA graph (distnerf/components/graphed_step.py): one process, the static step, model.compile=false,
+    # dense gradients; on the CPU the same body runs uncaptured (a check, not faster). graph_probe_every: an eager
+    # step every N steps for the phase breakdown (a replay is one opaque `graph` phase); 0: none
+    cuda_graph: bool = False
+    graph_probe_every: int = bounded(100, 0)
     deterministic: bool = False         # torch.use_deterministic_algorithms: CUDA's scatter_add_/index_add_ take
                                         # their deterministic kernels (slower), an op without one raises; see README
     log_every: int = positive(50)

@@ -15,8 +15,9 @@
 #   cuda_tests     `pytest -k cuda` over the unit tests that mention CUDA (the device and pipelined
 #                  sampler on CUDA, the device/NVML mapping, ...); the CUDA-only ones skip on the CPU
 #   sweep          bench/gpu/sweep.py (issue 49 item 8): rays/s and samples/s at lego's final grid for the
-#                  eager, compiled and graphed (reduce-overhead: CUDA graphs) static step over sample budgets
-#                  2^16-2^20, bf16 once; --cpu: the built-in scene, eager, two small budgets
+#                  eager, graph (train.cuda_graph: the whole step as one CUDA graph), compiled and graphed
+#                  (reduce-overhead) static step over sample budgets 2^16-2^20, bf16 in two; --cpu: the
+#                  built-in scene, eager at two small budgets and the graph's body uncaptured
 #   lego_quality   the lego 2-minute run (dataset=blender dataset.root=$LEGO train.max_minutes=2,
 #                  default grid model, 25 test views): PSNR/SSIM, training and evaluation rays/s
 #   ddp_trace      1-rank torchrun (NCCL; gloo with --cpu) strategy=ddp profiler=trace, then

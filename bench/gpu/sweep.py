@@ -2,16 +2,18 @@
 eager, compiled and graphed static step over sample budgets, bf16 in the sweep only.
 
     python -m bench.gpu.sweep --mode cuda --data LEGO --seconds 150 --runs RUNS   # inside tools/gpu_check.sh
-    python -m bench.gpu.sweep --mode cpu --seconds 60 --runs RUNS                 # --cpu: the built-in scene, eager
+    python -m bench.gpu.sweep --mode cpu --seconds 60 --runs RUNS                 # --cpu: the built-in scene, eager and graph
 
 Every configuration builds the real :class:`~distnerf.engine.trainer.Trainer` of one process at the final stage
 (``model.resolutions=[160] model.upsample_steps=[]``: lego's last grid, no upsampling), ``sampler=device`` on CUDA,
 ``train.samples_per_step=P`` (the static step's sample budget) and ``train.rays_per_rank`` above what P holds (4 x
 P / 64 rays: the budget, not the batch, sets the work), then runs ``--warmup`` steps (compilation and CUDA-graph
 recording happen there) and times ``--steps`` steps of ``Trainer.fit``'s step (no logging, evaluation or
-checkpoints) between two device synchronisations. Modes: ``eager``; ``compiled`` (``model.compile=true``: the
-render compiled with ``fullgraph=True`` and the optimizer on its own, inductor); ``graphed`` (the same with
-``model.compile_mode=reduce-overhead``: both replayed as CUDA graphs). Per configuration: rays/s and samples/s
+checkpoints) between two device synchronisations. Modes: ``eager``; ``graph`` (``train.cuda_graph=true``: the
+whole step, forward to optimizer, recorded by hand as one CUDA graph per grid stage and replayed,
+:mod:`distnerf.components.graphed_step`; ``--cpu``: its body uncaptured); ``compiled`` (``model.compile=true``:
+the render compiled with ``fullgraph=True`` and the optimizer on its own, inductor); ``graphed`` (the same with
+``model.compile_mode=reduce-overhead``: both replayed as CUDA graphs by torch.compile). Per configuration: rays/s and samples/s
 (the budget's own figures: rays it rendered, samples it marched), samples per ray, step ms, the warm-up's seconds,
 the budget's fill and overflow rate, the peak device memory; ``failed: ...`` with the error where one fails (the
 others go on). Configurations run in priority order until ``--seconds`` are spent (the rest: ``skipped: time``).
@@ -29,11 +31,13 @@ from pathlib import Path
 import torch
 
 CUDA_PLAN = [  # (mode, log2 P, bf16), priority order: the default budget first, then the extremes
-    ("eager", 18, False), ("compiled", 18, False), ("graphed", 18, False), ("eager", 20, False),
-    ("graphed", 20, False), ("eager", 16, False), ("eager", 18, True), ("compiled", 20, False)]
+    ("eager", 18, False), ("graph", 18, False), ("compiled", 18, False), ("graphed", 18, False),
+    ("graph", 20, False), ("eager", 20, False), ("graphed", 20, False), ("eager", 16, False), ("graph", 16, False),
+    ("graph", 18, True), ("eager", 18, True), ("compiled", 20, False)]
 COMMON = ["train.ckpt_every=-1", "eval.enabled=false", "train.progress=false", "logger.wandb.mode=disabled",
           "profiler.telemetry=false", "train.max_steps=100000", "train.global_rays=null"]
-CPU_PLAN = [("eager", 10, False), ("eager", 12, False), ("compiled", 10, False), ("graphed", 10, False)]
+CPU_PLAN = [("eager", 10, False), ("eager", 12, False), ("graph", 10, False), ("compiled", 10, False),
+            ("graphed", 10, False)]
 
 
 def overrides(mode: str, log2_slots: int, bf16: bool, device: str, data: list[str]) -> list[str]:
@@ -43,7 +47,9 @@ def overrides(mode: str, log2_slots: int, bf16: bool, device: str, data: list[st
     out = [*data, f"device={device}", "model=grid", f"model.resolutions=[{final}]", "model.upsample_steps=[]",
            f"train.samples_per_step={slots}", f"train.rays_per_rank={max(256, 4 * slots // 64)}",
            "sampler=device" if device == "cuda" else "sampler=sync", f"train.bf16={str(bf16).lower()}"]
-    if mode != "eager":
+    if mode == "graph":  # the whole step as one hand-recorded CUDA graph (the CPU: its body uncaptured)
+        out.append("train.cuda_graph=true")
+    elif mode != "eager":
         out.append("model.compile=true")
     if mode == "graphed":
         out.append("model.compile_mode=reduce-overhead")
@@ -115,7 +121,7 @@ def main() -> None:
         root = args.runs or Path(tmp)
         for mode, log2_slots, bf16 in plan:
             row = {"mode": mode, "samples_per_step": 1 << log2_slots, "bf16": bf16}
-            if not cuda and mode != "eager":
+            if not cuda and mode not in ("eager", "graph"):
                 row["status"] = "skipped: needs CUDA (compiled and graphed steps are the GPU's; the CPU compile is " \
                                 "tested in tests/unit/test_static_step.py)"
             elif time.monotonic() > deadline:

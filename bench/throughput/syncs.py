@@ -53,7 +53,7 @@ CONFIGS = {
 }
 COMMON = ["experiment=smoke", "sampler=sync", "train.ckpt_every=-1", "eval.enabled=false", "train.progress=false",
           "logger.wandb.mode=disabled", "profiler.telemetry=false", "train.max_steps=100000"]
-MODEL = ("model_update", "forward", "backward", "regularizer", "optimizer")
+MODEL = ("model_update", "graph", "forward", "backward", "regularizer", "optimizer")
 TRAINER = ("agree", "step_sync", "end_step")
 INPUT = ("input_wait", "copy")
 

@@ -149,6 +149,33 @@ def colour_head(res: Results) -> list[str]:
     return out
 
 
+def cpu_paths(res: Results) -> list[str]:
+    """bench/throughput/cpu_paths.py: the real trainer's step on lego at 160^3 for each step path."""
+    d = res.json("cpu_paths/cpu_paths.json")
+    paths = d["paths"]
+    out = header("step path", "ms / step (median block)", "rays/s (median block)", "/ the CPU default",
+                 "samples per ray", "blocks: ms / step", "warm-up s (compilation)")
+    for label, r in paths.items():
+        if "failed" in r:
+            out.append(row(label, f"failed (exit {r['failed']})", "-", "-", "-", "-", "-"))
+            continue
+        blocks = ", ".join(f"{b['step_ms']:.0f}" for b in r["runs"])
+        out.append(row(label, f"{r['step_ms_median']:.1f}", kilo(r["rays_per_s_median"]),
+                       f"{r.get('rays_per_s_over_default', 1.0):.2f}x", f"{r['samples_per_ray']:.1f}", blocks,
+                       f"{r['warmup_s']:.1f}"))
+    ok = {k: r for k, r in paths.items() if "failed" not in r}
+    default = next(iter(paths))
+    best = max(ok, key=lambda k: ok[k]["rays_per_s_median"])
+    compiled = [k for k in ok if "compiled" in k]
+    fastest_block = min(b["step_ms"] for b in ok[default]["runs"])  # beyond the default's own spread
+    faster = [k for k in compiled if ok[k]["step_ms_median"] < fastest_block]
+    ratios = ", ".join(f"{k} {ok[k]['rays_per_s_over_default']:.2f}x" for k in compiled)
+    verdict = "yes: " + ", ".join(faster) if faster else "no"
+    out += ["", f"- Fastest median: {best}. A compiled path faster than the CPU default's fastest block "
+                f"({fastest_block:.1f} ms): **{verdict}** ({ratios})."]
+    return out
+
+
 TABLES = {  # marker name -> the function that makes the table
     "engine_eval": engine_eval,
     "engine_train": engine_train,
@@ -157,4 +184,5 @@ TABLES = {  # marker name -> the function that makes the table
     "syncs": syncs,
     "timing_overhead": timing_overhead,
     "colour_head": colour_head,
+    "cpu_paths": cpu_paths,
 }

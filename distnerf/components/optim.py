@@ -93,8 +93,8 @@ def build_optimizer(model: RadianceModel, cfg: Mapping, tensor_lr: bool = False)
     groups = model.param_groups(float(cfg["lr"]))
     for g in groups:
         g["base_lr"] = g["lr"]
-        if tensor_lr:
-            g["lr"] = torch.tensor(float(g["lr"]), dtype=torch.float32)
+        if tensor_lr:  # on the parameters' device: a CUDA graph (or torch.compile's) reads it there, never a host scalar
+            g["lr"] = torch.tensor(float(g["lr"]), dtype=torch.float32, device=_device_of(g["params"]))
     kwargs = {"betas": tuple(cfg.betas), "eps": float(cfg.eps)}
     if tensor_lr:  # compiled: PyTorch keeps torch.compile out of the fused kernel (torch.compiler.disable on
         # _fused_adam), so the compiled step is the multi-tensor update, which inductor fuses itself; capturable:
@@ -106,6 +106,12 @@ def build_optimizer(model: RadianceModel, cfg: Mapping, tensor_lr: bool = False)
     optimizer = LazyAdam(groups, **kwargs)
     optimizer.tensor_lr = tensor_lr  # survives load_state_dict (set_lr restores a tensor lr a checkpoint replaced)
     return optimizer
+
+
+def _device_of(params) -> torch.device:
+    """The device of a group's parameters (the CPU for an empty group)."""
+    params = list(params)
+    return params[0].device if params else torch.device("cpu")
 
 
 def rebuild_optimizer(old: torch.optim.Optimizer, model: RadianceModel, cfg: Mapping,
@@ -136,7 +142,7 @@ def set_lr(optimizer: torch.optim.Optimizer, clock: Clock | int, cfg: Mapping) -
         if torch.is_tensor(g["lr"]):  # build_optimizer(tensor_lr=True): in place, the same tensor
             g["lr"].fill_(g["base_lr"] * factor)
         elif getattr(optimizer, "tensor_lr", False):  # a float a checkpoint's state brought: a tensor again
-            g["lr"] = torch.tensor(g["base_lr"] * factor, dtype=torch.float32)
+            g["lr"] = torch.tensor(g["base_lr"] * factor, dtype=torch.float32, device=_device_of(g["params"]))
         else:
             g["lr"] = g["base_lr"] * factor
     return factor

@@ -84,24 +84,51 @@ class SampleBudget:
 
     def render(self, model, rays: RayBundle, generator: torch.Generator | None) -> RenderOutput:
         """``model``'s training render of ``rays`` (R) in P slots: the jitter and the random background
-        drawn as :meth:`~distnerf.model.marched.MarchingModel.forward` draws them, then
-        :func:`~distnerf.model.marched_static.static_render`; the next step's ray count is kept on the
-        device and the stats go to the host buffer, unread."""
+        drawn as :meth:`~distnerf.model.marched.MarchingModel.forward` draws them (:meth:`draw`), then
+        :meth:`render_drawn`; the stats go to the host buffer, unread."""
+        u, background = self.draw(model, rays, generator)
+        out, stats = self.render_drawn(model, rays, u, background)
+        self._push(stats)
+        return out
+
+    def draw(self, model, rays: RayBundle, generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step's random draws from ``generator``: ``u`` (R,) the sample-grid jitter in [0, 1) and the
+        background, (R, 3) random where ``model.random_background``, else the model's (3,)."""
         origins = rays.origins
-        if self.active is None or self.active.device != origins.device:
-            self.active = torch.full((), len(rays), dtype=torch.int64, device=origins.device)
         u = torch.rand(rays.near.shape, generator=generator, device=origins.device, dtype=rays.near.dtype)
-        static_nonzero_available(origins.device)  # its probe runs here, not inside a compiled render
         background = model.background
         if model.random_background:
             background = torch.rand(len(rays), 3, generator=generator, device=origins.device, dtype=origins.dtype)
+        return u, background
+
+    def render_drawn(self, model, rays: RayBundle, u: torch.Tensor, background: torch.Tensor | None
+                     ) -> tuple[RenderOutput, torch.Tensor]:
+        """:func:`~distnerf.model.marched_static.static_render` of ``rays`` with the draws ``u`` and
+        ``background`` (:meth:`draw`); the next step's ray count written in place into :attr:`active` (on the
+        device). Every tensor it reads besides its arguments stays at one address within a grid stage (the
+        clip box, the ranges, the occupancy grid: refreshed in place), so a CUDA graph can replay it
+        (:mod:`.graphed_step`). Returns (outputs, the (4,) int64 stats for :meth:`_push`)."""
+        origins = rays.origins
+        self.prepare_inputs(model, rays)
         out, next_active, stats = self._render(model, rays, u, background, self._clip_box(model), self.active,
                                                field_fn_of(model, rays.image_ids), model.step_size(),
                                                self._num_slots(model), self.capacity, self.headroom,
                                                self._ranges(len(rays), origins.device), self._any_occupied)
         self.active.copy_(next_active)
-        self._push(stats)
-        return out
+        return out, stats
+
+    def prepare_inputs(self, model, rays: RayBundle) -> None:
+        """Bring the step's fixed inputs up to date, in place: the active count (made once), the clip box (after
+        a refresh), K and the ranges (once per stage). :meth:`render_drawn` calls it; a CUDA graph's replay
+        (:mod:`.graphed_step`) calls it before the replay, since the graph runs none of this host logic."""
+        device = rays.origins.device
+        if self.active is None or self.active.device != device:
+            self.active = torch.full((), len(rays), dtype=torch.int64, device=device)
+        static_nonzero_available(device)  # its probe runs here, not inside a compiled render
+        self._clip_box(model)
+        self._num_slots(model)
+        self._ranges(len(rays), device)
+        model.occupancy.cell_scale(rays.origins.dtype)  # the march's cells per unit (the box moves on a refresh)
 
     def _ranges(self, num_rays: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """``(arange(R), arange(P))`` int64 on ``device``, kept (fixed buffers: no operator a step)."""
@@ -117,9 +144,14 @@ class SampleBudget:
         key = (occ.binary.data_ptr(), occ.binary._version, occ.aabb._version, box.data_ptr(), box._version)
         if key != self._clip_key:
             occupied = occ.occupied_aabb()
-            self._any_occupied = occ.binary.any()  # the collapse flag's source (it changes here only)
             lo = torch.maximum(box[0], occupied[0])
-            self._clip = torch.stack([lo, torch.maximum(torch.minimum(box[1], occupied[1]), lo)])
+            clip = torch.stack([lo, torch.maximum(torch.minimum(box[1], occupied[1]), lo)])
+            any_occupied = occ.binary.any()  # the collapse flag's source (it changes here only)
+            if self._clip_key is not None and self._clip.shape == clip.shape and self._clip.device == clip.device:
+                self._clip.copy_(clip)  # in place: a replayed CUDA graph reads the same buffers
+                self._any_occupied.copy_(any_occupied)
+            else:
+                self._clip, self._any_occupied = clip, any_occupied
             self._clip_key = key
         return self._clip
 

@@ -52,18 +52,25 @@ class TrainStep:
             grid stage, whose new tables rebuild the optimizer). ``compile_mode="reduce-overhead"`` replays
             both compiled parts as CUDA graphs on a GPU.
         compile_backend: torch.compile's backend for both (``inductor``; the tests' ``aot_eager``).
+        cuda_graph: ``train.cuda_graph``: the static step is replayed as a CUDA graph
+            (:class:`~.graphed_step.GraphedStep`, which the trainer builds over this step): the optimizer's
+            learning rates are then 0-dim tensors on the device and Adam is ``capturable``.
     Raises:
         ValueError: ``samples_per_step`` > 0 with a model the static step does not cover.
     """
 
     def __init__(self, model: RadianceModel, optim_cfg, phase: Phase = no_phase, compile_mode: str | None = None,
-                 compile_static: bool = False, compile_backend: str = "inductor"):
+                 compile_static: bool = False, compile_backend: str = "inductor", cuda_graph: bool = False):
         self.model, self.cfg, self.phase = model, section(TrainLoopConfig, optim_cfg), phase
         self.budget = None  # train.samples_per_step > 0: the static step's sample budget (.sample_budget)
         samples = resolve_samples_per_step(self.cfg.samples_per_step, model)
         self.compiled_optimizer = samples > 0 and compile_static  # model.compile on the static step
+        # lr tensors for a step that is recorded: compiled, or a CUDA graph (on the CPU the graph's body runs
+        # uncaptured and reads the floats: the CPU's Adam cannot be capturable, a tensor lr would be read there)
+        on_cuda = any(p.is_cuda for p in model.parameters())
+        self.tensor_lr = self.compiled_optimizer or (samples > 0 and cuda_graph and on_cuda)
         self._compile = (compile_mode, compile_backend)
-        self.optimizer = build_optimizer(model, optim_cfg, tensor_lr=self.compiled_optimizer)
+        self.optimizer = build_optimizer(model, optim_cfg, tensor_lr=self.tensor_lr)
         self._optimizer_step = self._compiled_step()
         if samples > 0:
             self.budget = model.sample_budget = SampleBudget(model, samples)
@@ -94,7 +101,7 @@ class TrainStep:
         clock = Clock(step, budget_fraction if budgeted(self.cfg) else None)
         replaced = bool(self.model.update_state(step, stage_step(clock, self.cfg)))
         if replaced:
-            self.optimizer = rebuild_optimizer(self.optimizer, self.model, self.cfg, tensor_lr=self.compiled_optimizer)
+            self.optimizer = rebuild_optimizer(self.optimizer, self.model, self.cfg, tensor_lr=self.tensor_lr)
             self._optimizer_step = self._compiled_step()
         set_lr(self.optimizer, clock, self.cfg)
         return replaced

@@ -24,6 +24,7 @@ from .. import dist as D
 from ..components.loss import RayError
 from ..components.schedule import BudgetClock, step_limit
 from ..components.sample_budget import resolve_samples_per_step
+from ..components.graphed_step import GraphedStep, check_graphable
 from ..components.step import TrainStep
 from ..data import load_scene
 from ..data.images import undecoded
@@ -132,7 +133,9 @@ class Trainer:
         self.timer = self.profiler.steps
         # the timer's phase looked up at each call: a tool may wrap it (tools/bench_syncs.py)
         self.step_fn = TrainStep(self.model, cfg.train, phase=lambda name: self.timer.phase(name),
-                                 compile_mode=cfg.model.compile_mode, compile_static=bool(cfg.model.compile))
+                                 compile_mode=cfg.model.compile_mode, compile_static=bool(cfg.model.compile),
+                                 cuda_graph=cfg.train.cuda_graph)
+        self.graphed = self._graphed_step()  # train.cuda_graph: the whole step replayed as a CUDA graph, else None
         if state is not None:
             self.step_fn.optimizer.load_state_dict(state["optimizer"])
             self.step, self.train_seconds = int(state["step"]), float(state["train_seconds"])
@@ -191,9 +194,29 @@ class Trainer:
             loggers.append(WandbLogger(self.cfg.logger.wandb, self.run_dir, config, resumed, label))
         return MultiLogger(loggers)
 
+    def _graphed_step(self) -> GraphedStep | None:
+        """``train.cuda_graph``: the :class:`GraphedStep` over the step (checked: :func:`check_graphable`; the
+        model's sparse colour gradients turned off, as DDP does), else None."""
+        if not self.cfg.train.cuda_graph:
+            return None
+        try:
+            check_graphable(self.step_fn, self.env.world_size, bool(self.cfg.model.compile))
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
+        if getattr(self.model, "sparse_grad", False):
+            self.model.sparse_grad = False  # a sparse gradient's sizes depend on the data: not recordable
+        graphed = GraphedStep(self.step_fn, probe_every=self.cfg.train.graph_probe_every)
+        if self.env.is_main:
+            log.info("train.cuda_graph: the whole step %s once per grid stage after %d eager steps; an eager "
+                     "probe step every %s steps", "is recorded as a CUDA graph and replayed" if self.device.type ==
+                     "cuda" else "runs uncaptured on fixed buffers (CPU: no CUDA graphs; a check, not faster)",
+                     graphed.warmup, self.cfg.train.graph_probe_every or "no")
+        return graphed
+
     # ----------------------------------------------------------------- loop
-    def train_step(self, step: int) -> tuple[RayBatch, RenderOutput, RayError]:
-        """The step's forward half: returns (batch, model outputs, their :class:`RayError`)."""
+    def train_step(self, step: int) -> tuple[RayBatch, RenderOutput, RayError, bool]:
+        """The step's forward half: returns (batch, model outputs, their :class:`RayError`, whether the
+        update is done too: a replayed graph of the whole step, ``train.cuda_graph``)."""
         with self.timer.phase("input_wait"):  # sync builds the batch here; pipelined waits for a worker
             batch = self.sampler.host_batch(step)
         with self.timer.phase("copy"):
@@ -201,9 +224,16 @@ class Trainer:
         with self.timer.phase("model_update"):
             if self.step_fn.prepare(step, self.budget_clock.read(step)):  # parameters replaced: rewrap too
                 self.wrapped = self.strategy.rewrap()
+        if self.graphed is not None:
+            batch = self.graphed.inputs(batch)  # the graph's fixed buffers (a new grid stage: new ones)
+            if not self.graphed.eager_now(step):
+                with self.timer.phase("graph"):
+                    out, error = self.graphed.run(batch, self.loss_normalizer(batch).divisor)
+                return batch, out, error, True
+            self.graphed.after_eager()  # a warm-up or probe step: the eager step below, on the buffers
         with self.timer.phase("forward"):
             out, error = self.step_fn.forward(self.wrapped, batch)
-        return batch, out, error
+        return batch, out, error, False
 
     def agree(self, batch, sse: torch.Tensor) -> PendingAgreement:
         """Launch the step's one small all-reduce (valid rays, stop and checkpoint flags) and return it
@@ -255,10 +285,11 @@ class Trainer:
         gradients corrected where the normaliser says so, optimizer, then the agreement read.
         ``self.step`` is not advanced. Returns (batch, model outputs, their :class:`RayError`, the
         agreement)."""
-        batch, out, error = self.train_step(self.step)
+        batch, out, error, updated = self.train_step(self.step)
         pending = self.agree(batch, error.sse)
-        norm = self.loss_normalizer(batch)
-        self.step_fn.update(error.sse / norm.divisor, lambda: norm.rescale_(self.model.parameters()))
+        if not updated:
+            norm = self.loss_normalizer(batch)
+            self.step_fn.update(error.sse / norm.divisor, lambda: norm.rescale_(self.model.parameters()))
         with self.timer.phase("step_sync"):  # after the update: the host waits for no rank before the backward
             agreed = pending.wait()
         # the mean over ranks: the same float everywhere (read by the next step's schedule)
@@ -401,7 +432,8 @@ class Trainer:
                "train_seconds": self.train_seconds,
                **({} if self.budget_clock.fraction is None else {"budget_fraction": self.budget_clock.fraction}),
                **{f"time_{k}": v for k, v in self.timer.pop().items()}, **self.strategy.comm_stats(),
-               **self.timer.recent_figures(self.cfg.train.log_every), **self.step_fn.budget_metrics()}
+               **self.timer.recent_figures(self.cfg.train.log_every), **self.step_fn.budget_metrics(),
+               **(self.graphed.metrics() if self.graphed is not None else {})}
         for key, name in (("num_density_samples", "density_samples_per_ray"),
                           ("num_colour_samples", "colour_samples_per_ray")):
             count = getattr(out, key)

@@ -31,7 +31,7 @@ from typing import Callable
 from ..fileio import atomic_write_text
 
 INTERVAL_S = 5.0  # publish period; "not heard from" means older than 3 periods
-STEP_ORDER = ("setup", "input_wait", "copy", "model_update", "forward", "backward", "regularizer", "optimizer",
+STEP_ORDER = ("setup", "input_wait", "copy", "model_update", "graph", "forward", "backward", "regularizer", "optimizer",
               "step_sync", "checkpoint", "evaluate")
 PROGRESS_DIR = "progress"
 """``RUN/progress/``: each rank's last entry, ``rank_R.json`` (as in the store, plus ``rank``)."""

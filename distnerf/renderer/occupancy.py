@@ -128,14 +128,26 @@ class OccupancyGrid(nn.Module):
         """Rays in cell units: (R, 3) origins and (R, 3) directions such that ``o + t d``
         is the point ``origins + t directions`` measured in cells from the box corner."""
         aabb = self.aabb.to(origins.dtype)
-        if torch.compiler.is_compiling():  # a graph computes it once anyway (and cannot compare data pointers)
-            scale = self.resolution / (aabb[1] - aabb[0])
-        else:
-            key = (aabb.data_ptr(), aabb._version, aabb.dtype, self.resolution)
-            if self.__dict__.get("_cell_scale_key") != key:  # cells per unit, made once per box (2 operators a march)
-                self._cell_scale, self._cell_scale_key = self.resolution / (aabb[1] - aabb[0]), key
-            scale = self._cell_scale
+        scale = self.cell_scale(origins.dtype)
         return (origins - aabb[0]) * scale, directions * scale
+
+    def cell_scale(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """(3,) cells per unit length along each axis, in ``dtype``: made once per box (2 operators a march) and
+        kept; a box that moves (a refresh tightens it in place) is written into the same tensor, so a replayed
+        CUDA graph reads the new box's scale (:mod:`distnerf.components.graphed_step`, whose step calls this
+        before each replay)."""
+        aabb = self.aabb.to(dtype)
+        if torch.compiler.is_compiling():  # a graph computes it once anyway (and cannot compare data pointers)
+            return self.resolution / (aabb[1] - aabb[0])
+        key = (aabb.data_ptr(), aabb._version, aabb.dtype, self.resolution)
+        if self.__dict__.get("_cell_scale_key") != key:
+            scale, kept = self.resolution / (aabb[1] - aabb[0]), self.__dict__.get("_cell_scale")
+            if kept is not None and kept.dtype == scale.dtype and kept.device == scale.device:
+                kept.copy_(scale)
+            else:
+                self._cell_scale = scale
+            self._cell_scale_key = key
+        return self._cell_scale
 
     def coarse(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The coarse level of the two-level walk.

@@ -43,9 +43,11 @@ def test_gpu_check_cpu_mode_writes_every_section(tmp_path):
     assert "ss_joint" not in paths  # --cpu: joint ss runs in two_ranks instead
     assert paths["bf16"]["status"].startswith("skipped: ") and paths["ss_fusion"]["psnr"] > 0
     assert sections["cuda_tests"]["failed"] == 0 and sections["cuda_tests"]["skipped"] >= 1
-    sweep = sections["sweep"]["configs"]  # --cpu: eager at two budgets trained and timed, the compiled modes skipped
-    assert [c["status"] for c in sweep[:2]] == ["ok", "ok"] and all(c["rays_per_s"] > 0 for c in sweep[:2]), sweep
-    assert all(c["status"].startswith("skipped: needs CUDA") for c in sweep[2:]) and len(sweep) == 4, sweep
+    sweep = sections["sweep"]["configs"]  # --cpu: eager at two budgets and the graph's body trained and timed,
+    # the compiled modes skipped
+    assert [c["status"] for c in sweep[:3]] == ["ok"] * 3 and all(c["rays_per_s"] > 0 for c in sweep[:3]), sweep
+    assert sweep[2]["mode"] == "graph" and "train.cuda_graph=true" in sweep[2]["overrides"], sweep[2]
+    assert all(c["status"].startswith("skipped: needs CUDA") for c in sweep[3:]) and len(sweep) == 5, sweep
     quality = sections["lego_quality"]
     assert quality["step"] == 20 and 0 < quality["psnr"] < 60 and quality["eval_rays_per_s"] > 0
     assert quality["train_rays_per_s_median"] > 0 and quality["num_views"] == 2
