@@ -207,10 +207,11 @@ class Trainer:
             self.model.sparse_grad = False  # a sparse gradient's sizes depend on the data: not recordable
         graphed = GraphedStep(self.step_fn, probe_every=self.cfg.train.graph_probe_every)
         if self.env.is_main:
-            log.info("train.cuda_graph: the whole step %s once per grid stage after %d eager steps; an eager "
-                     "probe step every %s steps", "is recorded as a CUDA graph and replayed" if self.device.type ==
-                     "cuda" else "runs uncaptured on fixed buffers (CPU: no CUDA graphs; a check, not faster)",
-                     graphed.warmup, self.cfg.train.graph_probe_every or "no")
+            how = ("is recorded as one CUDA graph once per grid stage (after %d eager steps) and replayed" %
+                   graphed.warmup if self.device.type == "cuda" else
+                   "runs uncaptured on the graph's fixed buffers (the CPU has no CUDA graphs: a check, not faster)")
+            log.info("train.cuda_graph: the whole step %s; an eager probe step every %s steps", how,
+                     self.cfg.train.graph_probe_every or "no")
         return graphed
 
     # ----------------------------------------------------------------- loop

@@ -64,6 +64,7 @@ log = logging.getLogger("distnerf")
 PHASES = ("input_wait", "copy", "model_update", "graph", "forward", "backward", "exposed_comm", "regularizer",
           "optimizer", "step_sync", "checkpoint")  # the order a step passes them: the agreement is read after the
 # update; `graph`: a replayed CUDA graph of the whole step (train.cuda_graph), opaque inside
+MODEL_PHASES = ("forward", "backward", "regularizer", "optimizer")  # inside a `graph` replay: None (not measured)
 FIGURES = ("rays_per_s", "samples_per_ray", "field_evals", "forward_ns_per_sample", "comm_bytes", "comm_total_s",
            "comm_hidden_s", "bus_bandwidth_gbps", "peak_memory_mb")
 
@@ -147,7 +148,7 @@ def summarize(records: list[dict], skip_steps: int = 0) -> dict:
         records: per-step dicts (``step_s``, phase seconds, figures).
         skip_steps: leading records left out (start-up, compilation); reported apart.
     Returns:
-        ``{"num_steps", "skipped", "startup_s", "keys": {key: {mean, median, p95, share}},
+        ``{"num_steps", "skipped", "startup_s", "keys": {key: {mean, median, p95, steps, share}},
         "unattributed_share": {median, p95, max}}``; ``share`` is the phase's sum over
         the step time's sum.
     """
@@ -165,7 +166,7 @@ def summarize(records: list[dict], skip_steps: int = 0) -> dict:
         if values.size == 0:
             continue
         stats = {"mean": float(values.mean()), "median": float(np.median(values)),
-                 "p95": float(np.percentile(values, 95))}
+                 "p95": float(np.percentile(values, 95)), "steps": int(values.size)}  # steps that had it
         if key in PHASES or key == "unattributed" or key.startswith("forward."):
             stats["share"] = float(values.sum() / max(step_sum, 1e-12))
         out["keys"][key] = stats
@@ -380,8 +381,9 @@ class StepProfiler:
             rec[name] = rec.get(name, 0.0) + self.clock.seconds(a, b)
         if self.cuda:  # GPU timeline of the step, host wall if longer (input waits)
             step_s = rec["step_s"] = max(step_s, self.clock.seconds(c.step_mark, c.end_mark))
-        for name in PHASES:
-            rec.setdefault(name, 0.0)
+        replay = "graph" in c.host_edges  # a replayed CUDA graph: the model's phases were not measured
+        for name in PHASES:  # None: not measured (the model's phases in a replay; `graph` in any other step)
+            rec.setdefault(name, None if (name in MODEL_PHASES if replay else name == "graph") else 0.0)
         if "forward" in c.host_edges:
             children = sum(v for k, v in rec.items() if k.startswith("forward."))
             if children > 0:
@@ -418,7 +420,8 @@ class StepProfiler:
         rec["rays_per_s"] = c.num_rays / max(step_s, 1e-12)
         rec["samples_per_ray"] = c.num_samples / max(c.num_rays, 1.0)
         rec["field_evals"] = int(c.num_samples)
-        rec["forward_ns_per_sample"] = rec["forward"] / max(c.num_samples, 1) * 1e9
+        if rec["forward"] is not None:
+            rec["forward_ns_per_sample"] = rec["forward"] / max(c.num_samples, 1) * 1e9
         if self.cuda:
             rec["peak_memory_mb"] = torch.cuda.max_memory_allocated() / 2**20
             torch.cuda.reset_peak_memory_stats()
