@@ -32,6 +32,7 @@ tensor it reads from outside sits at one address through a stage, refresh steps 
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 
@@ -68,6 +69,7 @@ class _Key:
     tables: tuple  # (data_ptr, shape) of every parameter
     occupancy: tuple  # the occupancy grid's binary and box: address, shape
     optimizer: int  # id of the optimizer (rebuilt at a stage change)
+    lrs: tuple  # addresses of the groups' learning-rate tensors (filled in place by the schedule)
     rays: int  # R
     image_ids: bool
     random_background: bool
@@ -96,6 +98,7 @@ class GraphedStep:
         self._buffers: dict[str, torch.Tensor] = {}
         self._outputs = None  # (RenderOutput, RayError) of the captured body: rewritten by every replay
         self._stats = None  # the captured body's (4,) stats
+        self._stream = None  # CUDA: the side stream of the warm-up steps and the capture
 
     @property
     def model(self):
@@ -133,6 +136,8 @@ class GraphedStep:
         return _Key(tables=tuple((p.data_ptr(), tuple(p.shape)) for p in model.parameters()),
                     occupancy=(occ.binary.data_ptr(), tuple(occ.binary.shape), occ.aabb.data_ptr()),
                     optimizer=id(self.step.optimizer), rays=len(batch.rays),
+                    lrs=tuple(g["lr"].data_ptr() if torch.is_tensor(g["lr"]) else None
+                              for g in self.step.optimizer.param_groups),
                     image_ids=batch.rays.image_ids is not None, random_background=bool(model.random_background))
 
     # ------------------------------------------------------------------ the step
@@ -179,11 +184,33 @@ class GraphedStep:
         return out, error
 
     def _buffer(self, name: str, shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        """The fixed buffer ``name`` (made at the first use after a (re)key)."""
+        """The fixed buffer ``name`` (made at the first use after a (re)key; one made anew while a graph
+        exists drops the graph, which holds the old one's address: warm-up and capture again)."""
         buf = self._buffers.get(name)
         if buf is None or tuple(buf.shape) != tuple(shape) or buf.dtype != dtype:
+            if buf is not None and self.graph is not None:
+                self.release()
             self._buffers[name] = buf = torch.empty(shape, dtype=dtype, device=device)
         return buf
+
+    def release(self) -> None:
+        """Drop the recorded graph (its memory pool goes with it); the next steps warm up and record again."""
+        self.graph, self._outputs, self._stats, self._warm = None, None, None, 0
+
+    @contextlib.contextmanager
+    def warmup_stream(self, device: torch.device):
+        """Where an eager step runs: on CUDA the graph's capture stream (PyTorch's recipe warms up on a side
+        stream, then records on it), ordered after and before the current stream's work; elsewhere as is."""
+        if device.type != "cuda":
+            yield
+            return
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device)
+        current = torch.cuda.current_stream(device)
+        self._stream.wait_stream(current)
+        with torch.cuda.stream(self._stream):
+            yield
+        current.wait_stream(self._stream)
 
     def _fill(self, name: str, value: torch.Tensor) -> torch.Tensor:
         """``value`` copied into the fixed buffer ``name``."""
@@ -210,9 +237,11 @@ class GraphedStep:
         optimizer.zero_grad(set_to_none=True)
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
-        # thread_local: a background thread's CUDA call (an asynchronous checkpoint's copy, a pinned buffer)
-        # does not invalidate the capture; the backward's kernels go to the captured stream whatever thread
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(batch.rgb.device)
+        # on the warm-up steps' stream; thread_local: a background thread's CUDA call (an asynchronous
+        # checkpoint's copy) does not invalidate the capture (the backward's kernels follow the stream)
+        with torch.cuda.graph(graph, stream=self._stream, capture_error_mode="thread_local"):
             out, error, stats = self._body(batch, background)
         self.graph, self._outputs, self._stats = graph, (out, error), stats
         optimizer.zero_grad(set_to_none=True)  # the graph keeps its gradient buffers (its pool)

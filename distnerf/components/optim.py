@@ -139,9 +139,11 @@ def set_lr(optimizer: torch.optim.Optimizer, clock: Clock | int, cfg: Mapping) -
     step, no budget); returns the factor."""
     factor = lr_factor(clock, cfg)
     for g in optimizer.param_groups:
-        if torch.is_tensor(g["lr"]):  # build_optimizer(tensor_lr=True): in place, the same tensor
-            g["lr"].fill_(g["base_lr"] * factor)
-        elif getattr(optimizer, "tensor_lr", False):  # a float a checkpoint's state brought: a tensor again
+        if torch.is_tensor(g["lr"]) and g["lr"].device == _device_of(g["params"]):
+            g["lr"].fill_(g["base_lr"] * factor)  # build_optimizer(tensor_lr=True): in place, the same tensor
+        elif getattr(optimizer, "tensor_lr", False):  # a float, or a CPU tensor a checkpoint's state brought
+            # (loaded to the CPU): a tensor on the parameters' device again (a graph reads it there; a CPU
+            # scalar would be read once, when the graph is recorded)
             g["lr"] = torch.tensor(g["base_lr"] * factor, dtype=torch.float32, device=_device_of(g["params"]))
         else:
             g["lr"] = g["base_lr"] * factor

@@ -225,13 +225,22 @@ class Trainer:
         with self.timer.phase("model_update"):
             if self.step_fn.prepare(step, self.budget_clock.read(step)):  # parameters replaced: rewrap too
                 self.wrapped = self.strategy.rewrap()
-        if self.graphed is not None:
+        if self.graphed is not None:  # one process (check_graphable): the update may come before the agreement
             batch = self.graphed.inputs(batch)  # the graph's fixed buffers (a new grid stage: new ones)
+            norm = self.loss_normalizer(batch)
+            if not norm.exact:
+                raise ConfigError("train.cuda_graph=true: this run's loss divisor is corrected after the backward "
+                                  "(a ray filter's global valid count), which a recorded step cannot do")
             if not self.graphed.eager_now(step):
                 with self.timer.phase("graph"):
-                    out, error = self.graphed.run(batch, self.loss_normalizer(batch).divisor)
+                    out, error = self.graphed.run(batch, norm.divisor)
                 return batch, out, error, True
-            self.graphed.after_eager()  # a warm-up or probe step: the eager step below, on the buffers
+            with self.graphed.warmup_stream(self.device):  # a warm-up or probe step: eager, on the buffers
+                with self.timer.phase("forward"):
+                    out, error = self.step_fn.forward(self.wrapped, batch)
+                self.step_fn.update(error.sse / norm.divisor)
+            self.graphed.after_eager()
+            return batch, out, error, True
         with self.timer.phase("forward"):
             out, error = self.step_fn.forward(self.wrapped, batch)
         return batch, out, error, False
@@ -389,6 +398,8 @@ class Trainer:
             bar.close()
         self.timer.mark("evaluate")  # final checkpoint, summaries and the test split (hang reports)
         self.sampler.close()  # workers are not needed for evaluation; its state (next step) stays
+        if self.graphed is not None:
+            self.graphed.release()  # the recorded step's memory pool is not needed for evaluation
         self._settle_nonfinite()  # before the final checkpoint (collective)
         summaries = self.strategy.gather(self.profiler.finish())  # collective: every rank's breakdown to all
         # collective: every rank's parameters and peak memory

