@@ -258,6 +258,10 @@ class DDPStrategyConfig(StrategyConfig):
                                     # measured crossover (bench/scaling/README.md "exchange crossover": 2 gloo ranks, sparse
                                     # 0.76x the dense time at 1%, 1.58x at 5%; it was 0.25, sparse at 4.5x the time)
     sparse_mode: str = choice("auto", "counted", "bounded")  # auto: counted on CPU, bounded (no host sync) on CUDA
+    # the grid's colour-feature tables keep their sparse row gradients (model.sparse_grad, lazy Adam, as one process)
+    # and travel outside DDP's buckets as (row, value) pairs (strategy/sparse_exchange.py launch_row_exchange);
+    # false: every table dense in DDP's buckets (dense Adam)
+    sparse_tables: bool = False
 
 
 @dataclass

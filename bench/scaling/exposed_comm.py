@@ -1,7 +1,7 @@
-"""Exposed gradient communication of 2-rank ``ddp`` on lego, by the dtype the dense buckets travel in (issue 50
-item 3's target: <= 10% of the step, gloo).
+"""Exposed gradient communication of 2-rank ``ddp`` on lego, by the dtype the dense buckets travel in, or with the
+colour tables exchanged as rows (``sparse_tables``) (issue 50 item 3's target: <= 10% of the step, gloo).
 
-    ../shared/tools/quiet -- python -m bench.scaling.exposed_comm [--compressions none bf16] [--repeats 2] \
+    ../shared/tools/quiet -- python -m bench.scaling.exposed_comm [--compressions none bf16 sparse_tables] [--repeats 2] \
         [--steps 300] [--eval-views 8] [--out bench/scaling/results/exposed_comm/result.json]
 
 Every run: ``torchrun --standalone --nproc_per_node 2 -m distnerf.train device=cpu strategy=ddp
@@ -26,10 +26,19 @@ from bench.common import default_out, run_timed, start_meta, write_result
 LEGO = "../shared/data/nerf_synthetic_half/lego"
 
 
+VARIANTS = {  # label -> the strategy overrides of a run: the dense buckets' wire dtype, or the tables as rows
+    "none": ["strategy.compression=none"], "bf16": ["strategy.compression=bf16"], "fp16": ["strategy.compression=fp16"],
+    # the colour-feature tables keep their sparse row gradients (lazy Adam, as one process) and travel as rows
+    # outside DDP's buckets (strategy/sparse_exchange.py launch_row_exchange)
+    "sparse_tables": ["strategy.compression=none", "strategy.sparse_tables=true"],
+}
+
+
 def launch(compression: str, run_dir: Path, args) -> float:
-    """Train one run under torchrun; wall seconds. Raises SystemExit with the tail of its log on failure."""
+    """Train one run (``compression``: a :data:`VARIANTS` label) under torchrun; wall seconds. Raises SystemExit
+    with the tail of its log on failure."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "distnerf.train",
-           "device=cpu", "strategy=ddp", f"strategy.compression={compression}", "dataset=blender",
+           "device=cpu", "strategy=ddp", *VARIANTS[compression], "dataset=blender",
            f"dataset.root={args.data}", f"run_dir={run_dir}", "train.global_rays=2048", f"train.max_steps={args.steps}",
            "train.max_minutes=0", f"eval.num_views={args.eval_views}", "eval.lpips=false", "train.ckpt_every=0",
            "train.log_every=50", "train.progress=false", "logger.wandb.mode=disabled", "seed=0", *args.set]
@@ -52,7 +61,8 @@ def summarise(run_dir: Path, compression: str, repeat: int, wall_s: float) -> di
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--compressions", nargs="*", default=["none", "bf16"])
+    p.add_argument("--compressions", nargs="*", default=["none", "bf16"], choices=sorted(VARIANTS),
+                   help="the variants run side by side (VARIANTS: a wire dtype, or sparse_tables)")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--eval-views", type=int, default=8)

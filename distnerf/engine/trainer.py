@@ -299,12 +299,17 @@ class Trainer:
         pending = self.agree(batch, error.sse)
         if not updated:
             norm = self.loss_normalizer(batch)
-            self.step_fn.update(error.sse / norm.divisor, lambda: norm.rescale_(self.model.parameters()))
+            self.step_fn.update(error.sse / norm.divisor, lambda: self._after_backward(norm))
         with self.timer.phase("step_sync"):  # after the update: the host waits for no rank before the backward
             agreed = pending.wait()
         # the mean over ranks: the same float everywhere (read by the next step's schedule)
         self.budget_clock.agree(agreed.total.train_seconds / self.env.world_size)
         return batch, out, error, agreed
+
+    def _after_backward(self, norm: LossNormalizer) -> None:
+        """The gradients completed (the strategy's exchanges outside its wrapper), then corrected by ``norm``."""
+        self.strategy.finish_gradients()
+        norm.rescale_(self.model.parameters())
 
     def loss_normalizer(self, batch: RayBatch) -> LossNormalizer:
         """The strategy's normaliser of this batch's summed error (:meth:`Strategy.loss_normalizer`):

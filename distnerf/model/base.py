@@ -88,6 +88,11 @@ class RadianceModel(nn.Module):
         return []
 
     # -- a fixed capacity of a gradient's non-zero entries (for a sparse gradient exchange) ---------
+    def sparse_parameters(self) -> list[nn.Parameter]:
+        """The parameters whose gradient may be a row-sparse COO tensor (under :attr:`sparse_grad`), in a fixed
+        order (the same on every replica); [] by default."""
+        return []
+
     def bounded_parameters(self) -> list[nn.Parameter]:
         """The parameters whose loss gradient :meth:`gradient_entry_capacity` bounds (row tables
         read by interpolation), in a fixed order (the same on every replica); [] by default."""

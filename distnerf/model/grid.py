@@ -244,6 +244,11 @@ class GridModel(GridOccupancy, GridSchedule, MarchingModel):
             out.append((self.context_density, self.context_features, (c, c, c), self._context_box()))
         return out
 
+    def sparse_parameters(self) -> list[nn.Parameter]:
+        """The colour-feature tables, whose gradient is a sparse COO tensor of the rows read when
+        :attr:`sparse_grad` (on a device where rows are counted without a host sync: the CPU), else dense."""
+        return [f for _, f, _, _ in self._tables()]
+
     def bounded_parameters(self) -> list[nn.Parameter]:
         """The vertex tables: read only by trilinear interpolation (8 corner rows per point), so
         their loss gradient is non-zero in the rows read (:meth:`gradient_entry_capacity`)."""

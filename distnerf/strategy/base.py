@@ -323,6 +323,10 @@ class Strategy:
         (:attr:`StepStats.live_frame`) and every rank renders it after that step."""
         return False
 
+    def finish_gradients(self) -> None:
+        """After the backward, before anything reads the gradients: complete gradient exchanges the strategy
+        runs outside its wrapper (``ddp`` with ``strategy.sparse_tables``). Nothing by default."""
+
     def broadcast(self, obj, src: int = 0):
         """``obj`` of rank ``src`` on every rank (a picklable object; collective)."""
         return D.broadcast_object(self.env, obj, src)

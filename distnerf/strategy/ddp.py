@@ -38,7 +38,7 @@ from torch.nn.parallel import DistributedDataParallel
 from .. import dist as D
 from ..model.base import RadianceModel
 from .base import Strategy
-from .sparse_exchange import SparseRule, launch_bounded_sparse_allreduce, launch_sparse_allreduce
+from .sparse_exchange import SparseRule, launch_bounded_sparse_allreduce, launch_row_exchange, launch_sparse_allreduce
 
 
 class CommStats:
@@ -220,9 +220,16 @@ class DDPStrategy(Strategy):
         if not self.env.has_peers:  # no peer: no gradient all-reduce
             self.wrapped = self.model
             return self.wrapped
+        tables = self._sparse_tables()  # strategy.sparse_tables: these travel as rows, outside DDP
         for module in self.model.modules():  # DDP buckets (and its comm hook) need dense gradients
-            if isinstance(module, RadianceModel):
+            if isinstance(module, RadianceModel) and not tables:
                 module.sparse_grad = False
+        # both spellings: DDP's reducer matches f"{module_name}.{param_name}" (".features" at the root), its
+        # parameter list matches named_parameters()'s "features"
+        names = [f"{m}.{n}" for m, module in self.model.named_modules()
+                 for n, p in module.named_parameters(recurse=False) if any(p is t for t in tables)]
+        names += [n for n, p in self.model.named_parameters() if any(p is t for t in tables)]
+        DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(self.model, names)
         ddp = DistributedDataParallel(
             self.model,
             device_ids=[self.env.device.index] if self.env.device.type == "cuda" else None,
@@ -243,6 +250,34 @@ class DDPStrategy(Strategy):
         ddp.register_comm_hook(self.hook_state, timed_allreduce_hook)
         self.wrapped = ddp
         return ddp
+
+    def _sparse_tables(self) -> list[nn.Parameter]:
+        """``strategy.sparse_tables``: the model's row-sparse tables (:meth:`RadianceModel.sparse_parameters`),
+        kept out of DDP's buckets; else []."""
+        if not self.cfg.sparse_tables or not isinstance(self.model, RadianceModel):
+            return []
+        return list(self.model.sparse_parameters())
+
+    def _launch_rows(self, table: nn.Parameter) -> torch.futures.Future:
+        """Launch the exchange of a sparse table's gradient (:func:`launch_row_exchange`: rows where every rank
+        made them, else a dense all-reduce); a rank whose samples read none of the table sends no rows."""
+        start = time.perf_counter()
+        grad = table.grad
+        if grad is None:
+            grad = torch.sparse_coo_tensor(torch.zeros((1, 0), dtype=torch.long, device=table.device),
+                                           table.new_zeros((0, *table.shape[1:])), table.shape)
+        nbytes, fut, kind = launch_row_exchange(grad, D.world_size())
+        return _finished_later(self.hook_state, fut, start, nbytes, kind, None)
+
+    def finish_gradients(self) -> None:
+        """``strategy.sparse_tables``: exchange the sparse tables' gradients and set each to the average over
+        ranks. After the backward (DDP's buckets done), in the tables' fixed order on every rank: the collectives
+        of all ranks line up whatever order the backward made the gradients in (the exchange does not overlap
+        the backward; its time is exposed, and measured as such)."""
+        # every table on every rank, with a gradient or not (a rank whose samples read no row of it sends none)
+        pending = [(t, self._launch_rows(t)) for t in self._sparse_tables()]
+        for table, fut in pending:
+            table.grad = fut.wait()
 
     def check_exchange(self) -> None:
         """Raise on every rank when any rank's ``bounded`` sparse exchange found more non-zeros than

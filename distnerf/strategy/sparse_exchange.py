@@ -35,6 +35,8 @@ time at 1%, 1.58x at 5%, 4.5x at 25%) while its bytes are smaller up to 50%: hen
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .. import dist as D
@@ -93,7 +95,7 @@ class SparseRule:
 
 def _pack(index: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     """One rank's (index, value) slots as one byte payload, so that a single all-gather carries both."""
-    return torch.cat([index.contiguous().view(torch.uint8), values.contiguous().view(torch.uint8)])
+    return torch.cat([index.contiguous().view(torch.uint8).view(-1), values.contiguous().view(torch.uint8).view(-1)])
 
 
 def _accumulate_(buffer: torch.Tensor, gathered: torch.Tensor, slots: int, index_dtype: torch.dtype) -> torch.Tensor:
@@ -234,3 +236,65 @@ def bounded_sparse_allreduce_(buffer: torch.Tensor, world_size: int, capacity: i
     nbytes, overflow, fut = launch_bounded_sparse_allreduce(buffer, world_size, capacity, static)
     fut.wait()
     return nbytes, overflow
+
+
+def launch_row_exchange(grad: torch.Tensor, world_size: int) -> tuple[int, torch.futures.Future, str]:
+    """Average a table's gradient over ranks by exchanging its **rows** where every rank made it row-sparse
+    (``strategy.sparse_tables``: a voxel grid's colour-feature table, whose backward makes a sparse COO tensor
+    of the rows a step read when they are fewer than the table's rows,
+    :func:`~distnerf.model.grid_tables.sparse_table_grad`), launched asynchronously. Nothing dense is scanned,
+    zeroed or reduced: each rank sends its rows and receives the others'.
+
+    Every rank all-gathers (its row count, whether its gradient is dense): a host read, which also makes the
+    choice the same on every rank. When any rank's gradient is dense (its step read more corners than the table
+    has rows), every rank all-reduces the dense mean (a sparse one made dense). Otherwise every rank all-gathers
+    its (row, value / world_size) pairs padded to the largest count, in one collective (rows as int32, values in
+    the gradient's dtype); when it completes, each rank's first ``count`` pairs (the padding dropped) form one
+    uncoalesced sparse tensor in rank order, so a row two ranks read appears twice and coalescing (lazy Adam's)
+    sums it: the average of the ranks' gradients, the gradient of the global mean loss (every rank's loss is its
+    batch's mean). Rows no rank read stay absent, so lazy Adam leaves them, as in one process.
+
+    Args:
+        grad: (V, C) float gradient: sparse COO over rows (``sparse_dim() == 1``) or dense.
+        world_size: W.
+    Returns:
+        (bytes this rank sent, padded; a future holding the average: sparse COO or dense; the collective,
+        ``all_gather`` or ``all_reduce``).
+    Raises:
+        ValueError: a sparse ``grad`` not sparse over rows alone, or V does not fit int32.
+    """
+    if grad.is_sparse and grad.sparse_dim() != 1:
+        raise ValueError(f"launch_row_exchange: a gradient sparse over rows is needed, got {grad.sparse_dim()} "
+                         "sparse dims")
+    if grad.shape[0] >= 2 ** 31:
+        raise ValueError(f"launch_row_exchange: {grad.shape[0]} rows do not fit int32 indices")
+    rows = grad._indices()[0].to(torch.int32) if grad.is_sparse else None
+    mine = torch.tensor([0 if rows is None else rows.numel(), int(not grad.is_sparse)], device=grad.device)
+    gathered_counts = torch.stack(D.all_gather(mine)).tolist()  # [[count, dense], ...] in rank order
+    if any(dense for _, dense in gathered_counts):  # every rank takes this branch alike
+        dense_grad = (grad.to_dense() if grad.is_sparse else grad).div_(world_size)
+        fut = D.all_reduce_(dense_grad, async_op=True).get_future().then(lambda f: f.value()[0])
+        return dense_grad.numel() * dense_grad.element_size(), fut, "all_reduce"
+    counts = [int(c) for c, _ in gathered_counts]
+    values = grad._values()
+    width = max(counts)
+    pad = width - rows.numel()
+    rows_p = torch.cat([rows, rows.new_zeros(pad)])
+    values_p = torch.cat([values / world_size, values.new_zeros((pad, *values.shape[1:]))])
+    gathered, work = D.all_gather_into(_pack(rows_p, values_p), async_op=True)
+    row_bytes = 4 + values.element_size() * math.prod(grad.shape[1:])  # int32 row + its C values
+
+    def union(_=None) -> torch.Tensor:
+        per_rank = gathered.view(len(counts), width * row_bytes)
+        index = per_rank[:, :4 * width].contiguous().view(torch.int32).view(len(counts), width)
+        vals = per_rank[:, 4 * width:].contiguous().view(values.dtype).view(len(counts), width, *values.shape[1:])
+        index = torch.cat([index[r, :c] for r, c in enumerate(counts)]).long()
+        vals = torch.cat([vals[r, :c] for r, c in enumerate(counts)])
+        return torch.sparse_coo_tensor(index[None], vals, grad.shape, check_invariants=False)
+
+    nbytes = width * row_bytes
+    if work is None:
+        fut = torch.futures.Future()
+        fut.set_result(union())
+        return nbytes, fut, "all_gather"
+    return nbytes, work.get_future().then(union), "all_gather"

@@ -39,6 +39,8 @@ STRATEGIES = {
     "sparse": {"name": "ddp", "sparse_min_numel": 0, "sparse_max_density": 1.0},
     # the device path (no host sync), run here on gloo: buckets sized by a fixed capacity (W.fix_capacity)
     "bounded": {"name": "ddp", "sparse_min_numel": 0, "sparse_max_density": 1.0, "sparse_mode": "bounded"},
+    # the colour-feature table keeps its sparse row gradient and travels as rows outside DDP's buckets
+    "sparse_tables": {"name": "ddp", "sparse_min_numel": None, "sparse_tables": True},
 }
 
 
@@ -64,6 +66,7 @@ def test_gradients_equal_single_process_on_union(ddp_results):
     the match is to float32 rounding, not 1e-9 (a wrong normaliser is off by percents)."""
     ref_grads, _ = single_process_reference()
     for res in ddp_results:
+        assert res["sparse"] == (["features"] if res["mode"] == "sparse_tables" else []), res["sparse"]
         assert set(res["grads"]) == set(ref_grads)
         for name, g in ref_grads.items():
             assert g.abs().max() > 0, name  # the check is not vacuous
@@ -94,7 +97,8 @@ def test_comm_hook_counted_allreduce_bytes(ddp_results):
         assert comm["allreduce_bytes"] == (SGD_STEPS + 1) * param_bytes
     elif ddp_results[0]["mode"] == "sparse":  # (int64 index + float64 value) per non-zero, padded to the larger rank
         assert comm["allreduce_bytes"] > 0 and comm["allreduce_bytes"] % 16 == 0
-    else:  # bounded: the tables' bucket went sparse ((int32 index + float64 value) slots), so fewer bytes
+    else:  # bounded: the tables' bucket went sparse ((int32 index + float64 value) slots); sparse_tables: the
+        # features' rows (int32 row + C float64 values each) beside the dense buckets: fewer bytes either way
         assert 0 < comm["allreduce_bytes"] < (SGD_STEPS + 1) * param_bytes, comm
 
 
@@ -194,3 +198,23 @@ def test_the_sparse_exchanges_are_launched_not_waited_for_and_equal_the_average(
     for res in out:
         for name in ("counted", "bounded"):
             assert res[name]["is_buffer"] and res[name]["max_error"] < 1e-12, (name, res)
+
+
+def test_the_row_exchange_averages_rows_and_goes_dense_together(tmp_path):
+    """strategy.sparse_tables' exchange against the float64 mean of the ranks' gradients: rows when every rank's
+    gradient is row-sparse (a row both ranks hold summed once each, no padding row added), a dense all-reduce on
+    every rank when any rank's is dense (a mixed choice would pair different collectives: a hang), and a rank
+    with no rows taking part."""
+    spawn(W.row_exchange_worker, 2, str(tmp_path))
+    res = [torch.load(tmp_path / f"rank_{r}.pt", weights_only=False) for r in range(2)]
+    for name in ("sparse", "mixed", "empty"):
+        mean = (res[0][name]["input"] + res[1][name]["input"]) / 2
+        for r in res:
+            torch.testing.assert_close(r[name]["result"], mean, rtol=1e-12, atol=1e-15, msg=name)
+            assert r[name]["kind"] == ("all_reduce" if name == "mixed" else "all_gather"), name
+            assert r[name]["sparse"] == (name != "mixed"), name
+    assert res[0]["sparse"]["bytes"] == 12 * (4 + 3 * 8)  # the larger count (12 rows), int32 row + 3 float64
+    for name in ("sparse", "empty"):  # exactly the ranks' rows: no padding row (row 0) entered the union
+        union = sorted(set(res[0][name]["own_rows"]) | set(res[1][name]["own_rows"]))
+        assert res[0][name]["rows"] == res[1][name]["rows"] == union, name
+    assert len(res[0]["empty"]["rows"]) == 6

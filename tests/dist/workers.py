@@ -97,9 +97,11 @@ def grad_worker(rank: int, world_size: int, port: int, out_dir: str, num_rays: i
             # the trainer's path: a fixed divisor, the global count's correction after the backward
             norm = strategy.loss_normalizer(valid_r.sum(), per)
             (sse / norm.divisor).backward()
+            strategy.finish_gradients()  # sparse_tables: the rows' exchange
             norm.rescale_(model.parameters())
             if step == 0:
-                grads = {k: p.grad.detach().clone() for k, p in model.named_parameters()}
+                grads = {k: p.grad.detach().to_dense().clone() for k, p in model.named_parameters()}
+                sparse = sorted(k for k, p in model.named_parameters() if p.grad.is_sparse)
             if step < sgd_steps:
                 optimizer.step()
                 optimizer.zero_grad()
@@ -107,7 +109,8 @@ def grad_worker(rank: int, world_size: int, port: int, out_dir: str, num_rays: i
         strategy.check_exchange()  # bounded: every non-zero found a slot (raises otherwise)
         model.update_occupancy()
         comm = strategy.comm_stats()
-        torch.save({"grads": grads, "params": params, "occupancy": model.occupancy.binary.clone(), "comm": comm},
+        torch.save({"grads": grads, "params": params, "occupancy": model.occupancy.binary.clone(), "comm": comm,
+                    "sparse": sparse},
                    Path(out_dir) / f"rank_{rank}.pt")
     finally:
         strategy = wrapped = None  # the DDP wrapper holds the process group (see D.shutdown)
@@ -354,5 +357,38 @@ def async_exchange_worker(rank: int, world_size: int, port: int, out_dir: str) -
             out[name]["max_error"] = float((result - expected).abs().max())
             out[name]["is_buffer"] = result is mine
         torch.save(out, Path(out_dir) / f"exchange_rank_{rank}.pt")
+    finally:
+        D.shutdown(env)
+
+
+def row_exchange_worker(rank: int, world_size: int, port: int, out_dir: str):
+    """strategy.sparse_tables' exchange (launch_row_exchange) in three cases: every rank row-sparse; one rank
+    dense, the other sparse (a step that read more corners than rows on one rank: all go dense); one rank with
+    no rows at all. Saves each case's result (dense) and every rank's input (dense)."""
+    from distnerf.strategy.sparse_exchange import launch_row_exchange
+
+    set_env(rank, world_size, port)
+    env = init_gloo()
+    try:
+        gen = torch.Generator().manual_seed(rank)
+        rows_n, channels = 40, 3
+
+        def sparse(n: int) -> torch.Tensor:
+            rows = torch.randperm(rows_n, generator=gen)[:n].sort().values
+            return torch.sparse_coo_tensor(rows[None], torch.randn(n, channels, generator=gen, dtype=torch.float64),
+                                           (rows_n, channels)).coalesce()
+
+        cases = {"sparse": sparse(7 + 5 * rank),
+                 "mixed": sparse(9) if rank else torch.randn(rows_n, channels, generator=gen, dtype=torch.float64),
+                 "empty": sparse(0 if rank else 6)}
+        out = {}
+        for name, grad in cases.items():
+            nbytes, fut, kind = launch_row_exchange(grad.clone(), world_size)
+            result = fut.wait()
+            out[name] = {"input": grad.to_dense(), "result": result.to_dense(), "sparse": result.is_sparse,
+                         "kind": kind, "bytes": nbytes,
+                         "rows": sorted(result.coalesce().indices()[0].tolist()) if result.is_sparse else None,
+                         "own_rows": sorted(grad.coalesce().indices()[0].tolist()) if grad.is_sparse else None}
+        torch.save(out, Path(out_dir) / f"rank_{rank}.pt")
     finally:
         D.shutdown(env)
