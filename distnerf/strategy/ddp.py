@@ -207,6 +207,9 @@ class DDPStrategy(Strategy):
         super().__init__(cfg, env)
         self.comm = CommStats()
         self.hook_state: HookState | None = None
+        # strategy.sparse_tables: the rows' own process group (their collectives beside DDP's buckets), the
+        # tables' post-accumulate hooks (removed at a rewrap) and this step's launched exchanges
+        self._row_group, self._row_hooks, self._row_pending = None, [], {}
 
     @property
     def sparse_mode(self) -> str:
@@ -248,6 +251,13 @@ class DDPStrategy(Strategy):
             self.hook_state.entry_capacity = self.model.gradient_entry_capacity
         self.hook_state.overflow = pending
         ddp.register_comm_hook(self.hook_state, timed_allreduce_hook)
+        for handle in self._row_hooks:
+            handle.remove()
+        self._row_hooks, self._row_pending = [], {}
+        if tables and self._row_group is None:
+            self._row_group = D.new_group()  # collective: every rank wraps at the same step
+        if len(tables) == 1:  # launched in the backward as soon as the table's gradient is complete
+            self._row_hooks = [tables[0].register_post_accumulate_grad_hook(self._on_table_grad)]
         self.wrapped = ddp
         return ddp
 
@@ -259,24 +269,29 @@ class DDPStrategy(Strategy):
         return list(self.model.sparse_parameters())
 
     def _launch_rows(self, table: nn.Parameter) -> torch.futures.Future:
-        """Launch the exchange of a sparse table's gradient (:func:`launch_row_exchange`: rows where every rank
-        made them, else a dense all-reduce); a rank whose samples read none of the table sends no rows."""
+        """Launch the exchange of a sparse table's gradient on the rows' own group (:func:`launch_row_exchange`:
+        rows where every rank made them, else a dense all-reduce); a rank whose samples read none of the table
+        sends no rows."""
         start = time.perf_counter()
         grad = table.grad
         if grad is None:
             grad = torch.sparse_coo_tensor(torch.zeros((1, 0), dtype=torch.long, device=table.device),
                                            table.new_zeros((0, *table.shape[1:])), table.shape)
-        nbytes, fut, kind = launch_row_exchange(grad, D.world_size())
+        nbytes, fut, kind = launch_row_exchange(grad, D.world_size(), self._row_group)
         return _finished_later(self.hook_state, fut, start, nbytes, kind, None)
 
+    def _on_table_grad(self, table: nn.Parameter) -> None:
+        """The one sparse table's gradient is complete (its post-accumulate hook, on the autograd thread, while
+        the rest of the backward runs): launch its exchange. Its collectives run on a group of their own, so
+        DDP's buckets, launched in whatever order the backward makes them, never pair with them."""
+        self._row_pending[id(table)] = self._launch_rows(table)
+
     def finish_gradients(self) -> None:
-        """``strategy.sparse_tables``: exchange the sparse tables' gradients and set each to the average over
-        ranks. After the backward (DDP's buckets done), in the tables' fixed order on every rank: the collectives
-        of all ranks line up whatever order the backward made the gradients in (the exchange does not overlap
-        the backward; its time is exposed, and measured as such)."""
-        # every table on every rank, with a gradient or not (a rank whose samples read no row of it sends none)
-        pending = [(t, self._launch_rows(t)) for t in self._sparse_tables()]
-        for table, fut in pending:
+        """``strategy.sparse_tables``: after the backward, set each sparse table's gradient to the average over
+        ranks, waiting for the exchange its hook launched, or launching it now where no hook ran (a rank whose
+        samples read no row of the table; with several tables, all are exchanged here, in their fixed order)."""
+        for table in self._sparse_tables():
+            fut = self._row_pending.pop(id(table), None) or self._launch_rows(table)
             table.grad = fut.wait()
 
     def check_exchange(self) -> None:
