@@ -485,6 +485,31 @@ def exposed_comm(res: Results) -> list[str]:
     return out
 
 
+def exposed_comm_rows(res: Results) -> list[str]:
+    """bench/scaling/exposed_comm.py with ``strategy.sparse_tables`` beside the dense default, two versions of the
+    rows' exchange: after the backward, and launched in it (the table's hook, on a group of its own)."""
+    files = [("after the backward", "exposed_comm_rows_after_backward/result.json"),
+             ("in the backward", "exposed_comm_sparse_tables/result.json")]
+    out = header("rows exchanged", "variant", "repeat", "exposed share, rank 0 / rank 1", "step ms (median, mean of ranks)",
+                 "test PSNR dB")
+    medians = {}
+    for label, path in files:
+        d = res.json(path)
+        for r in d["runs"]:
+            out.append(row(label, r["compression"], r["repeat"], " / ".join(pct(x["exposed_share"]) for x in r["ranks"]),
+                           f"{r['step_ms_median_mean']:.1f}", f2(r["psnr"])))
+        medians[label] = d["medians"]
+    out += [""]
+    for label, m in medians.items():
+        dense, rows = m["none"], m["sparse_tables"]
+        out.append(f"- Rows exchanged {label}: exposed **{pct(dense['exposed_share_mean'])} -> "
+                   f"{pct(rows['exposed_share_mean'])}** (target <= 10%: "
+                   f"**{'met' if rows['exposed_share_mean'] <= 0.10 else 'missed'}**), step "
+                   f"{dense['step_ms_median_mean']:.1f} -> {rows['step_ms_median_mean']:.1f} ms, test PSNR "
+                   f"{f2(dense['psnr'])} -> {f2(rows['psnr'])} dB (medians of the repeats).")
+    return out
+
+
 def study_capacity_1m(res: Results) -> list[str]:
     """The earlier capacity study at 1 M parameters per rank (conf/study/capacity_1m.yaml)."""
     return study_capacity(res, "study_capacity_1m")
@@ -533,6 +558,7 @@ TABLES = {  # marker name -> the function that makes the table
     "exchange_crossover": exchange_crossover,
     "joint_exchange": joint_exchange,
     "exposed_comm": exposed_comm,
+    "exposed_comm_rows": exposed_comm_rows,
     "study_characterization": study_characterization,
     "per_rank_batch": per_rank_batch,
     "ss_eq": ss_eq,

@@ -88,9 +88,8 @@ def rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
-def all_reduce_(tensor: torch.Tensor, op: str = "sum", async_op: bool = False, group=None):
-    """Reduce ``tensor`` over ranks in place (``op``: sum | min | max); identity without a group. ``group``: a
-    process group of every rank other than the default one (:func:`new_group`), or None.
+def all_reduce_(tensor: torch.Tensor, op: str = "sum", async_op: bool = False):
+    """Reduce ``tensor`` over ranks in place (``op``: sum | min | max); identity without a group.
 
     Returns:
         None, or with ``async_op`` the work handle (``.get_future()``; on NCCL its future
@@ -101,30 +100,29 @@ def all_reduce_(tensor: torch.Tensor, op: str = "sum", async_op: bool = False, g
     tensor = _checked(tensor)
     if dist.get_world_size() == 1 and not async_op:
         return None  # alone in the group (a world-size-1 torchrun): the reduction is the tensor itself
-    return dist.all_reduce(tensor, op=OPS[op], async_op=async_op, group=group)
+    return dist.all_reduce(tensor, op=OPS[op], async_op=async_op)
 
 
-def all_gather(tensor: torch.Tensor, group=None) -> list[torch.Tensor]:
-    """Every rank's ``tensor`` (same shape and dtype on every rank), in rank order (``group``: as
-    :func:`all_reduce_`'s)."""
+def broadcast_(tensor: torch.Tensor, src: int = 0) -> None:
+    """Overwrite ``tensor`` with rank ``src``'s, in place; nothing without a peer."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return
+    dist.broadcast(_checked(tensor), src=src)
+
+
+def all_gather(tensor: torch.Tensor) -> list[torch.Tensor]:
+    """Every rank's ``tensor`` (same shape and dtype on every rank), in rank order."""
     if not dist.is_initialized():
         return [tensor]
     tensor = _checked(tensor.contiguous())
     if dist.get_world_size() == 1:
         return [tensor]  # alone in the group: no exchange
     parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, tensor, group=group)
+    dist.all_gather(parts, tensor)
     return parts
 
 
-def new_group():
-    """A new process group of every rank, on the default group's backend (collective: every rank calls it at
-    the same point), for a sequence of collectives that may run beside the default group's (another thread,
-    or the backward's own buckets): each group keeps its own order. None without a process group."""
-    return dist.new_group() if dist.is_initialized() and dist.get_world_size() > 1 else None
-
-
-def all_gather_into(tensor: torch.Tensor, async_op: bool = False, group=None):
+def all_gather_into(tensor: torch.Tensor, async_op: bool = False):
     """Every rank's ``tensor`` (same shape and dtype on every rank) concatenated along its first dimension in
     rank order, in one new tensor and one collective (``W x N`` rows for ``N`` per rank): ``all_gather_single``
     where the installed torch has it, else ``all_gather_into_tensor`` (the same call, deprecated in 2.13).
@@ -138,11 +136,11 @@ def all_gather_into(tensor: torch.Tensor, async_op: bool = False, group=None):
         return tensor, None  # alone: no exchange
     tensor = _checked(tensor.contiguous())
     if _gloo_cuda(tensor):  # gloo carries CUDA tensors for a check, not for speed: staged on the host, waited for
-        output, _ = all_gather_into(tensor.cpu(), group=group)
+        output, _ = all_gather_into(tensor.cpu())
         return output.to(tensor.device), None
     output = tensor.new_empty((dist.get_world_size() * tensor.shape[0], *tensor.shape[1:]))
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    work = gather(output, tensor, async_op=async_op, group=group)
+    work = gather(output, tensor, async_op=async_op)
     return output, work if async_op else None
 
 

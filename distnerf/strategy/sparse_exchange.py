@@ -238,7 +238,7 @@ def bounded_sparse_allreduce_(buffer: torch.Tensor, world_size: int, capacity: i
     return nbytes, overflow
 
 
-def launch_row_exchange(grad: torch.Tensor, world_size: int, group=None) -> tuple[int, torch.futures.Future, str]:
+def launch_row_exchange(grad: torch.Tensor, world_size: int) -> tuple[int, torch.futures.Future, str]:
     """Average a table's gradient over ranks by exchanging its **rows** where every rank made it row-sparse
     (``strategy.sparse_tables``: a voxel grid's colour-feature table, whose backward makes a sparse COO tensor
     of the rows a step read when they are fewer than the table's rows,
@@ -256,8 +256,7 @@ def launch_row_exchange(grad: torch.Tensor, world_size: int, group=None) -> tupl
 
     Args:
         grad: (V, C) float gradient: sparse COO over rows (``sparse_dim() == 1``) or dense.
-        world_size: W. group: the process group (None: the default one; a group of its own lets the exchange
-            run beside DDP's buckets in the backward, :meth:`~distnerf.strategy.ddp.DDPStrategy.wrap`).
+        world_size: W.
     Returns:
         (bytes this rank sent, padded; a future holding the average: sparse COO or dense; the collective,
         ``all_gather`` or ``all_reduce``).
@@ -271,10 +270,10 @@ def launch_row_exchange(grad: torch.Tensor, world_size: int, group=None) -> tupl
         raise ValueError(f"launch_row_exchange: {grad.shape[0]} rows do not fit int32 indices")
     rows = grad._indices()[0].to(torch.int32) if grad.is_sparse else None
     mine = torch.tensor([0 if rows is None else rows.numel(), int(not grad.is_sparse)], device=grad.device)
-    gathered_counts = torch.stack(D.all_gather(mine, group=group)).tolist()  # [[count, dense], ...] in rank order
+    gathered_counts = torch.stack(D.all_gather(mine)).tolist()  # [[count, dense], ...] in rank order
     if any(dense for _, dense in gathered_counts):  # every rank takes this branch alike
         dense_grad = (grad.to_dense() if grad.is_sparse else grad).div_(world_size)
-        fut = D.all_reduce_(dense_grad, async_op=True, group=group).get_future().then(lambda f: f.value()[0])
+        fut = D.all_reduce_(dense_grad, async_op=True).get_future().then(lambda f: f.value()[0])
         return dense_grad.numel() * dense_grad.element_size(), fut, "all_reduce"
     counts = [int(c) for c, _ in gathered_counts]
     values = grad._values()
@@ -282,7 +281,7 @@ def launch_row_exchange(grad: torch.Tensor, world_size: int, group=None) -> tupl
     pad = width - rows.numel()
     rows_p = torch.cat([rows, rows.new_zeros(pad)])
     values_p = torch.cat([values / world_size, values.new_zeros((pad, *values.shape[1:]))])
-    gathered, work = D.all_gather_into(_pack(rows_p, values_p), async_op=True, group=group)
+    gathered, work = D.all_gather_into(_pack(rows_p, values_p), async_op=True)
     row_bytes = 4 + values.element_size() * math.prod(grad.shape[1:])  # int32 row + its C values
 
     def union(_=None) -> torch.Tensor:
