@@ -488,8 +488,10 @@ def exposed_comm(res: Results) -> list[str]:
 def exposed_comm_rows(res: Results) -> list[str]:
     """bench/scaling/exposed_comm.py with ``strategy.sparse_tables`` beside the dense default, two versions of the
     rows' exchange: after the backward, and launched in it (the table's hook, on a group of its own)."""
-    files = [("after the backward", "exposed_comm_rows_after_backward/result.json"),
-             ("in the backward", "exposed_comm_sparse_tables/result.json")]
+    files = [("colour tables, after the backward (the option, `dbf75f0`)", "exposed_comm_rows_after_backward/result.json"),
+             ("colour tables, launched in the backward (`04c3fb9`, reverted)", "exposed_comm_rows_in_backward/result.json"),
+             ("colour and density tables, after the backward (`cb04df2`, reverted)",
+              "exposed_comm_rows_density/result.json")]
     out = header("rows exchanged", "variant", "repeat", "exposed share, rank 0 / rank 1", "step ms (median, mean of ranks)",
                  "test PSNR dB")
     medians = {}

@@ -17,7 +17,7 @@ Inside the package the modules import in one direction: ``compat`` <- ``env`` <-
 import torch.distributed as dist  # noqa: F401  (``D.dist``: the torch module these helpers call)
 
 from .collectives import (COLLECTIVE_FAILURES, OPS, PEER_LOST, all_gather, all_gather_floats, all_gather_into, all_reduce_,
-                          all_reduce_max, all_reduce_sum, all_to_all_rows, barrier, broadcast_, broadcast_object, collective_failure, event_seconds,
+                          all_reduce_max, all_reduce_sum, all_to_all_rows, barrier, broadcast_object, collective_failure, event_seconds,
                           exchange_counts, gather_objects, peer_lost, rank, timing_event, world_size)
 from .agent import EXIT_AGENT_LOST, AgentWatch, torchrun_agent_pid
 from .compat import accepts, ddp_buffer_kwargs
@@ -28,7 +28,7 @@ from .signals import PREEMPT_SIGNALS, StopRequest, preempt_signal
 
 __all__ = ["COLLECTIVE_FAILURES", "EXIT_AGENT_LOST", "OPS", "PEER_LOST", "PREEMPT_SIGNALS", "AgentWatch", "DistEnv",
            "SetupTimeout", "StopRequest", "torchrun_agent_pid",
-           "accepts", "all_gather", "all_gather_floats", "all_gather_into", "all_reduce_", "all_reduce_max", "all_reduce_sum", "all_to_all_rows", "barrier", "broadcast_",
+           "accepts", "all_gather", "all_gather_floats", "all_gather_into", "all_reduce_", "all_reduce_max", "all_reduce_sum", "all_to_all_rows", "barrier",
            "broadcast_object", "collective_failure", "cuda_index", "ddp_buffer_kwargs", "end_setup",
            "event_seconds", "exchange_counts", "gather_objects", "init_distributed", "new_host_group", "own_cuda_state", "peer_lost",
            "preempt_signal", "rank", "rng_state", "seed_everything", "set_rng_state", "shared_cuda_index", "shared_devices",

@@ -103,13 +103,6 @@ def all_reduce_(tensor: torch.Tensor, op: str = "sum", async_op: bool = False):
     return dist.all_reduce(tensor, op=OPS[op], async_op=async_op)
 
 
-def broadcast_(tensor: torch.Tensor, src: int = 0) -> None:
-    """Overwrite ``tensor`` with rank ``src``'s, in place; nothing without a peer."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return
-    dist.broadcast(_checked(tensor), src=src)
-
-
 def all_gather(tensor: torch.Tensor) -> list[torch.Tensor]:
     """Every rank's ``tensor`` (same shape and dtype on every rank), in rank order."""
     if not dist.is_initialized():

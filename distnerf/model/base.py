@@ -88,10 +88,9 @@ class RadianceModel(nn.Module):
         return []
 
     # -- a fixed capacity of a gradient's non-zero entries (for a sparse gradient exchange) ---------
-    def sparse_parameters(self) -> list[tuple[nn.Parameter, bool]]:
-        """(parameter, lazy) of the parameters whose gradient may be a row-sparse COO tensor, in a fixed order
-        (the same on every replica): ``lazy`` where the optimizer updates only the rows given (lazy Adam), else
-        the gradient is made dense before the optimizer sees it; [] by default."""
+    def sparse_parameters(self) -> list[nn.Parameter]:
+        """The parameters whose gradient may be a row-sparse COO tensor (under :attr:`sparse_grad`), in a fixed
+        order (the same on every replica); [] by default."""
         return []
 
     def bounded_parameters(self) -> list[nn.Parameter]:

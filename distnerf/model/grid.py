@@ -127,9 +127,6 @@ class GridModel(GridOccupancy, GridSchedule, MarchingModel):
         self._geometry_key = None  # what the cached (resolution, marching step) was computed for
         self.init_marching(cfg)
         self.sparse_grad = bool(cfg.sparse_grad)
-        # the density tables' loss gradient as sparse rows too (a strategy that exchanges rows sets it: ddp with
-        # strategy.sparse_tables, which makes them dense again after the exchange, before the TV gradient)
-        self.sparse_density_grad = False
         self.init_contraction(cfg)
         # a contracted grid covers all of space: its box stays the doubled box (never tightened)
         self.tighten_aabb = cfg.tighten_aabb and focus_aabb is None and self.contraction_aabb is None
@@ -247,13 +244,10 @@ class GridModel(GridOccupancy, GridSchedule, MarchingModel):
             out.append((self.context_density, self.context_features, (c, c, c), self._context_box()))
         return out
 
-    def sparse_parameters(self) -> list[tuple[nn.Parameter, bool]]:
-        """(table, lazy) of the tables whose gradient is a sparse COO tensor of the rows read (on a device where
-        rows are counted without a host sync: the CPU): the colour-feature tables under :attr:`sparse_grad`
-        (lazy: lazy Adam updates their rows), the density tables under :attr:`sparse_density_grad` (not lazy:
-        dense again after an exchange, for the TV gradient and dense Adam, as in one process)."""
-        out = [(f, True) for _, f, _, _ in self._tables()]
-        return out + [(d, False) for d, _, _, _ in self._tables()] if self.sparse_density_grad else out
+    def sparse_parameters(self) -> list[nn.Parameter]:
+        """The colour-feature tables, whose gradient is a sparse COO tensor of the rows read when
+        :attr:`sparse_grad` (on a device where rows are counted without a host sync: the CPU), else dense."""
+        return [f for _, f, _, _ in self._tables()]
 
     def bounded_parameters(self) -> list[nn.Parameter]:
         """The vertex tables: read only by trilinear interpolation (8 corner rows per point), so
@@ -354,8 +348,7 @@ class GridModel(GridOccupancy, GridSchedule, MarchingModel):
             x = ((p - box[0]) / (box[1] - box[0])).clamp(0, 1)
             if grad:
                 index, weights = self._table_corners(x, shape)
-                rows = self.sparse_density_grad and not sync_free(p.device)
-                return interpolate(density, index, weights, rows).view(-1)
+                return interpolate(density, index, weights).view(-1)
             return F.grid_sample(density.view(1, 1, *shape), (x * 2 - 1).flip(-1).view(1, 1, 1, -1, 3),
                                  mode="bilinear", align_corners=True).view(-1)
 
@@ -375,8 +368,7 @@ class GridModel(GridOccupancy, GridSchedule, MarchingModel):
             p = self.field_coordinates(points)
             # (trilinear_corners clamps the positions to [0, 1])
             index, weights = self._table_corners((p - box[0]) / (box[1] - box[0]), shape)
-            rows = self.sparse_density_grad and not sync_free(points.device)
-            sigmas = self.densities(interpolate(density, index, weights, rows).view(-1))
+            sigmas = self.densities(interpolate(density, index, weights).view(-1))
 
             def colour_at(sel: torch.Tensor | None, viewdirs: torch.Tensor, ray_indices: torch.Tensor) -> torch.Tensor:
                 rows, w = (index, weights) if sel is None else (index.index_select(0, sel), weights.index_select(0, sel))

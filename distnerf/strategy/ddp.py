@@ -220,21 +220,17 @@ class DDPStrategy(Strategy):
         if not self.env.has_peers:  # no peer: no gradient all-reduce
             self.wrapped = self.model
             return self.wrapped
-        for module in self.model.modules():  # DDP buckets (and its comm hook) need dense gradients
-            if isinstance(module, RadianceModel):
-                if not self.cfg.sparse_tables:
-                    module.sparse_grad = False
-                elif hasattr(module, "sparse_density_grad"):  # the density tables' rows travel too
-                    module.sparse_density_grad = True
         tables = self._sparse_tables()  # strategy.sparse_tables: these travel as rows, outside DDP
+        for module in self.model.modules():  # DDP buckets (and its comm hook) need dense gradients
+            if isinstance(module, RadianceModel) and not tables:
+                module.sparse_grad = False
         # both spellings: DDP's reducer matches f"{module_name}.{param_name}" (".features" at the root), its
         # parameter list matches named_parameters()'s "features"
         names = [f"{m}.{n}" for m, module in self.model.named_modules()
                  for n, p in module.named_parameters(recurse=False) if any(p is t for t in tables)]
         names += [n for n, p in self.model.named_parameters() if any(p is t for t in tables)]
         DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(self.model, names)
-        rest = [p for p in self.model.parameters() if p.requires_grad and not any(p is t for t in tables)]
-        ddp = None if not rest else DistributedDataParallel(
+        ddp = DistributedDataParallel(
             self.model,
             device_ids=[self.env.device.index] if self.env.device.type == "cuda" else None,
             **D.ddp_buffer_kwargs(DistributedDataParallel),  # no buffer broadcast: occupancy is derived alike
@@ -242,8 +238,6 @@ class DDPStrategy(Strategy):
             find_unused_parameters=self.cfg.find_unused_parameters,
             gradient_as_bucket_view=self.cfg.gradient_as_bucket_view,
         )
-        for table in tables:  # DDP starts every replica from rank 0's parameters: the row tables too
-            D.broadcast_(table.data)
         wire = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}[self.cfg.compression]
         bounded = (self.sparse_mode == "bounded" and self.cfg.sparse_min_numel is not None
                    and isinstance(self.model, RadianceModel))
@@ -253,9 +247,6 @@ class DDPStrategy(Strategy):
         if bounded:  # the model's fixed capacity, asked at each hook call (its sample budget is set after wrap)
             self.hook_state.entry_capacity = self.model.gradient_entry_capacity
         self.hook_state.overflow = pending
-        if ddp is None:  # every parameter travels as rows (a grid with the sh colour head): no DDP wrapper
-            self.wrapped = self.model
-            return self.wrapped
         ddp.register_comm_hook(self.hook_state, timed_allreduce_hook)
         self.wrapped = ddp
         return ddp
@@ -265,7 +256,7 @@ class DDPStrategy(Strategy):
         kept out of DDP's buckets; else []."""
         if not self.cfg.sparse_tables or not isinstance(self.model, RadianceModel):
             return []
-        return [t for t, _ in self.model.sparse_parameters()]
+        return list(self.model.sparse_parameters())
 
     def _launch_rows(self, table: nn.Parameter) -> torch.futures.Future:
         """Launch the exchange of a sparse table's gradient (:func:`launch_row_exchange`: rows where every rank
@@ -283,15 +274,10 @@ class DDPStrategy(Strategy):
         ranks. After the backward (DDP's buckets done), in the tables' fixed order on every rank: the collectives
         of all ranks line up whatever order the backward made the gradients in (the exchange does not overlap
         the backward; its time is exposed, and measured as such)."""
-        if not self.cfg.sparse_tables or not self.env.has_peers or not isinstance(self.model, RadianceModel):
-            return
         # every table on every rank, with a gradient or not (a rank whose samples read no row of it sends none)
-        pending = [(t, lazy, self._launch_rows(t)) for t, lazy in self.model.sparse_parameters()]
-        for table, lazy, fut in pending:
-            grad = fut.wait()
-            # a table not updated lazily (density) is dense again: the TV gradient and dense Adam follow, as in one
-            # process; its rows travelled sparse all the same
-            table.grad = grad if lazy or not grad.is_sparse else grad.to_dense()
+        pending = [(t, self._launch_rows(t)) for t in self._sparse_tables()]
+        for table, fut in pending:
+            table.grad = fut.wait()
 
     def check_exchange(self) -> None:
         """Raise on every rank when any rank's ``bounded`` sparse exchange found more non-zeros than
