@@ -113,7 +113,9 @@ class Session:
         self.viewer = RunViewer(cfg, run, self.env)
         self.pushed = []  # every frame pushed, in order (the server's own record keeps the last one only)
         push = self.viewer.server.push_frame
-        self.viewer.server.push_frame = lambda state, *args: (push(state, *args), self.pushed.append(state.frame))
+        self.views = []  # the browser's camera each pushed frame answered (FrameRequest.view), in order
+        self.viewer.server.push_frame = lambda state, *args: (push(state, *args), self.pushed.append(state.frame),
+                                                              self.views.append(args[0].view))
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.viewer.serve, args=(self.stop,), daemon=True)
         self.thread.start()
@@ -239,11 +241,25 @@ def test_viewer_still_frame_reaches_the_page_without_a_camera_move(runs, tmp_pat
         assert cams.size(0) == (SIZE, SIZE) and float(cams.cx[0]) == SIZE / 2 == float(cams.cy[0])
         wait_for(lambda: any(f.full for f in session.pushed), 60, "the still frame")
         time.sleep(3.0)  # the page's own camera messages arrive meanwhile
+        # a page whose layout settles late (a loaded machine) resizes its canvas after a first still: a real
+        # change of view, answered by low-resolution frames and a new still; wait for that one
+        wait_for(lambda: session.pushed[-1].full, 60, "the still frame after the page settled")
+        time.sleep(3.0)
         shot_path = tmp_path / "still_screenshot.png"
-        still = session.pushed[-1]
-        # one still, the last frame pushed, at training camera 0 (the page's first camera)
-        assert [f.full for f in session.pushed].count(True) == 1 and still.full, \
-            [(f.image.shape[:2], f.full) for f in session.pushed]
+        frames, views = list(session.pushed), list(session.views)
+        still = frames[-1]
+        shown = [(f.image.shape[:2], f.full, v[3] if v else None) for f, v in zip(frames, views)]
+        # a still is replaced only for a view that changed: its canvas, or its pose or field of view by more
+        # than 1e-3 (a pixel of the still is about 1e-2 radians)
+        for i, frame in enumerate(frames):
+            before = [k for k in range(i) if frames[k].full]
+            if not frame.full and before:
+                a, b = views[i], views[before[-1]]
+                assert a[3] != b[3] or not all(np.allclose(x, y, atol=1e-3) for x, y in zip(a[:3], b[:3])), shown
+        settled = frames[max((i for i, f in enumerate(frames) if not f.full), default=-1) + 1:]
+        # one still since the view last changed, the last frame pushed (the page's unchanged camera messages
+        # rendered nothing again), at training camera 0 (the page's first camera)
+        assert [f.full for f in settled] == [True] and still.full, shown
         assert still.image.shape == (STILL, STILL, 3)
         assert np.allclose(still.c2w, cams.c2w[0].double().numpy(), atol=1e-3), still.c2w
         # distnerf.render of training camera 0 at STILL px: its intrinsics scaled by STILL / SIZE
