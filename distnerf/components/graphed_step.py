@@ -14,11 +14,11 @@ buffers, the loss divisor into a 0-dim device buffer; then the graph replays. Ev
 stays at one address within a stage: the parameters and Adam's state (rebuilt only at a stage change), the
 learning rates (0-dim device tensors the schedule fills in place, :func:`.optim.set_lr`), the occupancy grid
 (a refresh writes it in place, outside the graph), the sample budget's clip box and ranges. A **key** of
-those (the tables' and the occupancy grid's addresses and shapes, the optimizer, R, P, K, the step size) is
-checked every step; when it changes (a grid stage) the step runs eagerly for ``warmup`` steps and is captured
-again. Every ``probe_every`` steps one step runs eagerly (on the same buffers) so the trainer's phase
-breakdown (forward, backward, regulariser, optimizer) has figures: a replay is one ``graph`` phase, opaque
-inside.
+those (the tables' and the occupancy grid's addresses and shapes, the optimizer and its learning rates'
+addresses, R; P, K and the step size change only with the tables) is checked every step; when it changes (a
+grid stage) the step runs eagerly for ``warmup`` steps and is captured again. Every ``probe_every`` steps one
+step runs eagerly (on the same buffers) so the trainer's phase breakdown (forward, backward, regulariser,
+optimizer) has figures: a replay is one ``graph`` phase, opaque inside.
 
 Limits (:func:`check_graphable`): the static step (``train.samples_per_step`` > 0), one process (a gradient
 all-reduce inside a graph is not attempted), ``model.compile=false`` (the graph records the eager operators),
@@ -88,8 +88,7 @@ class GraphedStep:
     """
 
     def __init__(self, step, warmup: int = 3, probe_every: int = 100):
-        if step.budget is None:
-            raise ValueError("train.cuda_graph=true needs the static step (train.samples_per_step > 0)")
+        check_graphable(step, world_size=1, compiled=False)
         self.step, self.warmup, self.probe_every = step, int(warmup), int(probe_every)
         self.graph = None
         self.captures = self.replays = self.eager_steps = self.probes = 0

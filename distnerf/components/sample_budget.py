@@ -108,27 +108,24 @@ class SampleBudget:
         device). Every tensor it reads besides its arguments stays at one address within a grid stage (the
         clip box, the ranges, the occupancy grid: refreshed in place), so a CUDA graph can replay it
         (:mod:`.graphed_step`). Returns (outputs, the (4,) int64 stats for :meth:`_push`)."""
-        origins = rays.origins
-        self.prepare_inputs(model, rays)
-        out, next_active, stats = self._render(model, rays, u, background, self._clip_box(model), self.active,
+        clip, num_slots, ranges = self.prepare_inputs(model, rays)
+        out, next_active, stats = self._render(model, rays, u, background, clip, self.active,
                                                field_fn_of(model, rays.image_ids), model.step_size(),
-                                               self._num_slots(model), self.capacity, self.headroom,
-                                               self._ranges(len(rays), origins.device), self._any_occupied)
+                                               num_slots, self.capacity, self.headroom, ranges, self._any_occupied)
         self.active.copy_(next_active)
         return out, stats
 
-    def prepare_inputs(self, model, rays: RayBundle) -> None:
+    def prepare_inputs(self, model, rays: RayBundle) -> tuple[torch.Tensor, int, tuple[torch.Tensor, torch.Tensor]]:
         """Bring the step's fixed inputs up to date, in place: the active count (made once), the clip box (after
-        a refresh), K and the ranges (once per stage). :meth:`render_drawn` calls it; a CUDA graph's replay
-        (:mod:`.graphed_step`) calls it before the replay, since the graph runs none of this host logic."""
+        a refresh), K and the ranges (once per stage), the march's cell scale. :meth:`render_drawn` calls it; a
+        CUDA graph's replay (:mod:`.graphed_step`) calls it before the replay, since the graph runs none of this
+        host logic. Returns (the (2, 3) clip box, K, the ranges)."""
         device = rays.origins.device
         if self.active is None or self.active.device != device:
             self.active = torch.full((), len(rays), dtype=torch.int64, device=device)
         static_nonzero_available(device)  # its probe runs here, not inside a compiled render
-        self._clip_box(model)
-        self._num_slots(model)
-        self._ranges(len(rays), device)
         model.occupancy.cell_scale(rays.origins.dtype)  # the march's cells per unit (the box moves on a refresh)
+        return self._clip_box(model), self._num_slots(model), self._ranges(len(rays), device)
 
     def _ranges(self, num_rays: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """``(arange(R), arange(P))`` int64 on ``device``, kept (fixed buffers: no operator a step)."""

@@ -117,16 +117,22 @@ def _accumulate_(buffer: torch.Tensor, gathered: torch.Tensor, slots: int, index
     return buffer
 
 
+def _when_done(work, result) -> torch.futures.Future:
+    """A future holding ``result()`` once the collective ``work`` completes; ``work`` None (it completed, or
+    there was no peer): a completed one."""
+    if work is None:
+        fut = torch.futures.Future()
+        fut.set_result(result())
+        return fut
+    return work.get_future().then(lambda _: result())
+
+
 def _exchange(buffer: torch.Tensor, index: torch.Tensor, values: torch.Tensor) -> torch.futures.Future:
     """Launch the all-gather of every rank's slots (one collective, asynchronous) and return a future that
     holds ``buffer`` once the slots are added into it (:func:`_accumulate_`); alone, a completed one."""
     gathered, work = D.all_gather_into(_pack(index, values), async_op=True)
     slots, index_dtype = index.numel(), index.dtype
-    if work is None:
-        fut = torch.futures.Future()
-        fut.set_result(_accumulate_(buffer, gathered, slots, index_dtype))
-        return fut
-    return work.get_future().then(lambda _: _accumulate_(buffer, gathered, slots, index_dtype))
+    return _when_done(work, lambda: _accumulate_(buffer, gathered, slots, index_dtype))
 
 
 def launch_sparse_allreduce(buffer: torch.Tensor, world_size: int, max_density: float
@@ -284,7 +290,7 @@ def launch_row_exchange(grad: torch.Tensor, world_size: int) -> tuple[int, torch
     gathered, work = D.all_gather_into(_pack(rows_p, values_p), async_op=True)
     row_bytes = 4 + values.element_size() * math.prod(grad.shape[1:])  # int32 row + its C values
 
-    def union(_=None) -> torch.Tensor:
+    def union() -> torch.Tensor:
         per_rank = gathered.view(len(counts), width * row_bytes)
         index = per_rank[:, :4 * width].contiguous().view(torch.int32).view(len(counts), width)
         vals = per_rank[:, 4 * width:].contiguous().view(values.dtype).view(len(counts), width, *values.shape[1:])
@@ -292,9 +298,4 @@ def launch_row_exchange(grad: torch.Tensor, world_size: int) -> tuple[int, torch
         vals = torch.cat([vals[r, :c] for r, c in enumerate(counts)])
         return torch.sparse_coo_tensor(index[None], vals, grad.shape, check_invariants=False)
 
-    nbytes = width * row_bytes
-    if work is None:
-        fut = torch.futures.Future()
-        fut.set_result(union())
-        return nbytes, fut, "all_gather"
-    return nbytes, work.get_future().then(union), "all_gather"
+    return width * row_bytes, _when_done(work, union), "all_gather"
