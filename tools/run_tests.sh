@@ -12,7 +12,7 @@ if [ "$workers" = 0 ]; then
   exec python -m pytest -q --durations=15 "$@" tests
 fi
 ok() { [ "$1" = 0 ] || [ "$1" = 5 ]; }  # 5: nothing selected (e.g. -k picked no exclusive test)
-OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" python -m pytest -q --durations=15 -n "$workers" \
+OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" python -m pytest -q -rs --durations=15 -n "$workers" \
   -m "not exclusive" "$@" tests
 parallel=$?
 OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}" python -m pytest -q --durations=5 -m exclusive "$@" tests
