@@ -5,16 +5,20 @@ after it, so one thread pre-empted by another process stalls the whole operator.
 takes one thread per CPU the machine has, not per CPU this process may use, nor shared with the
 other ranks of its node; and libgomp's threads spin at each barrier before they sleep
 (``OMP_WAIT_POLICY`` unset: up to ``GOMP_SPINCOUNT`` 300,000 iterations), taking from a process
-beside them the time their own stalled thread needs. Measured: ``bench/reliability/README.md``
-§"Runs that share their cores" (``python -m bench.reliability.shared_cores``).
+beside them the time their own stalled thread needs; sleeping at every barrier instead costs a rank
+whose cores are its own about 16% of its step (each operator wakes the threads again). Measured:
+``bench/reliability/README.md`` §"Runs that share their cores" (``python -m bench.reliability.shared_cores``)
+and ``bench/quality/README.md`` §"The CPU loop's speed".
 
-:func:`passive_wait` (before torch is imported) makes the OpenMP threads sleep at their barriers;
+:func:`choose_wait` (before torch is imported) lets the OpenMP threads spin a bounded while when the
+node's cores are free at start-up and sleep at their barriers when other processes keep them busy;
 :func:`configure` (once at start-up) sets the thread count: ``num_threads`` from the config, else
 ``OMP_NUM_THREADS`` when the user set it, else :func:`usable_cores` shared among the node's local
 ranks (:func:`threads_per_rank`), and warns when the load average leaves fewer free cores than that.
 
-This module imports no torch at import time, so that an entry point can call :func:`passive_wait`
-before torch loads its OpenMP runtime (which reads ``OMP_WAIT_POLICY`` once, when it loads).
+This module imports no torch at import time, so that an entry point can call :func:`choose_wait`
+before torch loads its OpenMP runtime (which reads ``OMP_WAIT_POLICY`` and ``GOMP_SPINCOUNT`` once, when
+it loads).
 """
 from __future__ import annotations
 
@@ -30,15 +34,82 @@ log = logging.getLogger(__name__)
 CGROUP = Path("/sys/fs/cgroup")
 
 
-def passive_wait(environ=None) -> bool:
-    """Make OpenMP threads sleep, not spin, while they wait (``OMP_WAIT_POLICY=PASSIVE``), unless the
-    user set ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT``. Takes effect only when called before torch is
-    imported (the runtime reads the variable when it loads). Returns whether the policy was set here."""
+SPIN_COUNT = 30_000
+"""``GOMP_SPINCOUNT`` of a rank whose cores are free at start-up: its threads spin about this many times at a
+barrier, then sleep. Measured (``bench/quality/README.md``, "The CPU loop's speed"; ``bench/reliability/README.md``,
+"The OpenMP wait"): the README main job 16% faster than passive waiting, and faster than before passive
+waiting was introduced; 2.5-2.7x slower than alone when an un-niced process arrives on its cores later."""
+FREE_CORES_SLACK = 0.5
+"""Busy cores of other processes (beyond one per sibling rank starting beside this one) that still count as free."""
+
+
+def busy_cores(interval_s: float = 0.1, stat: Path = Path("/proc/stat")) -> float | None:
+    """Cores the machine's processes kept busy over the next ``interval_s`` seconds (this process sleeps
+    meanwhile, so they are the others'): ``(1 - idle share) x online CPUs`` from two reads of
+    ``/proc/stat``'s ``cpu`` line (idle and iowait counted idle). None where unreadable (not Linux)."""
+    import time
+
+    def read() -> tuple[int, int] | None:
+        try:
+            fields = stat.read_text().split("\n", 1)[0].split()
+        except OSError:
+            return None
+        if not fields or fields[0] != "cpu":
+            return None
+        ticks = [int(x) for x in fields[1:]]
+        return sum(ticks), ticks[3] + (ticks[4] if len(ticks) > 4 else 0)
+
+    first = read()
+    if first is None:
+        return None
+    time.sleep(interval_s)
+    second = read()
+    total, idle = second[0] - first[0], second[1] - first[1]
+    if total <= 0:
+        return None
+    return (1.0 - idle / total) * (os.cpu_count() or 1)
+
+
+def choose_wait(environ=None, busy: float | None = None) -> str:
+    """Choose how OpenMP threads wait at a barrier, before torch loads its OpenMP runtime (which reads
+    ``OMP_WAIT_POLICY`` and ``GOMP_SPINCOUNT`` once, when it loads):
+
+    - a user's ``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` is kept (``"user"``);
+    - cores free at start-up (other processes keep at most ``FREE_CORES_SLACK`` cores busy beyond one per
+      sibling rank of this node, ``LOCAL_WORLD_SIZE``): a bounded spin, ``GOMP_SPINCOUNT=SPIN_COUNT``
+      (``"spin"``): the threads stay awake between the step's back-to-back operators;
+    - cores busy (or unreadable): ``OMP_WAIT_POLICY=PASSIVE`` (``"passive"``): the threads sleep at every
+      barrier, so they do not take the time a stalled thread needs from the processes beside them
+      (``bench/reliability/README.md``, "Runs that share their cores").
+
+    A process that arrives on the cores after the choice meets a spinning rank: on a shared machine set
+    ``OMP_WAIT_POLICY=PASSIVE``. Returns ``"user"``, ``"spin"``, ``"passive"``, or ``"late"`` when torch
+    is already imported (nothing set: too late to take effect).
+
+    Args:
+        environ: the environment to read and set (default ``os.environ``).
+        busy: busy cores of other processes (default :func:`busy_cores`, a 0.1 s sample: 10 ticks of a busy core).
+    """
     environ = os.environ if environ is None else environ
-    if "OMP_WAIT_POLICY" in environ or "GOMP_SPINCOUNT" in environ or "torch" in sys.modules:
-        return False
+    if "OMP_WAIT_POLICY" in environ or "GOMP_SPINCOUNT" in environ:
+        return "user"
+    if "torch" in sys.modules:
+        return "late"
+    busy = busy_cores() if busy is None else busy
+    siblings = max(0, int(environ.get("LOCAL_WORLD_SIZE") or 1) - 1)  # ranks of this node starting meanwhile
+    if busy is not None and busy <= siblings + FREE_CORES_SLACK:
+        environ["GOMP_SPINCOUNT"] = str(SPIN_COUNT)
+        return "spin"
     environ["OMP_WAIT_POLICY"] = "PASSIVE"
-    return True
+    return "passive"
+
+
+def wait_setting(environ=None) -> str:
+    """The OpenMP wait as the runtime read it, for the log: ``OMP_WAIT_POLICY`` and ``GOMP_SPINCOUNT``
+    ("(unset)": libgomp's own, about 300,000 spins before it sleeps)."""
+    environ = os.environ if environ is None else environ
+    parts = [f"{k}={environ[k]}" for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if k in environ]
+    return " ".join(parts) or "OMP_WAIT_POLICY (unset)"
 
 
 def cgroup_cpu_limit(root: Path = CGROUP) -> float | None:
@@ -90,12 +161,12 @@ class ThreadPlan:
     source: str           # "config num_threads", "OMP_NUM_THREADS", or "cores / local ranks"
     cores: int            # usable_cores()
     local_world_size: int
-    wait_policy: str      # OMP_WAIT_POLICY as the runtime read it ("(unset)": libgomp spins first)
+    wait_policy: str      # the OpenMP wait as the runtime read it (wait_setting)
     load: float           # 1-minute load average at start-up
 
     def describe(self) -> str:
         return (f"{self.threads} compute thread(s) per rank ({self.source}; {self.cores} usable core(s), "
-                f"{self.local_world_size} local rank(s)); OMP_WAIT_POLICY={self.wait_policy}; "
+                f"{self.local_world_size} local rank(s)); OpenMP wait {self.wait_policy}; "
                 f"load average {self.load:.2f}")
 
 
@@ -106,7 +177,7 @@ def configure(num_threads: int | None, local_world_size: int, environ=None, warn
     Args:
         num_threads: the config's ``num_threads`` (wins), or None.
         local_world_size: ranks of this node (torchrun's ``LOCAL_WORLD_SIZE``; 1 alone).
-        environ: the environment (default ``os.environ``): ``OMP_NUM_THREADS``, ``OMP_WAIT_POLICY``.
+        environ: the environment (default ``os.environ``): ``OMP_NUM_THREADS``, the OpenMP wait.
         warn: log the load warning (the entry point passes it for one rank per node).
     Raises:
         ValueError: ``OMP_NUM_THREADS`` is not a positive integer (named with its value).
@@ -126,7 +197,7 @@ def configure(num_threads: int | None, local_world_size: int, environ=None, warn
         threads, source = threads_per_rank(cores, local_world_size), "cores / local ranks"
     torch.set_num_threads(threads)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-    plan = ThreadPlan(threads, source, cores, local_world_size, environ.get("OMP_WAIT_POLICY", "(unset)"), load)
+    plan = ThreadPlan(threads, source, cores, local_world_size, wait_setting(environ), load)
     free = cores - load
     if warn and free < threads * local_world_size:
         log.warning("the load average (%.1f over the last minute) leaves about %.1f of %d usable cores free, "

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from . import cpu
 
-cpu.passive_wait()  # before torch loads its OpenMP runtime, which reads the wait policy once (distnerf/cpu.py)
+WAIT = cpu.choose_wait()  # before torch loads its OpenMP runtime, which reads the wait once (distnerf/cpu.py)
 
 import hydra  # noqa: E402
 import torch  # noqa: E402
@@ -78,7 +78,7 @@ def run(cfg: DictConfig) -> dict:
             (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
             log.info("run directory %s; world size %d; backend %s; device %s", run_dir, env.world_size,
                      env.backend or "none", env.device)
-            log.info("threads: %s", threads.describe())
+            log.info("threads: %s (the wait chosen at start-up: %s)", threads.describe(), WAIT)
         strategy = build_strategy(cfg.strategy, env)
         trainer = Trainer(cfg, strategy, run_dir, stop=stop)
         D.end_setup(env, cfg.dist_setup_timeout_s, cfg.dist_timeout_s)  # names late ranks; then the step timeout

@@ -49,7 +49,7 @@ VARIANTS = {
     "spin3k": ({"GOMP_SPINCOUNT": "3000"}, []),
 }
 PLANNED = ("planned", "spin30k", "spin3k")
-"""The variants that start as ``python -m distnerf.train`` does (:func:`distnerf.cpu.passive_wait`, which keeps a
+"""The variants that start as ``python -m distnerf.train`` does (:func:`distnerf.cpu.choose_wait`, which keeps a
 ``GOMP_SPINCOUNT`` the variant set, then :func:`distnerf.cpu.configure`)."""
 COMPETITORS = {"alone": None, "nice": ["nice", "-n", "19"], "plain": []}
 
@@ -59,7 +59,7 @@ def child(variant: str, run_dir: Path) -> None:
     JSON line (steps, seconds, rays_per_s, torch threads) on stdout, until ``quit``."""
     if variant in PLANNED:  # before torch loads, as distnerf/train.py does
         from distnerf import cpu
-        cpu.passive_wait()
+        cpu.choose_wait()
     import torch
     from hydra import compose, initialize_config_dir
 

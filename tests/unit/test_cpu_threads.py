@@ -3,7 +3,9 @@ ranks, the user's setting first, passive OpenMP waiting, and the load warning (i
 from __future__ import annotations
 
 import logging
+import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -74,13 +76,33 @@ def test_a_loaded_machine_is_warned_about(monkeypatch, caplog, restore_threads):
     assert caplog.text == ""
 
 
-def test_passive_wait_only_before_torch_and_never_over_the_user(monkeypatch):
+def test_the_wait_spins_on_free_cores_sleeps_on_busy_ones_and_never_overrides_the_user(monkeypatch):
     monkeypatch.delitem(sys.modules, "torch")  # as at the entry point, before torch loads OpenMP
     environ = {}
-    assert cpu.passive_wait(environ) and environ == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert cpu.choose_wait(environ, busy=0.3) == "spin" and environ == {"GOMP_SPINCOUNT": str(cpu.SPIN_COUNT)}
+    environ = {}
+    assert cpu.choose_wait(environ, busy=1.0) == "passive" and environ == {"OMP_WAIT_POLICY": "PASSIVE"}
+    environ = {"LOCAL_WORLD_SIZE": "4"}  # three sibling ranks importing beside this one: still free
+    assert cpu.choose_wait(environ, busy=3.2) == "spin" and environ["GOMP_SPINCOUNT"] == str(cpu.SPIN_COUNT)
+    environ = {"LOCAL_WORLD_SIZE": "4"}
+    assert cpu.choose_wait(environ, busy=3.8) == "passive"
     for user in ({"OMP_WAIT_POLICY": "ACTIVE"}, {"GOMP_SPINCOUNT": "10000"}):
         environ = dict(user)
-        assert not cpu.passive_wait(environ) and environ == user
+        assert cpu.choose_wait(environ, busy=0.0) == "user" and environ == user
     monkeypatch.undo()
     environ = {}
-    assert not cpu.passive_wait(environ) and environ == {}  # torch loaded: too late to take effect
+    assert cpu.choose_wait(environ, busy=0.0) == "late" and environ == {}  # torch loaded: too late to take effect
+    assert "GOMP_SPINCOUNT=30000" in cpu.wait_setting({"GOMP_SPINCOUNT": "30000"})
+
+
+def test_busy_cores_sees_a_process_spinning_beside_it():
+    """A real busy process on one core shows as at least 0.7 busy cores in /proc/stat (others may add more)."""
+    if cpu.busy_cores(0.05) is None:
+        pytest.skip("no /proc/stat (not Linux)")
+    spinner = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 5: pass"])
+    try:
+        time.sleep(0.3)  # the interpreter started and spinning
+        assert cpu.busy_cores(0.5) >= 0.7
+    finally:
+        spinner.kill()
+        spinner.wait()
