@@ -260,7 +260,7 @@ class DDPStrategyConfig(StrategyConfig):
     sparse_mode: str = choice("auto", "counted", "bounded")  # auto: counted on CPU, bounded (no host sync) on CUDA
     # the grid's colour-feature tables keep their sparse row gradients (model.sparse_grad, lazy Adam, as one process)
     # and travel outside DDP's buckets as (row, value) pairs (strategy/sparse_exchange.py launch_row_exchange);
-    # false: every table dense in DDP's buckets (dense Adam)
+    # false: every table dense in DDP's buckets (dense Adam). The CPU only: refused on CUDA (dense gradients there)
     sparse_tables: bool = False
 
 

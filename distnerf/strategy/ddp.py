@@ -36,6 +36,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from .. import dist as D
+from ..config_check import ConfigError
 from ..model.base import RadianceModel
 from .base import Strategy
 from .sparse_exchange import SparseRule, launch_bounded_sparse_allreduce, launch_row_exchange, launch_sparse_allreduce
@@ -205,6 +206,12 @@ class DDPStrategy(Strategy):
 
     def __init__(self, cfg, env):
         super().__init__(cfg, env)
+        if self.cfg.sparse_tables and env.device.type == "cuda":
+            raise ConfigError(
+                "strategy.sparse_tables=true is refused on CUDA: the colour tables' gradients are dense there "
+                "(the grid makes row-sparse gradients only where rows are counted without a host sync: the CPU), so "
+                "the row exchange would all-reduce each dense table after the backward with a host read per table per step, slower than DDP's own "
+                "buckets, which overlap the backward. Leave strategy.sparse_tables=false on CUDA")
         self.comm = CommStats()
         self.hook_state: HookState | None = None
 

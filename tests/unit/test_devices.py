@@ -128,3 +128,17 @@ def test_train_refuses_auto_on_cpu_ranks_before_joining(monkeypatch):
     with pytest.raises(ValueError, match="in Slurm job 31"):
         init_distributed("auto", timeout_s=10, setup_timeout_s=None)
     assert init_distributed("cpu", timeout_s=10, setup_timeout_s=None).device == torch.device("cpu")
+
+
+def test_ddp_refuses_sparse_tables_on_cuda_at_build_time():
+    """strategy.sparse_tables on CUDA is refused when the strategy is built (before any model or device
+    work), with the reason; on the CPU the same config builds."""
+    from distnerf.config_check import ConfigError
+    from distnerf.dist import DistEnv
+    from distnerf.strategy.ddp import DDPStrategy
+
+    cfg = {"name": "ddp", "sparse_tables": True}
+    with pytest.raises(ConfigError, match=r"sparse_tables=true is refused on CUDA: .*host read per table per step"):
+        DDPStrategy(cfg, DistEnv(device=torch.device("cuda", 0)))
+    assert DDPStrategy(cfg, DistEnv()).cfg.sparse_tables
+    assert not DDPStrategy({"name": "ddp"}, DistEnv(device=torch.device("cuda", 0))).cfg.sparse_tables
