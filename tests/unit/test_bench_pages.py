@@ -118,12 +118,22 @@ def test_figure_values_reads_fields_selections_and_jsonl_lines():
     assert figure_values(doc, "t.r[s=c].x") == []
 
 
+def test_key_values_derive_differences_and_ratios_across_files(tmp_path):
+    (tmp_path / "a.json").write_text(json.dumps({"r": [{"s": 1, "x": 3.0}, {"s": 2, "x": 5.0}], "y": 2.0}))
+    (tmp_path / "b.jsonl").write_text('{"x": 1.0}\n{"x": 4.0}\n')
+    a, b = tmp_path / "a.json", tmp_path / "b.jsonl"
+    assert key_values(a, "r[*].x / y") == [1.5, 2.5]  # each against the one
+    assert key_values(a, f"r[*].x - {b}:[*].x") == [2.0, 1.0]  # element by element, another file
+    assert key_values(a, "r[s=3].x - y") == [] and key_values(a, f"r[*].x - {b}:[*].z") == []
+    assert reads_as(key_values(a, "y / r[*].x"), "0.40-0.67", "x") and key_values(a, "y * r[s=2].x") == [10.0]
+
+
 FIGURE_PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 SHORT = {"R62": "bench/scaling/results/study_capacity_cooled_p62k/report.json",
          "R125": "bench/scaling/results/study_capacity_cooled/report.json"}
 # a figure table's value suffix (and a page figure's unit) -> the factor from the file's units; other units: 1
-SCALE = {"k": 1e3, "M": 1e6, "G": 1e9, "%": 1e-2, "ms": 1e-3, "kB": 1e3, "MB": 1e6, "GB": 1e9,
-         "KiB": 2.0 ** 10, "MiB": 2.0 ** 20, "GiB": 2.0 ** 30}
+# (KiB, MiB, GiB: the file's own unit, as peak_rss_mb's VmHWM / 1024 and eval_memory's *_gb are)
+SCALE = {"k": 1e3, "M": 1e6, "G": 1e9, "%": 1e-2, "ms": 1e-3, "kB": 1e3, "MB": 1e6, "GB": 1e9}
 UNITS = ("k rays/s", "rays/s", "samples per ray", "samples/ray", "steps", "minutes", "min", "ms", "s", "dB",
          "%", "x", "kB", "MB", "GB", "KiB", "MiB", "GiB", "k", "M")
 _NUM = r"\d{1,3}(?: \d{3})+(?![\d.])|\d[\d,]*(?:\.\d+)?"  # 12 000, 62,052, 35.54
@@ -133,114 +143,30 @@ FIGURE = re.compile(rf"(?<![\w.^/=+:-])(?<!= )({_ONE}(?:(?:, | and | -> | / | to
 NUMBER = re.compile(rf"[+-]?(?:{_NUM})(?:-(?:{_NUM}))?")
 
 # Figures with a unit that are not measurements of this project, so no committed file holds them: (page,
-# pattern covering the figure in its line, why). A page's figure is exempt when a match of its pattern spans it.
+# pattern covering the figure in its line, why); page "*": every page. A page's figure is exempt when a match
+# of its pattern spans it.
 EXEMPT = [
     ("README.md", r"2 min 23 s|6 s more", "re-measured by the lead (issue 60 item 6)"),  # the main job's time
     ("README.md", r"~2\.8x|~16%|119\.5 s against 142\.8 s|2\.5-2\.7x",
      "re-measured by the lead (issue 60 item 6)"),  # the num_threads row
+    ("*", r"(?<![\d.])(?:31|62|62\.5|125|250|500) k\b|\b0\.25-4 M\b|(?<![\d.])1 M\b",
+     "a study's parameter budget per rank (model.max_params, 31 k-1 M), a setting"),
+    ("*", r"(?<![\d-])(?<!\d )(?:100|200|600|2000|3000|12 000) steps", "a run's or study's length (train.max_steps), a setting"),
+    ("*", r"(?:at |, )(?:2|10) minutes", "a run's training-time budget (train.max_minutes), a setting"),
+    ("*", r"last 20%", "the cool-down share (train.decay_start=0.8) and the plateau check's window, settings"),
+    ("README.md", r"\d+ MB for 2\.\d\.\d", "PyPI's wheel sizes, not this project's"),
+    ("README.md", r"suite's 30 minutes|polled every 2 s|at least 92%|\+ 10% of its|15% tolerance|, 1000 steps\.|a 4x coarser",
+     "settings and defaults: the suite's time limit, the viewer's poll period and share, the box margin, "
+     "the target check's tolerance, the stages' default, the coarse occupancy grid's factor"),
+    ("README.md", r"leave 48%|350 M parameters|3-13% under",
+     "arithmetic, not measured: a ball in its cube, the grid's whole-cube sizing rule"),
+    ("when_to_pick_ss.md", r"0\.5x and 2x the default|target \+1 dB|44% at",
+     "settings (city_capacity's multipliers, the issue's target) and arithmetic the page says is not measured"),
+    ("operations.md", r"\(7200 s|\(5 s\)|\b30 s\b|\(121 s\)",
+     "timeouts and periods: defaults of the code, of torchrun's agent and of Slurm"),
+    ("profiling.md", r"at or below 5%", "a test's threshold"),
+    ("newcomer_trial.md", r"a 3 s budget", "the suite's per-test time budget, a setting"),
 ]
-# Not yet bound, exempted or removed (issue 60 item 1 left open: configuration values, derived ratios and
-# measurements whose file is still to be named): "page: number unit" (xN: its occurrences). A figure not
-# here and unbound fails; an entry no longer seen fails too, so this list only shrinks.
-PENDING = sorted([
-    "README.md: +0.38 dB",
-    "README.md: 0.25-4 M",
-    "README.md: 0.92 dB",
-    "README.md: 1 %",
-    "README.md: 1 M",
-    "README.md: 10 %",
-    "README.md: 10 minutes",  # x2
-    "README.md: 1000 steps",
-    "README.md: 12 000-24 000 steps",
-    "README.md: 12.4 %",
-    "README.md: 125 k",  # x2
-    "README.md: 15 %",
-    "README.md: 19 %",
-    "README.md: 19.0 dB",
-    "README.md: 2 GB",
-    "README.md: 2 minutes",  # x2
-    "README.md: 2 s",
-    "README.md: 20 %",  # x2
-    "README.md: 200 steps",  # x2
-    "README.md: 21.65 dB",
-    "README.md: 25.06 dB",
-    "README.md: 27.33 dB",
-    "README.md: 3-13 %",
-    "README.md: 30 minutes",
-    "README.md: 300 steps",
-    "README.md: 3000 steps",  # x2
-    "README.md: 31 k",  # x2
-    "README.md: 32.6 %",
-    "README.md: 350 M",
-    "README.md: 4 x",
-    "README.md: 40 steps",
-    "README.md: 43 GB",
-    "README.md: 48 %",
-    "README.md: 51 samples per ray",
-    "README.md: 62.5 k",  # x2
-    "README.md: 63 %",
-    "README.md: 65 %",
-    "README.md: 7.3 x",
-    "README.md: 79 %",
-    "README.md: 797 MB",
-    "README.md: 8 x",
-    "README.md: 888 MB",
-    "README.md: 92 %",
-    "README.md: 93 samples per ray",
-    "README.md: 94-100 %",
-    "newcomer_trial.md: 0.1 s",
-    "newcomer_trial.md: 1 min",
-    "newcomer_trial.md: 2 min",
-    "newcomer_trial.md: 20-30 s",
-    "newcomer_trial.md: 3 s",
-    "newcomer_trial.md: 33 s",
-    "newcomer_trial.md: 35 s",
-    "newcomer_trial.md: 45 s",
-    "operations.md: 121 s",
-    "operations.md: 30 s",  # x3
-    "operations.md: 5 s",
-    "operations.md: 7200 s",
-    "profiling.md: 1-3 %",
-    "profiling.md: 5 %",
-    "when_to_pick_ss.md: +0.3 dB",
-    "when_to_pick_ss.md: +0.34 dB",  # x2
-    "when_to_pick_ss.md: +0.35 dB",
-    "when_to_pick_ss.md: +0.49 dB",
-    "when_to_pick_ss.md: +1 dB",
-    "when_to_pick_ss.md: 0.16-0.33 dB",
-    "when_to_pick_ss.md: 0.45 s",
-    "when_to_pick_ss.md: 0.5 x",
-    "when_to_pick_ss.md: 1 M",
-    "when_to_pick_ss.md: 1.04 dB",
-    "when_to_pick_ss.md: 1.39 x",
-    "when_to_pick_ss.md: 1.44 x",
-    "when_to_pick_ss.md: 1.8-2.2 x",
-    "when_to_pick_ss.md: 10 minutes",
-    "when_to_pick_ss.md: 100 steps",  # x2
-    "when_to_pick_ss.md: 12 000 steps",  # x2
-    "when_to_pick_ss.md: 125 k",  # x7
-    "when_to_pick_ss.md: 2 x",  # x2
-    "when_to_pick_ss.md: 20 %",
-    "when_to_pick_ss.md: 2000 steps",
-    "when_to_pick_ss.md: 203 k",
-    "when_to_pick_ss.md: 246 k",
-    "when_to_pick_ss.md: 2739-2834 MiB",
-    "when_to_pick_ss.md: 3026-3100 MiB",
-    "when_to_pick_ss.md: 31 k",
-    "when_to_pick_ss.md: 35.1-35.2 k",
-    "when_to_pick_ss.md: 370 steps",
-    "when_to_pick_ss.md: 375 steps",
-    "when_to_pick_ss.md: 44 %",
-    "when_to_pick_ss.md: 49.0 k",
-    "when_to_pick_ss.md: 50.5 k",
-    "when_to_pick_ss.md: 500 k",
-    "when_to_pick_ss.md: 53-220 k",
-    "when_to_pick_ss.md: 600 steps",
-    "when_to_pick_ss.md: 62 k",
-    "when_to_pick_ss.md: 62.5 k",  # x7
-    "when_to_pick_ss.md: 90 %",
-])
-
 
 
 def prose(text: str) -> str:
@@ -279,10 +205,31 @@ def figure_table(text: str) -> list[tuple[str, str, str, list]]:
         source = source if where == "same" else SHORT.get(where, where)
         path = REPO / source
         assert path.is_file(), (figure, source)
-        raw = path.read_text()
-        doc = [json.loads(ln) for ln in raw.splitlines() if ln.strip()] if path.suffix == ".jsonl" else json.loads(raw)
-        rows.append((figure, value, source, figure_values(doc, key)))
+        rows.append((figure, value, source, key_values(path, key)))
     return rows
+
+
+def load(path: Path):
+    raw = path.read_text()
+    return [json.loads(ln) for ln in raw.splitlines() if ln.strip()] if path.suffix == ".jsonl" else json.loads(raw)
+
+
+def key_values(path: Path, key: str) -> list:
+    """A figures-table key's values in ``path``: ``key`` (figure_values), or a derived figure ``A - B`` or
+    ``A / B`` or ``A * B`` (a difference in dB, a ratio, a product), each operand a key of ``path`` or ``FILE:key`` of another
+    committed file (a SHORT name or a path); element by element, or one value against each of the other's."""
+    m = re.fullmatch(r"(.+?) ([-/*]) (.+)", key)
+    if not m:
+        return figure_values(load(path), key)
+    sides = []
+    for operand in (m.group(1), m.group(3)):
+        where, _, own = operand.rpartition(":")
+        sides.append(figure_values(load(REPO / SHORT.get(where, where)) if where else load(path), own))
+    a, b = sides
+    if len(a) != len(b):
+        a, b = (a * len(b), b) if len(a) == 1 else (a, b * len(a)) if len(b) == 1 else ([], [])
+    op = {"-": lambda x, y: x - y, "/": lambda x, y: x / y, "*": lambda x, y: x * y}[m.group(2)]
+    return [op(x, y) for x, y in zip(a, b)]
 
 
 def shown(x: float, like: str, unit: str) -> str:
@@ -347,14 +294,12 @@ def test_every_page_figure_with_a_unit_is_bound_to_its_file_or_exempt():
             if bindable(number, unit) and any(reads_as(found, number, unit) and fits(value, unit)
                                               for _, value, _, found in rows):
                 continue
-            hit = [i for i, (where, pattern, _) in enumerate(EXEMPT) if where == page.name and any(
+            hit = [i for i, (where, pattern, _) in enumerate(EXEMPT) if where in (page.name, "*") and any(
                 m.start() <= a and b <= m.end() for m in re.finditer(pattern, lines[line - 1]))]
             used.update(hit)
             if not hit:
                 unbound.append((f"{page.name}: {number} {unit}", line))
-    new = [f"{name} (line {line})" for name, line in unbound if name not in PENDING]
-    assert not new, "\n".join(new)
-    assert sorted({name for name, _ in unbound}) == PENDING  # an entry bound or gone: strike it from PENDING
+    assert not unbound, "\n".join(f"{name} (line {line})" for name, line in unbound)
     assert not [EXEMPT[i] for i in range(len(EXEMPT)) if i not in used]  # no stale exemption
 
 
