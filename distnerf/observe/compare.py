@@ -24,6 +24,11 @@ IGNORED = ("run_dir", "resume", "train.progress", "logger.", "dataset.cache_dir"
 ABSENT = "<absent>"
 
 
+def ignored(key: str) -> bool:
+    """Whether a flattened config key is one of :data:`IGNORED` (or under one ending in ``.``)."""
+    return any(key == i or (i.endswith(".") and key.startswith(i)) for i in IGNORED)
+
+
 class UndeclaredDifference(ValueError):
     """The two runs differ in settings not named as the A/B variable."""
 
@@ -85,7 +90,7 @@ def setting_differences(a: dict, b: dict, vary: list[str]) -> tuple[list, list]:
     not the schema's default (:func:`schema_default`)."""
     declared, undeclared = [], []
     for key in sorted(set(a) | set(b)):
-        if any(key == i or (i.endswith(".") and key.startswith(i)) for i in IGNORED):
+        if ignored(key):
             continue
         va, vb = a.get(key, ABSENT), b.get(key, ABSENT)
         if (va == ABSENT and vb == schema_default(key, b)) or (vb == ABSENT and va == schema_default(key, a)):

@@ -23,7 +23,9 @@ Exit status: 0 when every cell is finished, 1 when a cell failed (reported, re-r
 ``--retry-failed``), 2 on a bad config or study directory (or a report W&B refused), 130 when
 ``run`` was stopped by Ctrl-C or SIGTERM: it passes SIGTERM to the running cell's ranks, which
 checkpoint and exit, and waits for them; the next ``run`` resumes that cell from its checkpoint
-when it is untimed (``runner.resumable_step``) and starts it again when it is timed.
+when it is untimed (``runner.resumable_step``) and starts it again when it is timed. A cell whose
+training overrides the edited study config changes is moved to ``STUDY_DIR/superseded/`` and run
+again from scratch (``runner.plan_actions``).
 """
 from __future__ import annotations
 
@@ -108,8 +110,10 @@ def main(argv: list[str] | None = None) -> int:
             args.study_dir.mkdir(parents=True, exist_ok=True)
             if not saved.exists() or saved.read_text() != args.config.read_text():
                 if saved.exists():
-                    print(f"distnerf.study: {saved} differs from {args.config}: replaced (finished cells are kept; "
-                          "the report flags settings that now differ between cells)", file=sys.stderr)
+                    print(f"distnerf.study: {saved} differs from {args.config}: replaced (a cell whose training "
+                          f"overrides changed is moved to {args.study_dir / 'superseded'}/ and runs again from "
+                          "scratch, the runner names each; the report flags any other setting that differs "
+                          "between finished cells)", file=sys.stderr)
                 shutil.copyfile(args.config, saved)
             signal.signal(signal.SIGTERM, _stop)
             try:

@@ -37,6 +37,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from ..config_check import ConfigError, section
+from ..observe.compare import ignored
 from ..schema import StudyConfig
 
 AXES = ("strategy", "sampler", "world_size", "scene", "model", "budget")
@@ -181,23 +182,79 @@ def expand(cfg) -> list[Cell]:
     return cells
 
 
+THREAD_KEYS = ("env.torch_threads", "env.torch_interop_threads", "env.omp_num_threads")
+"""Environment keys that follow the world size when the study leaves ``threads`` unset (the runner
+gives each rank ``cpu_count // world_size`` threads: :func:`distnerf.study.runner.threads_per_rank`)."""
+_BOOKKEEPING = ("logger.wandb.job_type", "logger.wandb.name")  # each cell's W&B run
+
+
+def _override_key(override: str) -> str:
+    """The config key (or group) a Hydra override sets: ``+a.b=1`` -> ``a.b``, ``g@pkg=x`` -> ``g``."""
+    return override.lstrip("+~").split("=", 1)[0].split("@", 1)[0]
+
+
+def _level_keys(levels: dict, axis: str, value) -> set[str]:
+    return {_override_key(ov) for ov in levels.get(axis, {}).get(str(value), [])}
+
+
 def declared_keys(cfg) -> list[str]:
     """Config keys (and ``env.`` keys) the study varies on purpose: every key a level sets
     (``strategy=ss`` declares the whole ``strategy`` group), and ``env.world_size`` when
-    world size is an axis. A difference between cells elsewhere is undeclared."""
+    world size is an axis. Which of them two given cells may differ in: :func:`declared_between`."""
     axes = OmegaConf.to_container(cfg.axes)
     levels = levels_of(cfg)
-    keys = set()
+    keys = set(_BOOKKEEPING)
     for axis, values in axes.items():
         if axis == "world_size":
             keys.add("env.world_size")
-            for v in values:
-                keys.update(ov.lstrip("+~").split("=", 1)[0] for ov in levels.get(axis, {}).get(str(v), []))
-            continue
         for v in values:
-            for ov in levels[axis][str(v)]:
-                keys.add(ov.lstrip("+~").split("=", 1)[0].split("@", 1)[0])
+            keys |= _level_keys(levels, axis, v)
     if cfg.vary_seed and cfg.repeats > 1:
         keys.add("seed")  # the repeats' seeds
-    keys.update({"logger.wandb.job_type", "logger.wandb.name"})  # each cell's W&B run
     return sorted(keys)
+
+
+def declared_between(cfg, a: dict, b: dict) -> list[str]:
+    """The keys two cells may differ in on purpose: those the levels of the axes on which the two
+    differ set (both cells' levels), ``env.world_size`` and, when ``cfg.threads`` is unset,
+    :data:`THREAD_KEYS` where their world sizes differ, and ``seed`` where their repeats differ
+    (``vary_seed``). A setting of an axis on which the two agree is not declared between them: two
+    cells of one scene whose ``dataset.resolution`` differs differ in an undeclared setting, although
+    the scene's level (``dataset=synthetic``) declares the ``dataset`` group across scenes.
+
+    Args:
+        a, b: ``{"values": {axis: value}, "repeat": int}`` (a :class:`Cell` as a dict, or the
+            report's cell row).
+    """
+    levels = levels_of(cfg)
+    keys = set(_BOOKKEEPING)
+    for axis in AXES:
+        va, vb = a["values"].get(axis), b["values"].get(axis)
+        if va == vb:
+            continue
+        keys |= _level_keys(levels, axis, va) | _level_keys(levels, axis, vb)
+        if axis == "world_size":
+            keys.add("env.world_size")
+            if cfg.threads is None:
+                keys.update(THREAD_KEYS)
+    if cfg.vary_seed and a["repeat"] != b["repeat"]:
+        keys.add("seed")
+    return sorted(keys)
+
+
+def override_settings(overrides) -> dict:
+    """``{key: value}`` of Hydra overrides as written (``+key`` as ``key``; ``~key`` as the value
+    ``"<deleted>"``; ``group@package`` kept whole), the last override of a key winning, as in Hydra."""
+    out = {}
+    for ov in overrides:
+        key, _, value = ov.partition("=")
+        out[key.lstrip("+~")] = "<deleted>" if key.startswith("~") else value
+    return out
+
+
+def override_changes(before, now) -> dict:
+    """``{key: [value before, value now]}`` (``None``: not set) where two override lists set a key
+    differently; keys that never change what a run measures (:func:`distnerf.observe.compare.ignored`:
+    the W&B run's names, ``run_dir``, ``train.progress``, ...) are left out."""
+    a, b = override_settings(before), override_settings(now)
+    return {k: [a.get(k), b.get(k)] for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k) and not ignored(k)}

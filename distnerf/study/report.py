@@ -24,7 +24,8 @@ summarised by their median; ``n`` says how many):
   per world size side by side, and the targets met or missed;
 * scaling model (:mod:`distnerf.study.scaling`) and its check against the measured points;
 * what differs: cells whose config or environment differs from the first cell's in a
-  setting that no axis declares (``distnerf.profile compare``'s fingerprint) are flagged.
+  setting that no axis on which the two differ declares (``distnerf.profile compare``'s
+  fingerprint; :func:`distnerf.study.plan.declared_between`) are flagged.
 """
 from __future__ import annotations
 
@@ -80,8 +81,8 @@ def collect(study_dir: Path) -> dict:
         cells.append(row)
     declared = plan.declared_keys(cfg)
     if cfg.threads is None and "world_size" in cfg.axes:  # threads per rank follow the world size
-        declared += ["env.torch_threads", "env.torch_interop_threads", "env.omp_num_threads"]
-    _flag_differences(study_dir, cells, declared)
+        declared += list(plan.THREAD_KEYS)
+    _flag_differences(study_dir, cells, cfg)
     keys = {}
     for c in cells:
         keys.setdefault(c["key"], []).append(c)
@@ -90,14 +91,18 @@ def collect(study_dir: Path) -> dict:
             "cells": cells, "keys": summary}
 
 
-def _flag_differences(study_dir: Path, cells: list[dict], declared: list[str]) -> None:
+def _flag_differences(study_dir: Path, cells: list[dict], cfg) -> None:
+    """Each finished cell's ``undeclared`` settings against the first finished one (``reference``):
+    keys of ``config.yaml`` or ``profile/env.json`` that differ although no axis on which the two
+    cells differ declares them (:func:`distnerf.study.plan.declared_between`)."""
     done = [c for c in cells if c["status"] == "done"]
     if not done:
         return
     ref = done[0]
     ref_settings = load_settings(Path(study_dir) / "cells" / ref["id"])
     for c in done:
-        _, undeclared = setting_differences(ref_settings, load_settings(Path(study_dir) / "cells" / c["id"]), declared)
+        _, undeclared = setting_differences(ref_settings, load_settings(Path(study_dir) / "cells" / c["id"]),
+                                            plan.declared_between(cfg, ref, c))
         c["undeclared"] = [{"key": k, "reference": a, "cell": b} for k, a, b in undeclared]
         c["reference"] = ref["id"]
 

@@ -21,7 +21,10 @@ untimed and has a committed checkpoint (a cell stopped by SIGTERM writes one): t
 from that checkpoint in place (``resume=true``; a resumed run continues the uninterrupted one
 bit-exactly, ``tests/dist/test_resume.py``), its record keeping the step it resumed from and when
 its first attempt started. A timed cell always starts again: a resumed run's step times would mix
-two processes' start-ups.
+two processes' start-ups. Before any of that, a cell whose record's training overrides differ from
+the ones the study now plans for it (its config edited since: a ``fixed`` setting, a level, the seed)
+is moved to ``STUDY_DIR/superseded/<id>.<n>``, finished or not, and run again from scratch: a study
+never keeps a finished cell, nor resumes a killed one, at settings it no longer has.
 
 World size 1 runs under torchrun too (one rank, no process group: the trainer's
 single-process path), so every cell is launched the same way. Torchrun restarts are off
@@ -40,7 +43,7 @@ from pathlib import Path
 
 from .. import checkpoint as ckpt
 from ..fileio import atomic_write_text
-from .plan import Cell
+from .plan import Cell, override_changes
 
 REPO = Path(__file__).resolve().parents[2]
 RECORD = "study_cell.json"
@@ -162,16 +165,38 @@ class StudyLock:
         self.file.close()
 
 
-def _set_aside(study_dir: Path, run_dir: Path) -> Path:
-    """Move an interrupted cell's directory to ``attempts/<id>.<n>`` (kept for inspection)."""
-    attempts = Path(study_dir) / "attempts"
-    attempts.mkdir(parents=True, exist_ok=True)
+def _set_aside(study_dir: Path, run_dir: Path, folder: str = "attempts") -> Path:
+    """Move a cell's directory to ``STUDY_DIR/<folder>/<id>.<n>`` (kept for inspection, never deleted):
+    ``attempts`` for an interrupted or failed attempt, ``superseded`` for a run of settings the study
+    no longer plans (:func:`changed_settings`)."""
+    kept = Path(study_dir) / folder
+    kept.mkdir(parents=True, exist_ok=True)
     n = 0
-    while (attempts / f"{run_dir.name}.{n}").exists():
+    while (kept / f"{run_dir.name}.{n}").exists():
         n += 1
-    dest = attempts / f"{run_dir.name}.{n}"
+    dest = kept / f"{run_dir.name}.{n}"
     shutil.move(str(run_dir), dest)
     return dest
+
+
+def recorded_overrides(record: dict) -> list[str] | None:
+    """The training overrides a cell's record says it ran with: ``overrides``, or for a record
+    written before that key, its launch command's arguments after ``--`` (local) or after the
+    sbatch script (Slurm); None when the record names neither."""
+    if "overrides" in record:
+        return list(record["overrides"])
+    command = record.get("command") or []
+    start = next((i + 1 for i, arg in enumerate(command) if arg == "--" or arg.endswith("slurm_train.sbatch")), None)
+    return None if start is None else list(command[start:])
+
+
+def changed_settings(record: dict | None, cell: Cell) -> dict:
+    """``{key: [value it ran with, value planned now]}`` where a cell's recorded overrides differ
+    from the study's plan for it (a study config edited since: its ``fixed``, ``levels``, ``seed``);
+    empty when they agree or the record names no overrides. Keys that never change what a run
+    measures (W&B names, ``train.progress``) are not compared (:func:`distnerf.study.plan.override_changes`)."""
+    ran = recorded_overrides(record) if record else None
+    return {} if ran is None else override_changes(ran, cell.overrides)
 
 
 def _alive_group(pgid) -> bool:
@@ -189,21 +214,41 @@ def _alive_group(pgid) -> bool:
 
 
 def plan_actions(study_dir: Path, cells: list[Cell], retry_failed: bool, log=print) -> list[Cell]:
-    """The cells to run now, in order; says what it skips and why, sets aside interrupted ones."""
+    """The cells to run now, in order; says what it skips and why, sets aside interrupted ones.
+
+    A cell whose directory holds a run of other settings than the study now plans for it (its
+    record's overrides against :attr:`Cell.overrides`: the study config was edited since) is moved
+    to ``STUDY_DIR/superseded/<id>.<n>``, finished or not, its record noting the changed keys, and runs
+    again from scratch: a finished cell is never kept, nor an interrupted one resumed, at settings
+    the study no longer has.
+
+    Raises:
+        RuntimeError: a cell's earlier runner left it running (its process group is alive).
+    """
     todo = []
     for cell in cells:
         run_dir = cell_dir(study_dir, cell)
+        record = read_record(run_dir)
+        if record and record["status"] == "running" and _alive_group(record.get("pgid")):
+            raise RuntimeError(f"{cell.id}: still running (process group {record['pgid']} of an earlier "
+                               f"`distnerf.study run`): stop it (kill -- -{record['pgid']}) or wait for it")
+        changed = changed_settings(record, cell)
+        if changed:
+            write_record(run_dir, {**record, "superseded": {"at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                                                            "changed": changed}})
+            what = ", ".join(f"{k}: {'unset' if a is None else a} -> {'unset' if b is None else b}"
+                             for k, (a, b) in changed.items())
+            log(f"{cell.id}: settings changed since it ran ({what}); its directory moved to "
+                f"{_set_aside(study_dir, run_dir, 'superseded')}; runs again from scratch")
+            todo.append(cell)
+            continue
         if finished(run_dir):
             log(f"skip {cell.id}: finished")
             continue
-        record = read_record(run_dir)
         if record and record["status"] == "failed" and not retry_failed:
             log(f"skip {cell.id}: failed before (exit {record.get('rc')}; see {run_dir}/launch.log); "
                 "run again with --retry-failed")
             continue
-        if record and record["status"] == "running" and _alive_group(record.get("pgid")):
-            raise RuntimeError(f"{cell.id}: still running (process group {record['pgid']} of an earlier "
-                               f"`distnerf.study run`): stop it (kill -- -{record['pgid']}) or wait for it")
         if run_dir.exists():
             step = resumable_step(run_dir, cell, record)
             if step is not None:
@@ -246,7 +291,7 @@ def run_local(cfg, study_dir: Path, cells: list[Cell], log=print) -> dict:
                    *cell.overrides, "train.progress=false"]
         earlier = read_record(run_dir) if run_dir.exists() else None  # plan_actions kept it: a resume
         record = {"cell": cell.id, "key": cell.key, "values": cell.values, "repeat": cell.repeat,
-                  "status": "running", "launcher": "local", "command": command, "timed": cell.timed,
+                  "overrides": list(cell.overrides), "status": "running", "launcher": "local", "command": command, "timed": cell.timed,
                   "threads_per_rank": threads_per_rank(cfg, cell), "cpu_count": os.cpu_count(),
                   "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
                   **quiet}
@@ -312,7 +357,7 @@ def run_slurm(cfg, study_dir: Path, cells: list[Cell], log=print) -> dict:
         job = _slurm(command, env).strip().split(";")[0]
         jobs[cell.id] = (cell, job)
         write_record(run_dir, {"cell": cell.id, "key": cell.key, "values": cell.values, "repeat": cell.repeat,
-                               "status": "submitted", "launcher": "slurm", "job_id": job, "command": command,
+                               "overrides": list(cell.overrides), "status": "submitted", "launcher": "slurm", "job_id": job, "command": command,
                                "timed": cell.timed, "threads_per_rank": threads,
                                "submitted": time.strftime("%Y-%m-%dT%H:%M:%S"),
                                "load": None, "waited_s": 0.0, "contended": False,

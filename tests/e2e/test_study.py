@@ -2,7 +2,8 @@
 2 x the sync sampler, the pipelined one at 2 ranks, and ddp at 4 ranks: 7 real torchrun cells), its report
 with the scaling model checked out of sample at W = 4, a re-run that trains nothing, a cell
 killed mid-way that is run again, an untimed cell stopped by SIGTERM that resumes from its checkpoint, a
-failing cell, and an undeclared difference flagged."""
+study edited between a stop and its re-run (the changed cells set aside and run again), a failing cell,
+and an undeclared difference flagged."""
 from __future__ import annotations
 
 import json
@@ -176,11 +177,12 @@ def test_an_undeclared_difference_is_flagged(smoke, tmp_path):
     cell = copy / "cells" / "ss_joint-pipelined-w2-builtin-s12-r0"
     cfg = yaml.safe_load((cell / "config.yaml").read_text())
     cfg["train"]["lr"] = cfg["train"]["lr"] * 2
+    cfg["dataset"]["resolution"] = 32  # declared by the scene's level (dataset=synthetic), but one scene here
     (cell / "config.yaml").write_text(yaml.safe_dump(cfg))
     proc = study("report", copy, "--markdown")
     assert proc.returncode == 0, proc.stderr[-3000:]
     differs = json.loads((copy / "report" / "report.json").read_text())["tables"]["differs"]
-    assert [(d["cell"], d["key"]) for d in differs] == [(cell.name, "train.lr")]
+    assert [(d["cell"], d["key"]) for d in differs] == [(cell.name, "dataset.resolution"), (cell.name, "train.lr")]
     assert "train.lr" in proc.stdout.split("## What differs")[1]
 
 
@@ -282,3 +284,47 @@ def test_an_untimed_cell_stopped_by_sigterm_resumes_from_its_checkpoint(tmp_path
     assert stopped_size["step"] == stopped_at
     sizes = [cell_figures(d)["parameters_per_rank"] for d in (first_cell, second_cell)]
     assert sizes[0] == sizes[1] != stopped_size["parameters_per_rank"], (sizes, stopped_size)
+
+
+def test_a_setting_edited_between_a_kill_and_the_rerun_runs_the_changed_cells_again(tmp_path):
+    """Issue 60: a study stopped while its second cell trains (the first finished, the second left with
+    a committed checkpoint), its fixed ``dataset.resolution`` edited, then planned again: both cells'
+    settings changed, so both are moved to ``superseded/`` (kept, with the changed keys in their record)
+    and run from scratch; none is kept at the old resolution or resumed from a checkpoint of it. The
+    second run is planned by the runner's own ``plan_actions`` (what ``run`` does before training), so
+    no cell trains twice here."""
+    from distnerf.study import plan, runner
+
+    cfg = yaml.safe_load(SMOKE.read_text())
+    cfg.update(name="edited", exclude=[], axes={"strategy": ["ddp"], "sampler": ["sync"], "world_size": [1],
+                                               "budget": ["s4", "s2000"]},
+               levels={"budget": {"s4": ["train.max_steps=4"], "s2000": ["train.max_steps=2000"]}})
+    assert "dataset.resolution=24" in cfg["fixed"]
+    path, root = tmp_path / "edited.yaml", tmp_path / "edited"
+    path.write_text(yaml.safe_dump(cfg))
+    done, killed = (root / "cells" / f"ddp-sync-w1-{b}-r0" for b in ("s4", "s2000"))
+    proc = subprocess.Popen([sys.executable, "-m", "distnerf.study", "run", str(path), str(root)], cwd=REPO,
+                            env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None and not any(
+            "loss" in r for r in read_metrics_log(killed, partial_tail=True)):
+        time.sleep(0.05)
+    proc.terminate()  # SIGTERM to the runner: the second cell's ranks checkpoint and exit
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    assert runner.finished(done) and not (killed / "metrics.json").exists()
+    stopped_at = runner.resumable_step(killed, plan.expand(plan.load_study(path))[1], runner.read_record(killed))
+    assert stopped_at is not None  # what the old runner resumed, at the old resolution
+
+    cfg["fixed"] = [o.replace("dataset.resolution=24", "dataset.resolution=32") for o in cfg["fixed"]]
+    path.write_text(yaml.safe_dump(cfg))
+    said = []
+    todo = runner.plan_actions(root, plan.expand(plan.load_study(path)), retry_failed=False, log=said.append)
+    assert [c.id for c in todo] == [done.name, killed.name], said
+    for cell, kept in ((done, "metrics.json"), (killed, "checkpoints")):
+        moved = root / "superseded" / f"{cell.name}.0"
+        assert f"{cell.name}: settings changed since it ran (dataset.resolution: 24 -> 32); its directory moved " \
+               f"to {moved}; runs again from scratch" in said, said
+        assert not cell.exists() and (moved / kept).exists()  # set aside, nothing deleted
+        assert runner.read_record(moved)["superseded"]["changed"] == {"dataset.resolution": ["24", "32"]}
+    assert not (root / "attempts").exists()

@@ -2,6 +2,7 @@
 hand-written expectations."""
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -34,6 +35,31 @@ def test_product_ids_overrides_and_interleaved_repeats():
                                        "strategy", "strategy.training", "train.max_steps"]
     one_seed = plan.expand(study(repeats=2, axes={"budget": ["s5"]}, vary_seed=False, seed=7))
     assert {c.overrides[-4] for c in one_seed} == {"seed=7"}
+
+
+def test_two_cells_may_differ_only_in_the_settings_of_the_axes_they_differ_on():
+    """A level's keys are declared between two cells only where the two differ on its axis: two
+    cells of one scene may not differ in ``dataset.*`` although the scene's level declares the group."""
+    cfg = study(repeats=2, axes={"scene": ["builtin"], "budget": ["s5"]},
+                levels={"scene": {"builtin": ["dataset=synthetic"]}, "budget": {"s5": ["train.max_steps=5"]}})
+    assert "dataset" in plan.declared_keys(cfg)
+    ddp1, ddp2, joint1, joint2, ddp1_r1 = (dataclasses.asdict(c) for c in plan.expand(cfg)[:5])
+    bookkeeping = ["logger.wandb.job_type", "logger.wandb.name"]
+    assert plan.declared_between(cfg, ddp1, ddp1) == bookkeeping
+    assert plan.declared_between(cfg, ddp1, ddp1_r1) == [*bookkeeping, "seed"]
+    assert plan.declared_between(cfg, ddp1, joint1) == [*bookkeeping, "strategy", "strategy.training"]
+    assert plan.declared_between(cfg, ddp1, ddp2) == ["env.omp_num_threads", "env.torch_interop_threads",
+                                                      "env.torch_threads", "env.world_size", *bookkeeping]
+    assert "env.torch_threads" not in plan.declared_between(study(threads=1), ddp1, joint2)
+
+
+def test_override_changes_name_each_key_set_otherwise():
+    before = ["experiment=smoke", "dataset.resolution=24", "seed=0", "logger.wandb.group=study-a", "train.progress=false"]
+    now = ["experiment=smoke", "dataset.resolution=16", "dataset.resolution=32", "+model.x=1", "seed=0",
+           "logger.wandb.group=study-b"]
+    assert plan.override_changes(before, now) == {"dataset.resolution": ["24", "32"], "model.x": [None, "1"]}
+    assert plan.override_changes(before, ["~dataset.resolution", *before]) == {}  # the last one wins
+    assert plan.override_changes(before, [*before, "~seed"]) == {"seed": ["0", "<deleted>"]}
 
 
 def test_cells_and_exclude_select_from_the_product():
