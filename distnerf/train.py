@@ -86,14 +86,21 @@ def run(cfg: DictConfig) -> dict:
         result = trainer.fit()
         finished = True
         return result
-    except RuntimeError as err:
-        if not (env.distributed and D.collective_failure(err)):
-            raise
-        # name the rank that stopped making progress, not only the one whose wait timed out
+    except BaseException as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        msg = f"rank {env.rank}: a collective failed ({first[:300]}); {beacon.describe(peer_lost=D.peer_lost(err))}"
-        log.error(msg)
-        raise CollectiveFailure(msg) from err
+        collective = isinstance(err, RuntimeError) and env.distributed and D.collective_failure(err)
+        if collective:  # name the rank that stopped making progress, not only the one whose wait timed out
+            report = beacon.report(peer_lost=D.peer_lost(err))
+            msg = f"rank {env.rank}: a collective failed ({first[:300]}); {report.text}"
+            log.error(msg)
+        if trainer is not None and collective:  # a live page says why the run stopped before its server closes
+            trainer.close_viewer(f"**stopped** at step {trainer.step}", report.short)
+        elif trainer is not None:
+            trainer.close_viewer(f"**stopped** at step {trainer.step}",
+                                 f"{type(err).__name__}: {first[:300]}" if str(err).strip() else first)
+        if collective:
+            raise CollectiveFailure(msg) from err
+        raise
     finally:
         if run_dir is not None:
             release_run_dir(run_dir)

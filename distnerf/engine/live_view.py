@@ -8,6 +8,7 @@ It sits in ``engine/`` (the trainer's floor) because it renders with evaluation'
 from __future__ import annotations
 
 import logging
+import re
 import time
 
 from ..data.base import SceneData
@@ -19,6 +20,8 @@ log = logging.getLogger("distnerf")
 
 LIVE_REFRESH_S = 1.0  # live: a still view is re-rendered with the current model at most this often
 LIVE_FRAME_S = 0.5    # live: a frame has as many pixels as the measured render speed allows in this time
+GOODBYE_S = 1.0       # the run ended: a connected page gets this long to receive its last status
+MARKDOWN = re.compile(r"([\\`*_\[\]<>&#|~])")  # what a backslash keeps markdown from reading in plain text
 
 
 class LiveViewer:
@@ -59,6 +62,7 @@ class LiveViewer:
         self.collective = bool(strategy.live_view_collective)
         self.collective_frames = 0  # collective: frames every rank rendered (a browser gone meanwhile included)
         self.start, self.render_s, self.last_frame_s, self.shown_at = time.perf_counter(), 0.0, 0.0, 0.0
+        self.ended = False  # end() told the page how the run ended
         log.info("viewer: http://localhost:%d (live; rendering at most %.0f%% of wall time%s)", cfg.viewer.port,
                  100 * self.share, "; every rank renders each frame through the fusion stage" if self.collective
                  else "")
@@ -126,12 +130,25 @@ class LiveViewer:
             self.shown_at = now if refresh else self.shown_at
         return spent
 
+    def end(self, status: str, reason: str | None = None) -> None:
+        """The run ended (no frame follows): the page's status says how until the server closes, and
+        :meth:`close` gives the browsers :data:`GOODBYE_S` to receive it.
+
+        Args:
+            status: markdown, e.g. ``**finished** at step 250``, ``**stopped** by SIGTERM at step 12``.
+            reason: plain text after it (an error's message, shown as written), e.g. ``rank 1 lost
+                (last heard at step 66 in phase backward)``; None: none.
+        """
+        self.server.set_status(status if reason is None else status + ": " + MARKDOWN.sub(r"\\\1", reason))
+        self.ended = True
+
     def close(self) -> None:
         wall = time.perf_counter() - self.start
         frames = self.collective_frames if self.collective else self.server.frames_rendered
         log.info("viewer: %d frames rendered in %.2f s, %.1f%% of %.1f s (viewer.max_render_share=%.2f)",
                  frames, self.render_s, 100 * self.render_s / max(wall, 1e-9), wall, self.share)
-        self.server.stop()
+        log.info("viewer: the page's last status: %s", self.server.status.content)
+        self.server.stop(GOODBYE_S if self.ended else 0.0)
 
 
 class LiveFollower:
@@ -160,6 +177,9 @@ class LiveFollower:
         spent = time.perf_counter() - begin
         self.render_s += spent
         return spent
+
+    def end(self, status: str, reason: str | None = None) -> None:
+        pass  # no page here: the main rank's tells how the run ended
 
     def close(self) -> None:
         wall = time.perf_counter() - self.start

@@ -381,6 +381,7 @@ class Trainer:
         """Log ``err``'s message and the event ``row`` at this step, close, raise ``err`` (no checkpoint)."""
         log.error(str(err))
         self.logger.log({"step": self.step, **row})
+        self.end_view("**stopped**", str(err))
         self.close()
         raise err
 
@@ -401,6 +402,11 @@ class Trainer:
         summaries, the final checkpoint, the test split."""
         if bar is not None:
             bar.close()
+        if stop_reason == "signal":  # the live page says how training ended (the test split may follow)
+            self.end_view(f"**stopped** by {self.stop.signal or 'a signal on another rank'} at step {self.step}")
+        else:  # max_steps, or the time budget
+            self.end_view(f"**finished** at step {self.step}" + (" (time budget: train.max_minutes)"
+                                                                 if stop_reason == "time_budget" else ""))
         self.timer.mark("evaluate")  # final checkpoint, summaries and the test split (hang reports)
         self.sampler.close()  # workers are not needed for evaluation; its state (next step) stays
         if self.graphed is not None:
@@ -500,6 +506,21 @@ class Trainer:
             scene, rows = metrics.pop("scene"), metrics.pop("rows")
             self.logger.log_images(self.step, image_panels(scene, rows[:TEST_PANELS], self.run_dir / "test", "test"))
         return {k: v for k, v in metrics.items() if k not in ("scene", "rows")}
+
+    def end_view(self, status: str, reason: str | None = None) -> None:
+        """Tell the live viewer's page how the run ended (``status``, markdown, then ``reason``, plain
+        text: :meth:`~distnerf.engine.live_view.LiveViewer.end`), shown until the viewer closes. No
+        viewer: nothing."""
+        if self.viewer is not None:
+            self.viewer.end(status, reason)
+
+    def close_viewer(self, status: str, reason: str | None = None) -> None:
+        """A run that raised (``distnerf.train``): the live viewer's page told why (:meth:`end_view`),
+        then the viewer closed, before the process group and the rest of the trainer go."""
+        if self.viewer is not None:
+            self.end_view(status, reason)
+            self.viewer.close()
+            self.viewer = None
 
     def close(self) -> None:
         self.checkpointer.close()  # a background checkpoint still in flight (a stop without a final save)

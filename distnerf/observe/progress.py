@@ -21,6 +21,7 @@ after the run (on a node-local run directory, each node holds its own ranks' fil
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import threading
@@ -37,6 +38,21 @@ PROGRESS_DIR = "progress"
 """``RUN/progress/``: each rank's last entry, ``rank_R.json`` (as in the store, plus ``rank``)."""
 """The phases in the order a step passes them (the step breakdown's names; ``setup`` before
 step 0, ``evaluate`` after the last step): a rank at an earlier (step, phase) is behind."""
+
+
+@dataclasses.dataclass(frozen=True)
+class HangReport:
+    """What :meth:`ProgressBeacon.report` found when a collective failed.
+
+    Attributes:
+        text: one paragraph, each rank's step and phase and the verdict (the failure's message).
+        short: one line, e.g. ``rank 1 lost (last heard at step 66 in phase backward)`` (a rank not
+            heard from) or ``rank 2 behind (at step 7 in phase forward)``: the live viewer's last status.
+    """
+
+    text: str
+    short: str
+
 
 class ProgressBeacon:
     """Publish ``(step, phase, since)`` of this rank every ``interval_s`` seconds.
@@ -164,7 +180,12 @@ class ProgressBeacon:
         return [r for r, e in entries.items() if e is None or now - e["beat"] > 3 * self.interval_s]
 
     def describe(self, now: float | None = None, peer_lost: bool = False) -> str:
-        """One paragraph: each rank's step and phase, and which rank(s) stopped making progress.
+        """One paragraph: each rank's step and phase, and which rank(s) stopped making progress
+        (:meth:`report`'s ``text``)."""
+        return self.report(now, peer_lost).text
+
+    def report(self, now: float | None = None, peer_lost: bool = False) -> HangReport:
+        """Which rank(s) stopped making progress, from every rank's step and phase.
 
         A rank is named when it was not heard from for 3 publish periods (stopped, hung in
         native code holding the GIL, or dead); else the ranks furthest behind in (step, phase
@@ -180,7 +201,7 @@ class ProgressBeacon:
                 and name that one.
         """
         if self.store is None and self.directory is None:
-            return "no progress store (one process)"
+            return HangReport("no progress store (one process)", "a collective failed")
         entries = self.read()
         if peer_lost:
             deadline = time.monotonic() + 4 * self.interval_s
@@ -216,4 +237,9 @@ class ProgressBeacon:
             where = (f" (the progress store, hosted by the first node's torchrun agent, is unreachable: read from "
                      f"{self.directory}/rank_R.json)" if self.directory is not None else
                      " (the progress store, hosted by the first node's torchrun agent, is unreachable; no files)")
-        return f"{verdict}. Progress of every rank{where}: " + "; ".join(lines)
+        word, heard = ("lost", "last heard at") if silent else ("behind", "at")
+        named = [f"rank {r} {word} (never reported)" if entries[r] is None else
+                 f"rank {r} {word} ({heard} step {entries[r]['step'] or 0} in phase {entries[r]['phase']})"
+                 for r in suspects]
+        short = "; ".join(named) or f"a collective failed ({why})"
+        return HangReport(f"{verdict}. Progress of every rank{where}: " + "; ".join(lines), short)

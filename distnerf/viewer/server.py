@@ -343,6 +343,11 @@ class ViewerServer:
         state.shown, state.full, state.dirty = request.view, request.full, False
         self.frames_rendered += 1
 
-    def stop(self) -> None:
-        """Close the server (its port is free again)."""
+    def stop(self, linger_s: float = 0.0) -> None:
+        """Close the server (its port is free again). ``linger_s``: with a browser connected, the
+        messages queued (a last status) are sent and given this long to arrive before the
+        connections close."""
+        if linger_s > 0 and self.clients():
+            self.server.flush()
+            time.sleep(linger_s)
         self.server.stop()

@@ -121,14 +121,19 @@ def test_resumed_segment_logs_to_the_same_wandb_run(killed):
 
 
 def test_rank_death_without_restart_is_reported_naming_the_rank(tmp_path):
+    """Rank 1 SIGKILLed, no restart: torchrun's summary and the survivor's error name it, no rank is
+    left, and the live viewer's page (``viewer.enabled``, served by rank 0) is told before its server
+    closes that the run stopped because rank 1 was lost, and in which phase (issue 60, item 7)."""
     run = tmp_path / "fail"
     # the agent looks at its workers every 5 s (default 0.1 s): the survivor's own collective fails
     # (gloo: the dead peer's socket closes) and its error file is complete before the agent stops
     # the group, so the summary does not depend on whether the agent's SIGTERM came first
-    proc = launch_local(2, run, ["train.max_steps=100000", "dist_timeout_s=30"],
+    proc = launch_local(2, run, ["train.max_steps=100000", "dist_timeout_s=30", "dist_progress_s=1",
+                                 "viewer.enabled=true", f"viewer.port={free_port()}"],
                         env={"MAX_RESTARTS": "0", "TORCHRUN_ARGS": "--monitor-interval=5"})
     try:
         wait_for(lambda: last_step(run) >= 5, 240, "step 5")
+        time.sleep(2.5)  # > 2 publish periods of training: rank 1's last entry is a training step's
         ranks = trainer_ranks(proc.pid, run)
         os.kill(ranks[1], signal.SIGKILL)
         killed_at = time.monotonic()
@@ -145,6 +150,12 @@ def test_rank_death_without_restart_is_reported_naming_the_rank(tmp_path):
     # the survivor's exception went through @record into its error file and the summary
     assert re.search(r"rank\s*:\s*0 \(local_rank: 0\)", out) and "distnerf/engine/trainer.py" in out, out[-3000:]
     assert not [p for p in ranks.values() if alive(p)]
+    # the page's status (markdown: step\_sync) as the viewer closed: stopped at rank 0's step, rank 1 lost at its
+    # last step and phase
+    said = re.search(r"viewer: the page's last status: \*\*stopped\*\* at step (\d+): rank 1 lost \(last heard at "
+                     r"step (\d+) in phase ([\w\\]+)\)\n", out)
+    assert said and 5 <= int(said.group(2)) <= int(said.group(1)) + 1, [ln for ln in out.splitlines()
+                                                                          if "viewer" in ln]  # a step apart at most
 
 
 def test_a_hung_rank_is_named_with_its_phase_within_the_timeout(tmp_path):

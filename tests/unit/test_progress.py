@@ -26,8 +26,10 @@ def beacons(positions: dict[int, tuple[int, str]], store=None) -> list[ProgressB
 
 def test_the_rank_behind_the_others_is_named():
     # rank 2 is still in its forward of step 7; ranks 0 and 1 wait in the step's agreement
-    report = beacons({0: (7, "step_sync"), 1: (7, "step_sync"), 2: (7, "forward")})[0].describe()
+    found = beacons({0: (7, "step_sync"), 1: (7, "step_sync"), 2: (7, "forward")})[0].report()
+    report = found.text
     assert report.startswith("stopped making progress: rank 2 (behind"), report
+    assert found.short == "rank 2 behind (at step 7 in phase forward)", found.short  # the live page's line
     assert "rank 2: step 7, phase forward for 4 s" in report and "rank 0: step 7, phase step_sync" in report
     # a rank a step behind (ddp: the others wait in the next step's gradient all-reduce)
     report = beacons({0: (8, "backward"), 1: (7, "optimizer")})[0].describe()
@@ -87,11 +89,13 @@ def test_a_peer_that_died_at_once_is_named_once_it_falls_silent():
     try:
         assert b0.describe().startswith("stopped making progress: rank 0 (behind"), "the premise"
         start = time.monotonic()
-        report = b0.describe(peer_lost=True)
+        found = b0.report(peer_lost=True)
         waited = time.monotonic() - start
     finally:
         b0.stop()
+    report = found.text
     assert report.startswith("stopped making progress: rank 1 (not heard from"), report
+    assert found.short == "rank 1 lost (last heard at step 9 in phase backward)", found.short  # the live page's line
     assert 3 * 0.5 - 0.25 <= waited <= 4 * 0.5 + 0.5, waited  # until its entry is 3 periods old
     assert "rank 1: step 9, phase backward" in report and "rank 0: step 7, phase step_sync" in report, report
 
