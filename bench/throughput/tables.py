@@ -43,7 +43,8 @@ def engine_step(res: Results) -> list[str]:
     """bench/throughput/engine.py train (+ eval) of this engine against an earlier commit's, medians of repeated worker pairs."""
     d = res.json("engine_step/bench_engine_step.json")
     base = d["baseline"]
-    out = header("grid", "this commit rays/s (median)", f"`{base}` rays/s (median)", "ratio", "runs: this / baseline")
+    this = d.get("meta", {}).get("git_commit", "this commit")
+    out = header("grid", f"`{this}` rays/s (median)", f"`{base}` rays/s (median)", "ratio", f"runs: `{this}` / baseline")
     for n, x in sorted(d["train"].items(), key=lambda kv: int(kv[0])):
         runs = " / ".join(", ".join(kilo(r["rays_per_s"]) for r in x["runs"][k]) for k in ("new", "old"))
         out.append(row(f"{n}^3", kilo(x["rays_per_s_median"]["new"]), kilo(x["rays_per_s_median"]["old"]),
@@ -99,8 +100,11 @@ def viewer(res: Results) -> list[str]:
                          f"({d['summary']['slowdown_pct']:.1f}%).")
     if res.locate("viewer/frame.json").is_file():
         f = res.json("viewer/frame.json")
-        lines.append(f"Still frame {f['size']}x{f['size']} of `{f['run_dir']}` (step {f['step']}): "
-                     f"**{f['seconds_median']:.2f} s** median of {f['frames']} ({f['rays_per_s_median']:,.0f} rays/s).")
+        fm = f.get("meta", {})
+        at = f"`{fm.get('git_commit', '?')}`" + (", written on a dirty tree" if fm.get("git_dirty") else "")
+        lines.append(f"Still frame {f['size']}x{f['size']} of `{f['run_dir']}` (step {f['step']}), at {at} "
+                     f"(history, not re-measured): {f['seconds_median']:.2f} s median of {f['frames']} "
+                     f"({f['rays_per_s_median']:,.0f} rays/s).")
     return out + lines
 
 
@@ -109,8 +113,12 @@ def syncs(res: Results) -> list[str]:
     then each later label in the file's order)."""
     d = res.json("syncs/syncs.json")
     labels = [k for k in d if k != "meta"]
-    out = header("configuration (smoke, 1 process)", *(f"{k} ({d[k]['meta'].get('git_commit', '?')}): total "
-                                                       f"(model + trainer)" for k in labels),
+
+    def at(k: str) -> str:  # the label's commit, and whether its tree had local changes (history, not re-measured)
+        meta = d[k]["meta"]
+        return meta.get("git_commit", "?") + (", dirty tree" if meta.get("git_dirty") else "")
+
+    out = header("configuration (smoke, 1 process)", *(f"{k} ({at(k)}): total (model + trainer)" for k in labels),
                  "occupancy-refresh step, " + " -> ".join(labels))
     names = list(dict.fromkeys(n for k in labels for n in d[k]["configs"]))  # every label's, in first-seen order
     for name in names:
