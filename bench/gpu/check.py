@@ -1,14 +1,17 @@
-"""The sections of the prepared GPU check (``bench/gpu/check.sh``, run through ``tools/gpu_check.sh``).
+"""The sections of the prepared GPU check (``bench/gpu/check.sh``, run through ``tools/gpu_check.sh``) and its
+plan: which sections each run of at most :data:`RUN_LIMIT_S` seconds takes, in priority order, with a cap each.
 
     python -m bench.gpu.check SUBCOMMAND ARGS...
 
-The shell script runs each section's commands under its time limit; a subcommand here turns what they
-left (a run directory, a report, a junit file, an exit status) into that section's JSON in the folder
-``$GC_SECT``, and ``merge`` gathers the sections into ``OUT/summary.json``. Every section records
-``"status"``: ``"ok"``, ``"failed: why"`` or ``"skipped: why"``, and its numbers. ``sync_debug`` trains a
-few steps itself (``$GC_RUNS/sync_MODEL``). Two subcommands serve the script's set-up: ``versions`` (the
-wheels ``--prepare`` downloads, pinned) and ``cuda_available`` (prints 1 or 0); ``hta_trace DIR``
-(the overlap of one trace folder) serves ``bench/gpu/profile_gpu.sh``.
+The shell script runs each section's commands under its cap; a subcommand here turns what they left (a run
+directory, a report, a junit file, an exit status) into that section's JSON in the folder ``$GC_SECT``, and
+``merge`` gathers the sections into ``OUT/summary.json``. Every section records ``"status"``: ``"ok"``,
+``"failed: why"`` or ``"skipped: why"``, and its numbers. ``sync_debug`` trains a few steps itself
+(``$GC_RUNS/sync_MODEL``). Subcommands that serve the script's set-up: ``plan RUN`` (the run's sections and caps,
+one ``NAME CAP`` a line; ``all``: every section once), ``describe`` (the plan, readable), ``versions`` (the wheels
+``--prepare`` downloads, pinned), ``prepared_size DIR...`` (refuses above :data:`PREPARE_LIMIT_MIB`) and
+``cuda_available`` (prints 1 or 0); ``hta_trace DIR`` (the overlap of one trace folder) serves
+``bench/gpu/profile_gpu.sh``.
 """
 from __future__ import annotations
 
@@ -21,6 +24,97 @@ import sys
 import time
 import warnings
 from pathlib import Path
+
+RUN_LIMIT_S = 420
+"""A run's wall-clock limit on the GPU machine: its sections' caps plus :data:`STARTUP_S`."""
+STARTUP_S = 20
+"""Seconds of a run outside its sections: installing the prepared wheels, the CUDA probe, the summary."""
+PREPARE_LIMIT_MIB = 60
+"""``--prepare``'s data and wheels together may not exceed this (they go to the GPU machine with the working tree)."""
+
+SECTIONS = {  # name: what it produces
+    "env": "torch, CUDA, GPU, driver, NCCL; the C compiler (cc, gcc) and triton that inductor needs; /dev/shm, "
+           "nsys, HTA, commit",
+    "lego_1min": "lego (dataset=blender, default grid model) trained 1 minute, evaluated on all 200 test views: "
+                 "PSNR/SSIM (also over the 25-view subset r_0, r_8, ...), the 200 views' evaluation seconds, "
+                 "training and evaluation rays/s; stopped inside the evaluation: the views rendered and their rate",
+    "lego_2min": "lego trained 2 minutes, 25 test views: PSNR/SSIM, training and evaluation rays/s",
+    "lego_5min": "lego trained 5 minutes, 25 test views: PSNR/SSIM, training and evaluation rays/s",
+    "sweep": "bench/gpu/sweep.py's first rows, each configuration its own process: the eager and graphed "
+             "(torch.compile reduce-overhead) static step at 2^18 samples, then the hand-recorded CUDA graph: "
+             "rays/s, samples/s, step ms, warm-up (compilation) seconds, peak memory",
+    "sweep_more": "the sweep's other rows (compiled; budgets 2^16 and 2^20; bf16), each its own process",
+    "cuda_tests": "pytest -k cuda over the unit tests that mention CUDA: passed, failed, skipped",
+    "two_ranks": "2 ranks on the one GPU through gloo, per strategy (ddp, joint ss, joint ss routed): trained to a "
+                 "checkpoint, resumed past it, evaluated; world size, device, PSNR",
+    "sync_debug": "torch.cuda.set_sync_debug_mode('warn') over a few training steps of grid, ngp, nerf: "
+                  "warnings per step and where",
+    "ops": "bench/throughput/ops.py on the GPU: ATen operators per training step (lego grid, 64 rays, ngp)",
+    "ddp_trace": "1-rank torchrun (NCCL) strategy=ddp profiler=trace and its report: step time, phase shares, "
+                 "rays/s, communication",
+    "ss_trace": "the same with strategy=ss strategy.num_regions=2",
+    "hta_overlap": "HolisticTraceAnalysis communication/computation overlap of the two traces",
+    "sync_counter": "bench/throughput/syncs.py: the would-be host syncs per step, counted on the CPU",
+    "study": "conf/study/gpu_one.yaml (ddp and joint ss at 1 and 2 ranks on lego): per cell PSNR, step time, "
+             "exposed communication; the scaling model's device speed",
+    "nsys": "an Nsight Systems capture of a short 1-rank run and its NVTX summary (nsys on PATH)",
+    "paths": "what users run, 30 steps each with evaluation: ss (segment fusion), ss joint, bf16, sampler=device: "
+             "status, PSNR, rays/s, peak memory",
+}
+
+RUNS = {  # run: [(section, cap in seconds)], priority order; each run's caps + STARTUP_S <= RUN_LIMIT_S
+    1: [("env", 20), ("lego_1min", 210), ("sweep", 135), ("cuda_tests", 35)],
+    2: [("env", 20), ("lego_2min", 190), ("two_ranks", 190)],
+    3: [("env", 20), ("lego_5min", 370)],
+    4: [("env", 20), ("sync_debug", 100), ("ops", 90), ("ddp_trace", 55), ("ss_trace", 60), ("hta_overlap", 10),
+        ("sync_counter", 60)],
+    5: [("env", 20), ("study", 330), ("nsys", 50)],
+    6: [("env", 20), ("paths", 130), ("sweep_more", 250)],
+}
+
+
+def plan(run: str) -> list[tuple[str, int]]:
+    """Run ``run``'s sections and caps in order; ``"all"``: every run's, each section once (the first cap),
+    in the runs' order. Raises ValueError for a run not in :data:`RUNS`."""
+    if run == "all":
+        seen = {}
+        for sections in RUNS.values():
+            for name, cap in sections:
+                seen.setdefault(name, cap)
+        return list(seen.items())
+    if not run.isdigit() or int(run) not in RUNS:
+        raise ValueError(f"no run {run!r} in the GPU check's plan (runs {', '.join(map(str, RUNS))}, or all)")
+    return list(RUNS[int(run)])
+
+
+def describe() -> str:
+    """The plan, readable: each run's sections in order with their caps and what each produces."""
+    lines = []
+    for run, sections in RUNS.items():
+        total = sum(cap for _, cap in sections) + STARTUP_S
+        lines.append(f"run {run} ({total} s of {RUN_LIMIT_S} s with {STARTUP_S} s of start-up):")
+        lines += [f"  {name:12s} {cap:4d} s  {SECTIONS[name]}" for name, cap in sections]
+    return "\n".join(lines)
+
+
+def tree_bytes(path: Path) -> int:
+    """Bytes of the regular files under ``path`` (``path`` itself if a file; links not followed)."""
+    path = Path(path)
+    if path.is_symlink() or not path.exists():
+        return 0
+    if path.is_file():
+        return path.stat().st_size
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
+
+
+def prepared_size(paths: list[Path], limit_mib: float = PREPARE_LIMIT_MIB) -> tuple[bool, str]:
+    """Whether what ``--prepare`` wrote (``paths``) fits ``limit_mib`` MiB, and a line saying each path's size."""
+    sizes = {str(p): tree_bytes(p) for p in paths}
+    total = sum(sizes.values())
+    each = ", ".join(f"{p} {b / 2**20:.1f} MiB" for p, b in sizes.items())
+    ok = total <= limit_mib * 2**20
+    verdict = "within" if ok else "above"
+    return ok, f"prepared: {each}; {total / 2**20:.1f} MiB in all, {verdict} the {limit_mib:g} MiB limit"
 
 
 def sections_dir() -> Path:
@@ -49,9 +143,15 @@ def env_section(mode):
         out.update(gpu=p.name, capability=f"{p.major}.{p.minor}", gpu_memory_gib=round(p.total_memory / 2**30, 1),
                    cuda=torch.version.cuda, nccl=".".join(map(str, torch.cuda.nccl.version())),
                    cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"))
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
-                             capture_output=True, text=True)
-        out["nvidia_smi"] = smi.stdout.strip() or smi.stderr.strip()
+        try:
+            smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
+                                  "--format=csv,noheader"], capture_output=True, text=True, timeout=10)
+            out["nvidia_smi"] = smi.stdout.strip() or smi.stderr.strip()
+            first = smi.stdout.strip().splitlines()[:1] if smi.returncode == 0 else []
+            fields = [f.strip() for f in first[0].split(",")] if first else []
+            out["driver"] = fields[1] if len(fields) > 1 else None
+        except (OSError, subprocess.TimeoutExpired) as err:
+            out["nvidia_smi"], out["driver"] = f"not run: {err}", None
     elif mode == "gpu":
         out["status"] = "failed: torch.cuda.is_available() is False on a GPU run (use --cpu)"
     try:
@@ -61,12 +161,41 @@ def env_section(mode):
         out["dev_shm_free_mb"] = None
     from shutil import which
     out["nsys"] = which("nsys")
+    # torch.compile's inductor (the sweep's compiled and graphed rows) needs triton and a C compiler on CUDA
+    out["cc"] = tool_version(os.environ.get("CC") or "cc")
+    out["gcc"] = tool_version("gcc")
+    out["triton"] = next((v for v in map(package_version, ("triton", "pytorch-triton")) if v != "absent"), "absent")
     try:
         import hta  # noqa: F401
         out["hta"] = "importable"
     except Exception as err:
         out["hta"] = f"not importable: {err}"
     write("env", out)
+
+
+def tool_version(command: str) -> str:
+    """The first line of ``command --version`` and where it is, or ``"absent"`` (not on PATH)."""
+    from shutil import which
+
+    path = which(command)
+    if path is None:
+        return "absent"
+    try:
+        proc = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return f"{path}: --version failed ({err})"
+    first = (proc.stdout or proc.stderr).strip().splitlines()
+    return f"{first[0] if first else '(no output)'} ({path})"
+
+
+def package_version(name: str) -> str:
+    """The installed version of distribution ``name``, or ``"absent"``."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "absent"
 
 
 def tests_section(junit, rc, seconds, cuda):
@@ -143,26 +272,64 @@ def hta_section():
     write("hta_overlap", out)
 
 
-def quality_section(run, rc, seconds, dataset):
+def quality_section(name, run, rc, seconds, dataset):
+    """Sections ``lego_1min``, ``lego_2min``, ``lego_5min``: the run's metrics.json (PSNR, SSIM, evaluation
+    seconds and rays/s), its training rays/s, and the PSNR over the 25-view subset (:func:`psnr_subset`) where
+    more views were evaluated. A run stopped inside its evaluation (no metrics.json, its renders begun) is
+    failed with the views it rendered and their rate (:func:`partial_evaluation`)."""
     out = {"run_dir": run, "seconds": seconds, "rc": rc, "dataset": dataset}
     m = Path(run) / "metrics.json"
+    log = Path(run) / "metrics.jsonl"
+    rows = [json.loads(x) for x in log.read_text().splitlines() if x.strip()] if log.exists() else []
+    train = [r for r in rows if "rays_per_s" in r]
+    out.update(step=train[-1].get("step") if train else None,
+               train_seconds=train[-1].get("train_seconds") if train else None,
+               train_rays_per_s_median=statistics.median(r["rays_per_s"] for r in train[1:] or train) if train else None)
     if rc != 0 or not m.exists():
         out["status"] = status_of(rc, "training") if rc != 0 else f"failed: no {m}"
-        return write("lego_quality", out)
+        partial = partial_evaluation(Path(run) / "test")
+        if partial is not None:
+            out["partial_evaluation"] = partial
+            out["status"] += f" (inside the evaluation: {partial['views_rendered']} views rendered)"
+        return write(name, out)
     metrics = json.loads(m.read_text())
-    rows = [json.loads(x) for x in (Path(run) / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    train = [r for r in rows if "rays_per_s" in r]
+    per_view = metrics.get("per_view", [])
     out.update(status="ok", step=metrics.get("step"), psnr=metrics.get("psnr"), ssim=metrics.get("ssim"),
                lpips=metrics.get("lpips"), lpips_reason=metrics.get("lpips_reason"),
                num_views=metrics.get("protocol", {}).get("num_views"),
                resolution=metrics.get("protocol", {}).get("resolution"),
+               psnr_25_views=psnr_subset(per_view, 25),
                eval_rays_per_s=metrics.get("eval_rays_per_s"), eval_rays_per_s_median=metrics.get("eval_rays_per_s_median"),
-               eval_seconds=sum(r.get("seconds", 0.0) for r in metrics.get("per_view", [])),
-               train_seconds=train[-1].get("train_seconds") if train else None,
-               train_rays_per_s_median=statistics.median(r["rays_per_s"] for r in train[1:] or train) if train else None)
-    if out["eval_rays_per_s"] is None:
-        out["eval_rays_per_s_note"] = "metrics.json has no eval_rays_per_s (engine/evaluate.py before it was added)"
-    write("lego_quality", out)
+               eval_seconds=sum(r.get("seconds", 0.0) for r in per_view))
+    write(name, out)
+
+
+def psnr_subset(per_view: list[dict], num_views: int) -> float | None:
+    """Mean PSNR over the ``num_views`` evenly spaced views of an evaluation of every view (``per_view``'s
+    ``view`` 0..N-1, N > ``num_views``; e.g. r_0, r_8, ... of lego's 200), the views at the PSNR cap left out as
+    :func:`~distnerf.engine.evaluate.evaluate_run` leaves them; None for a smaller or partial evaluation."""
+    from distnerf.engine.evaluate import select_views
+    from distnerf.observe.metrics import PSNR_MAX_DB
+
+    n = len(per_view)
+    if n <= num_views or sorted(r["view"] for r in per_view) != list(range(n)):
+        return None
+    keep = set(select_views(n, num_views))
+    picked = [r["psnr"] for r in per_view if r["view"] in keep]
+    scored = [p for p in picked if p < PSNR_MAX_DB] or picked
+    return sum(scored) / len(scored)
+
+
+def partial_evaluation(test_dir: Path) -> dict | None:
+    """What an evaluation stopped part-way left in ``test_dir`` (one ``NNN_name_rgb.png`` a rendered view):
+    the views rendered and their rate between the first and the last render's file times; None without renders."""
+    renders = sorted(Path(test_dir).glob("*_rgb.png"), key=lambda f: f.stat().st_mtime)
+    if not renders:
+        return None
+    span = renders[-1].stat().st_mtime - renders[0].stat().st_mtime
+    rate = (len(renders) - 1) / span if len(renders) > 1 and span > 0 else None
+    return {"views_rendered": len(renders), "first_to_last_s": round(span, 2),
+            "views_per_s": rate, "seconds_per_200_views": 200 / rate if rate else None}
 
 
 def path_run(name, run, rc, seconds, what):
@@ -279,7 +446,8 @@ def sync_debug(mode, models, steps, overrides):
         if "synchroniz" in str(message):
             events.append((current["step"], f"{os.path.relpath(filename)}:{lineno}", str(message).splitlines()[0]))
     conf = str(Path.cwd() / "conf")
-    for model in models:
+    for i, model in enumerate(models):
+        sync_debug_write(out, cuda, models[i:])  # a timeout inside this model keeps the ones before it
         events.clear(); current["step"] = None
         run_dir = Path(os.environ["GC_RUNS"]) / f"sync_{model}"
         with initialize_config_dir(config_dir=conf, version_base="1.3"):
@@ -317,12 +485,19 @@ def sync_debug(mode, models, steps, overrides):
             "first_messages": sorted({m for _, _, m in events})[:5]}
     if original is not None:  # the step tag off again: nothing after this section sees it
         trainer_mod.Trainer.train_step = original
+    sync_debug_write(out, cuda, [])
+
+
+def sync_debug_write(out: dict, cuda: bool, pending: list[str]) -> None:
+    """Section ``sync_debug`` as it stands: failed while ``pending`` models have not run (its cap ended it)."""
     errors = [f"{m}: {v['error']}" for m, v in out["models"].items() if v["error"]]
     if errors:
         out["status"] = "failed: " + "; ".join(errors)
+    elif pending:
+        out["status"] = f"failed: stopped before {', '.join(pending)} ended (the section's cap)"
     elif not cuda:
         out["status"] = (f"skipped: torch.cuda.set_sync_debug_mode needs CUDA (the harness ran "
-                         f"{steps} steps of {', '.join(models)} on the CPU; nothing warns there)")
+                         f"{out['steps']} steps of {', '.join(out['models'])} on the CPU; nothing warns there)")
     else:
         out["status"] = "ok"
     write("sync_debug", out)
@@ -374,12 +549,21 @@ def skipped(name, reason):
     write(name, {"status": f"skipped: {reason}"})
 
 
-def merge(out_dir, mode, order, t0, budget):
+def merge(out_dir, mode, run, t0, budget):
+    """``OUT/summary.json``: run ``run``'s sections in plan order, each with its cap and the seconds it took
+    (``$GC_SECT/_timings.txt``, one ``NAME CAP SECONDS`` a line from the script)."""
+    timings = {}
+    f = sections_dir() / "_timings.txt"
+    for line in (f.read_text().splitlines() if f.exists() else []):
+        name, cap, secs = line.split()
+        timings[name] = {"cap_s": float(cap), "section_s": float(secs)}
     sections = {}
-    for name in order:
+    for name, _ in plan(run):
         f = sections_dir() / f"{name}.json"
         sections[name] = json.loads(f.read_text()) if f.exists() else {"status": "failed: no result (see log.txt)"}
-    summary = {"mode": mode, "started_unix": t0, "wall_s": round(time.time() - t0, 1), "budget_s": budget,
+        sections[name].update(timings.get(name, {}))
+    summary = {"mode": mode, "run": run, "plan": [[n, c, SECTIONS[n]] for n, c in plan(run)],
+               "started_unix": t0, "wall_s": round(time.time() - t0, 1), "budget_s": budget,
                "load_after": [round(x, 2) for x in os.getloadavg()], "sections": sections,
                "statuses": {k: v.get("status") for k, v in sections.items()}}
     Path(out_dir, "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
@@ -422,6 +606,19 @@ def main(argv: list[str] | None = None) -> None:
         versions()
     elif cmd == "cuda_available":
         cuda_available()
+    elif cmd == "plan":
+        try:
+            print("\n".join(f"{name} {cap}" for name, cap in plan(args[0])))
+        except ValueError as err:
+            raise SystemExit(f"bench.gpu.check: {err}")
+    elif cmd == "describe":
+        print(describe())
+    elif cmd == "prepared_size":
+        ok, line = prepared_size([Path(a) for a in args])
+        print(line)
+        if not ok:
+            raise SystemExit(f"bench.gpu.check: --prepare wrote more than {PREPARE_LIMIT_MIB} MiB; make the "
+                             f"copied splits or the wheels smaller")
     elif cmd == "hta_trace":
         hta_trace(args[0])
     elif cmd == "env":
@@ -433,7 +630,7 @@ def main(argv: list[str] | None = None) -> None:
     elif cmd == "hta":
         hta_section()
     elif cmd == "quality":
-        quality_section(args[0], int(args[1]), float(args[2]), args[3])
+        quality_section(args[0], args[1], int(args[2]), float(args[3]), args[4])
     elif cmd == "sync_debug":
         sync_debug(args[0], args[1].split(), int(args[2]), args[3:])
     elif cmd == "sync_counter":
@@ -457,7 +654,7 @@ def main(argv: list[str] | None = None) -> None:
     elif cmd == "study":
         study_section(args[0], int(args[1]), float(args[2]))
     elif cmd == "merge":
-        merge(args[0], args[1], args[2].split(), float(args[3]), float(args[4]))
+        merge(args[0], args[1], args[2], float(args[3]), float(args[4]))
     else:
         raise SystemExit(f"bench.gpu.check: unknown subcommand {cmd!r}")
 

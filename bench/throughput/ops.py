@@ -1,7 +1,7 @@
 """Dispatched operators per training step (:mod:`distnerf.observe.ops`), counted on the CPU.
 
-    OMP_NUM_THREADS=1 python -m bench.throughput.ops --label after
-    OMP_NUM_THREADS=1 python -m bench.throughput.ops --label before --tree /tmp/distnerf_e1483d9   # an older checkout
+    OMP_NUM_THREADS=1 python -m bench.throughput.ops --label after --data ../shared/data/nerf_synthetic_half/lego
+    OMP_NUM_THREADS=1 DISTNERF_LEGO=DIR python -m bench.throughput.ops --label before --tree /tmp/distnerf_e1483d9
 
 On a GPU a step's host cost is set by how many operators it dispatches, not by its batch (issue 49: 426 per
 grid step at ``e1483d9``, the same at 64 rays as at 4096). For each configuration the real
@@ -10,6 +10,9 @@ does (the smoke grid is then past its upsampling at step 10), then one step unde
 :class:`~distnerf.observe.ops.OpCounter`: ATen operators, views excluded, per phase (``input_wait`` ...
 ``optimizer``) and per operator. With ``--cuda-paths`` (the default) the CPU takes the paths a CUDA run takes
 (:func:`distnerf.host_buffers.sync_free_paths`), so the count is the CUDA one.
+
+The ``lego_*`` configurations read lego from ``--data DIR`` (default ``$DISTNERF_LEGO``); without either only the
+built-in scene's configurations can be counted.
 
 ``--tree DIR`` counts another checkout's ``distnerf`` (e.g. ``git worktree add /tmp/old e1483d9``): the
 worker runs in a fresh ``python -P`` process with that tree first on its path and the counter loaded from this
@@ -27,16 +30,28 @@ import sys
 import tempfile
 from pathlib import Path
 
-LEGO = "../shared/data/nerf_synthetic_half/lego"
-CONFIGS = {
+CONFIGS = {  # "LEGO" stands for the scene's folder (--data)
     # the README lego line's options on its data (ray count aside: the count does not depend on it)
-    "lego_grid": ["dataset=blender", f"dataset.root={LEGO}"],
-    "lego_grid_64_rays": ["dataset=blender", f"dataset.root={LEGO}", "train.global_rays=64"],
+    "lego_grid": ["dataset=blender", "dataset.root=LEGO"],
+    "lego_grid_64_rays": ["dataset=blender", "dataset.root=LEGO", "train.global_rays=64"],
     "smoke_grid": ["model=grid"],
     # the static, sync-free step (train.samples_per_step; CUDA's default), the same options
-    "lego_grid_static": ["dataset=blender", f"dataset.root={LEGO}", "train.samples_per_step=65536"],
+    "lego_grid_static": ["dataset=blender", "dataset.root=LEGO", "train.samples_per_step=65536"],
     "smoke_ngp": ["model=ngp"],
 }
+
+
+def config_overrides(name: str, lego: str | None) -> list[str]:
+    """Configuration ``name``'s overrides with lego's folder ``lego`` in place of ``LEGO``. Raises ValueError
+    for a lego configuration without a folder, FileNotFoundError for a folder with no ``transforms_train.json``."""
+    overrides = CONFIGS[name]
+    if not any("LEGO" in o for o in overrides):
+        return list(overrides)
+    if not lego:
+        raise ValueError(f"configuration {name} reads lego: give --data DIR or set DISTNERF_LEGO")
+    if not (Path(lego) / "transforms_train.json").is_file():
+        raise FileNotFoundError(f"configuration {name}: no lego scene at {lego} (no transforms_train.json)")
+    return [o.replace("LEGO", str(lego)) for o in overrides]
 COMMON = ["experiment=smoke", "sampler=sync", "train.ckpt_every=-1", "eval.enabled=false", "train.progress=false",
           "logger.wandb.mode=disabled", "profiler.telemetry=false", "train.max_steps=100000"]
 WARMUP = 17
@@ -109,7 +124,8 @@ def count(name: str, overrides: list[str], cuda_paths: bool, root: Path, device:
 
 def worker(args) -> None:
     root = Path(os.environ.get("BENCH_OPS_TREE", Path(__file__).resolve().parents[2]))
-    print(json.dumps({name: count(name, CONFIGS[name], args.cuda_paths, root, args.device) for name in args.configs}))
+    print(json.dumps({name: count(name, config_overrides(name, args.data), args.cuda_paths, root, args.device)
+                      for name in args.configs}))
 
 
 def main() -> None:
@@ -123,9 +139,17 @@ def main() -> None:
                     help="count the CPU's own paths instead of the CUDA ones")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                     help="where the step runs (cuda: the GPU check's section; the counts are the same by design)")
+    ap.add_argument("--data", default=os.environ.get("DISTNERF_LEGO"),
+                    help="lego's folder for the lego_* configurations (default $DISTNERF_LEGO)")
     ap.add_argument("--note", default=None)
     ap.add_argument("--out", type=Path, default=None, help="default bench/throughput/results/ops/ops.json")
     args = ap.parse_args()
+    lego = str(Path(args.data).resolve()) if args.data else None  # the worker runs in --tree's folder
+    try:
+        for name in args.configs:
+            config_overrides(name, lego)
+    except (ValueError, FileNotFoundError) as err:
+        sys.exit(f"bench.throughput.ops: {err}")
     out = args.out or default_out(__file__, "ops/ops.json")
     meta = start_meta()
     here = Path(__file__).resolve().parents[2]
@@ -133,7 +157,7 @@ def main() -> None:
     env = {**os.environ, "BENCH_OPS_TREE": str(tree), "PYTHONPATH": f"{tree}{os.pathsep}{here}",
            "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-P", "-m", "bench.throughput.ops", "worker", "--device", args.device,
-           "--configs", *args.configs]
+           "--configs", *args.configs] + (["--data", lego] if lego else [])
     if not args.cuda_paths:
         cmd.append("--cpu-paths")
     proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
@@ -161,6 +185,7 @@ if __name__ == "__main__":
         ap.add_argument("--configs", nargs="+")
         ap.add_argument("--cpu-paths", dest="cuda_paths", action="store_false")
         ap.add_argument("--device", default="cpu")
+        ap.add_argument("--data", default=None)
         worker(ap.parse_args())
     else:
         main()
