@@ -17,7 +17,8 @@ scene's free space; the grid changes resolution at ``model.upsample_steps``, the
 1. **Warm-up, once for all variants**: one process trains ``--warmup-steps`` steps from step 0 (past the
    final grid stage) and writes a checkpoint; its rays/s per window of 50 steps are recorded (the climb and
    the plateau it reached).
-2. **One process per variant** (``child``), started one after another, each resumed from that checkpoint
+2. **One process per variant** (``child``), started one after another, each once the machine's cores are idle
+   (:func:`wait_for_idle_cores`: the start-up choice of the OpenMP wait sees what a run started alone sees), each resumed from that checkpoint
    (hard links to it in a run directory of its own: every variant starts from the same model, occupancy
    grid, optimizer and sampler state), trains ``--settle-steps`` more (allocator, sampler workers), then
    waits for the parent's ``measure SECONDS`` lines. The processes stay alive between their phases, idle.
@@ -216,6 +217,21 @@ def link_checkpoints(warm_dir: Path, run_dir: Path) -> None:
             os.link(f, dst)
 
 
+def wait_for_idle_cores(limit: float = 0.3, timeout_s: float = 60.0) -> float | None:
+    """Wait until the machine's processes keep at most ``limit`` cores busy over half a second
+    (:func:`distnerf.cpu.busy_cores`; the warm-up's or a settled variant's processes winding down), at most
+    ``timeout_s``; the last reading (None where /proc/stat is unreadable). A variant started on busy cores
+    would make another start-up choice (:func:`distnerf.cpu.choose_wait`) than a run started alone."""
+    from distnerf import cpu
+
+    deadline = time.time() + timeout_s
+    while True:
+        busy = cpu.busy_cores(0.5)
+        if busy is None or busy <= limit or time.time() > deadline:
+            return busy
+        time.sleep(0.5)
+
+
 class Child:
     """One variant's measured process (:func:`child_measure`), started now; ``ready``: its ready line."""
 
@@ -363,7 +379,9 @@ def main(argv: list[str] | None = None) -> None:
         try:
             for v in variants:
                 link_checkpoints(Path(tmp) / "warmup", Path(tmp) / v)
+                busy = wait_for_idle_cores()  # as a run started alone: the planned wait's choice sees free cores
                 children[v] = Child(v, Path(tmp) / v, args.settle_steps)
+                children[v].ready["busy_cores_at_start"] = busy
                 print(f"{v}: {children[v].ready}", flush=True)
             rows = measure(phase_plan(variants, args.repeats), children, args.seconds)
         finally:
