@@ -6,7 +6,7 @@ the best run), and each commit's median against the first commit's (steps per tr
     python -m bench.quality.revs OUT        # OUT: the invocation's folder (OUT/REV_RUN_i/...)
 
 Writes ``OUT/summary.json`` and prints it. Runs are grouped by the commit before ``_`` in their folder's name
-(``e1483d9_RUN_1``); a folder whose run has no ``input_summary`` raises ValueError naming it.
+(``e1483d9_RUN_1``), in the invocation's order (``OUT/steps_s.txt``): the first commit is the baseline; a folder whose run has no ``input_summary`` raises ValueError naming it.
 """
 from __future__ import annotations
 
@@ -36,7 +36,9 @@ def spread(values: list[float]) -> dict:
 
 def summarise(out: Path) -> dict:
     runs = [run_figures(f) for f in sorted(p for p in out.iterdir() if (p / "metrics.jsonl").is_file())]
-    commits = list(dict.fromkeys(r["run"].split("_")[0] for r in runs))  # in the invocation's order
+    order = out / "steps_s.txt"  # the invocation's order (main_job_revs.sh appends a line per run)
+    named = [ln.split()[0].split(":")[0] for ln in order.read_text().splitlines() if ln.strip()] if order.is_file() else []
+    commits = list(dict.fromkeys([*named, *(r["run"].split("_")[0] for r in runs)]))  # the first: the baseline
     by = {c: [r for r in runs if r["run"].split("_")[0] == c] for c in commits}
     per = {c: {"steps_s": spread([r["steps_s"] for r in rs]), "train_wall_s": spread([r["train_wall_s"] for r in rs]),
                "psnr": spread([r["psnr"] for r in rs])} for c, rs in by.items()}
