@@ -1,6 +1,6 @@
 """The summary of a ``bench/quality/main_job_revs.sh`` invocation: per commit, the main job's training seconds
 (the 1000 steps, ``input_summary.steps_s``), its wall seconds to ``metrics.json`` (scene generation and the
-final evaluation included, ``meta.json``) and PSNR, as the median with the min and max over its runs (never
+final evaluation included, ``meta.json``), the re-render's wall seconds and PSNR, as the median with the min and max over its runs (never
 the best run), and each commit's median against the first commit's (steps per training minute: the inverse).
 
     python -m bench.quality.revs OUT        # OUT: the invocation's folder (OUT/REV_RUN_i/...)
@@ -24,9 +24,9 @@ def run_figures(folder: Path) -> dict:
     summary = [r for r in rows if r.get("event") == "input_summary"]
     if not summary:
         raise ValueError(f"{folder / 'metrics.jsonl'}: no input_summary event (the run did not finish)")
-    meta = json.loads((folder / "meta.json").read_text())["runs"][0]  # the training command (render second)
+    meta, render = json.loads((folder / "meta.json").read_text())["runs"][:2]  # the training command, the render's
     return {"run": folder.name, "commit": meta["git_commit"], "git_dirty": meta["git_dirty"],
-            "steps_s": summary[-1]["steps_s"], "train_wall_s": meta["wall_s"],
+            "steps_s": summary[-1]["steps_s"], "train_wall_s": meta["wall_s"], "render_wall_s": render["wall_s"],
             "psnr": json.loads((folder / "metrics.json").read_text())["psnr"]}
 
 
@@ -41,6 +41,7 @@ def summarise(out: Path) -> dict:
     commits = list(dict.fromkeys([*named, *(r["run"].split("_")[0] for r in runs)]))  # the first: the baseline
     by = {c: [r for r in runs if r["run"].split("_")[0] == c] for c in commits}
     per = {c: {"steps_s": spread([r["steps_s"] for r in rs]), "train_wall_s": spread([r["train_wall_s"] for r in rs]),
+               "render_wall_s": spread([r["render_wall_s"] for r in rs]),
                "psnr": spread([r["psnr"] for r in rs])} for c, rs in by.items()}
     base = per[commits[0]]["steps_s"]["median"]
     for c in commits:
