@@ -354,7 +354,8 @@ class TrainLoopConfig:
     # unchanged, bench/scaling/README.md); global_rays: a fixed global batch split over the ranks (strong
     # scaling). Setting both is an error. Joint ss: the global batch is drawn once (a shared stream) and every
     # ray rendered by the regions it crosses (config_check.global_batch, strategy.rays_per_rank)
-    rays_per_rank: Optional[int] = positive(None)  # rays per step per rank; null: DEFAULT_RAYS_PER_RANK (4096) unless global_rays is set
+    rays_per_rank: Optional[int] = positive(None)  # rays per step per rank; null: DEFAULT_RAYS_PER_RANK (4096) unless global_rays
+                                                   # is set, or 16384 where the static step runs by default (CUDA: sample_budget.py)
     global_rays: Optional[int] = positive(None)    # rays per step over all ranks, divided by the world size; null: rays_per_rank x world size
     # null: 1000 steps without a time budget, no step limit with one (the budget stops the run)
     max_steps: Optional[int] = positive(None)
@@ -378,11 +379,11 @@ class TrainLoopConfig:
     betas: List[float] = items([0.9, 0.999])
     eps: float = positive(1.0e-15)
     fused: bool = True                  # fused Adam kernel
-    bf16: bool = False                  # bf16 autocast (CUDA only)
+    bf16: bool = False                  # bf16 autocast of the training render (CUDA; the CPU's autocast too)
     # static sync-free step (distnerf/components/sample_budget.py): P fixed sample slots a step, the rays
     # marched adapt inside the rank's batch (rays_per_rank); 0: off (the dynamic step); null: auto, 262144 (2^18,
     # as Instant-NGP / nerfacc) on CUDA for a model the static step covers, else 0 (the CPU keeps the dynamic
-    # step). Set rays_per_rank above what P holds at the final stage (e.g. 16384 on lego) for the budget to set the work
+    # step). With both batch keys null the static step's batch is 16384 rays per rank (the budget sets the work)
     samples_per_step: Optional[int] = bounded(None, 0)
     # the whole static step (render, loss, backward, regulariser, optimizer) recorded once per grid stage and replayed
     # as one CUDA graph (distnerf/components/graphed_step.py): one process, the static step, model.compile=false,

@@ -42,6 +42,7 @@ from ..data.rays import RayBundle
 from ..renderer.output import RenderOutput
 from .loss import RayError, ray_error
 from .regularizer import add_regularizer_grads_
+from .step import bf16_autocast, records_graph
 
 log = logging.getLogger("distnerf")
 
@@ -169,8 +170,7 @@ class GraphedStep:
         else:  # a host number, filled by a kernel (a copy from pageable host memory would wait for the device)
             self._buffer("divisor", (), torch.float32, batch.rgb.device).fill_(float(divisor))
         budget.prepare_inputs(model, batch.rays)  # the clip box refreshed in place, outside any graph
-        cuda = batch.rgb.device.type == "cuda"
-        if not cuda:  # no CUDA graphs: the body, uncaptured, on the same buffers
+        if not records_graph(batch.rgb.device):  # no CUDA graphs: the body, uncaptured, on the same buffers
             out, error, stats = self._body(batch, background)
             self.step.optimizer.zero_grad(set_to_none=True)  # as a replay: the next backward writes, not adds
         else:
@@ -220,8 +220,7 @@ class GraphedStep:
         regulariser gradients, the optimizer's step. No host read, no allocation the next step needs."""
         model, b = self.model, self._buffers
         device = b["u"].device
-        use_bf16 = self.step.cfg.bf16 and device.type == "cuda"
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16, cache_enabled=False):
+        with bf16_autocast(self.step.cfg.bf16, device, cache_enabled=False):
             out, stats = self.step.budget.render_drawn(model, batch.rays, b["u"], background)
         error = ray_error(out, batch.rgb, batch.valid)
         (error.sse / b["divisor"]).backward()

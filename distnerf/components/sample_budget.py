@@ -10,9 +10,11 @@ slot P) and the inactive ones weigh 0 in the loss, the counted rays' errors are 
 
 Learning-rate rule: the loss is the mean over the counted rays whatever their number, so the
 learning rate is unchanged as the ray count adapts (the gradient's noise, not its scale, follows the
-count). On CUDA set R (the rank's batch: ``train.rays_per_rank``, or ``train.global_rays`` / W) above what P
-holds at the final stage (e.g. 2^18 slots and 16384 rays at lego's ~10 samples per ray) so that the budget,
-not R, sets the work.
+count). On CUDA R (the rank's batch: ``train.rays_per_rank``, or ``train.global_rays`` / W) should exceed what
+P holds at the final stage (2^18 slots and lego's ~10 samples per ray: about 26k rays) so that the budget, not R,
+sets the work: with both batch keys null the entry point sets ``train.rays_per_rank`` to
+:data:`STATIC_RAYS_PER_RANK` where the static step runs by default (:func:`static_by_default`), and the
+trainer logs the fill (``budget_fill``).
 
 Reported a step late through a host buffer (as :mod:`distnerf.engine.late_flag`, no host sync):
 ``budget_overflow_rate`` (overflowed / active rays), ``budget_active_rays``, ``budget_counted_rays`` (the
@@ -27,11 +29,15 @@ import torch
 
 from ..data.rays import RayBundle
 from ..host_buffers import host_buffer, static_nonzero_available
-from ..model.marched_static import check_static, field_fn_of, static_render
+from ..model.marched_static import check_static, field_fn_of, static_problems, static_render
 from ..renderer.output import RenderOutput
 from ..renderer.static import interval_slots
 
 AUTO_SAMPLES = 1 << 18  # train.samples_per_step=null on CUDA (Instant-NGP's and nerfacc's budget)
+STATIC_RAYS_PER_RANK = 1 << 14
+"""``train.rays_per_rank`` when it and ``train.global_rays`` are null and the static step runs (CUDA): the batch the
+budget marches from. At lego's final stage a ray needs about 10 samples, so 4096 rays fill about 16% of
+:data:`AUTO_SAMPLES` slots; 16384 rays can fill more than half (the rule marches ``headroom P / s`` of them)."""
 HEADROOM = 0.9  # the fraction of the slots the rule aims at: about 1 overflowed ray in 1e3 on lego (measured: 0)
 
 
@@ -51,6 +57,20 @@ def resolve_samples_per_step(value: int | None, model, device: torch.device | No
     except ValueError:
         return 0
     return AUTO_SAMPLES
+
+
+def static_by_default(cfg, device: torch.device | str) -> bool:
+    """Whether a run of the validated config ``cfg`` on ``device`` takes the static step with the automatic
+    budget (``train.samples_per_step`` null) before any model is built: CUDA, and the model's options covered
+    (:func:`~distnerf.model.marched_static.static_problems`, the rule :func:`resolve_samples_per_step` applies
+    to the built model; ``strategy=ss``'s region models are not covered)."""
+    if cfg.train.samples_per_step is not None or torch.device(device).type != "cuda":
+        return False
+    m = cfg.model
+    if m.name not in ("grid", "ngp"):  # the marched models (schema.MarchedModelConfig): the keys below are theirs
+        return False
+    return not static_problems(True, m.contraction == "mipnerf360", m.opaque_floor and m.min_altitude is not None,
+                               m.train_round_steps, m.train_termination, cfg.strategy.name == "ss")
 
 
 class SampleBudget:

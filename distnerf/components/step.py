@@ -30,9 +30,27 @@ from .schedule import Clock, budgeted, stage_step
 Phase = Callable[[str], ContextManager]
 
 
+def records_graph(device: torch.device | str) -> bool:
+    """Whether ``train.cuda_graph`` records the static step as a CUDA graph and replays it on ``device``: CUDA.
+    Elsewhere :class:`~.graphed_step.GraphedStep` runs the same body uncaptured on the same buffers, and the
+    optimizer keeps float learning rates (the CPU's Adam cannot be ``capturable``). The one place the graph
+    path is chosen (the step's learning rates, the graphed step, the trainer's log line); a device fact, so
+    nothing forces it on the CPU (the uncaptured body is the CPU's stand-in: ``tests/unit/test_graphed_step.py``)."""
+    return torch.device(device).type == "cuda"
+
+
 def no_phase(name: str) -> ContextManager:
     """The default timing hook: times nothing."""
     return contextlib.nullcontext()
+
+
+def bf16_autocast(enabled: bool, device: torch.device, cache_enabled: bool = True) -> ContextManager:
+    """``train.bf16``: the training render under torch's bf16 autocast on ``device``'s type, CUDA or the CPU
+    (the operators autocast lists, matrix products among them, run in bfloat16; the loss, the backward's
+    accumulation into float32 parameters and the optimizer stay float32). ``cache_enabled=False`` inside a
+    CUDA graph's body (PyTorch: autocast's weight cache must not outlive a capture). The one place the step
+    chooses its precision (the static step, the dynamic step and the graphed step's body)."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=bool(enabled), cache_enabled=cache_enabled)
 
 
 class TrainStep:
@@ -67,8 +85,8 @@ class TrainStep:
         self.compiled_optimizer = samples > 0 and compile_static  # model.compile on the static step
         # lr tensors for a step that is recorded: compiled, or a CUDA graph (on the CPU the graph's body runs
         # uncaptured and reads the floats: the CPU's Adam cannot be capturable, a tensor lr would be read there)
-        on_cuda = any(p.is_cuda for p in model.parameters())
-        self.tensor_lr = self.compiled_optimizer or (samples > 0 and cuda_graph and on_cuda)
+        graphs = any(records_graph(p.device) for p in model.parameters())
+        self.tensor_lr = self.compiled_optimizer or (samples > 0 and cuda_graph and graphs)
         self._compile = (compile_mode, compile_backend)
         self.optimizer = build_optimizer(model, optim_cfg, tensor_lr=self.tensor_lr)
         self._optimizer_step = self._compiled_step()
@@ -118,8 +136,7 @@ class TrainStep:
         """
         device = batch.rgb.device
         generator = torch.Generator(device).manual_seed(batch.jitter_seed)
-        use_bf16 = self.cfg.bf16 and device.type == "cuda"
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16):
+        with bf16_autocast(self.cfg.bf16, device):
             out = module(batch.rays, generator)
         return out, ray_error(out, batch.rgb, batch.valid)
 

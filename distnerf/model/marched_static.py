@@ -23,6 +23,20 @@ from ..renderer.samples import clip_to_box
 from ..renderer.static import march_static, next_active_rays, render_static
 
 
+def static_problems(marched: bool, contracted: bool, opaque_floor: bool, round_steps: int, termination: bool,
+                    focus: bool) -> list[str]:
+    """The options of a model the static render does not cover, named as config keys ([] when it covers
+    them): the one rule behind :func:`check_static` (a built model) and the entry point's batch default
+    (a config, before any model: :func:`distnerf.components.sample_budget.static_by_default`)."""
+    if not marched:
+        return ["a model that is not marched (model=grid or ngp)"]
+    return [key for key, bad in (("model.contraction=mipnerf360", contracted),
+                                 ("model.opaque_floor=true", opaque_floor),
+                                 ("model.train_round_steps>0", bool(round_steps)),
+                                 ("model.train_termination=true", termination),
+                                 ("a focus box (strategy=ss)", focus)) if bad]
+
+
 def check_static(model) -> None:
     """Raise ValueError where the static render does not cover ``model``'s options: a marched
     model (``model=grid`` or ``ngp``), bounded (``model.contraction=none``), without
@@ -30,12 +44,8 @@ def check_static(model) -> None:
     ``model.train_termination=false``), without a focus box (``strategy=ss``'s sub-models: untried)."""
     if not hasattr(model, "occupancy") or not hasattr(model, "field_query"):
         raise ValueError(f"train.samples_per_step needs a marched model (grid, ngp), not {type(model).__name__}")
-    problems = [key for key, bad in (("model.contraction=mipnerf360", model.contraction_aabb is not None),
-                                     ("model.opaque_floor=true", model.opaque_floor),
-                                     ("model.train_round_steps>0", bool(model.train_round_steps)),
-                                     ("model.train_termination=true", model.train_termination),
-                                     ("a focus box (strategy=ss)", getattr(model, "focus", None) is not None))
-                if bad]
+    problems = static_problems(True, model.contraction_aabb is not None, model.opaque_floor,
+                               model.train_round_steps, model.train_termination, getattr(model, "focus", None) is not None)
     if problems:
         raise ValueError(f"train.samples_per_step: the static step does not cover {', '.join(problems)}")
 

@@ -349,3 +349,32 @@ def test_the_optimizer_compiled_on_its_own_steps_as_eager_with_no_recompile():
             assert not torch.equal(p, p0), name  # every table moved
     finally:
         torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("overrides", [[], ["model=ngp"], ["model=nerf"], ["model.contraction=mipnerf360"],
+                                       ["model.train_termination=true"], ["model.train_round_steps=4"],
+                                       ["model.opaque_floor=true", "model.min_altitude=-0.5"],
+                                       ["model.opaque_floor=true"], ["strategy=ss"]])
+def test_the_static_batch_default_follows_the_models_own_rule(overrides):
+    """The entry point's config-level choice (static_by_default: train.rays_per_rank=16384 where the static step
+    runs by default on CUDA) agrees with resolve_samples_per_step on the model the same config builds; never on
+    the CPU, never over an explicit samples_per_step."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from distnerf.components.sample_budget import resolve_samples_per_step, static_by_default
+    from distnerf.config_check import derive, validate
+    from distnerf.model import build_model
+
+    with initialize_config_dir(config_dir=str(bench.ROOT / "conf"), version_base="1.3"):
+        cfg = validate(compose("train", overrides=["experiment=smoke", *overrides]))
+    box = torch.tensor([[-1.0, -1.0, -1.0], [1.0, 1.0, 1.0]])
+    if cfg.strategy.name == "ss":
+        by_model = False  # its region models (strategy.build_model) are not covered: resolve gives 0 for them
+    else:
+        by_model = resolve_samples_per_step(None, build_model(cfg.model, box, torch.ones(3)), torch.device("cuda")) > 0
+    assert static_by_default(cfg, "cuda") == by_model, OmegaConf.to_container(cfg.model)
+    assert by_model == (overrides in ([], ["model=ngp"], ["model.opaque_floor=true"]))  # no min_altitude: no floor
+    assert not static_by_default(cfg, "cpu")
+    explicit = derive(cfg, train=derive(cfg.train, samples_per_step=1 << 16))
+    assert not static_by_default(explicit, "cuda")  # set by the user: the batch default is not the budget's
