@@ -104,6 +104,113 @@ def choose_wait(environ=None, busy: float | None = None) -> str:
     return "passive"
 
 
+def _tree_ticks(pids) -> int:
+    """CPU ticks (user + system, ``USER_HZ``) the processes ``pids`` have used, from ``/proc/PID/stat``
+    (fields 14 and 15, counted after the command's closing parenthesis); a process gone counts 0."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        total += int(fields[11]) + int(fields[12])
+    return total
+
+
+def process_tree(root: int) -> set[int]:
+    """``root`` and its descendants (``/proc/*/stat``'s parent pids): a rank, its sampler workers and, with
+    the torchrun agent as ``root``, the node's other ranks."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    tree, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        if pid not in tree:
+            tree.add(pid)
+            todo.extend(children.get(pid, []))
+    return tree
+
+
+class CoreWatch:
+    """Fewer compute threads while another process shares the rank's cores, the planned number again once
+    they are free: the guard of the bounded spin (:func:`choose_wait`). Spinning threads beside a process
+    that arrives after start-up wait for a thread the scheduler gave away: the README main job trained 3.7x
+    slower beside one CPU-bound process (``bench/reliability/README.md``, "Runs that share their cores"). With
+    one thread fewer per busy core, no thread waits at a barrier for a core it does not get.
+
+    Call :meth:`poll` between steps, in the thread that runs them (``torch.set_num_threads`` sets the calling
+    thread's OpenMP team size): at most every ``period_s`` it reads the busy ticks of ``/proc/stat`` and
+    those of this run's processes (:func:`process_tree` of ``root``, rescanned every ``rescan_s``), and
+    counts the other processes' busy cores over the interval since the last reading (an interval over four
+    periods, a pause between steps, only starts a new one). Above ``busy_above`` cores: ``threads - ceil(busy - slack)``
+    threads (at least 1); below ``free_below`` for ``restore_after_s``: ``threads`` again.
+
+    Args:
+        threads: the planned compute threads (:func:`configure`); with 1 nothing is watched.
+        root: the process whose tree is this run's own (the torchrun agent under torchrun, else this one).
+    """
+
+    def __init__(self, threads: int, root: int, period_s: float = 0.5, rescan_s: float = 10.0,
+                 busy_above: float = 0.6, free_below: float = 0.3, restore_after_s: float = 1.0):
+        self.threads, self.current, self.root = int(threads), int(threads), root
+        self.period_s, self.rescan_s = period_s, rescan_s
+        self.busy_above, self.free_below, self.restore_after_s = busy_above, free_below, restore_after_s
+        self.changes, self.others = 0, 0.0
+        self._tree, self._scanned, self._last, self._free_since = set(), -1e9, None, None
+
+    def _sample(self, now: float) -> tuple[int, int, int] | None:
+        if now - self._scanned >= self.rescan_s:
+            self._tree, self._scanned = process_tree(self.root), now
+        try:
+            fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+        except OSError:
+            return None
+        ticks = [int(x) for x in fields[1:]]
+        return sum(ticks), sum(ticks) - ticks[3] - (ticks[4] if len(ticks) > 4 else 0), _tree_ticks(self._tree)
+
+    def poll(self, now: float | None = None) -> int | None:
+        """Between steps: the new thread count when it changed (already set), else None."""
+        import time
+
+        import torch
+
+        if self.threads <= 1:
+            return None
+        now = time.monotonic() if now is None else now
+        if self._last is not None and now - self._last[0] < self.period_s:
+            return None
+        sample = self._sample(now)
+        if sample is None:
+            return None
+        last, self._last = self._last, (now, *sample)
+        if last is None or now - last[0] > 4 * self.period_s:  # a pause (evaluation, a checkpoint): a new baseline
+            return None
+        total, busy, own = (a - b for a, b in zip(sample, last[1:]))
+        if total <= 0:
+            return None
+        self.others = max(0.0, (busy - own) / (total / (os.cpu_count() or 1)))
+        want = self.current
+        if self.others > self.busy_above:
+            want, self._free_since = max(1, self.threads - math.ceil(self.others - self.free_below)), None
+        elif self.others < self.free_below:
+            self._free_since = now if self._free_since is None else self._free_since
+            if now - self._free_since >= self.restore_after_s:
+                want = self.threads
+        if want == self.current:
+            return None
+        torch.set_num_threads(want)
+        log.info("%s: %d compute thread(s) (other processes kept %.1f core(s) busy)",
+                 "cores shared" if want < self.threads else "cores free again", want, self.others)
+        self.current, self.changes = want, self.changes + 1
+        return want
+
+
 def wait_setting(environ=None) -> str:
     """The OpenMP wait as the runtime read it, for the log: ``OMP_WAIT_POLICY`` and ``GOMP_SPINCOUNT``
     ("(unset)": libgomp's own, about 300,000 spins before it sleeps)."""

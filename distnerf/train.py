@@ -37,6 +37,7 @@ from .data import DatasetError
 from .config_check import GROUPS, ConfigError, derive, validate
 from .engine.trainer import NonFiniteLoss, Trainer
 from .observe.progress import PROGRESS_DIR, ProgressBeacon
+from .components.sample_budget import STATIC_RAYS_PER_RANK, static_by_default
 from .sampler import auto_kind
 from .schema import TrainConfig
 from .strategy import build_strategy
@@ -66,6 +67,9 @@ def run(cfg: DictConfig) -> dict:
     beacon = ProgressBeacon(env.store, env.rank, env.world_size, cfg.dist_progress_s).start()  # step and phase, for hang reports
     if cfg.sampler.name == "auto":  # the sampler this device runs, named in the run's config.yaml
         cfg = derive(cfg, sampler=derive(cfg.sampler, name=auto_kind(env.device, cfg.sampler.source)))
+    if cfg.train.rays_per_rank is None and cfg.train.global_rays is None and static_by_default(cfg, env.device):
+        # the static step's batch (its budget marches from it), named in the run's config.yaml: a resume keeps it
+        cfg = derive(cfg, train=derive(cfg.train, rays_per_rank=STATIC_RAYS_PER_RANK))
     run_dir = strategy = trainer = None
     finished = False
     try:
@@ -81,6 +85,9 @@ def run(cfg: DictConfig) -> dict:
             log.info("threads: %s (the wait chosen at start-up: %s)", threads.describe(), WAIT)
         strategy = build_strategy(cfg.strategy, env)
         trainer = Trainer(cfg, strategy, run_dir, stop=stop)
+        if WAIT == "spin" and threads.source == "cores / local ranks" and not cfg.train.deterministic:
+            # spinning threads beside a process that arrives later: fewer threads while it shares the cores
+            trainer.between_steps.append(cpu.CoreWatch(threads.threads, D.torchrun_agent_pid() or os.getpid()).poll)
         D.end_setup(env, cfg.dist_setup_timeout_s, cfg.dist_timeout_s)  # names late ranks; then the step timeout
         beacon.watch(trainer.activity)
         result = trainer.fit()

@@ -111,7 +111,12 @@ def _trainer(variant: str, run_dir: Path, resume: bool):
     run_dir.mkdir(parents=True, exist_ok=True)
     runs = {"torch_threads": torch.get_num_threads(), "omp_wait": cpu.wait_setting(), "wait_choice": choice,
             "plan": plan}
-    return Trainer(cfg, build_strategy(cfg.strategy, env), run_dir), runs
+    trainer = Trainer(cfg, build_strategy(cfg.strategy, env), run_dir)
+    if choice == "spin":  # as distnerf/train.py: fewer threads while another process shares the cores
+        watch = cpu.CoreWatch(torch.get_num_threads(), os.getpid())
+        trainer.between_steps.append(watch.poll)
+    runs["core_watch"] = choice == "spin"
+    return trainer, runs
 
 
 def _resolution(trainer) -> int | None:
@@ -153,6 +158,8 @@ def child_measure(variant: str, run_dir: Path, settle_steps: int) -> None:
     ready line, then answers ``measure SECONDS`` lines on stdin with one JSON line (the step before, steps,
     seconds, rays/s, CPU seconds) on stdout, until ``quit``."""
     trainer, runs = _trainer(variant, run_dir, resume=True)  # first: it chooses the OpenMP wait before torch loads
+    import torch
+
     from bench.throughput.syncs import run_step
 
     resumed, rays = trainer.step, trainer.global_rays
@@ -172,6 +179,7 @@ def child_measure(variant: str, run_dir: Path, settle_steps: int) -> None:
             steps += 1
         dt = time.perf_counter() - t0
         print(json.dumps({"step_before": before, "steps": steps, "seconds": dt, "rays_per_s": rays * steps / dt,
+                          "threads_end": torch.get_num_threads(),
                           "cpu_s": time.process_time() - cpu0}), flush=True)
     trainer.close()
 

@@ -77,7 +77,8 @@ def build_trainer(overrides: list[str], run_dir: Path, device: str = "cpu", comm
 
 
 def run_step(trainer, counter=None) -> None:
-    """One step of ``Trainer.fit`` (without logging, validation, checkpoints), counted by ``counter``."""
+    """One step of ``Trainer.fit`` (without logging, validation, checkpoints) and the trainer's
+    ``between_steps`` hooks, counted by ``counter``."""
     section = counter.section if counter is not None else (lambda name: contextlib.nullcontext())
     trainer.timer.begin_step()
     agree = trainer.agree
@@ -97,6 +98,8 @@ def run_step(trainer, counter=None) -> None:
     with section("end_step"):
         trainer.profiler.end_step(trainer.step - 1, agreed.mine.valid_rays, out.get("num_samples", 0),
                                   trainer.strategy.step_comm())
+    for hook in trainer.between_steps:  # as fit: after the step, outside its time
+        hook()
 
 
 def label_phases(trainer, counter) -> None:

@@ -15,6 +15,7 @@ import logging
 import math
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -25,7 +26,7 @@ from ..components.loss import RayError
 from ..components.schedule import BudgetClock, step_limit
 from ..components.sample_budget import resolve_samples_per_step
 from ..components.graphed_step import GraphedStep, check_graphable
-from ..components.step import TrainStep
+from ..components.step import TrainStep, records_graph
 from ..data import load_scene
 from ..data.images import undecoded
 from ..observe.logger import METRICS_LOG, JsonlLogger, MultiLogger, NullLogger, WandbLogger, strategy_label
@@ -86,6 +87,7 @@ class Trainer:
         check_appearance_protocol(cfg)  # before any data is loaded
         self.cfg, self.strategy, self.env, self.run_dir = cfg, strategy, strategy.env, Path(run_dir)
         self.stop = stop if stop is not None else D.StopRequest()
+        self.between_steps: list[Callable[[], None]] = []  # called after every step, in the loop's thread
         self.device = self.env.device
         D.seed_everything(cfg.seed)  # identical model initialisation on every rank
         # sampler.cache_dir: pixels decoded image by image into a memory-mapped cache, never all in RAM
@@ -208,7 +210,7 @@ class Trainer:
         graphed = GraphedStep(self.step_fn, probe_every=self.cfg.train.graph_probe_every)
         if self.env.is_main:
             how = ("is recorded as one CUDA graph once per grid stage (after %d eager steps) and replayed" %
-                   graphed.warmup if self.device.type == "cuda" else
+                   graphed.warmup if records_graph(self.device) else
                    "runs uncaptured on the graph's fixed buffers (the CPU has no CUDA graphs: a check, not faster)")
             log.info("train.cuda_graph: the whole step %s; an eager probe step every %s steps", how,
                      self.cfg.train.graph_probe_every or "no")
@@ -367,6 +369,8 @@ class Trainer:
             if self.viewer is not None:  # between steps, in this thread: the model is not changing
                 self.viewer.after_step(self.model, self.step, float(total.valid_rays) / max(step_seconds, 1e-9),
                                        frame_agreed=bool(total.live_frame))
+            for hook in self.between_steps:  # outside the step's time, in this thread (e.g. cpu.CoreWatch.poll)
+                hook()
             if total.over_budget or total.signal:  # every rank leaves after this step
                 stop_reason = "time_budget" if total.over_budget else "signal"
                 break

@@ -3,6 +3,7 @@ ranks, the user's setting first, passive OpenMP waiting, and the load warning (i
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 import time
@@ -106,3 +107,58 @@ def test_busy_cores_sees_a_process_spinning_beside_it():
     finally:
         spinner.kill()
         spinner.wait()
+
+
+def _poll_until(watch, condition, seconds: float) -> bool:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        watch.poll()
+        if condition():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+SPIN = "import time\nt = time.time()\nwhile time.time() - t < 20: pass"
+
+
+@pytest.mark.exclusive  # it reads the machine's idle cores: alone, after the parallel part
+def test_core_watch_drops_a_thread_beside_another_process_and_takes_it_back(restore_threads):
+    """A real CPU-bound process outside the run's tree: the watch goes to one thread within a second; once it
+    ends, back to two. The run's own processes (its tree: here a spinning child of the root) never count."""
+    if cpu.busy_cores(0.05) is None:
+        pytest.skip("no /proc/stat (not Linux)")
+    torch.set_num_threads(2)
+    own = subprocess.Popen([sys.executable, "-c", SPIN])  # a child of this process: the run's own work
+    try:
+        watch = cpu.CoreWatch(2, os.getpid(), period_s=0.2, restore_after_s=0.4)
+        assert not _poll_until(watch, lambda: watch.current != 2, 2.0), watch.others  # its own tree: not others
+    finally:
+        own.kill()
+        own.wait()
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    other = subprocess.Popen([sys.executable, "-c", SPIN])
+    try:
+        watch = cpu.CoreWatch(2, sleeper.pid, period_s=0.2, restore_after_s=0.4)  # this process and `other`: others
+        assert _poll_until(watch, lambda: watch.current == 1, 3.0), watch.others
+        assert torch.get_num_threads() == 1 and watch.others >= 0.6
+        other.kill()
+        other.wait()
+        assert _poll_until(watch, lambda: watch.current == 2, 4.0), watch.others
+        assert torch.get_num_threads() == 2 and watch.changes == 2
+    finally:
+        for p in (sleeper, other):
+            p.kill()
+            p.wait()
+
+
+def test_core_watch_waits_out_a_pause_and_leaves_one_thread_alone(restore_threads):
+    """A poll after a pause longer than four periods (an evaluation) only takes a new baseline; with one planned
+    thread nothing is read."""
+    watch = cpu.CoreWatch(2, os.getpid(), period_s=0.2)
+    assert watch.poll(now=100.0) is None and watch._last is not None
+    first = watch._last
+    assert watch.poll(now=100.1) is None and watch._last is first  # within a period: not read again
+    assert watch.poll(now=105.0) is None and watch._last is not first  # a pause: a new baseline, no decision
+    single = cpu.CoreWatch(1, os.getpid())
+    assert single.poll() is None and single._last is None
