@@ -250,6 +250,15 @@ def barrier(env: DistEnv) -> None:
         dist.barrier(group=env.host_group)
 
 
+def device_timed(device: torch.device | str) -> bool:
+    """The timing method on ``device``, the one switch the timers and the collectives' marks take: True on
+    CUDA, where work is timed by CUDA events (:func:`timing_event`) resolved after it is done, and a host clock
+    around a collective or a kernel measures its launch only (NCCL's calls return when queued); False on the
+    CPU, where the host clock around the work measures the work itself. A device fact, so nothing forces it
+    on the CPU (CUDA events have no CPU kind); tests stand in for it by patching the caller's flag."""
+    return torch.device(device).type == "cuda"
+
+
 def timing_event():
     """A CUDA timing event recorded now on the current stream: the marks around a collective that
     time it on the device (NCCL's host calls return at launch). Read after a synchronisation with

@@ -180,7 +180,7 @@ def make_eval_split(cfg, model, strategy):
         if timing is not None:
             timing.clear()
             renderer.timed = cfg.eval.fusion_timing  # CUDA: each phase a device sync (CPU: always timed)
-            if device.type == "cuda" and not renderer.timed:
+            if not renderer.keeps_timing:
                 timing = None  # not measured: None, never zeros
         rows = evaluate_views(renderer, scene, mine, cfg.eval.chunk, device,
                               out_dir if strategy.writes_renders else None, lpips, cfg.eval.point_chunk, cfg.eval)

@@ -59,6 +59,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..dist import device_timed
+
 log = logging.getLogger("distnerf")
 
 PHASES = ("input_wait", "copy", "model_update", "graph", "forward", "backward", "exposed_comm", "regularizer",
@@ -225,7 +227,7 @@ class StepProfiler:
     """Per-step phase timer and NeRF figures for one rank (the trainer's ``timer``).
 
     Args:
-        device: training device (CUDA: events; otherwise host clock).
+        device: training device (:func:`distnerf.dist.device_timed`, CUDA: events; otherwise host clock).
         model: the unwrapped model; its direct children holding parameters get forward
             hooks (``forward.<name>`` sub-phases); ``None``: no sub-phases.
         rank, world_size: this process (file names, bus bandwidth).
@@ -248,7 +250,7 @@ class StepProfiler:
                  late: bool | None = None):
         self.enabled = enabled
         self._null = nullcontext()
-        self.cuda = device.type == "cuda"
+        self.cuda = device_timed(device)  # the timing method: CUDA events resolved later, or the host clock
         self.late = self.cuda if late is None else late
         self._pending: _ClosedStep | None = None
         self.clock = _CudaClock() if self.cuda else _HostClock()

@@ -37,6 +37,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from .. import dist as D
 from ..config_check import ConfigError
+from ..host_buffers import sync_free
 from ..model.base import RadianceModel
 from .base import Strategy
 from .sparse_exchange import SparseRule, launch_bounded_sparse_allreduce, launch_row_exchange, launch_sparse_allreduce
@@ -156,7 +157,7 @@ def _allreduce_bucket(state, bucket):
     pairs' counts: a host synchronisation, its module docstring)."""
     buffer = bucket.buffer()
     start = time.perf_counter()
-    state.stats.launch_only = buffer.is_cuda
+    state.stats.launch_only = D.device_timed(buffer.device)  # the host clock measures the launch only
     key = (bucket.index(), buffer.numel())
     if state.try_sparse(key, buffer):
         launched = launch_sparse_allreduce(buffer, D.world_size(), state.sparse_max_density)
@@ -167,7 +168,7 @@ def _allreduce_bucket(state, bucket):
     wire_bytes = buffer.element_size() if state.wire_dtype is None else state.wire_dtype.itemsize
     capacity = state.capacity(bucket, buffer, D.world_size(), wire_bytes)
     if capacity is not None:  # bounded: no host sync (module docstring)
-        events = [D.timing_event(), None, 0] if buffer.is_cuda else None
+        events = [D.timing_event(), None, 0] if D.device_timed(buffer.device) else None
         nbytes, overflow, fut = launch_bounded_sparse_allreduce(buffer, D.world_size(), capacity)
         if events is not None:
             events[2] = nbytes
@@ -177,7 +178,7 @@ def _allreduce_bucket(state, bucket):
     wire = buffer if state.wire_dtype is None else buffer.to(state.wire_dtype)
     nbytes = wire.numel() * wire.element_size()
     wire.div_(D.world_size())
-    events = [D.timing_event(), None, nbytes] if buffer.is_cuda else None  # the launch, on the bucket's stream
+    events = [D.timing_event(), None, nbytes] if D.device_timed(buffer.device) else None  # the launch, on the bucket's stream
     if events is not None:
         state.stats.step_events.append(events)
 
@@ -206,7 +207,7 @@ class DDPStrategy(Strategy):
 
     def __init__(self, cfg, env):
         super().__init__(cfg, env)
-        if self.cfg.sparse_tables and env.device.type == "cuda":
+        if self.cfg.sparse_tables and sync_free(env.device):  # the grid's colour gradients are dense there
             raise ConfigError(
                 "strategy.sparse_tables=true is refused on CUDA: the colour tables' gradients are dense there "
                 "(the grid makes row-sparse gradients only where rows are counted without a host sync: the CPU), so "
@@ -217,10 +218,11 @@ class DDPStrategy(Strategy):
 
     @property
     def sparse_mode(self) -> str:
-        """``counted`` or ``bounded``: ``auto`` is ``bounded`` on CUDA (no host sync in the hook)
-        and ``counted`` elsewhere (exact sizes, where reading them costs nothing)."""
+        """``counted`` or ``bounded``: ``auto`` is ``bounded`` where the code takes the sync-free paths
+        (:func:`~distnerf.host_buffers.sync_free`: CUDA, or the CPU inside ``sync_free_paths``; no host sync in
+        the hook) and ``counted`` elsewhere (exact sizes, where reading them costs nothing)."""
         mode = self.cfg.sparse_mode
-        return ("bounded" if self.env.device.type == "cuda" else "counted") if mode == "auto" else mode
+        return ("bounded" if sync_free(self.env.device) else "counted") if mode == "auto" else mode
 
     def wrap(self, model: nn.Module) -> nn.Module:
         self.model = model.to(self.env.device)

@@ -144,7 +144,15 @@ class FusedRenderer(nn.Module):
 
     @property
     def _on_cuda(self) -> bool:
-        return self.background.is_cuda
+        """Whether this renderer's device times on the device (:func:`distnerf.dist.device_timed`: CUDA), where
+        a host clock around a phase needs a synchronisation."""
+        return D.device_timed(self.background.device)
+
+    @property
+    def keeps_timing(self) -> bool:
+        """Whether :attr:`timing` is measured: always where the host clock is free (the CPU), on CUDA only
+        with :attr:`timed` (evaluation reports None, never zeros, otherwise)."""
+        return self.timed or not self._on_cuda
 
     def _add_time(self, key: str, start: float | None) -> None:
         """Add the seconds since ``start`` (a :meth:`_clock`) to ``timing[key]``; nothing when not timed."""

@@ -193,7 +193,7 @@ class JointRegionModels(RegionModels):
         if self.distributed:  # the one exchange of a step: C floats per ray and region
             sent = values.numel() * values.element_size()
             start = time.perf_counter()
-            marks = D.timing_event() if values.is_cuda else None  # on the device: the all-gather's span
+            marks = D.timing_event() if D.device_timed(values.device) else None  # on the device: the all-gather's span
             values = GatherSegments.apply(values)
             if marks is not None:  # NCCL: the current stream waited on the collective
                 self.exchange.setdefault("events", []).append((marks, D.timing_event()))

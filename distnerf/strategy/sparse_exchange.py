@@ -40,7 +40,7 @@ import math
 import torch
 
 from .. import dist as D
-from ..host_buffers import compact_nonzeros, static_nonzero_available  # noqa: F401 (also imported from here)
+from ..host_buffers import compact_nonzeros, static_nonzero_available, sync_free  # noqa: F401 (also imported from here)
 
 SPARSE_REVISIT = 50  # steps between two looks at a bucket found too dense for the sparse exchange
 
@@ -69,11 +69,13 @@ class SparseRule:
 
     def try_sparse(self, key: tuple[int, int], buffer: torch.Tensor) -> bool:
         """Whether to attempt the sparse exchange of bucket ``key`` now (every rank decides
-        the same: the rule depends only on call counts and on the counts all ranks exchanged)."""
+        the same: the rule depends only on call counts and on the counts all ranks exchanged). Never
+        where the code takes the sync-free paths (:func:`~distnerf.host_buffers.sync_free`: CUDA): the
+        counted exchange's sizes are a host read there, so the bucket goes dense."""
         call = self.calls.get(key, 0)
         self.calls[key] = call + 1
         return (self.mode == "counted" and self.sparse_min_numel is not None
-                and buffer.numel() >= self.sparse_min_numel and not buffer.is_cuda
+                and buffer.numel() >= self.sparse_min_numel and not sync_free(buffer.device)  # its count: a host read
                 and call >= self.dense_until.get(key, 0))
 
     def capacity(self, bucket, buffer: torch.Tensor, world_size: int, dense_value_bytes: int) -> int | None:

@@ -380,7 +380,7 @@ class SSStrategy(Strategy):
             return {}
         # on CUDA the host clock around an NCCL all-gather measures its launch only: named so; the
         # device's span comes from the CUDA events around it (resolved here, after the steps' syncs)
-        seconds_key = "exchange_launch_s" if self.env.device.type == "cuda" else "exchange_s"
+        seconds_key = "exchange_launch_s" if D.device_timed(self.env.device) else "exchange_s"
         out = {seconds_key: ex["seconds"], "exchange_bytes": ex["bytes"], "exchange_calls": ex["calls"]}
         events = ex.pop("events", None)
         if events:

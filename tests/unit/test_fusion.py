@@ -408,6 +408,7 @@ def test_fusion_synchronises_a_cuda_device_only_when_timing_is_asked(monkeypatch
     monkeypatch.setattr(FusedRenderer, "_on_cuda", property(lambda self: True))
     fused = fused_renderer(part, models, "segment", background=BG)
     fused.timed = timed
+    assert fused.keeps_timing is timed  # what evaluation reports (None where not kept)
     out = fused(rays)
     assert torch.equal(out["rgb"], reference["rgb"])
     if timed:
