@@ -41,6 +41,14 @@ budget marches from. At lego's final stage a ray needs about 10 samples, so 4096
 HEADROOM = 0.9  # the fraction of the slots the rule aims at: about 1 overflowed ray in 1e3 on lego (measured: 0)
 
 
+def auto_budget_on(device: torch.device | str) -> bool:
+    """Whether ``train.samples_per_step`` null means the static step on ``device``: CUDA, where a step's
+    host reads stall the device (the CPU keeps the dynamic step, faster there: bench/throughput/README.md,
+    "Which step the CPU takes"). The one place this choice is made (:func:`resolve_samples_per_step`,
+    :func:`static_by_default`)."""
+    return torch.device(device).type == "cuda"
+
+
 def resolve_samples_per_step(value: int | None, model, device: torch.device | None = None) -> int:
     """``train.samples_per_step`` as an int: ``value``, or for null (auto) :data:`AUTO_SAMPLES` where the
     training ``device`` (default: that of ``model``'s parameters) is CUDA and the static step covers
@@ -50,7 +58,7 @@ def resolve_samples_per_step(value: int | None, model, device: torch.device | No
     if device is None:
         param = next(model.parameters(), None)
         device = torch.device("cpu") if param is None else param.device
-    if torch.device(device).type != "cuda":
+    if not auto_budget_on(device):
         return 0
     try:
         check_static(model)
@@ -64,7 +72,7 @@ def static_by_default(cfg, device: torch.device | str) -> bool:
     budget (``train.samples_per_step`` null) before any model is built: CUDA, and the model's options covered
     (:func:`~distnerf.model.marched_static.static_problems`, the rule :func:`resolve_samples_per_step` applies
     to the built model; ``strategy=ss``'s region models are not covered)."""
-    if cfg.train.samples_per_step is not None or torch.device(device).type != "cuda":
+    if cfg.train.samples_per_step is not None or not auto_budget_on(device):
         return False
     m = cfg.model
     if m.name not in ("grid", "ngp"):  # the marched models (schema.MarchedModelConfig): the keys below are theirs

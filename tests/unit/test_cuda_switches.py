@@ -33,8 +33,8 @@ RAW = re.compile(r'type == "cuda"|\.is_cuda|type != "cuda"|cuda\.is_available\(\
 CEILING = {  # file under distnerf/: (raw device tests at most, what they are)
     "host_buffers.py": (1, "sync_free: the switch"),
     "sampler/__init__.py": (1, "auto_kind: the switch"),
-    "components/sample_budget.py": (3, "resolve_samples_per_step and static_by_default: the step path's rule; "
-                                       "SampleBudget._push: a pinned buffer and an event"),
+    "components/sample_budget.py": (2, "auto_budget_on: the step path's switch (resolve_samples_per_step, "
+                                       "static_by_default); SampleBudget._push: a pinned buffer and an event"),
     "components/step.py": (1, "records_graph: the switch"),
     "dist/collectives.py": (4, "device_timed: the switch; _checked, _gloo_cuda: the tensors a group takes"),
     "components/optim.py": (1, "Adam's capturable (CUDA only)"),
