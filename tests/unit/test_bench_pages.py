@@ -146,9 +146,6 @@ NUMBER = re.compile(rf"[+-]?(?:{_NUM})(?:-(?:{_NUM}))?")
 # pattern covering the figure in its line, why); page "*": every page. A page's figure is exempt when a match
 # of its pattern spans it.
 EXEMPT = [
-    ("README.md", r"2 min 23 s|6 s more", "re-measured by the lead (issue 60 item 6)"),  # the main job's time
-    ("README.md", r"~2\.8x|~16%|119\.5 s against 142\.8 s|2\.5-2\.7x",
-     "re-measured by the lead (issue 60 item 6)"),  # the num_threads row
     ("*", r"(?<![\d.])(?:31|62|62\.5|125|250|500) k\b|\b0\.25-4 M\b|(?<![\d.])1 M\b",
      "a study's parameter budget per rank (model.max_params, 31 k-1 M), a setting"),
     ("*", r"(?<![\d-])(?<!\d )(?:100|200|600|2000|3000|12 000) steps", "a run's or study's length (train.max_steps), a setting"),
