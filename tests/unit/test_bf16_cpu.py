@@ -14,6 +14,7 @@ from distnerf import dist as D
 from distnerf.host_buffers import sync_free_paths
 
 from bench.throughput import syncs as bench
+from tests.conftest import step_sse
 
 STATIC = ["model=grid", "model.color=mlp", "model.train_termination=false", "model.train_round_steps=0",
           "train.global_rays=128", "train.samples_per_step=32768", "model.sparse_grad=false"]
@@ -69,20 +70,7 @@ def _train(tmp_path, overrides: list[str], steps: int = STEPS, body_grads: bool 
             graphed._body = counted
         with sync_free_paths(True), Bf16Ops() as ops:  # the CUDA paths (dense tables, no host read) on the CPU
             while trainer.step < steps:
-                captured = {}
-                take = trainer.take_step
-
-                def spy():
-                    result = take()
-                    captured["sse"] = result[2].sse.detach().clone()
-                    return result
-
-                trainer.take_step = spy
-                try:
-                    bench.run_step(trainer)
-                finally:
-                    del trainer.take_step
-                losses.append(float(captured["sse"]))
+                losses.append(step_sse(trainer, bench.run_step))
         seen["bf16_ops"] = ops.names
         return losses, grads, seen
     finally:

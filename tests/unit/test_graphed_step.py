@@ -17,6 +17,7 @@ from distnerf.components.graphed_step import GraphedStep, check_graphable
 from distnerf.host_buffers import sync_free_paths
 
 from bench.throughput import syncs as bench
+from tests.conftest import step_sse
 
 STATIC = ["model=grid", "model.train_termination=false", "model.train_round_steps=0",
           ]
@@ -74,20 +75,7 @@ def _train(tmp_path, overrides, steps=STEPS, watch=False, device="cpu", never_re
                     syncs[at] = bench.counted_step(trainer)
                     losses.append(None)
                     continue
-                captured = {}
-                take = trainer.take_step
-
-                def spy():
-                    result = take()
-                    captured["sse"] = result[2].sse.detach().clone()
-                    return result
-
-                trainer.take_step = spy
-                try:
-                    bench.run_step(trainer)
-                finally:
-                    del trainer.take_step
-                losses.append(float(captured["sse"]))
+                losses.append(step_sse(trainer, bench.run_step))
         tables = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
         return losses, tables, reads, syncs, graphed
     finally:
