@@ -202,6 +202,8 @@ class CoreWatch:
             self._free_since = now if self._free_since is None else self._free_since
             if now - self._free_since >= self.restore_after_s:
                 want = self.threads
+        else:  # between the two bounds: neither taken away nor free yet
+            self._free_since = None
         if want == self.current:
             return None
         torch.set_num_threads(want)
