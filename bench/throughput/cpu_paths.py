@@ -103,25 +103,12 @@ def measure(label: str, data: str, ckpt: Path, warmup: int, steps: int, blocks: 
 def run_step_counted(trainer, run_step) -> tuple[float, float]:
     """One step; (rays the loss counted, samples marched) of that step (the static step's: its budget's report
     of the previous step, read a step late without a sync, so a block counts its steps shifted by one)."""
-    captured = {}
-    take = trainer.take_step
-
-    def spy():
-        result = take()
-        captured["out"], captured["agreed"] = result[1], result[3]
-        return result
-
-    trainer.take_step = spy
-    try:
-        run_step(trainer)
-    finally:
-        del trainer.take_step
+    _, out, _, agreed = run_step(trainer)
     budget = trainer.step_fn.budget_metrics()
     if trainer.step_fn.budget is not None:
         rays = budget.get("budget_counted_rays", 0.0)
         return rays, budget.get("budget_samples_per_ray", 0.0) * budget.get("budget_active_rays", 0.0)
-    out = captured["out"]
-    return float(captured["agreed"].mine.valid_rays), float(out.get("num_samples", 0))
+    return float(agreed.mine.valid_rays), float(out.get("num_samples", 0))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -76,9 +76,10 @@ def build_trainer(overrides: list[str], run_dir: Path, device: str = "cpu", comm
     return Trainer(cfg, build_strategy(cfg.strategy, env), run_dir), env
 
 
-def run_step(trainer, counter=None) -> None:
+def run_step(trainer, counter=None) -> tuple:
     """One step of ``Trainer.fit`` (without logging, validation, checkpoints) and the trainer's
-    ``between_steps`` hooks, counted by ``counter``."""
+    ``between_steps`` hooks, counted by ``counter``; what ``take_step`` returned (batch, outputs, error,
+    agreement)."""
     section = counter.section if counter is not None else (lambda name: contextlib.nullcontext())
     trainer.timer.begin_step()
     agree = trainer.agree
@@ -100,6 +101,7 @@ def run_step(trainer, counter=None) -> None:
                                   trainer.strategy.step_comm())
     for hook in trainer.between_steps:  # as fit: after the step, outside its time
         hook()
+    return batch, out, error, agreed
 
 
 def label_phases(trainer, counter) -> None:
