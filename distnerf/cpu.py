@@ -43,27 +43,30 @@ FREE_CORES_SLACK = 0.5
 """Busy cores of other processes (beyond one per sibling rank starting beside this one) that still count as free."""
 
 
+def _cpu_ticks(stat: Path = Path("/proc/stat")) -> tuple[int, int] | None:
+    """(all, idle) ticks of the machine's CPUs so far, from ``/proc/stat``'s ``cpu`` line (iowait counted
+    idle); None where unreadable (not Linux)."""
+    try:
+        fields = stat.read_text().split("\n", 1)[0].split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu":
+        return None
+    ticks = [int(x) for x in fields[1:]]
+    return sum(ticks), ticks[3] + (ticks[4] if len(ticks) > 4 else 0)
+
+
 def busy_cores(interval_s: float = 0.1, stat: Path = Path("/proc/stat")) -> float | None:
     """Cores the machine's processes kept busy over the next ``interval_s`` seconds (this process sleeps
     meanwhile, so they are the others'): ``(1 - idle share) x online CPUs`` from two reads of
     ``/proc/stat``'s ``cpu`` line (idle and iowait counted idle). None where unreadable (not Linux)."""
     import time
 
-    def read() -> tuple[int, int] | None:
-        try:
-            fields = stat.read_text().split("\n", 1)[0].split()
-        except OSError:
-            return None
-        if not fields or fields[0] != "cpu":
-            return None
-        ticks = [int(x) for x in fields[1:]]
-        return sum(ticks), ticks[3] + (ticks[4] if len(ticks) > 4 else 0)
-
-    first = read()
+    first = _cpu_ticks(stat)
     if first is None:
         return None
     time.sleep(interval_s)
-    second = read()
+    second = _cpu_ticks(stat)
     total, idle = second[0] - first[0], second[1] - first[1]
     if total <= 0:
         return None
@@ -167,12 +170,10 @@ class CoreWatch:
     def _sample(self, now: float) -> tuple[int, int, int] | None:
         if now - self._scanned >= self.rescan_s:
             self._tree, self._scanned = process_tree(self.root), now
-        try:
-            fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
-        except OSError:
+        ticks = _cpu_ticks()
+        if ticks is None:
             return None
-        ticks = [int(x) for x in fields[1:]]
-        return sum(ticks), sum(ticks) - ticks[3] - (ticks[4] if len(ticks) > 4 else 0), _tree_ticks(self._tree)
+        return ticks[0], ticks[0] - ticks[1], _tree_ticks(self._tree)
 
     def poll(self, now: float | None = None) -> int | None:
         """Between steps: the new thread count when it changed (already set), else None."""
