@@ -22,6 +22,7 @@ it loads).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -174,6 +175,14 @@ class CoreWatch:
         if ticks is None:
             return None
         return ticks[0], ticks[0] - ticks[1], _tree_ticks(self._tree)
+
+    @contextlib.contextmanager
+    def phase_hook(self, name: str):
+        """A trainer phase hook (``Trainer.phase_hooks``): :meth:`poll` when the ``after_step`` phase ends (between
+        steps, outside the step's time, in the loop's thread)."""
+        yield
+        if name == "after_step":
+            self.poll()
 
     def poll(self, now: float | None = None) -> int | None:
         """Between steps: the new thread count when it changed (already set), else None."""

@@ -87,7 +87,7 @@ def run(cfg: DictConfig) -> dict:
         trainer = Trainer(cfg, strategy, run_dir, stop=stop)
         if WAIT == "spin" and threads.source == "cores / local ranks" and not cfg.train.deterministic:
             # spinning threads beside a process that arrives later: fewer threads while it shares the cores
-            trainer.between_steps.append(cpu.CoreWatch(threads.threads, D.torchrun_agent_pid() or os.getpid()).poll)
+            trainer.phase_hooks.append(cpu.CoreWatch(threads.threads, D.torchrun_agent_pid() or os.getpid()).phase_hook)
         D.end_setup(env, cfg.dist_setup_timeout_s, cfg.dist_timeout_s)  # names late ranks; then the step timeout
         beacon.watch(trainer.activity)
         result = trainer.fit()

@@ -50,7 +50,7 @@ ROW_CAP_S = {"eager": 45, "graph": 60, "compiled": 120, "graphed": 120}
 MIN_ROW_S = 15
 """A row is started only with at least this many seconds of the section left."""
 COMMON = ["train.ckpt_every=-1", "eval.enabled=false", "train.progress=false", "logger.wandb.mode=disabled",
-          "profiler.telemetry=false", "train.max_steps=100000", "train.global_rays=null"]
+          "profiler.telemetry=false", "train.max_steps=100000", "train.global_rays=null", "train.log_every=1000000"]
 
 
 def row_name(mode: str, log2_slots: int, bf16: bool) -> str:
@@ -95,17 +95,17 @@ def measure(mode: str, log2_slots: int, bf16: bool, device: str, data: list[str]
             run_step(trainer)
         sync()
         warm = time.perf_counter() - t0
-        budget = trainer.step_fn.budget
+        budget = trainer.train_step.budget
         rays = samples = 0
         t0 = time.perf_counter()
         for _ in range(steps):
             run_step(trainer)
-            m = trainer.step_fn.budget_metrics()  # the previous step's (a host buffer, a step late)
+            m = trainer.train_step.budget_metrics()  # the previous step's (a host buffer, a step late)
             rays += m.get("budget_counted_rays", 0)  # rendered whole (overflowed rays wait for a later step)
             samples += min(m.get("budget_samples_per_ray", 0) * m.get("budget_active_rays", 0), budget.capacity)
         sync()
         seconds = time.perf_counter() - t0
-        metrics = trainer.step_fn.budget_metrics()
+        metrics = trainer.train_step.budget_metrics()
         return {"status": "ok", "mode": mode, "samples_per_step": 1 << log2_slots, "bf16": bf16,
                 "overrides": cfg, "warmup_steps": warmup, "warmup_s": round(warm, 2), "steps": steps,
                 "step_ms": round(1e3 * seconds / steps, 3), "rays_per_s": rays / seconds if rays else None,

@@ -65,7 +65,7 @@ from pathlib import Path
 from bench.common import ROOT, default_out, load_average, start_meta, write_result
 
 OVERRIDES = ["logger.wandb.mode=disabled", "profiler.telemetry=false", "train.max_steps=100000",
-             "train.ckpt_every=-1", "eval.enabled=false", "train.progress=false"]
+             "train.ckpt_every=-1", "eval.enabled=false", "train.progress=false", "train.log_every=100000"]
 VARIANTS = {
     "default": ({}, []),
     "passive": ({"OMP_WAIT_POLICY": "PASSIVE"}, []),
@@ -114,7 +114,7 @@ def _trainer(variant: str, run_dir: Path, resume: bool):
     trainer = Trainer(cfg, build_strategy(cfg.strategy, env), run_dir)
     if choice == "spin":  # as distnerf/train.py: fewer threads while another process shares the cores
         watch = cpu.CoreWatch(torch.get_num_threads(), os.getpid())
-        trainer.between_steps.append(watch.poll)
+        trainer.phase_hooks.append(watch.phase_hook)
     runs["core_watch"] = choice == "spin"
     return trainer, runs
 

@@ -51,7 +51,7 @@ def fill_at(run_dir: Path, rays: int, samples: int, steps: int) -> dict:
         overrides = ["dataset=blender", f"dataset.root={saved.dataset.root}", f"run_dir={scratch}", "resume=true",
                      f"train.rays_per_rank={rays}", f"train.samples_per_step={samples}",
                      "eval.enabled=false", "train.progress=false", "train.ckpt_every=-1", "logger.wandb.mode=disabled",
-                     "profiler.telemetry=false", "train.max_steps=1000000"]
+                     "profiler.telemetry=false", "train.max_steps=1000000", "train.log_every=1000000"]
         with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
             cfg = validate(compose("train", overrides=overrides))
         env = D.init_distributed("cpu", timeout_s=cfg.dist_timeout_s, setup_timeout_s=cfg.dist_setup_timeout_s)
@@ -63,7 +63,7 @@ def fill_at(run_dir: Path, rays: int, samples: int, steps: int) -> dict:
             with sync_free_paths(True):
                 for _ in range(steps):
                     run_step(trainer)
-                    figures.append(trainer.step_fn.budget_metrics())
+                    figures.append(trainer.train_step.budget_metrics())
             figures = [f for f in figures if f]  # the first step has nothing to report yet
             fill = [f["budget_fill"] for f in figures]
             return {"rays_per_rank": rays, "samples_per_step": samples, "resumed_step": resumed,

@@ -9,11 +9,12 @@ First a trained state: ``python -m distnerf.train`` with the README's lego setti
 (the grid reaches its final 160^3 stage at step 600 and the occupancy grid prunes), one checkpoint at the end;
 or ``--from`` an existing checkpoint directory of the same model. Then, for each path of :data:`PATHS`, one
 process builds the real :class:`~distnerf.engine.trainer.Trainer` at that stage (``model.resolutions=[160]
-model.upsample_steps=[]``: no upsampling while timed), loads the checkpoint's model (parameters, occupancy grid,
-box) before its step and optimizer are built (fresh Adam state: the same work a step), runs ``--warmup`` steps
+model.upsample_steps=[]``: no upsampling while timed), starts from the checkpoint's model (``Trainer.start_from``:
+parameters, occupancy grid, box; its step and optimizer built again over them, fresh Adam state: the same work a
+step), runs ``--warmup`` steps
 (torch.compile compiles there; its seconds reported) and times ``--blocks`` blocks of ``--steps`` steps of
 ``Trainer.fit``'s step (the sampler, the step, the occupancy refresh every 8 steps; no logging, evaluation or
-checkpoints). Figures per path: the median block's milliseconds per step and rays/s (rays the loss counted: the
+checkpoints: ``Trainer.step_once``). Figures per path: the median block's milliseconds per step and rays/s (rays the loss counted: the
 batch's valid rays on the dynamic step, the sample budget's counted rays on the static one), samples per ray.
 
 Paths: the dynamic step (the CPU default: packed samples, sparse colour-row gradients and lazy Adam), the same
@@ -45,7 +46,7 @@ PATHS = {  # label -> overrides beyond the README's lego line
     "dynamic, compiled (inductor)": ["model.compile=true"],
 }
 COMMON = ["train.ckpt_every=-1", "eval.enabled=false", "train.progress=false", "logger.wandb.mode=disabled",
-          "profiler.telemetry=false", "train.max_steps=1000000"]
+          "profiler.telemetry=false", "train.max_steps=1000000", "train.log_every=1000000"]
 
 
 def warm_checkpoint(data: str, steps: int, run_dir: Path) -> Path:
@@ -63,19 +64,14 @@ def measure(label: str, data: str, ckpt: Path, warmup: int, steps: int, blocks: 
 
     from bench.throughput.syncs import build_trainer, run_step
     from distnerf import dist as D
-    from distnerf.components.step import TrainStep
 
     torch.manual_seed(0)
     cfg = ["dataset=blender", f"dataset.root={data}", "device=cpu", "model.resolutions=[160]",
            "model.upsample_steps=[]", *PATHS[label]]
     trainer, env = build_trainer(cfg, run_dir, device="cpu", common=COMMON)
     try:
-        state = trainer.strategy.load_model_state(ckpt, trainer.model)
-        trainer.step = int(state["step"])  # the schedule (learning rate, refresh cadence) where the state was
-        model_cfg = trainer.cfg.model  # the optimizer and the sample budget of the loaded tables
-        trainer.step_fn = TrainStep(trainer.model, trainer.cfg.train, phase=trainer.step_fn.phase,
-                                    compile_mode=model_cfg.compile_mode, compile_static=bool(model_cfg.compile))
-        trainer.wrapped = trainer.strategy.wrap(trainer.model)
+        # the checkpoint's model, then its step and optimizer built over the loaded tables (fresh Adam state)
+        from_step = trainer.start_from(ckpt)
         t0 = time.perf_counter()
         for _ in range(warmup):
             run_step(trainer)
@@ -94,7 +90,7 @@ def measure(label: str, data: str, ckpt: Path, warmup: int, steps: int, blocks: 
         mid = sorted(runs, key=lambda r: r["step_ms"])[len(runs) // 2]
         return {"overrides": cfg, "warmup_steps": warmup, "warmup_s": round(warm_s, 2), "steps": steps,
                 "runs": runs, "step_ms_median": mid["step_ms"], "rays_per_s_median": mid["rays_per_s"],
-                "samples_per_ray": mid["samples_per_ray"], "from_step": int(state["step"])}
+                "samples_per_ray": mid["samples_per_ray"], "from_step": from_step}
     finally:
         trainer.close()
         D.shutdown(env)
@@ -103,12 +99,12 @@ def measure(label: str, data: str, ckpt: Path, warmup: int, steps: int, blocks: 
 def run_step_counted(trainer, run_step) -> tuple[float, float]:
     """One step; (rays the loss counted, samples marched) of that step (the static step's: its budget's report
     of the previous step, read a step late without a sync, so a block counts its steps shifted by one)."""
-    _, out, _, agreed = run_step(trainer)
-    budget = trainer.step_fn.budget_metrics()
-    if trainer.step_fn.budget is not None:
+    result = run_step(trainer)
+    budget = trainer.train_step.budget_metrics()
+    if trainer.train_step.budget is not None:
         rays = budget.get("budget_counted_rays", 0.0)
         return rays, budget.get("budget_samples_per_ray", 0.0) * budget.get("budget_active_rays", 0.0)
-    return float(agreed.mine.valid_rays), float(out.get("num_samples", 0))
+    return float(result.agreed.mine.valid_rays), float(result.out.get("num_samples", 0))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,6 +22,7 @@ checkout's file (older trees have none). Results go to ``bench/throughput/result
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -53,7 +54,7 @@ def config_overrides(name: str, lego: str | None) -> list[str]:
         raise FileNotFoundError(f"configuration {name}: no lego scene at {lego} (no transforms_train.json)")
     return [o.replace("LEGO", str(lego)) for o in overrides]
 COMMON = ["experiment=smoke", "sampler=sync", "train.ckpt_every=-1", "eval.enabled=false", "train.progress=false",
-          "logger.wandb.mode=disabled", "profiler.telemetry=false", "train.max_steps=100000"]
+          "logger.wandb.mode=disabled", "profiler.telemetry=false", "train.max_steps=100000", "train.log_every=100000"]
 WARMUP = 17
 
 
@@ -76,8 +77,6 @@ def count(name: str, overrides: list[str], cuda_paths: bool, root: Path, device:
     from distnerf.host_buffers import sync_free_paths
     from distnerf.strategy import build_strategy
 
-    from bench.throughput.syncs import label_phases
-
     ops_module = _counter_module()
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -94,7 +93,10 @@ def count(name: str, overrides: list[str], cuda_paths: bool, root: Path, device:
                                               env), Path(tmp) / "run")
         counter = ops_module.OpCounter()
 
-        def step(counted: bool) -> None:
+        def step() -> None:
+            if hasattr(trainer, "step_once"):  # the public step (issue 63): fit's body
+                trainer.step_once()
+                return
             trainer.timer.begin_step()
             if hasattr(trainer, "take_step"):  # since the step agreement moved after the update (issue 50)
                 batch, out, error, agreed = trainer.take_step()
@@ -109,17 +111,41 @@ def count(name: str, overrides: list[str], cuda_paths: bool, root: Path, device:
 
         try:
             while trainer.step < WARMUP:
-                step(False)
-            label_phases(trainer, counter)  # every timed phase labels the operators inside it
-            with counter:
-                step(True)
-            del trainer.timer.phase
+                step()
+            with labelled_phases(trainer, counter), counter:  # every phase labels the operators inside it
+                step()
         finally:
             trainer.close()
             D.shutdown(env)
     summary = counter.summary()
     print(f"{name:18s} {summary['total']:4d} operators  {summary['by_section']}", flush=True)
     return {"overrides": [*COMMON, *overrides], "step": WARMUP, **summary}
+
+
+@contextlib.contextmanager
+def labelled_phases(trainer, counter):
+    """Inside: every phase of the trainer's step is a section of ``counter`` (an OpCounter): through the public
+    phase hooks (``Trainer.phase_hooks``), or, on a trainer from before them, its timer's ``phase`` wrapped."""
+    if hasattr(trainer, "phase_hooks"):
+        trainer.phase_hooks.append(counter.section)
+        try:
+            yield
+        finally:
+            trainer.phase_hooks.remove(counter.section)
+        return
+    timer_phase = trainer.timer.phase
+
+    def phase(name):
+        stack = contextlib.ExitStack()
+        stack.enter_context(timer_phase(name))
+        stack.enter_context(counter.section(name))
+        return stack
+
+    trainer.timer.phase = phase
+    try:
+        yield
+    finally:
+        del trainer.timer.phase
 
 
 def worker(args) -> None:

@@ -6,18 +6,19 @@
 For each configuration (``grid``, ``ngp``, ``nerf``, ``ss_independent``: ``strategy=ss
 strategy.num_regions=2``, ``ss_joint``: the same with ``strategy.training=joint``; all
 ``experiment=smoke`` on the built-in scene, one process, ``sampler=sync``) the real
-:class:`~distnerf.engine.trainer.Trainer` runs ``--step`` steps exactly as
-``Trainer.fit`` does (no logging, evaluation or checkpoints), so the occupancy grids
-exist and the smoke grid is past its upsampling (step 10), then one more step
-under a :class:`~distnerf.observe.syncs.SyncCounter`: ``Trainer.take_step`` (input, model
-update, forward and loss; ``agree``: the trainer's flags and the step's all-reduce launched;
-backward, regulariser, optimizer; ``step_sync``: the all-reduce read) and ``profiler.end_step``. For the
-marched models the next occupancy-refresh step is counted too (``refresh_step``).
+:class:`~distnerf.engine.trainer.Trainer` runs ``--step`` steps of ``Trainer.step_once`` (``fit``'s
+body; evaluation and checkpoints off), so the occupancy grids exist and the smoke grid is past its
+upsampling (step 10), then one more step under a :class:`~distnerf.observe.syncs.SyncCounter`:
+``Trainer.step_once`` (input, model update, forward and loss; ``agree``: the trainer's flags and the
+step's all-reduce launched; backward, regulariser, optimizer; ``step_sync``: the all-reduce read;
+``end_step``: the profiler's; ``after_step``: the loop's work between steps, a metrics row every
+``train.log_every`` steps). For the marched models the next occupancy-refresh step is counted too
+(``refresh_step``).
 
-Every event is labelled with the step's phase (``input_wait`` ... ``optimizer``, and
-``agree`` / ``end_step`` for the trainer's own reads). Per counted step the JSON holds:
+Every event is labelled with the step's phase: the counter's ``section`` is a trainer phase hook
+(``Trainer.phase_hooks``, :data:`distnerf.engine.phases.PHASES`). Per counted step the JSON holds:
 ``total``; ``model`` (``model_update``, ``forward``, ``backward``, ``regularizer``,
-``optimizer``); ``trainer`` (``agree``, ``step_sync``, ``end_step``); ``input``
+``optimizer``); ``trainer`` (``agree``, ``step_sync``, ``end_step``, ``after_step``); ``input``
 (``input_wait``, ``copy``: ``sampler=sync`` builds batches on the host, so these are no
 device syncs on CUDA); and ``by_op``, ``by_location``, ``by_section``, ``events``.
 
@@ -31,7 +32,6 @@ in the file are kept), each label with its own meta block (command, date, commit
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 import tempfile
@@ -52,83 +52,42 @@ CONFIGS = {
     "grid_160": ["model=grid", "model.resolutions=[160]", "model.upsample_steps=[]"],
 }
 COMMON = ["experiment=smoke", "sampler=sync", "train.ckpt_every=-1", "eval.enabled=false", "train.progress=false",
-          "logger.wandb.mode=disabled", "profiler.telemetry=false", "train.max_steps=100000"]
+          "logger.wandb.mode=disabled", "profiler.telemetry=false", "train.max_steps=100000",
+          "train.log_every=100000"]
 MODEL = ("model_update", "graph", "forward", "backward", "regularizer", "optimizer")
-TRAINER = ("agree", "step_sync", "end_step")
+TRAINER = ("agree", "step_sync", "end_step", "after_step")
 INPUT = ("input_wait", "copy")
 
 
 def build_trainer(overrides: list[str], run_dir: Path, device: str = "cpu", common: list[str] | None = None):
-    """The real Trainer of one process on ``device`` (as ``tests/dist/workers.py::trainer_worker``); ``common``:
-    the overrides before ``overrides`` (default :data:`COMMON`)."""
-    from hydra import compose, initialize_config_dir
+    """The real Trainer of one process on ``device`` (:func:`distnerf.engine.local_trainer.build_trainer`);
+    ``common``: the overrides before ``overrides`` (default :data:`COMMON`). Returns ``(trainer, env)``."""
+    from distnerf.engine.local_trainer import build_trainer as build
 
-    from distnerf import dist as D
-    from distnerf.config_check import validate
-    from distnerf.engine.trainer import Trainer
-    from distnerf.strategy import build_strategy
-
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = validate(compose("train", overrides=[*(COMMON if common is None else common), *overrides,
-                                                   f"run_dir={run_dir}"]))
-    run_dir.mkdir(parents=True, exist_ok=True)
-    env = D.init_distributed(device, timeout_s=cfg.dist_timeout_s, setup_timeout_s=cfg.dist_setup_timeout_s)
-    return Trainer(cfg, build_strategy(cfg.strategy, env), run_dir), env
+    return build([*(COMMON if common is None else common), *overrides], run_dir, device)
 
 
-def run_step(trainer, counter=None) -> tuple:
-    """One step of ``Trainer.fit`` (without logging, validation, checkpoints) and the trainer's
-    ``between_steps`` hooks, counted by ``counter``; what ``take_step`` returned (batch, outputs, error,
-    agreement)."""
-    section = counter.section if counter is not None else (lambda name: contextlib.nullcontext())
-    trainer.timer.begin_step()
-    agree = trainer.agree
-
-    def labelled(*args):  # the trainer's own reads of the step, in their section
-        with section("agree"):
-            return agree(*args)
-
-    trainer.agree = labelled
-    try:
-        batch, out, error, agreed = trainer.take_step()
-    finally:
-        del trainer.agree
-    total = agreed.total
-    assert not (total.nonfinite or total.over_budget or total.signal), total
-    trainer.step += 1
-    with section("end_step"):
-        trainer.profiler.end_step(trainer.step - 1, agreed.mine.valid_rays, out.get("num_samples", 0),
-                                  trainer.strategy.step_comm())
-    for hook in trainer.between_steps:  # as fit: after the step, outside its time
-        hook()
-    return batch, out, error, agreed
-
-
-def label_phases(trainer, counter) -> None:
-    """Make every timed phase of the trainer's step (``trainer.timer.phase``) also a section of ``counter``
-    (a SyncCounter or an OpCounter); ``del trainer.timer.phase`` undoes it."""
-    timer_phase = trainer.timer.phase
-
-    def phase(name):
-        stack = contextlib.ExitStack()
-        stack.enter_context(timer_phase(name))
-        stack.enter_context(counter.section(name))
-        return stack
-
-    trainer.timer.phase = phase
+def run_step(trainer):
+    """One step of ``Trainer.fit`` (:meth:`~distnerf.engine.trainer.Trainer.step_once`); its
+    :class:`~distnerf.engine.phases.StepResult`. Raises AssertionError where the step asks the loop to stop."""
+    result = trainer.step_once()
+    assert result.stop is None, result
+    return result
 
 
 def counted_step(trainer) -> dict:
+    """One step under a :class:`~distnerf.observe.syncs.SyncCounter`, every event labelled with the trainer's phase
+    (the counter's ``section`` as a phase hook: :meth:`~distnerf.engine.trainer.Trainer.phase`)."""
     from distnerf.observe.syncs import SyncCounter
 
     counter = SyncCounter()
-    label_phases(trainer, counter)
     step = trainer.step
+    trainer.phase_hooks.append(counter.section)
     try:
         with counter:
-            run_step(trainer, counter)
+            run_step(trainer)
     finally:
-        del trainer.timer.phase
+        trainer.phase_hooks.remove(counter.section)
     res = counter.summary()
     sections = res["by_section"]
     res = {"step": step, "total": res["total"],

@@ -47,12 +47,12 @@ from .step import bf16_autocast, records_graph
 log = logging.getLogger("distnerf")
 
 
-def check_graphable(step, world_size: int, compiled: bool) -> None:
-    """Raise ValueError naming what stops ``train.cuda_graph=true``: no static step (``step.budget`` None:
-    ``train.samples_per_step`` 0, or a model the static step does not cover), more than one process, or
-    ``model.compile=true``."""
+def check_graphable(static: bool, world_size: int, compiled: bool) -> None:
+    """Raise ValueError naming what stops ``train.cuda_graph=true``: no static step (``static`` False:
+    ``train.samples_per_step`` 0, or null off CUDA), more than one process, or ``model.compile=true``. Called by
+    :func:`~.step_path.build_step`, at build time."""
     problems = []
-    if step.budget is None:
+    if not static:
         problems.append("the static step (train.samples_per_step > 0, or null on CUDA, with a grid or ngp model "
                         "the static step covers)")
     if world_size > 1:
@@ -89,7 +89,7 @@ class GraphedStep:
     """
 
     def __init__(self, step, warmup: int = 3, probe_every: int = 100):
-        check_graphable(step, world_size=1, compiled=False)
+        check_graphable(step.budget is not None, world_size=1, compiled=False)
         self.step, self.warmup, self.probe_every = step, int(warmup), int(probe_every)
         self.graph = None
         self.captures = self.replays = self.eager_steps = self.probes = 0
@@ -103,6 +103,25 @@ class GraphedStep:
     @property
     def model(self):
         return self.step.model
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self.step.optimizer
+
+    @property
+    def budget(self):
+        return self.step.budget
+
+    @property
+    def phase(self):
+        return self.step.phase
+
+    def prepare(self, step: int, budget_fraction: float | None = None) -> bool:
+        """The eager step's :meth:`~.step.TrainStep.prepare` (a replaced table re-keys the graph at the next step)."""
+        return self.step.prepare(step, budget_fraction)
+
+    def budget_metrics(self) -> dict[str, float]:
+        return self.step.budget_metrics()
 
     @property
     def captured(self) -> bool:
@@ -155,7 +174,28 @@ class GraphedStep:
             self._warm += 1
         self.eager_steps += 1
 
-    def run(self, batch, divisor) -> tuple[RenderOutput, RayError]:
+    def run(self, module: torch.nn.Module, batch, step: int, normalizer, agree, after_backward) -> tuple:
+        """One whole step (:meth:`~.step.TrainStep.run`'s interface): ``batch`` copied into the buffers
+        (:meth:`inputs`), then a replay (:meth:`replay`, the ``graph`` phase) or, for a warm-up or probe step
+        (:meth:`eager_now`), the eager forward and update on the buffers; ``agree(batch, sse)`` after the update
+        (one process: nothing waits on it). ``after_backward`` is not called: one process, an exact divisor
+        (:func:`check_graphable`), nothing to correct. Returns (the buffers' batch, outputs, their
+        :class:`~.loss.RayError`, what ``agree`` returned): tensors the next replay rewrites."""
+        batch = self.inputs(batch)  # the graph's fixed buffers (a new grid stage: new ones)
+        norm = normalizer(batch)
+        assert norm.exact, "one process (check_graphable): the loss divisor needs no correction after the backward"
+        if not self.eager_now(step):
+            with self.step.phase("graph"):
+                out, error = self.replay(batch, norm.divisor)
+        else:
+            with self.warmup_stream(batch.rgb.device):  # a warm-up or probe step: eager, on the buffers
+                with self.step.phase("forward"):
+                    out, error = self.step.forward(module, batch)
+                self.step.update(error.sse / norm.divisor)
+            self.after_eager()
+        return batch, out, error, agree(batch, error.sse)
+
+    def replay(self, batch, divisor) -> tuple[RenderOutput, RayError]:
         """One whole step of ``batch`` (the buffers :meth:`inputs` returned): draws, then the graph's replay
         (recorded first when there is none; on the CPU the body itself). ``divisor``: the loss divisor (a host
         number or a 0-dim device tensor). Returns the step's outputs: tensors the next replay rewrites."""
@@ -248,7 +288,7 @@ class GraphedStep:
                  self.captures, len(batch.rays), self.step.budget.capacity)
 
     def metrics(self) -> dict[str, float]:
-        """Counts for the logs: ``graph_captures``, ``graph_replays``, ``graph_eager_steps`` (warm-up and probe
-        steps), ``graph_probes``."""
-        return {"graph_captures": float(self.captures), "graph_replays": float(self.replays),
+        """Figures for the logs: the step's (:meth:`~.step.TrainStep.metrics`) and the graph's counts:
+        ``graph_captures``, ``graph_replays``, ``graph_eager_steps`` (warm-up and probe steps), ``graph_probes``."""
+        return {**self.step.metrics(), "graph_captures": float(self.captures), "graph_replays": float(self.replays),
                 "graph_eager_steps": float(self.eager_steps), "graph_probes": float(self.probes)}

@@ -24,7 +24,7 @@ from ..schema import TrainLoopConfig
 from .loss import RayError, ray_error
 from .optim import build_optimizer, rebuild_optimizer, set_lr
 from .regularizer import add_regularizer_grads_
-from .sample_budget import SampleBudget, resolve_samples_per_step
+from .sample_budget import SampleBudget
 from .schedule import Clock, budgeted, stage_step
 
 Phase = Callable[[str], ContextManager]
@@ -54,46 +54,35 @@ def bf16_autocast(enabled: bool, device: torch.device, cache_enabled: bool = Tru
 
 
 class TrainStep:
-    """The optimizer of ``model`` and the step that updates it.
+    """The eager training step of ``model``: its optimizer, the forward and the update; the dynamic step
+    (``budget`` None: packed samples, sizes read on the host) or the static one (a :class:`SampleBudget`: P fixed
+    sample slots). Built by :func:`~.step_path.build_step`, which chooses the path once.
 
     Args:
         model: the (unwrapped) radiance model; its ``param_groups`` give the optimizer groups.
         optim_cfg: ``train`` config: ``lr``, the schedule (``decay``, ``decay_steps``, ``warmup_steps``,
-            ``max_minutes``, ``schedule_steps``: :mod:`.schedule`), ``eps``, ``fused`` (:mod:`.optim`), ``bf16``
-            and ``samples_per_step`` (> 0, or null on CUDA: the static step, :mod:`.sample_budget`).
-        phase: ``phase(name)`` context manager timing ``backward``, ``regularizer`` and
-            ``optimizer`` (the trainer's step breakdown); default: no timing.
-        compile_static, compile_mode: ``model.compile`` and ``model.compile_mode`` for the static step:
-            its render is compiled with ``fullgraph=True`` (the trainer compiles the dynamic step's model),
-            and the optimizer's step is compiled on its own (its learning rates 0-dim tensors changed in
-            place, :func:`.optim.build_optimizer`, so the schedule recompiles nothing; one compilation per
-            grid stage, whose new tables rebuild the optimizer). ``compile_mode="reduce-overhead"`` replays
-            both compiled parts as CUDA graphs on a GPU.
-        compile_backend: torch.compile's backend for both (``inductor``; the tests' ``aot_eager``).
-        cuda_graph: ``train.cuda_graph``: the static step is replayed as a CUDA graph
-            (:class:`~.graphed_step.GraphedStep`, which the trainer builds over this step): the optimizer's
-            learning rates are then 0-dim tensors on the device and Adam is ``capturable``.
-    Raises:
-        ValueError: ``samples_per_step`` > 0 with a model the static step does not cover.
+            ``max_minutes``, ``schedule_steps``: :mod:`.schedule`), ``eps``, ``fused`` (:mod:`.optim`) and
+            ``bf16`` (``samples_per_step`` is read by the builder, not here).
+        phase: ``phase(name)`` context manager around ``forward``, ``backward``, ``regularizer`` and
+            ``optimizer`` (the trainer's step breakdown and its phase hooks); default: nothing.
+        budget: the static step's sample budget (:mod:`.sample_budget`), or None: the dynamic step.
+        compile_optimizer: the optimizer's step compiled on its own (``model.compile`` on the static step: its
+            learning rates 0-dim tensors changed in place, :func:`.optim.build_optimizer`, so the schedule
+            recompiles nothing; one compilation per grid stage, whose new tables rebuild the optimizer).
+        tensor_lr: the learning rates as 0-dim tensors on the device (a compiled optimizer, or a step recorded as
+            a CUDA graph, whose Adam is then ``capturable``).
+        compile_mode, compile_backend: ``model.compile_mode`` and torch.compile's backend for the optimizer
+            (``inductor``; the tests' ``aot_eager``).
     """
 
-    def __init__(self, model: RadianceModel, optim_cfg, phase: Phase = no_phase, compile_mode: str | None = None,
-                 compile_static: bool = False, compile_backend: str = "inductor", cuda_graph: bool = False):
-        self.model, self.cfg, self.phase = model, section(TrainLoopConfig, optim_cfg), phase
-        self.budget = None  # train.samples_per_step > 0: the static step's sample budget (.sample_budget)
-        samples = resolve_samples_per_step(self.cfg.samples_per_step, model)
-        self.compiled_optimizer = samples > 0 and compile_static  # model.compile on the static step
-        # lr tensors for a step that is recorded: compiled, or a CUDA graph (on the CPU the graph's body runs
-        # uncaptured and reads the floats: the CPU's Adam cannot be capturable, a tensor lr would be read there)
-        graphs = any(records_graph(p.device) for p in model.parameters())
-        self.tensor_lr = self.compiled_optimizer or (samples > 0 and cuda_graph and graphs)
+    def __init__(self, model: RadianceModel, optim_cfg, phase: Phase = no_phase, budget: SampleBudget | None = None,
+                 compile_optimizer: bool = False, tensor_lr: bool = False, compile_mode: str | None = None,
+                 compile_backend: str = "inductor"):
+        self.model, self.cfg, self.phase, self.budget = model, section(TrainLoopConfig, optim_cfg), phase, budget
+        self.compiled_optimizer, self.tensor_lr = bool(compile_optimizer), bool(tensor_lr or compile_optimizer)
         self._compile = (compile_mode, compile_backend)
         self.optimizer = build_optimizer(model, optim_cfg, tensor_lr=self.tensor_lr)
         self._optimizer_step = self._compiled_step()
-        if samples > 0:
-            self.budget = model.sample_budget = SampleBudget(model, samples)
-            if compile_static:  # model.compile: the static render, fullgraph
-                self.budget.compile(compile_mode, compile_backend)
 
     def _compiled_step(self):
         """The optimizer's ``step`` compiled on its own where the static step is compiled (the class docstring),
@@ -106,6 +95,13 @@ class TrainStep:
     def budget_metrics(self) -> dict[str, float]:
         """The sample budget's figures of the previous step (:meth:`SampleBudget.metrics`), or {}."""
         return {} if self.budget is None else self.budget.metrics()
+
+    def metrics(self) -> dict[str, float]:
+        """The step's figures for the logs: :meth:`budget_metrics`."""
+        return self.budget_metrics()
+
+    def release(self) -> None:
+        """Nothing to release (the graphed step's counterpart drops its recorded graph)."""
 
     def prepare(self, step: int, budget_fraction: float | None = None) -> bool:
         """Model schedule (grid upsampling, occupancy refresh) and learning rate of ``step``
@@ -139,6 +135,27 @@ class TrainStep:
         with bf16_autocast(self.cfg.bf16, device):
             out = module(batch.rays, generator)
         return out, ray_error(out, batch.rgb, batch.valid)
+
+    def run(self, module: torch.nn.Module, batch, step: int, normalizer: Callable, agree: Callable,
+            after_backward: Callable) -> tuple:
+        """One whole step of ``batch`` (the interface :class:`~.graphed_step.GraphedStep` shares): :meth:`forward`,
+        ``agree(batch, sse)`` (the trainer launches its step agreement: no host wait before the backward), the
+        summed error divided by ``normalizer(batch)``'s divisor (a
+        :class:`~distnerf.strategy.base.LossNormalizer`), :meth:`update` with ``after_backward(norm)``.
+
+        Args:
+            module: the model or its strategy wrapper; batch: a sampler batch (:meth:`forward`);
+            step: the step's index (unused here: the graphed step's warm-up and probes).
+        Returns:
+            (the batch the step ran on, the model's outputs, their :class:`~.loss.RayError`, what ``agree``
+            returned).
+        """
+        with self.phase("forward"):
+            out, error = self.forward(module, batch)
+        pending = agree(batch, error.sse)
+        norm = normalizer(batch)
+        self.update(error.sse / norm.divisor, lambda: after_backward(norm))
+        return batch, out, error, pending
 
     def update(self, loss: torch.Tensor, after_backward: Callable[[], None] | None = None) -> None:
         """Backward (a data-parallel wrapper all-reduces inside), ``after_backward()`` (the strategy's

@@ -15,7 +15,7 @@ import logging
 import math
 import time
 from pathlib import Path
-from typing import Callable
+from typing import ContextManager
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -24,9 +24,8 @@ from .. import checkpoint as ckpt
 from .. import dist as D
 from ..components.loss import RayError
 from ..components.schedule import BudgetClock, step_limit
-from ..components.sample_budget import resolve_samples_per_step
-from ..components.graphed_step import GraphedStep, check_graphable
-from ..components.step import TrainStep, records_graph
+from ..components.step import records_graph
+from ..components.step_path import build_step
 from ..data import load_scene
 from ..data.images import undecoded
 from ..observe.logger import METRICS_LOG, JsonlLogger, MultiLogger, NullLogger, WandbLogger, strategy_label
@@ -43,6 +42,7 @@ from .checkpoint_cadence import Checkpointer
 from .evaluate import evaluate_run, image_panels, make_eval_split
 from .held_out_appearance import check_appearance_protocol
 from .late_flag import LateFlag
+from .phases import PhaseHook, StepResult, phase_context
 
 log = logging.getLogger("distnerf")
 TEST_PANELS = 4  # test views logged to W&B as panels at the end (ground truth | prediction | depth)
@@ -87,7 +87,9 @@ class Trainer:
         check_appearance_protocol(cfg)  # before any data is loaded
         self.cfg, self.strategy, self.env, self.run_dir = cfg, strategy, strategy.env, Path(run_dir)
         self.stop = stop if stop is not None else D.StopRequest()
-        self.between_steps: list[Callable[[], None]] = []  # called after every step, in the loop's thread
+        # observers of every step's phases (phases.PHASES), in the loop's thread: phase's docstring
+        self.phase_hooks: list[PhaseHook] = []
+        self._bar = None  # fit's progress bar (the main rank's, train.progress)
         self.device = self.env.device
         D.seed_everything(cfg.seed)  # identical model initialisation on every rank
         # sampler.cache_dir: pixels decoded image by image into a memory-mapped cache, never all in RAM
@@ -114,10 +116,6 @@ class Trainer:
         self.model = strategy.build_model(model_cfg, self.train_scene)
         if self.env.is_main and cfg.model.max_params is not None:  # what the budget derived (rank 0's model)
             log.info("model.max_params=%d per rank: %s", cfg.model.max_params, strategy.parameter_report(self.model))
-        static = resolve_samples_per_step(cfg.train.samples_per_step, self.model, self.device) > 0  # TrainStep: the static step
-        if cfg.model.compile and not static:  # in place, so DDP re-wraps keep it; compile time reported by the
-            # profiler (the static step compiles its own render: TrainStep)
-            self.model.compile(mode=cfg.model.compile_mode)
         hashes = ckpt.config_hashes(OmegaConf.to_container(cfg, resolve=True))
         # which rays are drawn (not how fast): resume refuses a change
         hashes.update(ckpt.config_hashes({"sampler": batch_config(cfg.sampler)}, ("sampler",)))
@@ -133,13 +131,12 @@ class Trainer:
         self.profiler = RunProfiler(cfg.profiler, self.device, self.env.rank, self.env.world_size, self.run_dir,
                                     self.model)  # always-on step breakdown (+ traces with profiler=trace)
         self.timer = self.profiler.steps
-        # the timer's phase looked up at each call: a tool may wrap it (tools/bench_syncs.py)
-        self.step_fn = TrainStep(self.model, cfg.train, phase=lambda name: self.timer.phase(name),
-                                 compile_mode=cfg.model.compile_mode, compile_static=bool(cfg.model.compile),
-                                 cuda_graph=cfg.train.cuda_graph)
-        self.graphed = self._graphed_step()  # train.cuda_graph: the whole step replayed as a CUDA graph, else None
+        # the step path, chosen once (components/step_path.py); refusals raise ConfigError here, at build time
+        self.train_step = self._build_step()
+        self._log_step_path()
+        self.max_steps = step_limit(cfg.train)
         if state is not None:
-            self.step_fn.optimizer.load_state_dict(state["optimizer"])
+            self.train_step.optimizer.load_state_dict(state["optimizer"])
             self.step, self.train_seconds = int(state["step"]), float(state["train_seconds"])
             self.budget_clock.load_state_dict(state, self.train_seconds)
             self.checkpointer.restore_rank(resume_from, self.sampler, self.step)
@@ -166,7 +163,7 @@ class Trainer:
 
     @property
     def optimizer(self) -> torch.optim.Optimizer:
-        return self.step_fn.optimizer
+        return self.train_step.optimizer
 
     def save_checkpoint(self, at_mark: bool = False, background: bool = False) -> Path:
         """Write ``step_N/`` for the current step (collective; :meth:`Checkpointer.save`), after the
@@ -196,60 +193,56 @@ class Trainer:
             loggers.append(WandbLogger(self.cfg.logger.wandb, self.run_dir, config, resumed, label))
         return MultiLogger(loggers)
 
-    def _graphed_step(self) -> GraphedStep | None:
-        """``train.cuda_graph``: the :class:`GraphedStep` over the step (checked: :func:`check_graphable`; the
-        model's sparse colour gradients turned off, as DDP does), else None."""
-        if not self.cfg.train.cuda_graph:
-            return None
-        try:
-            check_graphable(self.step_fn, self.env.world_size, bool(self.cfg.model.compile))
-        except ValueError as err:
-            raise ConfigError(str(err)) from None
-        if getattr(self.model, "sparse_grad", False):
-            self.model.sparse_grad = False  # a sparse gradient's sizes depend on the data: not recordable
-        graphed = GraphedStep(self.step_fn, probe_every=self.cfg.train.graph_probe_every)
-        if self.env.is_main:
-            how = ("is recorded as one CUDA graph once per grid stage (after %d eager steps) and replayed" %
-                   graphed.warmup if records_graph(self.device) else
-                   "runs uncaptured on the graph's fixed buffers (the CPU has no CUDA graphs: a check, not faster)")
-            log.info("train.cuda_graph: the whole step %s; an eager probe step every %s steps", how,
-                     self.cfg.train.graph_probe_every or "no")
-        return graphed
+    def _build_step(self):
+        """The step of the path the config chooses (:func:`~distnerf.components.step_path.build_step`)."""
+        model_cfg = self.cfg.model
+        return build_step(self.model, self.cfg.train, self.device, self.env.world_size, bool(model_cfg.compile),
+                          model_cfg.compile_mode, self.phase, self.strategy.dense_gradients())
+
+    def start_from(self, ckpt_dir: Path) -> int:
+        """Continue from a checkpoint's model weights only (``ckpt_dir``: a ``step_N/`` directory of a run of the
+        same model; its optimizer state, sampler and time are not loaded, unlike ``resume``): the weights loaded in
+        place, then the step built again over the loaded tables (a fresh optimizer) and the model re-wrapped;
+        ``self.step`` set to the checkpoint's (the schedule's learning rate and cadences). Returns that step."""
+        state = self.strategy.load_model_state(ckpt_dir, self.model)
+        self.step = int(state["step"])
+        self.train_step = self._build_step()
+        self.wrapped = self.strategy.rewrap()
+        return self.step
+
+    def _log_step_path(self) -> None:
+        """``train.cuda_graph``: the main rank logs how the graphed step runs on this device."""
+        if not self.cfg.train.cuda_graph or not self.env.is_main:
+            return
+        how = ("is recorded as one CUDA graph once per grid stage (after %d eager steps) and replayed" %
+               self.train_step.warmup if records_graph(self.device) else
+               "runs uncaptured on the graph's fixed buffers (the CPU has no CUDA graphs: a check, not faster)")
+        log.info("train.cuda_graph: the whole step %s; an eager probe step every %s steps", how,
+                 self.cfg.train.graph_probe_every or "no")
 
     # ----------------------------------------------------------------- loop
-    def train_step(self, step: int) -> tuple[RayBatch, RenderOutput, RayError, bool]:
-        """The step's forward half: returns (batch, model outputs, their :class:`RayError`, whether the
-        update is done too: a replayed graph of the whole step, ``train.cuda_graph``)."""
-        with self.timer.phase("input_wait"):  # sync builds the batch here; pipelined waits for a worker
-            batch = self.sampler.host_batch(step)
-        with self.timer.phase("copy"):
-            batch = self.sampler.to_device(batch)
-        with self.timer.phase("model_update"):
-            if self.step_fn.prepare(step, self.budget_clock.read(step)):  # parameters replaced: rewrap too
-                self.wrapped = self.strategy.rewrap()
-        if self.graphed is not None:  # one process (check_graphable): the update may come before the agreement
-            batch = self.graphed.inputs(batch)  # the graph's fixed buffers (a new grid stage: new ones)
-            norm = self.loss_normalizer(batch)
-            if not norm.exact:
-                raise ConfigError("train.cuda_graph=true: this run's loss divisor is corrected after the backward "
-                                  "(a ray filter's global valid count), which a recorded step cannot do")
-            if not self.graphed.eager_now(step):
-                with self.timer.phase("graph"):
-                    out, error = self.graphed.run(batch, norm.divisor)
-                return batch, out, error, True
-            with self.graphed.warmup_stream(self.device):  # a warm-up or probe step: eager, on the buffers
-                with self.timer.phase("forward"):
-                    out, error = self.step_fn.forward(self.wrapped, batch)
-                self.step_fn.update(error.sse / norm.divisor)
-            self.graphed.after_eager()
-            return batch, out, error, True
-        with self.timer.phase("forward"):
-            out, error = self.step_fn.forward(self.wrapped, batch)
-        return batch, out, error, False
+    def phase(self, name: str, timed: bool = True) -> ContextManager:
+        """The context of the step's phase ``name`` (:data:`~.phases.PHASES`): the step timer's (``timed``) and every
+        :attr:`phase_hooks` hook's, entered in order.
+
+        The public way to observe a step (a benchmark counting host syncs per phase, a CPU core guard acting
+        between steps): append ``hook`` to ``trainer.phase_hooks``; ``hook(name)`` returns a context manager that
+        is entered when the phase starts and exited when it ends, e.g.::
+
+            @contextlib.contextmanager
+            def spans(name):
+                start = time.perf_counter()
+                yield
+                print(name, time.perf_counter() - start)
+
+            trainer.phase_hooks.append(spans)
+            trainer.step_once()
+        """
+        return phase_context(self.timer.phase(name) if timed else None, self.phase_hooks, name)
 
     def agree(self, batch, sse: torch.Tensor) -> PendingAgreement:
         """Launch the step's one small all-reduce (valid rays, stop and checkpoint flags) and return it
-        unread: :meth:`take_step` reads it after the optimizer step.
+        unread: :meth:`step_once` reads it after the optimizer step (the ``agree`` phase, untimed).
 
         No collective whose result the host waits for sits between forward and backward: the loss
         normaliser is the per-rank batch, a fixed capacity (:meth:`Strategy.loss_normalizer`; with a
@@ -275,6 +268,10 @@ class Trainer:
         on the device (``sampler=device`` with a ray filter) travels a step late, like the flag (it is
         only logged). The model's flags are host values.
         """
+        with self.phase("agree", timed=False):
+            return self._launch_agreement(batch, sse)
+
+    def _launch_agreement(self, batch, sse: torch.Tensor) -> PendingAgreement:
         if batch.num_valid is not None:  # counted on the host before the copy
             valid = batch.num_valid
         elif self.sampler.every_ray_valid:
@@ -290,19 +287,24 @@ class Trainer:
                           live_frame=float(self.viewer is not None and self.viewer.wants_frame()))
         return self.strategy.launch_step_stats(local)
 
-    def take_step(self) -> tuple[RayBatch, RenderOutput, RayError, StepAgreement]:
-        """One training step without its bookkeeping: the forward half (:meth:`train_step`), the step
-        agreement launched (:meth:`agree`), the loss divided by the strategy's normaliser
-        (:meth:`loss_normalizer`: a host number or a device tensor, never read), backward, its
-        gradients corrected where the normaliser says so, optimizer, then the agreement read.
-        ``self.step`` is not advanced. Returns (batch, model outputs, their :class:`RayError`, the
-        agreement)."""
-        batch, out, error, updated = self.train_step(self.step)
-        pending = self.agree(batch, error.sse)
-        if not updated:
-            norm = self.loss_normalizer(batch)
-            self.step_fn.update(error.sse / norm.divisor, lambda: self._after_backward(norm))
-        with self.timer.phase("step_sync"):  # after the update: the host waits for no rank before the backward
+    def _run_step(self) -> tuple[RayBatch, RenderOutput, RayError, StepAgreement]:
+        """The step without its bookkeeping: the batch (``input_wait``, ``copy``), the model's schedule and learning
+        rate (``model_update``), then the chosen step (:func:`~distnerf.components.step_path.build_step`): forward,
+        the step agreement launched (:meth:`agree`), the loss divided by the strategy's normaliser
+        (:meth:`loss_normalizer`: a host number or a device tensor, never read), backward, its gradients corrected
+        where the normaliser says so, optimizer (or one replayed graph); then the agreement read (``step_sync``).
+        ``self.step`` is not advanced. Returns (batch, model outputs, their :class:`RayError`, the agreement)."""
+        step = self.step
+        with self.phase("input_wait"):  # sync builds the batch here; pipelined waits for a worker
+            batch = self.sampler.host_batch(step)
+        with self.phase("copy"):
+            batch = self.sampler.to_device(batch)
+        with self.phase("model_update"):
+            if self.train_step.prepare(step, self.budget_clock.read(step)):  # parameters replaced: rewrap too
+                self.wrapped = self.strategy.rewrap()
+        batch, out, error, pending = self.train_step.run(self.wrapped, batch, step, self.loss_normalizer, self.agree,
+                                                         self._after_backward)
+        with self.phase("step_sync"):  # after the update: the host waits for no rank before the backward
             agreed = pending.wait()
         # the mean over ranks: the same float everywhere (read by the next step's schedule)
         self.budget_clock.agree(agreed.total.train_seconds / self.env.world_size)
@@ -335,46 +337,69 @@ class Trainer:
             self._stop_nonfinite(ranks, self._late_step)
 
     def fit(self) -> dict:
-        """Train until ``train.max_steps``, the time budget or a stop signal, then evaluate the test split."""
-        max_steps, log_every, val_every = step_limit(self.cfg.train), self.cfg.train.log_every, self.cfg.train.val_every
-        bar, stop_reason, segment_start = self._progress_bar(max_steps), "max_steps", self.train_seconds
+        """Train until ``train.max_steps``, the time budget or a stop signal (a loop over :meth:`step_once`), then
+        evaluate the test split."""
+        self._bar, stop_reason, segment_start = self._progress_bar(self.max_steps), "max_steps", self.train_seconds
         loop_start = time.perf_counter()
-        while self.step < max_steps:
-            start = time.perf_counter()
-            self.timer.begin_step()
-            batch, out, error, agreed = self.take_step()
-            total = agreed.total  # over ranks: the valid rays, and how many ranks raised each flag
-            if total.nonfinite:  # the previous step's loss (agree's docstring)
-                self._stop_nonfinite(total.nonfinite, self.step - 1)
-            if total.collapsed:
-                self._stop_collapsed(total.collapsed)
-            self.step += 1
+        while self.step < self.max_steps:
+            stop = self.step_once().stop
+            if stop is not None:  # every rank leaves after this step
+                stop_reason = stop
+                break
+        return self._finish(stop_reason, self._bar, segment_start, time.perf_counter() - loop_start)
+
+    def step_once(self) -> StepResult:
+        """One step of the loop (:meth:`fit`'s body): the step (:meth:`_run_step`), its stops (a non-finite loss or an
+        emptied occupancy grid on any rank raise, after closing the trainer), ``self.step`` advanced, the profiler's
+        end of the step; then, outside the step's time (the ``after_step`` phase), the metrics row every
+        ``train.log_every`` steps, validation, a checkpoint when due, the live viewer. Every phase is observable
+        through :attr:`phase_hooks` (:meth:`phase`).
+
+        Returns:
+            a :class:`StepResult`; ``stop`` set when every rank leaves the loop after this step.
+        Raises:
+            NonFiniteLoss: a rank's loss was NaN or infinite (the previous step's: :meth:`agree`).
+            TrainingCollapse: a rank's occupancy grid emptied.
+        """
+        start = time.perf_counter()
+        self.timer.begin_step()
+        batch, out, error, agreed = self._run_step()
+        total = agreed.total  # over ranks: the valid rays, and how many ranks raised each flag
+        if total.nonfinite:  # the previous step's loss (agree's docstring)
+            self._stop_nonfinite(total.nonfinite, self.step - 1)
+        if total.collapsed:
+            self._stop_collapsed(total.collapsed)
+        self.step += 1
+        with self.phase("end_step", timed=False):
             done = self.profiler.end_step(self.step - 1, agreed.mine.valid_rays, out.num_samples,
                                           self.strategy.step_comm())  # after the step's GPU work (CUDA: its sync)
-            step_seconds = done - start
-            self.train_seconds += step_seconds
-            if self.step % log_every == 0 or self.step == max_steps:
-                self._log_step(out, batch, error, total.valid_rays, agreed.mine.valid_rays, step_seconds, bar)
-            if bar is not None:
-                bar.update(1)
-            if val_every and self.step % val_every == 0:
-                self.timer.mark("evaluate")  # outside the step: named for hang reports, not timed
-                self._settle_nonfinite()
-                self.evaluate_val()
-            # some rank passed a time mark (everyone saves at this step), or the ckpt_every cadence
-            if total.at_mark or self.checkpointer.due(self.step):
-                self.timer.mark("checkpoint")  # its barrier waits for every rank
-                self._settle_nonfinite()
-                self.save_checkpoint(at_mark=bool(total.at_mark), background=True)
-            if self.viewer is not None:  # between steps, in this thread: the model is not changing
-                self.viewer.after_step(self.model, self.step, float(total.valid_rays) / max(step_seconds, 1e-9),
-                                       frame_agreed=bool(total.live_frame))
-            for hook in self.between_steps:  # outside the step's time, in this thread (e.g. cpu.CoreWatch.poll)
-                hook()
-            if total.over_budget or total.signal:  # every rank leaves after this step
-                stop_reason = "time_budget" if total.over_budget else "signal"
-                break
-        return self._finish(stop_reason, bar, segment_start, time.perf_counter() - loop_start)
+        step_seconds = done - start
+        self.train_seconds += step_seconds
+        with self.phase("after_step", timed=False):
+            self._after_step(out, batch, error, agreed, step_seconds)
+        stop = ("time_budget" if total.over_budget else "signal") if (total.over_budget or total.signal) else None
+        return StepResult(batch, out, error, agreed, step_seconds, stop)
+
+    def _after_step(self, out, batch, error: RayError, agreed: StepAgreement, step_seconds: float) -> None:
+        """Between steps, in this thread: the metrics row, validation, a checkpoint, the live viewer."""
+        total, bar = agreed.total, self._bar
+        if self.step % self.cfg.train.log_every == 0 or self.step == self.max_steps:
+            self._log_step(out, batch, error, total.valid_rays, agreed.mine.valid_rays, step_seconds, bar)
+        if bar is not None:
+            bar.update(1)
+        val_every = self.cfg.train.val_every
+        if val_every and self.step % val_every == 0:
+            self.timer.mark("evaluate")  # outside the step: named for hang reports, not timed
+            self._settle_nonfinite()
+            self.evaluate_val()
+        # some rank passed a time mark (everyone saves at this step), or the ckpt_every cadence
+        if total.at_mark or self.checkpointer.due(self.step):
+            self.timer.mark("checkpoint")  # its barrier waits for every rank
+            self._settle_nonfinite()
+            self.save_checkpoint(at_mark=bool(total.at_mark), background=True)
+        if self.viewer is not None:  # between steps, in this thread: the model is not changing
+            self.viewer.after_step(self.model, self.step, float(total.valid_rays) / max(step_seconds, 1e-9),
+                                   frame_agreed=bool(total.live_frame))
 
     def _stop_nonfinite(self, ranks: float, step: int) -> None:
         """Stop without saving: ``ranks`` ranks had a non-finite loss at ``step``."""
@@ -413,8 +438,7 @@ class Trainer:
                                                                  if stop_reason == "time_budget" else ""))
         self.timer.mark("evaluate")  # final checkpoint, summaries and the test split (hang reports)
         self.sampler.close()  # workers are not needed for evaluation; its state (next step) stays
-        if self.graphed is not None:
-            self.graphed.release()  # the recorded step's memory pool is not needed for evaluation
+        self.train_step.release()  # a recorded step's memory pool is not needed for evaluation
         self._settle_nonfinite()  # before the final checkpoint (collective)
         summaries = self.strategy.gather(self.profiler.finish())  # collective: every rank's breakdown to all
         # collective: every rank's parameters and peak memory
@@ -459,8 +483,7 @@ class Trainer:
                "train_seconds": self.train_seconds,
                **({} if self.budget_clock.fraction is None else {"budget_fraction": self.budget_clock.fraction}),
                **{f"time_{k}": v for k, v in self.timer.pop().items()}, **self.strategy.comm_stats(),
-               **self.timer.recent_figures(self.cfg.train.log_every), **self.step_fn.budget_metrics(),
-               **(self.graphed.metrics() if self.graphed is not None else {})}
+               **self.timer.recent_figures(self.cfg.train.log_every), **self.train_step.metrics()}
         for key, name in (("num_density_samples", "density_samples_per_ray"),
                           ("num_colour_samples", "colour_samples_per_ray")):
             count = getattr(out, key)

@@ -209,6 +209,12 @@ class Strategy:
         """Re-wrap after the model replaced parameter tensors (grid upsampling)."""
         return self.wrap(self.model)
 
+    def dense_gradients(self) -> bool:
+        """Whether the wrapper (:meth:`wrap`, called before) needs the model's gradients dense: the trainer's step
+        builder then turns ``model.sparse_grad`` off (:func:`~distnerf.components.step_path.build_step`, the one
+        place it is switched off). False: the model's row-sparse gradients are fine."""
+        return False
+
     # -- collectives -----------------------------------------------------------
     def launch_step_stats(self, local: StepStats) -> PendingAgreement:
         """Launch this step's all-reduce of ``local`` (every rank at the same step) and return it

@@ -230,9 +230,6 @@ class DDPStrategy(Strategy):
             self.wrapped = self.model
             return self.wrapped
         tables = self._sparse_tables()  # strategy.sparse_tables: these travel as rows, outside DDP
-        for module in self.model.modules():  # DDP buckets (and its comm hook) need dense gradients
-            if isinstance(module, RadianceModel) and not tables:
-                module.sparse_grad = False
         # both spellings: DDP's reducer matches f"{module_name}.{param_name}" (".features" at the root), its
         # parameter list matches named_parameters()'s "features"
         names = [f"{m}.{n}" for m, module in self.model.named_modules()
@@ -259,6 +256,11 @@ class DDPStrategy(Strategy):
         ddp.register_comm_hook(self.hook_state, timed_allreduce_hook)
         self.wrapped = ddp
         return ddp
+
+    def dense_gradients(self) -> bool:
+        """With peers, DDP's buckets (and its comm hook) need dense gradients, unless ``strategy.sparse_tables``
+        exchanges the model's row-sparse tables outside them (:meth:`_sparse_tables`)."""
+        return self.env.has_peers and not self._sparse_tables()
 
     def _sparse_tables(self) -> list[nn.Parameter]:
         """``strategy.sparse_tables``: the model's row-sparse tables (:meth:`RadianceModel.sparse_parameters`),

@@ -1,5 +1,5 @@
 """The coarse density fit behind ``strategy.partition=balanced``: a short voxel-grid
-training run, the same optimisation step as the trainer's (:class:`~distnerf.components.step.TrainStep`),
+training run, the same optimisation step as the trainer's (:func:`~distnerf.components.step_path.build_step`),
 on one process before the partition is broadcast."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import dataclasses
 
 import torch
 
-from ..components.step import TrainStep
+from ..components.step_path import build_step
 from ..model import build_model
 from ..sampler import build_sampler
 from ..config_check import section
@@ -31,7 +31,7 @@ def estimate_density(scene, model_cfg: dict, steps: int, resolution: int, rays_p
     cfg = {**{k: v for k, v in dict(model_cfg).items() if k in grid_keys}, "name": "grid",
            "resolutions": [resolution], "upsample_steps": [], "max_params": None}
     model = build_model(cfg, scene.aabb, scene.background, num_images=len(scene)).to(device)
-    step_fn = TrainStep(model, section(TrainLoopConfig, lr=1e-3, decay=1.0, fused=False))  # constant lr
+    step_fn = build_step(model, section(TrainLoopConfig, lr=1e-3, decay=1.0, fused=False), device)  # constant lr
     sampler = build_sampler({"name": "sync"}, scene, rays_per_step, seed, 1 << 20, device)
     sampler.start(0)
     for step in range(steps):

@@ -13,7 +13,8 @@ from torch.utils._pytree import tree_leaves
 from distnerf import dist as D
 from distnerf.host_buffers import sync_free_paths
 
-from bench.throughput import syncs as bench
+from distnerf.components.graphed_step import GraphedStep
+from tests import trainers
 from tests.conftest import step_sse
 
 STATIC = ["model=grid", "model.color=mlp", "model.train_termination=false", "model.train_round_steps=0",
@@ -46,11 +47,11 @@ def _train(tmp_path, overrides: list[str], steps: int = STEPS, body_grads: bool 
     ``body_grads``, at the first step of the graph's body), and what ran (the graphed body's calls; the
     operators that made bfloat16 tensors)."""
     torch.manual_seed(0)
-    trainer, env = bench.build_trainer([*STATIC, *overrides], tmp_path)
+    trainer, env = trainers.build_trainer([*STATIC, *overrides], tmp_path)
     seen: dict = {"body": 0}
     losses, grads = [], {}
     try:
-        optimizer = trainer.step_fn.optimizer
+        optimizer = trainer.train_step.optimizer
 
         def recorded(*args, **kwargs):
             if not grads and (seen["body"] or not body_grads):
@@ -59,8 +60,8 @@ def _train(tmp_path, overrides: list[str], steps: int = STEPS, body_grads: bool 
             return type(optimizer).step(optimizer, *args, **kwargs)
 
         optimizer.step = recorded
-        graphed = getattr(trainer, "graphed", None)
-        if graphed is not None:
+        graphed = trainer.train_step
+        if isinstance(graphed, GraphedStep):
             body = graphed._body
 
             def counted(*args):
@@ -70,7 +71,7 @@ def _train(tmp_path, overrides: list[str], steps: int = STEPS, body_grads: bool 
             graphed._body = counted
         with sync_free_paths(True), Bf16Ops() as ops:  # the CUDA paths (dense tables, no host read) on the CPU
             while trainer.step < steps:
-                losses.append(step_sse(trainer, bench.run_step))
+                losses.append(step_sse(trainer, trainers.run_step))
         seen["bf16_ops"] = ops.names
         return losses, grads, seen
     finally:

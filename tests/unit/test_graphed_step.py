@@ -7,6 +7,8 @@ graph holds addresses, not tensors). On a GPU the recorded graph itself is check
 """
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -16,7 +18,7 @@ from distnerf import dist as D
 from distnerf.components.graphed_step import GraphedStep, check_graphable
 from distnerf.host_buffers import sync_free_paths
 
-from bench.throughput import syncs as bench
+from tests import trainers
 from tests.conftest import step_sse
 
 STATIC = ["model=grid", "model.train_termination=false", "model.train_round_steps=0",
@@ -52,10 +54,10 @@ def _train(tmp_path, overrides, steps=STEPS, watch=False, device="cpu", never_re
     body's external reads and the sync counts of steps 18 and 24, by step; ``never_record``: the graphed step's
     warm-up never ends (every step eager on its buffers, with its optimizer)."""
     torch.manual_seed(0)
-    trainer, env = bench.build_trainer([*STATIC, *overrides], tmp_path / "run", device=device)
+    trainer, env = trainers.build_trainer([*STATIC, *overrides], tmp_path / "run", device=device)
     losses, reads, syncs = [], {}, {}
     try:
-        graphed = trainer.graphed
+        graphed = trainer.train_step
         if never_record:
             graphed.warmup = 10 ** 9
         if watch:
@@ -72,10 +74,10 @@ def _train(tmp_path, overrides, steps=STEPS, watch=False, device="cpu", never_re
             while trainer.step < steps:
                 if watch and trainer.step in (18, 24):  # a graph step, and a refresh step (every 8)
                     at = trainer.step
-                    syncs[at] = bench.counted_step(trainer)
+                    syncs[at] = trainers.count_syncs(trainer)
                     losses.append(None)
                     continue
-                losses.append(step_sse(trainer, bench.run_step))
+                losses.append(step_sse(trainer, trainers.run_step))
         tables = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
         return losses, tables, reads, syncs, graphed
     finally:
@@ -116,21 +118,16 @@ def test_graph_body_reads_every_outside_tensor_at_one_address_and_nothing_from_t
         assert counted["total"] == 0, (step, counted["by_location"])
 
 
-def test_graphed_step_refuses_what_it_cannot_record(tmp_path):
-    torch.manual_seed(0)
-    trainer, env = bench.build_trainer(["model=grid", "train.samples_per_step=0"], tmp_path / "run")
-    try:
-        with pytest.raises(ValueError, match="static step"):
-            check_graphable(trainer.step_fn, 1, False)
-        with pytest.raises(ValueError, match="world size 2"):
-            check_graphable(trainer.step_fn, 2, False)
-        with pytest.raises(ValueError, match="model.compile=false"):
-            check_graphable(trainer.step_fn, 1, True)
-        with pytest.raises(ValueError, match="static step"):
-            GraphedStep(trainer.step_fn)
-    finally:
-        trainer.close()
-        D.shutdown(env)
+def test_graphed_step_refuses_without_a_budget(tmp_path):
+    with pytest.raises(ValueError, match="static step"):
+        check_graphable(False, 1, False)
+    with pytest.raises(ValueError, match="world size 2"):
+        check_graphable(True, 2, False)
+    with pytest.raises(ValueError, match="model.compile=false"):
+        check_graphable(True, 1, True)
+    check_graphable(True, 1, False)
+    with pytest.raises(ValueError, match="static step"):
+        GraphedStep(SimpleNamespace(budget=None))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (a lent GPU runs it: issue 49 item 5)")

@@ -17,12 +17,6 @@ from distnerf.engine.trainer import NonFiniteLoss
 from distnerf.observe.syncs import SyncCounter
 
 
-def _bench_syncs():
-    from bench.throughput import syncs
-
-    return syncs
-
-
 def test_swap_hands_out_the_previous_flag_and_take_the_kept_one():
     flag = LateFlag("cpu")
     with SyncCounter() as syncs:
@@ -51,8 +45,9 @@ def test_a_non_finite_loss_stops_the_run_and_no_checkpoint_holds_its_parameters(
         return dataclasses.replace(error, sse=error.sse * float("nan")) if calls["n"] == poisoned_step + 1 else error
 
     monkeypatch.setattr(step_mod, "ray_error", poisoned)
-    bench = _bench_syncs()
-    trainer, env = bench.build_trainer([f"train.ckpt_every={ckpt_every}", "train.max_steps=12"], tmp_path / "run")
+    from tests import trainers
+
+    trainer, env = trainers.build_trainer([f"train.ckpt_every={ckpt_every}", "train.max_steps=12"], tmp_path / "run")
     try:
         with pytest.raises(NonFiniteLoss, match=f"non-finite loss at step {poisoned_step} on 1 rank"):
             trainer.fit()

@@ -9,6 +9,7 @@ import torch
 
 from distnerf.host_buffers import sync_free_paths
 from distnerf.observe.ops import OpCounter
+from tests.trainers import build_trainer, run_step
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -53,32 +54,6 @@ def test_backward_and_sections_are_counted():
     assert ops.summary()["by_location"] == {"outside distnerf": ops.total}
 
 
-def _trainer(tmp_path: Path, overrides: list[str]):
-    from hydra import compose, initialize_config_dir
-
-    from distnerf import dist as D
-    from distnerf.engine.trainer import Trainer
-    from distnerf.strategy import build_strategy
-
-    common = ["experiment=smoke", "sampler=sync", "train.ckpt_every=-1", "eval.enabled=false",
-              "train.progress=false", "logger.wandb.mode=disabled", "profiler.telemetry=false",
-              "train.max_steps=100000", f"run_dir={tmp_path / 'run'}"]
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose("train", overrides=[*common, *overrides])
-    (tmp_path / "run").mkdir(parents=True, exist_ok=True)
-    env = D.init_distributed("cpu", timeout_s=cfg.dist_timeout_s, setup_timeout_s=cfg.dist_setup_timeout_s)
-    return Trainer(cfg, build_strategy(dict(cfg.strategy), env), tmp_path / "run"), env
-
-
-def _step(trainer) -> None:
-    """One step of ``Trainer.fit`` without logging, evaluation or checkpoints."""
-    trainer.timer.begin_step()
-    batch, out, error, agreed = trainer.take_step()
-    trainer.step += 1
-    trainer.profiler.end_step(trainer.step - 1, agreed.mine.valid_rays, out.get("num_samples", 0),
-                              trainer.strategy.step_comm())
-
-
 @pytest.mark.parametrize("rays", [64])
 def test_grid_training_step_operators_under_ceiling(tmp_path, rays):
     """Past the smoke grid's upsampling (step 10), with the paths a CUDA run takes (sync_free_paths);
@@ -87,12 +62,12 @@ def test_grid_training_step_operators_under_ceiling(tmp_path, rays):
 
     torch.manual_seed(0)
     with sync_free_paths(True):
-        trainer, env = _trainer(tmp_path, ["model=grid", f"train.global_rays={rays}"])
+        trainer, env = build_trainer(["model=grid", f"train.global_rays={rays}"], tmp_path / "run")
         try:
             while trainer.step < 17:
-                _step(trainer)
+                run_step(trainer)
             with OpCounter(locations=True) as ops:
-                _step(trainer)
+                run_step(trainer)
         finally:
             trainer.close()
             D.shutdown(env)

@@ -107,12 +107,6 @@ def test_the_resolved_rule_names_the_budget_and_stage_fractions():
     assert f"stop at step {DEFAULT_MAX_STEPS}" in steps and "step / 1500" in steps
 
 
-def _bench_syncs():
-    from bench.throughput import syncs
-
-    return syncs
-
-
 def test_a_resumed_time_budgeted_run_continues_the_uninterrupted_one_bit_exactly(tmp_path):
     """The real Trainer of one CPU process under a 1-minute budget whose clock is set by hand
     (6 s of training a step, so p grows 0.1 a step and the grid's stages, at p >= 0.2 and 0.6,
@@ -120,21 +114,22 @@ def test_a_resumed_time_budgeted_run_continues_the_uninterrupted_one_bit_exactly
     resumed from it trains 4 more: the learning rates and the parameters are A's bit for bit."""
     from distnerf import dist as D
 
-    bench = _bench_syncs()
+    from tests import trainers
+
     overrides = ["model=grid", "sampler=sync", "train.max_minutes=1", "train.warmup_steps=0",
                  "model.resolutions=[8,12,16]", "model.upsample_steps=[200,600]", "train.schedule_steps=1000",
                  "train.decay_start=0.3"]
 
     def steps(trainer, until, lrs):
         while trainer.step < until:
-            bench.run_step(trainer)
-            trainer.train_seconds += 6.0  # what fit() adds: here a fixed clock
+            trainers.run_step(trainer)
+            trainer.train_seconds = 6.0 * trainer.step  # not the step's wall time (step_once's): a fixed clock
             lrs.append(trainer.optimizer.param_groups[0]["lr"])
 
     def state(trainer):
         return {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
 
-    trainer, env = bench.build_trainer(overrides, tmp_path / "a")
+    trainer, env = trainers.build_trainer(overrides, tmp_path / "a")
     try:
         lrs_a = []
         steps(trainer, 8, lrs_a)
@@ -149,7 +144,7 @@ def test_a_resumed_time_budgeted_run_continues_the_uninterrupted_one_bit_exactly
     assert lrs_a[3] == base > lrs_a[5]
     assert resolution_a == 16
 
-    trainer, env = bench.build_trainer(overrides, tmp_path / "b")
+    trainer, env = trainers.build_trainer(overrides, tmp_path / "b")
     try:
         lrs_b = []
         steps(trainer, 4, lrs_b)
@@ -157,7 +152,7 @@ def test_a_resumed_time_budgeted_run_continues_the_uninterrupted_one_bit_exactly
     finally:
         trainer.close()
         D.shutdown(env)
-    trainer, env = bench.build_trainer([*overrides, "resume=true"], tmp_path / "b")
+    trainer, env = trainers.build_trainer([*overrides, "resume=true"], tmp_path / "b")
     try:
         assert trainer.step == 4 and trainer.budget_clock.fraction == pytest.approx(0.3)
         steps(trainer, 8, lrs_b)

@@ -10,7 +10,7 @@ from distnerf import dist as D
 from distnerf.components.sample_budget import SampleBudget
 from distnerf.host_buffers import sync_free_paths
 
-from bench.throughput import syncs as bench
+from tests import trainers
 
 
 BIG = 1 << 15  # slots: more than 128 smoke rays need (about 60 samples a ray)
@@ -21,11 +21,11 @@ def trained(tmp_path_factory):
     """The smoke grid trained by the static step (train.samples_per_step) past its upsampling (step 10) and an
     occupancy refresh (every 8 steps); ``model.sample_budget`` is the trainer's budget."""
     torch.manual_seed(0)
-    trainer, env = bench.build_trainer(["model=grid", "model.train_termination=false", "model.train_round_steps=0",
+    trainer, env = trainers.build_trainer(["model=grid", "model.train_termination=false", "model.train_round_steps=0",
                                         f"train.samples_per_step={BIG}", "train.global_rays=128"], tmp_path_factory.mktemp("static") / "run")
     try:
         while trainer.step < 17:
-            bench.run_step(trainer)
+            trainers.run_step(trainer)
         yield trainer
     finally:
         trainer.close()
@@ -35,7 +35,7 @@ def trained(tmp_path_factory):
 def _loss_and_grads(trainer, batch):
     model = trainer.model
     model.zero_grad(set_to_none=True)
-    out, error = trainer.step_fn.forward(model, batch)
+    out, error = trainer.train_step.forward(model, batch)
     (error.sse / len(batch.rgb)).backward()
     grads = {n: p.grad.to_dense().clone() for n, p in model.named_parameters() if p.grad is not None}
     model.zero_grad(set_to_none=True)
@@ -46,7 +46,7 @@ def _loss_and_grads(trainer, batch):
 def test_static_equals_dynamic_loss_and_gradients(trained, distortion):
     model = trained.model
     model.distortion_loss_weight = distortion  # mip-NeRF 360's loss on the weights: the padding adds nothing to it
-    assert model.sample_budget is trained.step_fn.budget  # train.samples_per_step set it
+    assert model.sample_budget is trained.train_step.budget  # train.samples_per_step set it
     batch = trained.sampler.to_device(trained.sampler.host_batch(trained.step))
     assert not model.occupancy.binary.all() and model.occupancy.binary.any()  # a refreshed grid: real skipping
     with sync_free_paths(True):  # dense table gradients in both (the sparse rows are the CPU's form of the same)
@@ -56,7 +56,7 @@ def test_static_equals_dynamic_loss_and_gradients(trained, distortion):
         try:
             _, dyn_error, dyn_grads = _loss_and_grads(trained, batch)
         finally:
-            model.sample_budget = trained.step_fn.budget
+            model.sample_budget = trained.train_step.budget
             model.distortion_loss_weight = 0.0
     assert (error.distortion is not None) == (distortion > 0)
     assert out.num_samples == BIG and torch.equal(out.loss_weight, torch.ones(len(batch.rgb)))  # all active, fitted
@@ -78,14 +78,14 @@ def test_overflow_is_counted_and_left_out_of_the_loss(trained):
     num_rays = len(batch.rgb)
     model.sample_budget = None
     with torch.no_grad():
-        out_dyn, _ = trained.step_fn.forward(model, batch)
+        out_dyn, _ = trained.train_step.forward(model, batch)
     with sync_free_paths(True):
         model.sample_budget = budget = SampleBudget(model, 4 * num_rays)  # about a fifth of what they need
         try:
-            out, error = trained.step_fn.forward(model, batch)
-            out2, _ = trained.step_fn.forward(model, batch)  # the next step: the ray rule and the late report
+            out, error = trained.train_step.forward(model, batch)
+            out2, _ = trained.train_step.forward(model, batch)  # the next step: the ray rule and the late report
         finally:
-            model.sample_budget = trained.step_fn.budget
+            model.sample_budget = trained.train_step.budget
     counted = out.loss_weight > 0
     num_counted = int(counted.sum())
     assert 0 < num_counted < num_rays
@@ -117,9 +117,9 @@ def test_static_step_operators_under_ceiling(trained):
     from distnerf.observe.ops import OpCounter
 
     with sync_free_paths(True):
-        bench.run_step(trained)  # the dense gradients' first step (the optimizer's state) outside the count
+        trainers.run_step(trained)  # the dense gradients' first step (the optimizer's state) outside the count
         with OpCounter() as ops:
-            bench.run_step(trained)
+            trainers.run_step(trained)
     assert ops.total <= STATIC_STEP_CEILING, ops.summary()["by_op"]
     assert ops.by_op().get("aten.nonzero_static.default", 0) == 1 and "aten.nonzero.default" not in ops.by_op()
 
@@ -128,14 +128,14 @@ def test_static_steps_read_nothing_from_the_device(trained):
     """0 host syncs on a static step and on an occupancy-refresh step (the CUDA paths, counted on the CPU as
     tests/unit/test_syncs.py counts them)."""
     with sync_free_paths(True):
-        step = bench.counted_step(trained)
+        step = trainers.count_syncs(trained)
         while trained.step % trained.cfg.model.occupancy_every:
-            bench.run_step(trained)
-        refresh = bench.counted_step(trained)
+            trainers.run_step(trained)
+        refresh = trainers.count_syncs(trained)
     assert step["total"] == 0, step["by_location"]
     assert refresh["total"] == 0, refresh["by_location"]
     # it trained: the budget measured samples at every step, none overflowed at this capacity
-    metrics = trained.step_fn.budget_metrics()
+    metrics = trained.train_step.budget_metrics()
     assert metrics["budget_overflow_rate"] == 0 and 0 < metrics["budget_fill"] < 1
 
 
@@ -145,7 +145,7 @@ def test_compiled_static_step_has_no_graph_break_and_no_recompile(trained):
     steps of a grid stage, an occupancy refresh included (aot_eager: the graph without inductor's codegen)."""
     from torch._dynamo.utils import counters
 
-    budget, model = trained.step_fn.budget, trained.model
+    budget, model = trained.train_step.budget, trained.model
     eager = budget._render
     torch._dynamo.reset()
     counters.clear()
@@ -166,7 +166,7 @@ def test_inductor_compiled_static_step_matches_eager(trained):
     recompile."""
     from torch._dynamo.utils import counters
 
-    budget, model = trained.step_fn.budget, trained.model
+    budget, model = trained.train_step.budget, trained.model
     eager = budget._render
     batch = trained.sampler.to_device(trained.sampler.host_batch(trained.step))
     torch._dynamo.reset()
@@ -185,7 +185,7 @@ def test_inductor_compiled_static_step_matches_eager(trained):
                 torch.testing.assert_close(grad, want_grads[name], rtol=1e-3, atol=1e-4 * scale, msg=name)
             with torch._dynamo.config.patch(error_on_recompile=True):  # a recompile raises
                 for _ in range(trained.cfg.model.occupancy_every + 1):  # crosses one occupancy refresh
-                    bench.run_step(trained)
+                    trainers.run_step(trained)
         assert not counters["graph_break"], dict(counters["graph_break"])
         assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
     finally:
@@ -198,16 +198,16 @@ def _compiled_steps(trained, budget, model) -> None:
     batch = trained.sampler.to_device(trained.sampler.host_batch(trained.step))
     with torch.no_grad():
         model.sample_budget = None  # the dynamic render of the same rays
-        want, _ = trained.step_fn.forward(model, batch)
+        want, _ = trained.train_step.forward(model, batch)
         model.sample_budget = budget
-    got, error = trained.step_fn.forward(model, batch)
+    got, error = trained.train_step.forward(model, batch)
     torch.testing.assert_close(got.rgb, want.rgb, rtol=1e-4, atol=1e-6)
     assert error.sse.requires_grad and error.sse.grad_fn is not None
     with torch._dynamo.config.patch(error_on_recompile=True):  # a recompile raises
         refreshes = 0
         for _ in range(trained.cfg.model.occupancy_every + 1):  # crosses one occupancy refresh
             refreshes += trained.step % trained.cfg.model.occupancy_every == 0
-            bench.run_step(trained)
+            trainers.run_step(trained)
     assert refreshes == 1 and model.resolution == trained.cfg.model.resolutions[-1]
 
 
@@ -251,31 +251,31 @@ def test_static_step_on_cuda_never_synchronises_and_replays_as_a_graph(tmp_path)
     from distnerf.engine.trainer import Trainer
     from distnerf.strategy import build_strategy
 
-    with initialize_config_dir(config_dir=str(bench.ROOT / "conf"), version_base="1.3"):
-        cfg = validate(compose("train", overrides=[*bench.COMMON, "model=grid", "train.global_rays=4096",
+    with initialize_config_dir(config_dir=str(trainers.CONF), version_base="1.3"):
+        cfg = validate(compose("train", overrides=[*trainers.COMMON, "model=grid", "train.global_rays=4096",
                                                    f"run_dir={tmp_path}"]))
     env = D.init_distributed("cuda", timeout_s=cfg.dist_timeout_s, setup_timeout_s=cfg.dist_setup_timeout_s)
     trainer = Trainer(cfg, build_strategy(cfg.strategy, env), tmp_path)
     try:
-        budget = trainer.step_fn.budget
+        budget = trainer.train_step.budget
         assert budget is not None and budget.capacity == 1 << 18
         while trainer.step < 17:
-            bench.run_step(trainer)
+            trainers.run_step(trainer)
         batch = trainer.sampler.to_device(trainer.sampler.host_batch(trainer.step))
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
         try:
-            _, error = trainer.step_fn.forward(trainer.wrapped, batch)
+            _, error = trainer.train_step.forward(trainer.wrapped, batch)
             (error.sse / len(batch.rgb)).backward()
         finally:
             torch.cuda.set_sync_debug_mode(0)
         trainer.model.zero_grad(set_to_none=True)
         torch._dynamo.reset()
         budget.compile(backend="cudagraphs")
-        bench.run_step(trainer)  # compiles
+        trainers.run_step(trainer)  # compiles
         with torch._dynamo.config.patch(error_on_recompile=True):
             for _ in range(4):
-                bench.run_step(trainer)
+                trainers.run_step(trainer)
         torch.cuda.synchronize()
         assert budget.metrics()["budget_counted_rays"] > 0
     finally:
@@ -297,7 +297,7 @@ def test_the_optimizer_compiled_on_its_own_steps_as_eager_with_no_recompile():
     from torch._dynamo.utils import counters
 
     from distnerf.components.optim import build_optimizer, set_lr
-    from distnerf.components.step import TrainStep
+    from distnerf.components.step_path import build_step
     from distnerf.data.rays import RayBundle
     from distnerf.model.grid import GridModel
 
@@ -317,7 +317,7 @@ def test_the_optimizer_compiled_on_its_own_steps_as_eager_with_no_recompile():
     counters.clear()
     try:
         with sync_free_paths(True):  # the CUDA paths (dense table gradients)
-            compiled = TrainStep(model, cfg, compile_static=True, compile_backend="aot_eager")
+            compiled = build_step(model, cfg, "cpu", compile=True, compile_backend="aot_eager")
             assert compiled.compiled_optimizer and torch.is_tensor(compiled.optimizer.param_groups[0]["lr"])
             rates = []
             for step in range(1, 5):
@@ -366,7 +366,7 @@ def test_the_static_batch_default_follows_the_models_own_rule(overrides):
     from distnerf.config_check import derive, validate
     from distnerf.model import build_model
 
-    with initialize_config_dir(config_dir=str(bench.ROOT / "conf"), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(trainers.CONF), version_base="1.3"):
         cfg = validate(compose("train", overrides=["experiment=smoke", *overrides]))
     box = torch.tensor([[-1.0, -1.0, -1.0], [1.0, 1.0, 1.0]])
     if cfg.strategy.name == "ss":

@@ -205,15 +205,15 @@ def test_a_repeat_seed_changes_training_through_its_rays_and_the_same_seed_repea
 
     from distnerf import dist as D
 
-    from bench.throughput import syncs as bench
+    from tests import trainers
 
     def train(seed, name):
-        trainer, env = bench.build_trainer(["model=grid", "model.color=sh", f"seed={seed}", "sampler=sync"],
+        trainer, env = trainers.build_trainer(["model=grid", "model.color=sh", f"seed={seed}", "sampler=sync"],
                                            tmp_path / name)
         try:
             start = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
             while trainer.step < 3:
-                bench.run_step(trainer)
+                trainers.run_step(trainer)
             return start, {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
         finally:
             trainer.close()
