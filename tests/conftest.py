@@ -8,13 +8,21 @@ from pathlib import Path
 
 import pytest
 
-from bench.common import free_port  # noqa: F401  (tests import it from here)
 from tests.timeouts import pytest_timeout_set_timer  # noqa: F401  (the hook: a hung test prints its children's stacks)
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 LEGO = SHARED_DATA / "nerf_synthetic_half" / "lego"
 FERN = SHARED_DATA / "nerf_llff_data" / "fern"
+
+
+def free_port() -> int:
+    """A free TCP port on the loopback interface (a test's process group, server or Slurm daemon)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _data_missing() -> list[str]:
@@ -169,6 +177,6 @@ def synthetic_cache(tmp_path_factory) -> Path:
 
 
 def step_sse(trainer, run_step) -> float:
-    """One training step of ``trainer`` through ``run_step`` (bench.throughput.syncs.run_step, fit's step); the
+    """One training step of ``trainer`` through ``run_step`` (tests/trainers.py::run_step, fit's step); the
     summed error (``RayError.sse``) that step backpropagated, as a float."""
     return float(run_step(trainer)[2].sse)

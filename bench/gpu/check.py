@@ -44,7 +44,7 @@ SECTIONS = {  # name: what it produces
              "(torch.compile reduce-overhead) static step at 2^18 samples, then the hand-recorded CUDA graph: "
              "rays/s, samples/s, step ms, warm-up (compilation) seconds, peak memory",
     "sweep_more": "the sweep's other rows (compiled; budgets 2^16 and 2^20; bf16), each its own process",
-    "cuda_tests": "pytest -k cuda over the unit tests that mention CUDA: passed, failed, skipped",
+    "cuda_tests": "pytest -m cuda over the unit tests marked cuda: passed, failed, skipped",
     "two_ranks": "2 ranks on the one GPU through gloo, per strategy (ddp, joint ss, joint ss routed): trained to a "
                  "checkpoint, resumed past it, evaluated; world size, device, PSNR",
     "sync_debug": "torch.cuda.set_sync_debug_mode('warn') over a few training steps of grid, ngp, nerf: "
@@ -435,12 +435,12 @@ def sync_debug(mode, models, steps, overrides):
     cuda = torch.cuda.is_available() and mode == "gpu"
     out = {"models": {}, "steps": steps, "overrides": overrides}
     current = {"step": None}
-    original = getattr(trainer_mod.Trainer, "train_step", None)
-    if original is not None:  # tag each warning with the step it came from (None: set-up, evaluation)
-        def tagged(self, step, *a, **k):
-            current["step"] = int(step)
-            return original(self, step, *a, **k)
-        trainer_mod.Trainer.train_step = tagged
+    original = getattr(trainer_mod.Trainer, "step_once", None)  # the trainer's public step (fit's body)
+    if original is not None:  # tag each warning with the step it came from (None: set-up)
+        def tagged(self, *a, **k):
+            current["step"] = int(self.step)
+            return original(self, *a, **k)
+        trainer_mod.Trainer.step_once = tagged
     events = []
     def record(message, category, filename, lineno, file=None, line=None):
         if "synchroniz" in str(message):
@@ -484,7 +484,7 @@ def sync_debug(mode, models, steps, overrides):
             "by_location": {k: dict(sorted(v.items(), key=lambda kv: -kv[1])) for k, v in by_loc.items()},
             "first_messages": sorted({m for _, _, m in events})[:5]}
     if original is not None:  # the step tag off again: nothing after this section sees it
-        trainer_mod.Trainer.train_step = original
+        trainer_mod.Trainer.step_once = original
     sync_debug_write(out, cuda, [])
 
 

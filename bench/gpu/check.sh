@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything one GPU checks, as a plan of runs of at most 7 minutes each (issue 62 item 4). The plan is
 # bench/gpu/check.py RUNS: each run's sections in priority order, each with a cap in seconds; a run's caps and
-# its 20 s of start-up (STARTUP_S) sum to at most 420 s (tests/unit/test_gpu_check_plan.py). Each section's
+# its 20 s of start-up (STARTUP_S) sum to at most 420 s (tests/bench/test_gpu_check_plan.py). Each section's
 # Python: bench/gpu/check.py; the findings: bench/gpu/README.md. From the repository root, through
 # tools/gpu_check.sh:
 #
@@ -34,7 +34,7 @@
 #                 device-side assert or a hang fails its row only (--cpu: eager and the graph's body
 #                 uncaptured at 2^10 samples of the built-in scene; graphed "skipped: needs CUDA")
 #   sweep_more    bench/gpu/sweep.py --part rest: compiled; budgets 2^16 and 2^20; bf16 (--cpu: eager at 2^12)
-#   cuda_tests    `pytest -k cuda` over the unit tests that mention CUDA (the device and pipelined sampler,
+#   cuda_tests    `pytest -m cuda` over the unit tests marked cuda (the device and pipelined sampler,
 #                 the device/NVML mapping, two ranks sharing one device, ...); --cpu: they skip
 #   two_ranks     2 ranks on the one device (dist_backend=gloo: gloo carries the CUDA tensors, so the ranks
 #                 may share a GPU; a check, not a way to train), for each strategy of GPU_CHECK_TWO_RANKS
@@ -193,7 +193,7 @@ sec_sweep_more() { sec_sweep_part rest sweep_more "$1"; }
 sec_cuda_tests() {
   local files s rc
   files=$(grep -lis cuda tests/unit/test_*.py | tr '\n' ' '); rm -f "$RUNS/cuda_tests.xml"
-  s=$(now); timeout -k 10 "$1" "$PY" -m pytest -q -rs -p no:cacheprovider $files -k cuda --junitxml="$RUNS/cuda_tests.xml"
+  s=$(now); timeout -k 10 "$1" "$PY" -m pytest -q -rs -p no:cacheprovider $files -m cuda --junitxml="$RUNS/cuda_tests.xml"
   rc=$?; helper tests "$RUNS/cuda_tests.xml" "$rc" "$(since "$s")" "$CUDA"
 }
 

@@ -146,6 +146,7 @@ def test_the_static_steps_fixed_capacity_holds_every_non_zero_gradient_entry(res
             assert capacity[id(table)] == table.numel()
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (tools/gpu_check.sh runs it on a lent GPU)")
 @pytest.mark.parametrize("static", [True, False])
 def test_bounded_exchange_on_cuda_never_synchronises(static):

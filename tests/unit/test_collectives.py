@@ -97,6 +97,7 @@ def test_a_tensor_the_group_cannot_take_is_refused_naming_the_caller():
         dist.destroy_process_group()
 
 
+@pytest.mark.cuda
 def test_cuda_index_binds_local_rank_only_when_that_many_devices_are_visible():
     from distnerf.dist import cuda_index
 
@@ -105,6 +106,7 @@ def test_cuda_index_binds_local_rank_only_when_that_many_devices_are_visible():
     assert cuda_index(0, visible=1) == 0
 
 
+@pytest.mark.cuda
 def test_gloo_on_cuda_lets_local_ranks_share_the_visible_gpus_and_refuses_an_unknown_backend(monkeypatch):
     """``dist_backend=gloo``: local ranks take the visible devices round-robin (two ranks on a one-GPU
     machine share device 0, which ``cuda_index`` refuses); ``init_distributed`` names a wrong backend before
@@ -124,6 +126,7 @@ def test_gloo_on_cuda_lets_local_ranks_share_the_visible_gpus_and_refuses_an_unk
     assert alone.device == torch.device("cpu") and not alone.distributed
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (tools/gpu_check.sh runs it: cuda_tests)")
 def test_two_ranks_share_one_cuda_device_through_gloo():
     """Issue 50 item 6: ``dist_backend=gloo`` lets two ranks hold the one GPU and exchange CUDA tensors."""

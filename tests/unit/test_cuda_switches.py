@@ -27,6 +27,8 @@ from distnerf.sampler import auto_kind
 from distnerf.strategy.ddp import DDPStrategy
 from distnerf.strategy.sparse_exchange import SparseRule
 
+pytestmark = pytest.mark.cuda  # the whole file: the CUDA switches' own tests (the GPU check runs -m cuda)
+
 PACKAGE = Path(__file__).resolve().parents[2] / "distnerf"
 RAW = re.compile(r'type == "cuda"|\.is_cuda|type != "cuda"|cuda\.is_available\(\)')
 

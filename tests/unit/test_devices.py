@@ -55,6 +55,7 @@ def fake_nvml(monkeypatch):
     return nvml
 
 
+@pytest.mark.cuda
 @pytest.mark.parametrize("visible, index, physical", [
     (None, 1, 1), ("2,3", 0, 2), ("3,0", 1, 0), ("GPU-cccc3333-0000", 0, 2), ("0,GPU-dddd", 1, 3),
 ])
@@ -91,12 +92,12 @@ from distnerf.dist.env import resolve_device  # noqa: E402
 
 
 @pytest.mark.parametrize("device, cuda, environ, expected", [
-    ("auto", True, {"SLURM_JOB_ID": "7", "WORLD_SIZE": "8"}, "cuda"),
+    pytest.param("auto", True, {"SLURM_JOB_ID": "7", "WORLD_SIZE": "8"}, "cuda", marks=pytest.mark.cuda),
     ("auto", False, {}, "cpu"),                               # a plain process on a laptop
     ("auto", False, {"WORLD_SIZE": "1", "RANK": "0"}, "cpu"),  # a one-rank torchrun
     ("cpu", False, {"SLURM_JOB_ID": "7", "WORLD_SIZE": "2"}, "cpu"),  # asked for: no refusal
     ("cpu", True, {"WORLD_SIZE": "2"}, "cpu"),
-    ("cuda", True, {}, "cuda"),
+    pytest.param("cuda", True, {}, "cuda", marks=pytest.mark.cuda),
 ])
 def test_resolve_device(device, cuda, environ, expected):
     assert resolve_device(device, cuda, environ) == expected
@@ -113,6 +114,7 @@ def test_auto_refuses_the_cpu_in_a_job_and_says_why(environ, why):
     assert why in str(err.value) and "pass device=cpu" in str(err.value) and "CUDA_VISIBLE_DEVICES=''" in str(err.value)
 
 
+@pytest.mark.cuda
 def test_cuda_without_cuda_is_refused():
     with pytest.raises(ValueError, match="device=cuda requested"):
         resolve_device("cuda", False, {})
@@ -130,6 +132,7 @@ def test_train_refuses_auto_on_cpu_ranks_before_joining(monkeypatch):
     assert init_distributed("cpu", timeout_s=10, setup_timeout_s=None).device == torch.device("cpu")
 
 
+@pytest.mark.cuda
 def test_ddp_refuses_sparse_tables_on_cuda_at_build_time():
     """strategy.sparse_tables on CUDA is refused when the strategy is built (before any model or device
     work), with the reason; on the CPU the same config builds."""

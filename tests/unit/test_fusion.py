@@ -393,6 +393,7 @@ def test_joint_nerf_segments_sample_on_their_own():
     assert "rgb_coarse" in out and out["rgb_coarse"].shape == (64, 3)
 
 
+@pytest.mark.cuda
 @pytest.mark.parametrize("timed", [False, True])
 def test_fusion_synchronises_a_cuda_device_only_when_timing_is_asked(monkeypatch, timed):
     """Issue 26 item 10: on CUDA each timed phase synchronises the device (about four per chunk),

@@ -54,6 +54,7 @@ def test_the_optimizer_is_built_without_fused_where_adam_lacks_it(monkeypatch):
     assert not optim.build_optimizer(model, cfg).defaults.get("fused")
 
 
+@pytest.mark.cuda
 def test_a_resume_restores_only_this_devices_cuda_state():
     a, b, c = (torch.full((16,), v, dtype=torch.uint8) for v in (1, 2, 3))
     # written by a process that saw 8 GPUs (torchrun) as an older checkpoint did: every device's state
@@ -74,7 +75,7 @@ def test_a_resume_restores_only_this_devices_cuda_state():
     (0, 1, None, 0),
     (5, 4, 8, "more local ranks than visible GPUs"),   # 8 ranks, 4 GPUs: ranks 4-7 would share cuda:0
     (1, 4, 8, "more local ranks than visible GPUs"),   # refused on every rank, not only the unlucky ones
-    (0, 0, 1, "no CUDA device is visible"),
+    pytest.param(0, 0, 1, "no CUDA device is visible", marks=pytest.mark.cuda),
 ])
 def test_more_local_ranks_than_gpus_are_refused_naming_the_setting(local_rank, visible, local_world, expect):
     if isinstance(expect, int):
@@ -92,6 +93,7 @@ def test_ranks_sharing_one_gpu_are_found():
     assert D.shared_devices([(0, "n1", "GPU-a"), (1, "n2", "GPU-a")]) == []  # same model, other hosts
 
 
+@pytest.mark.cuda
 def test_a_cuda_joint_run_reports_its_exchange_as_not_measured_never_zero():
     from distnerf.study.collect import comm_totals
     from distnerf.study.report import sync_rows

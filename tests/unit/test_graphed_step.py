@@ -130,6 +130,7 @@ def test_graphed_step_refuses_without_a_budget(tmp_path):
         GraphedStep(SimpleNamespace(budget=None))
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (a lent GPU runs it: issue 49 item 5)")
 def test_cuda_graph_replays_the_whole_step_as_the_eager_step(tmp_path):
     """On a GPU: the recorded graph (one per grid stage) trains as the eager static step on the same batches."""

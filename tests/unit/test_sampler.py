@@ -183,6 +183,7 @@ def test_device_sampler_equals_sync(scene):
         assert_same(dev.batch(k), sync.batch(k))
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_device_sampler_on_cuda_matches_sync():
     """Pixels, colours and seeds bitwise; ray geometry within 1 ulp (torch.norm differs by device)."""
@@ -198,6 +199,7 @@ def test_device_sampler_on_cuda_matches_sync():
             torch.testing.assert_close(getattr(a.rays, name).cpu(), getattr(b.rays, name), rtol=2.4e-7, atol=1e-7)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_pipelined_on_cuda_equals_sync_bitwise():
     scene = tiny_scene()

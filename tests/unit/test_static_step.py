@@ -126,7 +126,7 @@ def test_static_step_operators_under_ceiling(trained):
 
 def test_static_steps_read_nothing_from_the_device(trained):
     """0 host syncs on a static step and on an occupancy-refresh step (the CUDA paths, counted on the CPU as
-    tests/unit/test_syncs.py counts them)."""
+    tests/bench/test_syncs.py counts them)."""
     with sync_free_paths(True):
         step = trainers.count_syncs(trained)
         while trained.step % trained.cfg.model.occupancy_every:
@@ -222,6 +222,7 @@ def test_compaction_pads_with_the_fill_value(static):
         assert position.tolist() == want and int(count) == 4
 
 
+@pytest.mark.cuda
 def test_auto_budget_is_on_for_cuda_only(trained):
     """train.samples_per_step=null (the default): 2^18 slots on CUDA where the static step covers the model,
     the dynamic step on the CPU (the suite's default path unchanged) and for a model it does not cover."""
@@ -240,6 +241,7 @@ def test_auto_budget_is_on_for_cuda_only(trained):
         model.train_termination = False
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (a lent GPU runs it: issue 49 item 5)")
 def test_static_step_on_cuda_never_synchronises_and_replays_as_a_graph(tmp_path):
     """On a GPU: the default (train.samples_per_step=null) takes the static step; its forward and backward

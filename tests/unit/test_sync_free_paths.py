@@ -4,6 +4,7 @@ inside ``sync_free_paths()`` against the paths that read the size: the same valu
 left where they replaced one (counted by :class:`~distnerf.observe.syncs.SyncCounter`)."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from distnerf.components.loss import photometric_sse
@@ -18,6 +19,7 @@ AABB = torch.tensor([[-1.0, -1.0, -1.0], [1.0, 1.0, 1.0]])
 BG = torch.ones(3)
 
 
+@pytest.mark.cuda
 def test_the_switch_is_cuda_or_the_context():
     assert not sync_free("cpu") and sync_free("cuda")
     with sync_free_paths():

@@ -2,7 +2,7 @@
 the GPU check's plan runs end to end on the CPU (toy sizes, gloo, the built-in scene) and reports ``ok`` or, for the
 GPU-only ones, ``skipped: reason``; the two-rank section really trains, checkpoints and resumes two gloo ranks (on a
 GPU both share it: issue 50 item 6), the sweep's rows each ran in their own process, and the one-GPU study's config
-expands. The plan itself (caps, order): tests/unit/test_gpu_check_plan.py."""
+expands. The plan itself (caps, order): tests/bench/test_gpu_check_plan.py."""
 from __future__ import annotations
 
 import json

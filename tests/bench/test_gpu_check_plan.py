@@ -2,7 +2,7 @@
 environment, lego at 1 minute with its 200-view evaluation, the sweep and the CUDA tests in that order, and every
 section is in some run with a shell function to run it; ``--prepare``'s size limit; the sweep's rows each in their
 own process (one that dies or hangs fails its row only); ops.py's lego folder from its argument, never a fixed path.
-The script end to end (--cpu): tests/launch/test_gpu_check.py."""
+The script end to end (--cpu): tests/bench/test_gpu_check.py."""
 from __future__ import annotations
 
 import json
