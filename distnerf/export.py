@@ -44,7 +44,7 @@ from .engine import surface
 from .engine.runs import find_checkpoint, load_renderer, load_run_config, load_weights
 from .config_check import ConfigError
 from .schema import RenderConfig
-from .strategy.ss_loading import region_states
+from .strategy.ss_loading import region_states, shared_state
 
 ENTRY = C.Entry(
     "export", "Write a run's model weights (newest committed checkpoint, no optimizer state) to one file, "
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> Path:
         partition, step = manifest["partition"], int(manifest["step"])
         state = region_states(found)
         blob = {"regions": {k: state(k) for k in range(len(partition["boxes"]))}, "partition": partition,
-                "step": step, "config": config}
+                "step": step, "config": config, "shared": shared_state(found)}
     else:
         model_state, step = load_weights(cfg, run_dir)
         blob = {"model": model_state, "step": step, "config": config}

@@ -210,6 +210,10 @@ class GridModelConfig(MarchedModelConfig):
     # equal voxel edges on every axis: a table over a box that is not a cube (an ss region, an aerial scene) gets about
     # N^3 vertices spread in proportion to its sides, instead of N per axis (voxels as long as the box's sides / (N - 1))
     cubic_voxels: bool = False
+    # [kx, ky, kz]: each axis' voxel count rounded up to a multiple of k (the planes cutting the box into k equal parts
+    # are vertex planes); strategy=ss's sharded joint model sets it to the split counts, and a one-model control on the
+    # same lattice sets it alike; null: no rounding
+    lattice_multiple: Optional[List[int]] = None
 
 
 @dataclass
@@ -281,6 +285,11 @@ class SSStrategyConfig(StrategyConfig):
     # all of it and all-gathers them (bytes per rank grow with W x the batch); route = each rank draws its own
     # rays_per_rank and sends each ray only to the ranks whose regions it crosses (all-to-all; grid/ngp models)
     joint_exchange: str = choice("gather", "route")
+    # joint training's sub-models: sharded = one model's contraction, lattice and sample spacing, each region holding
+    # its slice (grid with color=sh; regions cut through the scene box's centre planes when contracted) and one
+    # appearance applied to the composite | per_region = each region its own model (own box, contraction and
+    # lattice, as Mega-NeRF) | auto = sharded where the model allows it, else per_region
+    joint_model: str = choice("auto", "sharded", "per_region")
     fusion: str = choice("segment", "blend")  # evaluation: exact segment compositing | blend
     color_threshold: float = bounded(1.0e-3, 0)  # fusion: segment-local weight below which no colour
     blend_power: float = positive(2.0)           # blend: inverse-distance weight exponent

@@ -78,16 +78,18 @@ def load_renderer(cfg, run_dir: Path, scene, env):
         env: this process's :class:`~distnerf.dist.DistEnv`.
     """
     if cfg.strategy.name == "ss":
-        from ..strategy.ss_loading import load_fused, region_states
+        from ..strategy.ss_loading import load_fused, region_states, shared_state
 
         if cfg.weights:  # a fused export: every region's sub-model in one file
             blob = ckpt.load_file(cfg.weights)
             partition, state, step = blob["partition"], blob["regions"].__getitem__, int(blob["step"])
+            shared = blob.get("shared")
         else:
             found, manifest = find_checkpoint(cfg, run_dir)
             partition, state, step = manifest["partition"], region_states(found), int(manifest["step"])
+            shared = shared_state(found)
         fused = load_fused(partition, state, cfg.model, cfg.strategy,
-                           scene.aabb, scene.background, cfg.fusion or cfg.strategy.fusion, env)
+                           scene.aabb, scene.background, cfg.fusion or cfg.strategy.fusion, env, shared)
         return fused, step
     state, step = load_weights(cfg, run_dir)
     model = build_model(cfg.model, scene.aabb, scene.background)

@@ -32,6 +32,15 @@ contiguous floats per corner; the backward is a scatter, or sparse rows).
   explain whole pixels while its memory goes mostly to its own region. Rays are
   marched through the whole scene box with the focus box's step; the box is not
   tightened.
+* Shard (``shard_aabb``, the sharded joint model of ``strategy=ss``): the tables hold only the
+  vertices of one model's lattice (``grid_aabb`` at ``resolutions``, ``lattice_multiple``) that lie
+  in the shard's box (field coordinates: contracted space for a contracted field), a slice of the
+  one model's tables; everything else (contraction, step, density unit, occupancy cells, sample
+  spacing) is the one model's, so K shards whose boxes tile ``grid_aabb`` render together what one
+  model renders (:mod:`distnerf.strategy.joint`). A point is interpolated with its position on the
+  whole lattice (:func:`~.grid_tables.lattice_corners`: the one model's bits); the occupancy refresh
+  marks the cells the shard owns (:meth:`~.grid_occupancy.GridOccupancy.update_occupancy`), which the
+  strategy merges into one grid for all shards. The box is never tightened.
 
 The model is split by concern (nerfstudio's fields / field components / model components):
 
@@ -61,15 +70,40 @@ from .appearance import LR_SCALE, build_appearance
 from .grid_color import build_color_net, build_dir_encoding, feature_channels, shade, spherical_harmonics
 from .grid_occupancy import GridOccupancy, any_corner
 from .grid_schedule import GridSchedule
-from .grid_tables import corner_offsets, interpolate, row_strides, sparse_table_grad, trilinear_corners, voxel_shape
+from .grid_tables import (corner_offsets, interpolate, lattice_corners, row_strides, sparse_table_grad,
+                          trilinear_corners, voxel_shape)
 from .marched import MarchingModel
 
-__all__ = ["GridModel", "SHELL_SCALE_CAP", "any_corner", "interpolate", "sparse_table_grad", "spherical_harmonics",
+__all__ = ["GridModel", "SHELL_SCALE_CAP", "lattice_slice", "any_corner", "interpolate", "sparse_table_grad", "spherical_harmonics",
            "trilinear_corners", "voxel_shape"]  # the parts' names that other modules import from here
 
 SHELL_SCALE_CAP = 64.0
 """Largest world length of a contracted unit step (``r^2``, ``r`` = 8 box units) that the initial
 density compensates (:meth:`GridModel._even_shell_density_`)."""
+
+
+def lattice_slice(lattice: tuple[int, int, int], box: torch.Tensor, shard: torch.Tensor):
+    """The vertices of a lattice inside a shard's box: (first vertex per axis, vertices per axis).
+
+    Args:
+        lattice: (L_x, L_y, L_z) vertices per axis over ``box`` ((2, 3) float). shard: (2, 3) float box whose
+            faces lie on the lattice's vertex planes.
+    Raises:
+        ValueError: a face off the vertex planes (naming ``model.lattice_multiple``, which puts the planes
+            cutting the box into equal parts on vertices).
+    """
+    first, count = [], []
+    for a, m in enumerate(lattice):
+        ends = [(float(shard[i, a]) - float(box[0, a])) / (float(box[1, a]) - float(box[0, a])) * (m - 1)
+                for i in (0, 1)]
+        idx = [round(e) for e in ends]
+        if any(abs(e - i) > 1e-3 for e, i in zip(ends, idx)) or not 0 <= idx[0] < idx[1] <= m - 1:
+            raise ValueError(f"GridModel: the shard box {shard.tolist()} is not on the vertex planes of the lattice "
+                             f"of {lattice} vertices over {box.tolist()} (axis {a}: vertex {ends[0]:.4g} to "
+                             f"{ends[1]:.4g}); set model.lattice_multiple to the split counts per axis")
+        first.append(idx[0])
+        count.append(idx[1] - idx[0] + 1)
+    return tuple(first), tuple(count)
 
 
 class GridModel(GridOccupancy, GridSchedule, MarchingModel):
@@ -110,12 +144,19 @@ class GridModel(GridOccupancy, GridSchedule, MarchingModel):
             that cover the scene box outside the focus box.
         appearance, appearance_dim: per-image appearance (:mod:`.appearance`; ``embedding``
             needs ``color=mlp``). num_images: training images (rows of its table).
+        lattice_multiple: (3,) ints: each axis' voxel count is a multiple of it (:func:`voxel_shape`).
+        shard_aabb: (2, 3) box in field coordinates on the lattice's vertex planes at every stage, or None
+            (module docstring: a shard of one model).
+
+    Raises:
+        ValueError: a focus box without ``context_resolution``; a shard box with a focus box, or off the
+            lattice's vertex planes at some stage (naming ``model.lattice_multiple``).
     """
 
     holds_focus = True
 
     def __init__(self, aabb, background, cfg=None, *, focus_aabb=None, context_resolution: int | None = None,
-                 num_images: int = 0, **options):
+                 num_images: int = 0, shard_aabb=None, **options):
         cfg = OmegaConf.to_object(section(GridModelConfig, cfg, **options))  # defaults: distnerf/schema.py
         if focus_aabb is not None and context_resolution is None:
             raise ValueError("GridModel: a focus_aabb needs context_resolution (strategy.context_resolution)")
@@ -129,21 +170,32 @@ class GridModel(GridOccupancy, GridSchedule, MarchingModel):
         self.sparse_grad = bool(cfg.sparse_grad)
         self.init_contraction(cfg)
         # a contracted grid covers all of space: its box stays the doubled box (never tightened)
-        self.tighten_aabb = cfg.tighten_aabb and focus_aabb is None and self.contraction_aabb is None
+        self.tighten_aabb = (cfg.tighten_aabb and focus_aabb is None and shard_aabb is None
+                             and self.contraction_aabb is None)
+        if focus_aabb is not None and shard_aabb is not None:
+            raise ValueError("GridModel: a shard (shard_aabb) holds no focus box")
         self.register_buffer("focus", None if focus_aabb is None else
                              torch.as_tensor(focus_aabb, dtype=torch.float32).reshape(2, 3).clone())
+        self.register_buffer("shard", None if shard_aabb is None else
+                             torch.as_tensor(shard_aabb, dtype=torch.float32).reshape(2, 3).clone())
+        self.multiple = None if cfg.lattice_multiple is None else tuple(int(k) for k in cfg.lattice_multiple)
+        if self.multiple is not None and (len(self.multiple) != 3 or min(self.multiple) < 1):
+            raise ValueError(f"model.lattice_multiple must be 3 integers >= 1 (one per axis), got {list(self.multiple)}")
         box = self._context_box() if self.focus is None else self.focus
         # density unit: the smallest voxel edge of the final resolution, the edge the march step is
         # measured in (step_size), so one step of the final grid starts at opacity alpha_init on any
         # box shape. (It was the largest edge / resolution: on a flat box, such as an aerial capture's,
         # the first steps started below color_threshold, no sample got a colour and nothing learned.)
-        final = voxel_shape(cfg.resolutions[-1], box, cfg.cubic_voxels)
+        final = voxel_shape(cfg.resolutions[-1], box, cfg.cubic_voxels, self.multiple)
         self.base_voxel = min(float(e) / (m - 1) for e, m in zip((box[1] - box[0]).tolist(), final))
         # softplus(shift) * step / base_voxel = -log(1 - alpha_init) at step = step_ratio voxels
         self.density_shift = math.log(math.expm1(-math.log(1.0 - cfg.alpha_init) / cfg.step_ratio))
         num_features = feature_channels(cfg.color, cfg.num_features, cfg.sh_degree)
         n = cfg.resolutions[0]
-        vertices = math.prod(voxel_shape(n, box, cfg.cubic_voxels))
+        if self.shard is not None:  # the shard's slice of the lattice, at every stage (refused otherwise)
+            for r in cfg.resolutions:
+                lattice_slice(voxel_shape(r, box, cfg.cubic_voxels, self.multiple), box, self.shard)
+        vertices = math.prod(self._table_shape(n, box))
         self.density = nn.Parameter(torch.zeros(vertices, 1))
         self.features = nn.Parameter(torch.zeros(vertices, num_features))
         self.dir_encoding = build_dir_encoding(cfg.viewdir_encoding, cfg.viewdir_frequencies, cfg.sh_degree)
@@ -173,9 +225,12 @@ class GridModel(GridOccupancy, GridSchedule, MarchingModel):
         the box's ``sigma`` (``softplus(raw + shift) = softplus(shift) / scale``); the scale is
         capped at :data:`SHELL_SCALE_CAP` (beyond ``r`` = 8 box units, the sky's far shell keeps
         raw densities from which a few steps reach opacity)."""
-        for table, _, shape, box in self._tables():
-            axis = [torch.linspace(float(box[0, a]), float(box[1, a]), shape[a]) for a in range(3)]
-            vertices = torch.stack(torch.meshgrid(*axis, indexing="ij"), dim=-1).reshape(-1, 3)
+        for i, (table, _, shape, box) in enumerate(self._tables()):
+            if i == 0:  # the full-resolution tables: their lattice's vertices
+                vertices = self.table_vertices(self.resolution).cpu()
+            else:
+                axis = [torch.linspace(float(box[0, a]), float(box[1, a]), shape[a]) for a in range(3)]
+                vertices = torch.stack(torch.meshgrid(*axis, indexing="ij"), dim=-1).reshape(-1, 3)
             scale = world_step_scale(vertices, self.contraction_aabb.cpu()).clamp(max=SHELL_SCALE_CAP)
             target = F.softplus(torch.tensor(self.density_shift)) / scale
             raw = torch.log(torch.expm1(target)) - self.density_shift
@@ -196,25 +251,55 @@ class GridModel(GridOccupancy, GridSchedule, MarchingModel):
     def num_vertices(self, resolution: int) -> int:
         """Rows of the full-resolution tables at schedule resolution ``resolution`` on the
         current table box (the parameter budget's count, :mod:`.budget`)."""
-        return math.prod(voxel_shape(resolution, self._table_box(), self.cfg.cubic_voxels))
+        return math.prod(self._table_shape(resolution, self._lattice_box()))
 
-    def _geometry(self) -> tuple[int, float, tuple[int, int, int]]:
-        """(resolution, marching step, table shape) as Python numbers, recomputed only when the
-        grid changes (upsampling, loading a state), so the hot path reads no tensor."""
+    def _table_shape(self, resolution: int, lattice_box: torch.Tensor) -> tuple[int, int, int]:
+        """Vertices per axis of the full-resolution tables at ``resolution`` over ``lattice_box``: the
+        lattice's, or a shard's slice of it."""
+        lattice = voxel_shape(resolution, lattice_box, self.cfg.cubic_voxels, self.multiple)
+        return lattice if self.shard is None else lattice_slice(lattice, lattice_box, self.shard)[1]
+
+    def _lattice_box(self) -> torch.Tensor:
+        """(2, 3) box of the lattice the full-resolution tables lie on: ``grid_aabb`` for a shard (its
+        tables are a slice), else the tables' own box."""
+        return self.grid_aabb if self.shard is not None else self._table_box()
+
+    @property
+    def lattice(self) -> tuple[tuple[int, int, int], tuple[int, int, int]]:
+        """(vertices per axis of the whole lattice, the tables' first vertex on it): (``shape``, (0, 0, 0))
+        but for a shard."""
+        return self._geometry()[3]
+
+    def _geometry(self) -> tuple[int, float, tuple[int, int, int], tuple]:
+        """(resolution, marching step, table shape, :attr:`lattice`) as Python numbers, recomputed only when
+        the grid changes (upsampling, loading a state), so the hot path reads no tensor. The step is the
+        lattice's (a shard marches as the whole model)."""
         key = (self.grid_resolution._version, self._table_box()._version, self._table_box().data_ptr(),
                self.grid_resolution.data_ptr())
         if self._geometry_key != key:
-            box = self._table_box()
+            box = self._lattice_box()
             n = int(self.grid_resolution)
-            shape = voxel_shape(n, box, self.cfg.cubic_voxels)
+            lattice = voxel_shape(n, box, self.cfg.cubic_voxels, self.multiple)
             extent = (box[1] - box[0]).tolist()
-            if len(set(shape)) == 1:  # the smallest side over the count (this order of operations: the same step as ever)
-                step = self.cfg.step_ratio * min(extent) / (shape[0] - 1)
+            if len(set(lattice)) == 1:  # the smallest side over the count (this order of operations: the same step as ever)
+                step = self.cfg.step_ratio * min(extent) / (lattice[0] - 1)
             else:
-                step = self.cfg.step_ratio * min(e / (m - 1) for e, m in zip(extent, shape))
-            self._geometry_cache = (n, step, shape)
+                step = self.cfg.step_ratio * min(e / (m - 1) for e, m in zip(extent, lattice))
+            first, shape = ((0, 0, 0), lattice) if self.shard is None else lattice_slice(lattice, box, self.shard)
+            self._geometry_cache = (n, step, shape, (lattice, first))
             self._geometry_key = key
         return self._geometry_cache
+
+    def table_vertices(self, resolution: int) -> torch.Tensor:
+        """(V, 3) float32 field coordinates of the full-resolution tables' vertices at ``resolution``, x-major
+        (a shard's: its slice of the lattice's vertices, the same floats as the whole lattice's)."""
+        box = self._lattice_box()
+        lo, hi = box.tolist()  # host read (once per upsampling): the box's bounds
+        lattice = voxel_shape(resolution, box, self.cfg.cubic_voxels, self.multiple)
+        first, shape = ((0, 0, 0), lattice) if self.shard is None else lattice_slice(lattice, box, self.shard)
+        axes = [torch.linspace(lo[i], hi[i], lattice[i], device=box.device)[first[i]:first[i] + shape[i]]
+                for i in range(3)]
+        return torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(-1, 3)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # match the saved resolution before tensors are copied
@@ -237,8 +322,9 @@ class GridModel(GridOccupancy, GridSchedule, MarchingModel):
         return self.focus if self.focus is not None else self.grid_aabb
 
     def _tables(self) -> list[tuple[nn.Parameter, nn.Parameter, tuple[int, int, int], torch.Tensor]]:
-        """(density, features, vertices per axis, box) of each table pair, full resolution first."""
-        out = [(self.density, self.features, self.shape, self._table_box())]
+        """(density, features, vertices per axis, box) of each table pair, full resolution first (a shard's
+        box: its lattice's, over which points are placed: :meth:`_table_corners`)."""
+        out = [(self.density, self.features, self.shape, self._lattice_box())]
         if self.focus is not None:
             c = round(self.context_density.shape[0] ** (1 / 3))
             out.append((self.context_density, self.context_features, (c, c, c), self._context_box()))
@@ -282,7 +368,7 @@ class GridModel(GridOccupancy, GridSchedule, MarchingModel):
     # ---------------------------------------------------------------- field
     def _corners(self, points: torch.Tensor):
         """(P, 3) points in the full-resolution tables' box -> their (P, 8) corner rows and weights."""
-        box, shape = self._table_box(), self.shape
+        box, shape = self._lattice_box(), self.shape
         return self._table_corners((points - box[0]) / (box[1] - box[0]), shape)
 
     def _table_corners(self, x: torch.Tensor, shape: tuple[int, int, int]):
@@ -294,6 +380,9 @@ class GridModel(GridOccupancy, GridSchedule, MarchingModel):
         if key not in cache:
             cache[key] = (corner_offsets(shape, x.device), row_strides(shape, x.device))
         offsets, strides = cache[key]
+        if self.shard is not None:  # x over the lattice's box: the whole model's positions, then the slice's rows
+            lattice, first = self.lattice
+            return lattice_corners(x, lattice, first, shape, offsets)
         return trilinear_corners(x, shape, offsets, strides, outer=sync_free(x.device))
 
     def _colours(self, feats: torch.Tensor, viewdirs: torch.Tensor, ray_idx: torch.Tensor | None,
@@ -346,7 +435,7 @@ class GridModel(GridOccupancy, GridSchedule, MarchingModel):
         def sample(p: torch.Tensor, t: int) -> torch.Tensor:
             density, _, shape, box = tables[t]
             x = ((p - box[0]) / (box[1] - box[0])).clamp(0, 1)
-            if grad:
+            if grad or self.shard is not None:  # a shard: the lattice's positions (grid_sample's are its own)
                 index, weights = self._table_corners(x, shape)
                 return interpolate(density, index, weights).view(-1)
             return F.grid_sample(density.view(1, 1, *shape), (x * 2 - 1).flip(-1).view(1, 1, 1, -1, 3),

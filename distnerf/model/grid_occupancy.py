@@ -57,8 +57,37 @@ def any_corner(vertex: torch.Tensor) -> torch.Tensor:
     return v[:, :, 1:] | v[:, :, :-1]
 
 
+def dilate(occupied: torch.Tensor, dilation: int) -> torch.Tensor:
+    """(M, M, M) bool grown by ``dilation`` cells (a max-pool; the same cells as thresholding the max-pooled
+    opacities, :meth:`~distnerf.renderer.occupancy.OccupancyGrid.set_from_alpha`, since max commutes with
+    a threshold)."""
+    if dilation <= 0:
+        return occupied
+    k = 2 * dilation + 1
+    return F.max_pool3d(occupied[None, None].to(torch.float32), k, stride=1, padding=dilation)[0, 0] > 0
+
+
+def merged_occupancy(evidence: list[tuple[torch.Tensor, int]], reduce=None) -> torch.Tensor:
+    """The whole model's occupancy from its shards' :attr:`GridOccupancy.occupancy_evidence`.
+
+    Args:
+        evidence: (cells (M, M, M) bool, dilation) of each shard held here (one dilation for all).
+        reduce: ``reduce(t)``: the element-wise maximum of a (M, M, M) uint8 tensor over the processes
+            holding the other shards (an all-reduce), or None (every shard is here).
+    Returns:
+        (M, M, M) bool: the union of the shards' cells, dilated.
+    """
+    union = torch.stack([e for e, _ in evidence]).any(dim=0)
+    if reduce is not None:
+        union = reduce(union.to(torch.uint8)) > 0
+    return dilate(union, evidence[0][1])
+
+
 class GridOccupancy:
     """The occupancy refresh of :class:`~distnerf.model.grid.GridModel` (see the module docstring)."""
+
+    occupancy_evidence: tuple[torch.Tensor, int] | None = None  # a shard's last refresh, undilated
+    occupancy_refreshes: int = 0  # a shard's refreshes so far (the strategy merges after each)
 
     @torch.no_grad()
     def update_occupancy(self) -> None:
@@ -76,30 +105,60 @@ class GridOccupancy:
         box, dilated by one cell; with a table of unequal counts per axis (``cubic_voxels`` on a
         box that is not a cube), the same at M^3 cell centres over ``grid_aabb``, M = the largest
         count - 1 (no cell longer than a voxel).
+
+        A shard (``shard_aabb``) decides the cells the whole model would decide that it owns: the voxels
+        of its slice, or the cells whose centres lie in its box (half-open, closed at ``grid_aabb``'s
+        maximum), from the same values; it keeps them undilated in :attr:`occupancy_evidence` ((M, M, M)
+        bool, and the dilation to apply) and sets its grid to them, dilated. The strategy merges the
+        shards' evidence into the whole model's grid (:func:`merged_occupancy`).
         """
         n, step_size, shape = self.resolution, self.step_size(), self.shape
+        lattice, first = self.lattice
         threshold = self.current_occupancy_threshold()
-        if self.focus is None and len(set(shape)) == 1:
-            m = shape[0]
-            raw = self.density.detach().view(m, m, m)
+        shard = self.shard is not None
+        if self.focus is None and len(set(lattice)) == 1:
+            raw = self.density.detach().view(shape)
             self.occupancy.aabb.copy_(self.grid_aabb)  # the voxels' box (setting the cells refreshes the caches)
             raw_threshold = self.raw_threshold(threshold, step_size) if self.contraction_aabb is None else None
             if raw_threshold is not None:  # a bounded field: compare the raw table, not 4 M opacities
-                self.occupancy.set_binary(any_corner(raw > raw_threshold))
+                occupied = any_corner(raw > raw_threshold)
+            else:
+                corner_max = F.max_pool3d(raw[None, None], 2, stride=1)[0, 0]
+                scale = self._step_scale(lattice[0] - 1)
+                if shard and torch.is_tensor(scale):
+                    scale = scale[tuple(slice(f, f + m - 1) for f, m in zip(first, shape))]
+                occupied = 1.0 - torch.exp(-self.densities(corner_max) * step_size * scale) > threshold
+            if not shard:
+                self.occupancy.set_binary(occupied)
                 return
-            corner_max = F.max_pool3d(raw[None, None], 2, stride=1)[0, 0]
-            alpha = 1.0 - torch.exp(-self.densities(corner_max) * step_size * self._step_scale(m - 1))
-            self.occupancy.set_from_alpha(alpha, threshold, dilation=0)
+            evidence = torch.zeros((lattice[0] - 1,) * 3, dtype=torch.bool, device=raw.device)
+            evidence[tuple(slice(f, f + m - 1) for f, m in zip(first, shape))] = occupied
+            self._set_evidence(evidence, 0)
             return
-        m = n if self.focus is not None else max(shape) - 1
+        m = n if self.focus is not None else max(lattice) - 1
         if self.occupancy.resolution != m:
             self.occupancy.resize(self.grid_aabb, m)
         else:
             self.occupancy.aabb.copy_(self.grid_aabb)  # a tightened box (a contracted one never moves)
-        sigma = self.densities(self.raw_density(self.occupancy.cell_centers(), contracted=True))
+        centres = self.occupancy.cell_centers()
+        sigma = self.densities(self.raw_density(centres, contracted=True))
         scale = self._step_scale(m)
         alpha = 1.0 - torch.exp(-sigma * step_size * (scale.reshape(-1) if torch.is_tensor(scale) else scale))
-        self.occupancy.set_from_alpha(alpha.view(m, m, m), threshold, dilation=1)
+        if not shard:
+            self.occupancy.set_from_alpha(alpha.view(m, m, m), threshold, dilation=1)
+            return
+        self._set_evidence(((alpha > threshold) & self._owned(centres)).view(m, m, m), 1)
+
+    def _owned(self, points: torch.Tensor) -> torch.Tensor:
+        """(P,) bool: the (P, 3) field-coordinate points a shard owns (its box, half-open; closed at the lattice
+        box's maximum, so the shards of a tiling own every point once)."""
+        lo, hi, top = self.shard[0], self.shard[1], self.grid_aabb[1]
+        return ((points >= lo) & ((points < hi) | ((hi >= top) & (points <= hi)))).all(dim=-1)
+
+    def _set_evidence(self, evidence: torch.Tensor, dilation: int) -> None:
+        self.occupancy_evidence = (evidence, dilation)
+        self.occupancy_refreshes += 1
+        self.occupancy.set_binary(dilate(evidence, dilation))
 
     def raw_threshold(self, threshold: float, step_size: float) -> float | None:
         """The raw table value above which one marching step of ``step_size`` has opacity above

@@ -49,10 +49,12 @@ class GridSchedule:
             pad = (self.grid_aabb[1] - self.grid_aabb[0]) / self.resolution
             new_aabb = torch.stack([torch.maximum(box[0] - pad, self.grid_aabb[0]),
                                     torch.minimum(box[1] + pad, self.grid_aabb[1])])
-        lo, hi = new_aabb.tolist()  # host sync (once per upsampling): the new box's bounds
-        shape = voxel_shape(resolution, new_aabb, self.cfg.cubic_voxels)
-        axes = [torch.linspace(lo[i], hi[i], shape[i], device=self.density.device) for i in range(3)]
-        points = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(-1, 3)  # x-major
+            lo, hi = new_aabb.tolist()  # host sync (once per upsampling): the new box's bounds
+            shape = voxel_shape(resolution, new_aabb, self.cfg.cubic_voxels, self.multiple)
+            axes = [torch.linspace(lo[i], hi[i], shape[i], device=self.density.device) for i in range(3)]
+            points = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(-1, 3)  # x-major
+        else:  # the box stays: the new lattice's vertices in it (a shard's slice)
+            points = self.table_vertices(resolution).to(self.density.device)
         index, weights = self._corners(points)
         density = interpolate(self.density, index, weights)
         features = interpolate(self.features, index, weights)

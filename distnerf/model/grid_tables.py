@@ -21,7 +21,8 @@ import torch.nn.functional as F
 from ..host_buffers import sync_free
 
 
-def voxel_shape(resolution: int, box: torch.Tensor | None = None, cubic: bool = False) -> tuple[int, int, int]:
+def voxel_shape(resolution: int, box: torch.Tensor | None = None, cubic: bool = False,
+                multiple: tuple[int, int, int] | None = None) -> tuple[int, int, int]:
     """Vertices per axis of a table at schedule resolution N over ``box``.
 
     Without ``cubic``: N on every axis, whatever the box's shape (a voxel is as long as its
@@ -32,17 +33,50 @@ def voxel_shape(resolution: int, box: torch.Tensor | None = None, cubic: bool = 
     vertices there refine only the split axes, and a band-limited field is resolved by its
     coarsest axis.) Each ``n_a`` is non-decreasing in N.
 
+    With ``multiple`` (``model.lattice_multiple``: ``ss``'s sharded joint model) each axis' voxel count
+    ``n_a - 1`` is rounded up to a multiple of ``multiple[a]``, so that the planes cutting the box into
+    ``multiple[a]`` equal parts are vertex planes: a region's tables are then a slice of the lattice.
+
     Args:
         resolution: N >= 2. box: (2, 3) float box [min, max] (any units); needed with ``cubic``.
+        multiple: (3,) ints >= 1, or None.
     Returns:
         (n_x, n_y, n_z) Python ints, each >= 2.
     """
     n = int(resolution)
     if not cubic:
-        return (n, n, n)
-    extent = [float(e) for e in (box[1] - box[0]).tolist()]
-    mean = math.prod(extent) ** (1 / 3)
-    return tuple(max(2, round((n - 1) * e / mean) + 1) for e in extent)
+        shape = (n, n, n)
+    else:
+        extent = [float(e) for e in (box[1] - box[0]).tolist()]
+        mean = math.prod(extent) ** (1 / 3)
+        shape = tuple(max(2, round((n - 1) * e / mean) + 1) for e in extent)
+    if multiple is None:
+        return shape
+    return tuple(-(-(m - 1) // int(k)) * int(k) + 1 for m, k in zip(shape, multiple))
+
+
+def lattice_corners(x: torch.Tensor, lattice: tuple[int, int, int], first: tuple[int, int, int],
+                    shape: tuple[int, int, int], offsets: torch.Tensor):
+    """:func:`trilinear_corners` of a table that is a slice of a larger lattice (a shard of ``ss``'s sharded
+    joint model): positions are measured on the whole lattice, so a point's corners and weights are the
+    same bits as the whole table's, and its corner rows are then taken relative to the slice.
+
+    Args:
+        x: (P, 3) float positions in [0, 1] over the whole lattice's box (clamped to the slice).
+        lattice: (L_x, L_y, L_z) vertices per axis of the whole lattice. first: (3,) the slice's first
+            vertex on each axis. shape: (n_x, n_y, n_z) the slice's vertices per axis (each >= 2).
+        offsets: (8,) long :func:`corner_offsets` of ``shape``.
+    Returns:
+        index: (P, 8) long rows of the slice's table; weights: (P, 8) float, summing to 1.
+    """
+    pos = [(x[:, a].clamp(0, 1) * (m - 1)).clamp(f, f + n - 1) for a, (m, f, n) in enumerate(zip(lattice, first, shape))]
+    lower = [p.floor().clamp(f, f + n - 2) for p, f, n in zip(pos, first, shape)]
+    fx, fy, fz = (p - b for p, b in zip(pos, lower))
+    base = [(b - f).long() for b, f in zip(lower, first)]
+    index = ((base[0] * shape[1] + base[1]) * shape[2] + base[2])[:, None] + offsets
+    gx, gy, gz = 1 - fx, 1 - fy, 1 - fz
+    xy = (gx * gy, gx * fy, fx * gy, fx * fy)
+    return index, torch.stack([w * z for w in xy for z in (gz, fz)], dim=1)
 
 
 def corner_offsets(resolution: tuple[int, int, int], device: torch.device | str | None = None) -> torch.Tensor:

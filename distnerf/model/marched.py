@@ -29,7 +29,7 @@ import torch
 from ..data.rays import RayBundle
 from ..renderer.contraction import contract, ray_breaks, to_spacing
 from ..renderer.marching import render_segment
-from ..renderer.occupancy import OccupancyGrid, march
+from ..renderer.occupancy import OccupancyGrid, march, owned_window, spacing_end
 from ..renderer.output import RenderOutput
 from ..renderer.packed import distortion_loss
 from ..renderer.samples import clip_to_box, far_above_altitude
@@ -182,7 +182,7 @@ class MarchingModel(RadianceModel):
 
     def render_segment(self, rays: RayBundle, t_lo: torch.Tensor, t_hi: torch.Tensor, anchor: torch.Tensor,
                        background: torch.Tensor | None, step_size: float | None = None,
-                       in_front: torch.Tensor | None = None) -> RenderOutput:
+                       in_front: torch.Tensor | None = None, owned: tuple | None = None) -> RenderOutput:
         """Render the segments ``[t_lo, t_hi]`` ((R,) float) of ``rays``.
 
         Args:
@@ -190,10 +190,15 @@ class MarchingModel(RadianceModel):
             background: (3,) or (R, 3) float, or None for a segment without background.
             step_size: marching step (distance; default :meth:`step_size`).
             in_front: (R,) float transmittance in front of the segment, or None.
+            owned: ``(t_in, t_out)`` (R,) float each: render only the samples of the march over
+                ``[t_lo, t_hi]`` (the whole ray) whose midpoints lie in ``[t_in, t_out)``
+                (:meth:`owned_window`), or None (the whole segment, its end intervals clipped).
         Returns:
             see :func:`~distnerf.renderer.marching.render_segment`.
         """
         step_size = self.step_size() if step_size is None else step_size
+        if owned is not None:
+            t_lo, t_hi = self.owned_window(rays, t_lo, t_hi, anchor, step_size, *owned)
         colours = self.colours if rays.image_ids is None else partial(self.colours, image_ids=rays.image_ids)
         background = self.appearance_background(background, rays)
         field_fn = self.field_query(rays.image_ids)
@@ -202,6 +207,20 @@ class MarchingModel(RadianceModel):
                               colour_threshold=self.color_threshold, termination=self.current_termination(),
                               in_front=in_front, step_size=step_size, round_steps=self.round_steps(),
                               field_fn=field_fn)
+
+    def owned_window(self, rays: RayBundle, t_lo: torch.Tensor, t_hi: torch.Tensor, anchor: torch.Tensor,
+                     step_size: float, t_in: torch.Tensor, t_out: torch.Tensor):
+        """(R,) float window of each ray whose march gives exactly the samples of the march over the whole
+        ray ``[t_lo, t_hi]`` with midpoints in ``[t_in, t_out)``
+        (:func:`~distnerf.renderer.occupancy.owned_window`): the whole ray is first clipped as the marcher
+        clips it (a bounded field: to its box and occupied cells; a contracted one: where its spacing ends)."""
+        dt = step_size / rays.directions.norm(dim=-1)
+        spacing = self.contraction_aabb
+        if spacing is None:
+            t_lo, t_hi = self.marcher(step_size).clip(rays.origins, rays.directions, t_lo, t_hi)
+            return owned_window(t_in, t_out, t_lo, t_hi, anchor, dt)
+        breaks = ray_breaks(rays.origins, rays.directions, anchor, spacing.to(rays.origins.dtype))
+        return owned_window(t_in, t_out, t_lo, spacing_end(t_hi, anchor, dt, breaks), anchor, dt, breaks)
 
     def field_query(self, image_ids: torch.Tensor | None = None):
         """A ``field_fn`` of :func:`~distnerf.renderer.marching.render_segment` (density and colour from

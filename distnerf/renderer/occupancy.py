@@ -327,6 +327,40 @@ def grid_index(t: torch.Tensor, anchor: torch.Tensor, dt: torch.Tensor,
     return torch.floor((s - anchor) / dt).long()
 
 
+def owned_window(t_in: torch.Tensor, t_out: torch.Tensor, t_lo: torch.Tensor, t_hi: torch.Tensor,
+                 anchor: torch.Tensor, dt: torch.Tensor, breaks: torch.Tensor | None = None):
+    """The part of a ray's march that one region owns: the intervals whose midpoints lie in ``[t_in, t_out)``.
+
+    A ray marched whole over ``[t_lo, t_hi]`` gets the sample-grid intervals clipped to it; its midpoints
+    (of the clipped edges) increase along the ray, so the intervals with midpoints in a region's segment
+    ``[t_in, t_out)`` are a run ``j_a <= j < j_b``. Marching the window ``[E_{j_a}, E_{j_b}]`` (``E`` the
+    clipped edges) gives exactly those intervals, with the whole march's edges and midpoints: regions
+    whose segments tile the ray split its samples between them, each sample whole, none twice (``ss``'s
+    sharded joint model: :mod:`distnerf.strategy.joint`). A segment's end inside an interval goes to the
+    region holding the interval's midpoint.
+
+    Args:
+        t_in, t_out: (R,) float the region's segment (empty where ``t_in >= t_out``).
+        t_lo, t_hi: (R,) float the whole ray's march (what :func:`march` would clip to; for a contracted
+            ray ``t_hi`` already capped by :func:`spacing_end`).
+        anchor, dt: (R,) float the sample grid (:func:`grid_edges`). breaks: (R,) float the contracted
+            spacing's breaks, or None.
+    Returns:
+        (w_lo, w_hi): (R,) float, empty (``w_lo >= w_hi``) where the region owns no interval.
+    """
+    def edge(j):
+        return grid_edges(anchor, dt, j, breaks).clamp(t_lo, t_hi)
+
+    def first_owned(t):  # the first interval whose midpoint is at or after t
+        j = grid_index(torch.maximum(t, t_lo), anchor, dt, breaks)
+        return torch.where(0.5 * (edge(j) + edge(j + 1)) >= t, j, j + 1)
+
+    j_a, j_b = first_owned(t_in), first_owned(t_out)
+    w_lo, w_hi = edge(j_a), edge(j_b)
+    empty = (t_in >= t_out) | (t_lo >= t_hi)
+    return w_lo, torch.where(empty, w_lo, w_hi)
+
+
 def spacing_end(t_hi: torch.Tensor, anchor: torch.Tensor, dt: torch.Tensor, breaks: torch.Tensor) -> torch.Tensor:
     """(R,) float the segment ends ``t_hi`` (R,) capped where a contracted ray's spacing
     ends: half a step before ``s = 2 b``, so the last interval is finite (the background

@@ -29,9 +29,14 @@ segment's transmittance (its colour threshold sees only its own segment).
 Sampling: ``grid`` and ``ngp`` sub-models march their segment on the ray's one sample
 grid, anchored at ``near`` and jittered by one offset per ray drawn from the step's
 generator (the same on every rank, since every rank draws the same batch), so the
-segments of a ray tile it with no gap and no overlap, and with equal steps a ray gets
-exactly the samples one model marching the whole ray would place (split at the region
-boundaries). ``nerf`` draws stratified coarse samples in the segment and fine samples
+segments of a ray tile it with no gap and no overlap. The shards of the sharded joint model
+(``strategy.joint_model=sharded``: one model's contraction, lattice and spacing, each region a
+slice of its tables) take the one model's march of the whole ray and keep the intervals whose
+midpoints lie in their segment (:func:`~distnerf.renderer.occupancy.owned_window`): every sample
+is one model's, whole, rendered by the region holding its midpoint, so the composite is the one
+model's render (``tests/unit/test_ss_sharded.py``). Per-region sub-models (``per_region``) clip
+their segments at the region boundaries instead: an interval straddling a boundary becomes two
+pieces, each evaluated at its own midpoint. ``nerf`` draws stratified coarse samples in the segment and fine samples
 from the segment's own coarse weights, and its coarse pass is composited across regions
 for the coarse loss; this is a different estimator from one NeRF sampling the whole
 ray. Its jitter of region k comes from a generator seeded by (step seed, k). Either way
@@ -131,7 +136,10 @@ def render_segments(models, regions: list[int], boxes: torch.Tensor, rays: RayBu
         if isinstance(model, MarchingModel):
             step_size = model.step_size()
             anchor = rays.near if u is None else rays.near + u * step_size / rays.directions.norm(dim=-1)
-            out = model.render_segment(rays, t_in, t_out, anchor, None, step_size)
+            if getattr(model, "shard", None) is not None:  # one model's march of the ray, its samples by midpoint
+                out = model.render_segment(rays, rays.near, rays.far, anchor, None, step_size, owned=(t_in, t_out))
+            else:
+                out = model.render_segment(rays, t_in, t_out, anchor, None, step_size)
             segs.append(torch.cat([out.rgb, out.transmittance[:, None], out.depth[:, None]], dim=1))
             counts.append(int(out.num_samples))
             continue

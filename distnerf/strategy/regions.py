@@ -160,24 +160,139 @@ class JointRegionModels(RegionModels):
     segments of all regions are exchanged and composited exactly (:mod:`.joint`), with an
     opaque floor over the floor's colour where the floor ends a ray (:mod:`.floor`).
 
+    The sharded joint model (``strategy.joint_model=sharded``: the sub-models are shards of one
+    :class:`~distnerf.model.grid.GridModel`, ``shard_aabb``) is one model sharded: what one model holds
+    once is held once here. Its per-image ``appearance`` lives in this container, not in the shards,
+    and transforms the composite (background and floor colour included), which for ``affine`` is
+    exactly the one model's per-sample transform (:mod:`distnerf.model.appearance`); every rank
+    composites the same rays identically, so each rank's replica gets the same gradient and stays
+    equal with no all-reduce. The occupancy grid is one grid: after a refresh the shards' cells are
+    merged (:func:`~distnerf.model.grid_occupancy.merged_occupancy`; one all-reduce (max) of M^3 bytes
+    across ranks) and dilated, and every shard takes the merged grid, so a sample near a region face is
+    skipped or kept as the one model would.
+
     Args:
-        models: region index -> sub-model (its box only, black background).
+        models: region index -> sub-model (its box only, or a shard of one model; black background).
         partition: the run's partition. background: (3,) scene background.
         distributed: exchange segments with the other ranks (else all K regions are here).
         routed: training only, ``strategy.joint_exchange=route`` (:meth:`forward_routed`): each rank draws
             its own rays and sends each only to the ranks whose regions it crosses; else every rank holds
             the same rays and all-gathers its segments of all of them.
+        appearance: the sharded model's one per-image appearance (:class:`~distnerf.model.appearance.Appearance`,
+            ``affine``), or None.
     """
 
     def __init__(self, models: dict[int, RadianceModel], partition: Partition, background, distributed: bool,
-                 routed: bool = False):
+                 routed: bool = False, appearance: nn.Module | None = None):
         super().__init__(models, partition, background)
         self.register_buffer("all_boxes", partition.extents().float())
         self.distributed = distributed
         self.routed = routed and distributed
         self.exchange = {"seconds": 0.0, "bytes": 0, "calls": 0}
+        self.appearance = appearance
+        self.sharded = all(getattr(m, "shard", None) is not None for m in self.models)
+        if appearance is not None and not self.sharded:
+            raise ValueError("JointRegionModels: one appearance for the composite needs shards of one model")
         if not distributed and self.regions != list(range(len(partition))):
             raise ValueError(f"one process needs all {len(partition)} regions, got {self.regions}")
+
+    def update_state(self, step: int, stage_step: int | None = None) -> bool:
+        """Every sub-model's schedule; the shards' occupancy refreshes merged into one grid (class docstring).
+        Every rank refreshes at the same steps (one schedule), so the merge's all-reduce is matched."""
+        if not self.sharded:
+            return super().update_state(step, stage_step)
+        before = [m.occupancy_refreshes for m in self.models]
+        changed = super().update_state(step, stage_step)
+        if [m.occupancy_refreshes for m in self.models] != before:
+            self.merge_occupancy()
+        return changed
+
+    @torch.no_grad()
+    def merge_occupancy(self) -> None:
+        """Set every shard's occupancy grid to the whole model's (the union of the shards' own cells, dilated)."""
+        from ..model.grid_occupancy import merged_occupancy
+
+        def across_ranks(t: torch.Tensor) -> torch.Tensor:
+            D.all_reduce_(t, "max")  # the other ranks' shards' cells (M^3 bytes, once per refresh)
+            return t
+
+        merged = merged_occupancy([m.occupancy_evidence for m in self.models],
+                                  across_ranks if self.distributed else None)
+        for m in self.models:
+            m.occupancy.set_binary(merged)
+
+    @torch.no_grad()
+    def tie_faces(self) -> None:
+        """Sum the gradients of every face vertex's copies (the shards beside a cut plane both hold its
+        vertices), so the copies, equal at the start and resampled alike at an upsampling, take the same
+        optimizer steps and stay the one model's vertex, whose gradient is that sum.
+
+        Per cut plane (axis by axis, so a vertex on two planes sums its four copies): each shard here adds
+        its face's (density, features) gradients into a (plane vertices, 1 + C) buffer of the whole lattice,
+        one all-reduce (sum) across ranks, and the face takes the sum. Dense gradients only
+        (:meth:`~distnerf.strategy.ss.SSStrategy.build_shard` turns the sparse rows off).
+        """
+        if not self.sharded:
+            return
+        lattice, _ = self.models[0].lattice
+        for axis in range(3):
+            for plane in self._cuts(axis):  # every rank the same planes (matched all-reduces)
+                self._tie_plane(axis, plane, lattice)
+
+    def _cuts(self, axis: int) -> list[int]:
+        """The lattice's vertex planes cut by the partition on ``axis`` (shard boxes' inner faces)."""
+        lattice, _ = self.models[0].lattice
+        cells = len({round(float(b[0, axis]), 9) for b in self.partition.boxes})
+        return [i * (lattice[axis] - 1) // cells for i in range(1, cells)]
+
+    @staticmethod
+    def _faces(model, axis: int) -> list[int]:
+        (lattice, first), shape = model.lattice, model.shape
+        return [p for p in (first[axis], first[axis] + shape[axis] - 1) if 0 < p < lattice[axis] - 1]
+
+    def _tie_plane(self, axis: int, plane: int, lattice: tuple[int, int, int]) -> None:
+        """Sum the face copies on ``plane`` of ``axis`` of the shards on either side. The buffer spans the plane
+        with each other axis' face planes doubled (a shard's window: its first vertex + the cuts at or below
+        it), so shards beside each other along another axis stay apart (their copies are summed there)."""
+        others = [a for a in range(3) if a != axis]
+        cuts = {b: self._cuts(b) for b in others}
+        width = self.models[0].density.shape[1] + self.models[0].features.shape[1]
+        total = self.models[0].density.new_zeros(*(lattice[b] + len(cuts[b]) for b in others), width)
+        views = []
+        for m in self.models:
+            if plane not in self._faces(m, axis):
+                continue
+            (_, first), shape = m.lattice, m.shape
+            grads = [t.grad if t.grad is not None else torch.zeros_like(t) for t in (m.density, m.features)]
+            face = [g.view(*shape, -1).select(axis, plane - first[axis]) for g in grads]
+            start = [first[b] + sum(1 for p in cuts[b] if p <= first[b]) for b in others]
+            window = tuple(slice(o, o + shape[b]) for o, b in zip(start, others))
+            total[window] += torch.cat(face, dim=-1)
+            views.append((m, face, window))
+        if self.distributed:
+            D.all_reduce_(total)  # the copies held by other ranks
+            self.exchange["face_bytes"] = self.exchange.get("face_bytes", 0) + total.numel() * total.element_size()
+        for m, face, window in views:
+            for t, f, lo, hi in ((m.density, face[0], 0, 1), (m.features, face[1], 1, width)):
+                if t.grad is None:
+                    t.grad = torch.zeros_like(t)
+                    f = t.grad.view(*m.shape, -1).select(axis, plane - m.lattice[1][axis])
+                f.copy_(total[window][..., lo:hi])
+
+    def param_groups(self, lr: float) -> list[dict]:
+        """The regions' groups, then the shared appearance's (``shared/appearance``)."""
+        groups = super().param_groups(lr)
+        if self.appearance is not None:
+            from ..model.appearance import LR_SCALE
+
+            groups.append({"params": [self.appearance.table], "lr": lr * LR_SCALE, "name": "shared/appearance"})
+        return groups
+
+    def _appearance(self, out: RenderOutput, rays: RayBundle) -> RenderOutput:
+        """The one appearance transform of the composite (class docstring)."""
+        if self.appearance is not None:
+            out.rgb = self.appearance.transform(out.rgb, self.appearance.codes(rays.image_ids, len(rays)), None)
+        return out
 
     def forward(self, rays: RayBundle, generator=None) -> RenderOutput:
         if self.routed and self.training:
@@ -202,7 +317,7 @@ class JointRegionModels(RegionModels):
             self.exchange["calls"] += 1
         out = composite_all(values, rays, self.all_boxes, self.background, floored)
         out.num_samples, out.samples_per_region = seg["num_samples"], seg["samples_per_region"]
-        return out
+        return self._appearance(out, rays)
 
     def forward_routed(self, rays: RayBundle, generator=None) -> RenderOutput:
         """This rank's own rays rendered by the regions they cross, wherever those are held.
@@ -266,7 +381,7 @@ class JointRegionModels(RegionModels):
         full = full.index_put((ray_of[:, None], slots), back.view(-1, m, width))
         out = composite_all(full, rays, self.all_boxes, self.background, floored)
         out.num_samples, out.samples_per_region = seg["num_samples"], seg["samples_per_region"]
-        return out
+        return self._appearance(out, rays)
 
 
 def context_memory_share(model: RadianceModel) -> float:

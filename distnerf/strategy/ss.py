@@ -83,10 +83,52 @@ def training_ray_sample(scene, num_rays: int, seed: int):
     return rays, image
 
 
-def _group_region(group: dict) -> int:
+def _group_region(group: dict) -> int | str:
     """The region of an optimizer group of :meth:`.regions.RegionModels.param_groups` (``regionK/...``;
-    the name, since a loaded state dict replaces a group's other keys with the saved ones)."""
-    return int(group["name"].split("/", 1)[0][len("region"):])
+    the name, since a loaded state dict replaces a group's other keys with the saved ones), or ``shared``
+    (``shared/...``: the sharded joint model's appearance, :class:`.regions.JointRegionModels`)."""
+    head = group["name"].split("/", 1)[0]
+    return head if head == "shared" else int(head[len("region"):])
+
+
+def shard_layout(partition: Partition) -> tuple[torch.Tensor, tuple[int, int, int]]:
+    """The shards of one model that a partition's regions hold (``strategy.joint_model=sharded``).
+
+    A bounded partition's regions are a regular grid of the scene box (c_a cells on axis a); a contracted
+    (:attr:`Partition.unbounded`) one's are cut through the box's centre planes only, at most 2 per axis:
+    a centre plane of the scene box is one of the contracted cube too, and of the world, so each region is
+    convex and a ray enters it once; an off-centre plane of the contracted cube is a curved surface in the
+    world (a ray could enter its region twice).
+
+    Returns:
+        boxes: (K, 2, 3) float32 each region's shard box in field coordinates (a contracted partition's
+        outer faces moved to the contracted cube's, :func:`~distnerf.renderer.contraction.contracted_box`);
+        multiple: (c_x, c_y, c_z) the cells per axis (``model.lattice_multiple``: the cut planes are
+        vertex planes of the lattice).
+    Raises:
+        ValueError: regions that are not such a grid (a ``balanced`` partition, off-centre planes when
+            contracted), naming ``strategy.joint_model=per_region``.
+    """
+    from ..renderer.contraction import contracted_box
+
+    lo, hi = partition.bounds[0], partition.bounds[1]
+    counts = []
+    for a in range(3):
+        starts = sorted({round(float(v), 9) for v in partition.boxes[:, 0, a]})
+        c = len(starts)
+        even = all(abs(s - (float(lo[a]) + i * float(hi[a] - lo[a]) / c)) <= 1e-6 * float(hi[a] - lo[a])
+                   for i, s in enumerate(starts))
+        if not even or (partition.unbounded and c > 2):
+            raise ValueError(f"strategy.joint_model=sharded needs regions that {'cut the scene box through its centre planes (at most 2 per axis: a contracted scene)' if partition.unbounded else 'form a regular grid of the scene box'}; "
+                             f"the {partition.kind} partition cuts axis {a} at {starts[1:]}: use strategy.partition=grid "
+                             f"with strategy.grid (e.g. [2,1,2]), or strategy.joint_model=per_region")
+        counts.append(c)
+    boxes = partition.boxes.clone()
+    if partition.unbounded:
+        outer = contracted_box(partition.bounds)
+        boxes[:, 0] = torch.where(boxes[:, 0] <= lo, outer[0], boxes[:, 0])
+        boxes[:, 1] = torch.where(boxes[:, 1] >= hi, outer[1], boxes[:, 1])
+    return boxes.float(), tuple(counts)
 
 
 def regions_crossed(crossing: torch.Tensor) -> dict:
@@ -105,6 +147,20 @@ def regions_crossed(crossing: torch.Tensor) -> dict:
     shares = torch.bincount(hit, minlength=crossing.shape[1] + 1)[1:].double() / hit.numel()
     return {"regions_crossed_mean": float(hit.double().mean()),
             "regions_crossed_share": {str(k + 1): float(v) for k, v in enumerate(shares.tolist())}}
+
+
+def load_shared(ckpt_dir: Path) -> dict:
+    """The sharded joint model's shared state (``{"model": appearance state, "optimizer": its part}``), kept
+    in region 0's file.
+
+    Raises:
+        CheckpointError: a checkpoint without it (saved by per-region sub-models).
+    """
+    state = ckpt.load_file(Path(ckpt_dir) / ckpt.region_file(0))
+    if "shared" not in state:
+        raise ckpt.CheckpointError(f"{ckpt_dir}: {ckpt.region_file(0)} holds no shared appearance: a checkpoint of "
+                                   f"per-region sub-models; resume or render it with strategy.joint_model=per_region")
+    return state["shared"]
 
 
 class SSStrategy(Strategy):
@@ -305,8 +361,35 @@ class SSStrategy(Strategy):
                 torch.manual_seed(region_seed(self.seed, k + 1))
                 models[k] = self.build_region_model(model_cfg, scene.aabb, scene.background, k, len(scene))
         if self.joint:
-            return JointRegionModels(models, self.partition, scene.background, self.env.distributed, self.routed)
+            return JointRegionModels(models, self.partition, scene.background, self.env.distributed, self.routed,
+                                     self.shared_appearance(model_cfg, len(scene)))
         return RegionModels(models, self.partition, blocks=True)
+
+    def sharded(self, model_cfg) -> bool:
+        """Whether the joint sub-models are shards of one model (``strategy.joint_model``: ``auto`` picks
+        them for ``model=grid`` with ``color=sh``; a colour network or another model would be one per region).
+
+        Raises:
+            ValueError: ``sharded`` asked of a model that cannot be sharded.
+        """
+        cfg = section("model", model_cfg)
+        if not self.joint or self.cfg.joint_model == "per_region":
+            return False
+        able = cfg.name == "grid" and cfg.get("color") == "sh"
+        if self.cfg.joint_model == "sharded" and not able:
+            raise ValueError(f"strategy.joint_model=sharded shards one model=grid with model.color=sh (got "
+                             f"model={cfg.name}{', color=' + str(cfg.get('color')) if cfg.name == 'grid' else ''}: "
+                             f"a colour network would be one per region); use strategy.joint_model=per_region")
+        return able
+
+    def shared_appearance(self, model_cfg, num_images: int):
+        """The sharded joint model's one appearance table (None without ``model.appearance``, or per region)."""
+        cfg = section("model", model_cfg)
+        if not self.sharded(cfg):
+            return None
+        from ..model.appearance import build_appearance
+
+        return build_appearance(cfg.appearance, num_images, cfg.appearance_dim, False)
 
     def build_region_model(self, model_cfg: dict, aabb, background, region: int,
                            num_images: int = 0) -> RadianceModel:
@@ -321,6 +404,8 @@ class SSStrategy(Strategy):
         ``num_images``: rows of its own appearance table (all training images; 0 when a
         checkpoint's table is loaded into it)."""
         cfg = section("model", model_cfg)  # the run's typed node passes through
+        if self.sharded(cfg):
+            return self.build_shard(cfg, aabb, region, num_images)
         if cfg.max_params is not None:  # a per-rank budget: each of the rank's K / W regions (training W) a share
             world_size = self.partition.world_size or self.env.world_size
             cfg = derive(cfg, max_params=cfg.max_params * world_size // len(self.partition))
@@ -332,6 +417,40 @@ class SSStrategy(Strategy):
             return build_model(cfg, self.partition.enlarged()[region].float(), background, num_images=num_images)
         focus = (self.partition.enlarged()[region].float().tolist(), self.cfg.context_resolution)
         return build_model(cfg, aabb, background, focus=focus, num_images=num_images)
+
+    def build_shard(self, cfg, aabb, region: int, num_images: int = 0) -> RadianceModel:
+        """Region ``region``'s shard of one model (``strategy.joint_model=sharded``): the one model is ``cfg``
+        on the scene box (its contraction, lattice and step), with ``model.lattice_multiple`` the partition's
+        cells per axis (:func:`shard_layout`) and, with ``model.max_params`` (a per-rank budget), sized for
+        W x that budget in all (W the training world size: the one model that W ranks hold, its appearance
+        counted once); the shard holds that lattice's vertices in its region's box (a face plane in both
+        regions beside it, its copies' gradients summed: :meth:`finish_gradients`), dense gradients (no
+        sparse rows, so the face sums are plain adds), no appearance (the container's,
+        :meth:`shared_appearance`), and ``model.tv_weight`` / K (each shard's total variation is a mean over its own vertex pairs; the
+        pairs across a face are in no shard, those inside a face plane in two)."""
+        boxes, multiple = shard_layout(self.partition)
+        whole = derive(cfg, lattice_multiple=list(multiple), tighten_aabb=False)
+        budget = None
+        if cfg.max_params is not None:
+            from ..model.budget import fit_budget
+            from ..model.grid import GridModel
+
+            world_size = self.partition.world_size or self.env.world_size
+            whole, _, budget = fit_budget(GridModel, derive(whole, max_params=cfg.max_params * world_size), aabb,
+                                          torch.zeros(3), {"num_images": num_images})
+        shard = derive(whole, max_params=None, appearance="none", sparse_grad=False,
+                       tv_weight=cfg.tv_weight / len(self.partition) if cfg.get("tv_weight") else cfg.get("tv_weight"))
+        model = build_model(shard, aabb.float(), torch.zeros(3), shard_aabb=boxes[region])
+        if budget is not None:  # what the shard holds at the final stage, beside the whole model's count
+            per_vertex = model.density.shape[1] + model.features.shape[1]
+            model.budget = {**budget, "whole_model_parameters": budget["final_parameters"],
+                            "final_parameters": model.num_vertices(budget["resolutions"][-1]) * per_vertex}
+        return model
+
+    def finish_gradients(self) -> None:
+        """The sharded joint model: its face copies' gradients summed (:meth:`.regions.JointRegionModels.tie_faces`)."""
+        if isinstance(self.model, JointRegionModels):
+            self.model.tie_faces()
 
     def parameter_report(self, model: RegionModels) -> dict:
         """Per region of this rank: its owner, parameters (context tables included; ``context_parameters``
@@ -382,10 +501,12 @@ class SSStrategy(Strategy):
         # device's span comes from the CUDA events around it (resolved here, after the steps' syncs)
         seconds_key = "exchange_launch_s" if D.device_timed(self.env.device) else "exchange_s"
         out = {seconds_key: ex["seconds"], "exchange_bytes": ex["bytes"], "exchange_calls": ex["calls"]}
+        if "face_bytes" in ex:  # the sharded model's face-gradient all-reduces (tie_faces)
+            out["face_bytes"] = ex["face_bytes"]
         events = ex.pop("events", None)
         if events:
             out["exchange_s"] = sum(D.event_seconds(a, b) for a, b in events)
-        ex.update(seconds=0.0, bytes=0, calls=0)
+        ex.update(seconds=0.0, bytes=0, calls=0, face_bytes=0)
         return out
 
     # -- checkpoint ------------------------------------------------------------------
@@ -395,9 +516,14 @@ class SSStrategy(Strategy):
         optimizer state (the groups named ``regionK/...``), so any rank can take it over
         (``write(state, path)``: as :meth:`Strategy.save_model_state`)."""
         parts = split_optimizer_state(optimizer.state_dict(), _group_region)
+        shared = getattr(model, "appearance", None)
         for k, sub in zip(model.regions, model.models):
+            extra = {}
+            if k == 0 and shared is not None:  # the sharded joint model's one appearance, with region 0
+                extra["shared"] = {"model": shared.state_dict(),
+                                   "optimizer": parts.get("shared", {"state": {}, "param_groups": []})}
             write({"model": sub.state_dict(), "optimizer": parts.get(k, {"state": {}, "param_groups": []}),
-                   "region": k, **meta}, Path(ckpt_dir) / ckpt.region_file(k))
+                   "region": k, **extra, **meta}, Path(ckpt_dir) / ckpt.region_file(k))
 
     def load_model_state(self, ckpt_dir: Path, model: RegionModels) -> dict:
         """Load this rank's regions (wherever they were trained) and merge their optimizer states.
@@ -428,7 +554,12 @@ class SSStrategy(Strategy):
         if len(step) != 1:
             raise ckpt.CheckpointError(f"{ckpt_dir}: region files of different steps {sorted(step)}")
         fractions = [st["budget_fraction"] for st in states if st.get("budget_fraction") is not None]
-        return {"optimizer": merge_optimizer_states([st["optimizer"] for st in states]), "step": step.pop(),
+        optimizer = [st["optimizer"] for st in states]
+        if getattr(model, "appearance", None) is not None:  # every rank's replica of the one appearance
+            shared = load_shared(ckpt_dir)
+            model.appearance.load_state_dict(shared["model"])
+            optimizer.append(shared["optimizer"])
+        return {"optimizer": merge_optimizer_states(optimizer), "step": step.pop(),
                 "train_seconds": max(seconds), "budget_fraction": max(fractions) if fractions else None,
                 "budget_minutes": states[0].get("budget_minutes")}
 

@@ -19,8 +19,15 @@ def region_states(ckpt_dir: Path):
     return lambda k: ckpt.load_file(Path(ckpt_dir) / ckpt.region_file(k))["model"]
 
 
+def shared_state(ckpt_dir: Path) -> dict | None:
+    """The sharded joint model's shared appearance state from a committed ``ss`` checkpoint (region 0's file),
+    or None (a checkpoint of per-region sub-models)."""
+    shared = ckpt.load_file(Path(ckpt_dir) / ckpt.region_file(0)).get("shared")
+    return None if shared is None else shared["model"]
+
+
 def load_fused(partition_dict: dict, state, model_cfg: dict, strategy_cfg, aabb, background, fusion: str,
-               env: "D.DistEnv") -> FusedRenderer:
+               env: "D.DistEnv", shared: dict | None = None) -> FusedRenderer:
     """A fused renderer of an ``ss`` run's sub-models.
 
     One process: every region's sub-model is loaded (one after another) and fused.
@@ -33,6 +40,7 @@ def load_fused(partition_dict: dict, state, model_cfg: dict, strategy_cfg, aabb,
         model_cfg, strategy_cfg: the run's ``model`` and ``strategy`` configs.
         aabb, background: the scene's (2, 3) box and (3,) RGB background.
         fusion: ``segment`` or ``blend``.
+        shared: the sharded joint model's appearance state (:func:`shared_state`), or None.
     Raises:
         ValueError: a world size that does not divide the number of regions, or blend across ranks.
     """
@@ -51,6 +59,12 @@ def load_fused(partition_dict: dict, state, model_cfg: dict, strategy_cfg, aabb,
         sub.load_state_dict(state(k))
         models[k] = sub.to(env.device).eval()
     if strategy.joint:  # the same segments and compositing as training
+        appearance = strategy.shared_appearance(model_cfg, 0)
+        if appearance is not None:
+            if shared is None:
+                raise ValueError("a sharded joint ss run's appearance table was not found (region 0's file holds "
+                                 "it under 'shared'): render it with its checkpoint, or strategy.joint_model=per_region")
+            appearance.load_state_dict(shared)
         return JointRegionModels(models, partition, torch.as_tensor(background).float(),
-                                 env.distributed).to(env.device).eval()
+                                 env.distributed, appearance=appearance).to(env.device).eval()
     return strategy.fuse(models, fusion).to(env.device)

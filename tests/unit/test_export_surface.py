@@ -33,9 +33,8 @@ GRID = {"name": "grid", "resolutions": [40], "upsample_steps": [], "cubic_voxels
 
 def _ball(model) -> None:
     """Raw density 40 * (RADIUS - distance to CENTRE): raw 0 (density :func:`_level`) on the sphere."""
-    density, features, shape, box = model._tables()[0]
-    axes = [torch.linspace(float(box[0, a]), float(box[1, a]), shape[a]) for a in range(3)]
-    vertices = torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(-1, 3).double()
+    density, features = model._tables()[0][:2]
+    vertices = model.table_vertices(model.resolution).double()  # a joint region's: its slice of one lattice
     distance = (vertices - torch.as_tensor(CENTRE)).norm(dim=-1)
     with torch.no_grad():
         density.copy_((40.0 * (RADIUS - distance)).float()[:, None])

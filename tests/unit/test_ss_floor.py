@@ -24,6 +24,7 @@ from distnerf.data.rays import RayBundle
 from distnerf.model.grid import GridModel
 from distnerf.strategy.partition import grid_partition
 from distnerf.strategy.regions import JointRegionModels
+from tests.sharded_case import aerial_rays
 from tests.unit.test_fusion import fused_renderer
 
 AABB = torch.tensor([[-4.0, 0.0, -4.0], [4.0, 2.0, 4.0]], dtype=torch.float64)  # y up; split on x = 0, z = 0
@@ -85,21 +86,6 @@ def scrambled_copies(model: GridModel, part) -> dict:
                                                 dtype=torch.float64) * 3
         models[k] = sub
     return models
-
-
-def aerial_rays(n: int, seed: int) -> RayBundle:
-    """Rays from above the box: most go down and reach the floor (some beyond the box's edge, in the
-    outer regions of an unbounded partition), a few go up."""
-    g = torch.Generator().manual_seed(seed)
-    o = torch.cat([(torch.rand(n, 1, generator=g, dtype=torch.float64) - 0.5) * 6,
-                   torch.full((n, 1), 3.0, dtype=torch.float64),
-                   (torch.rand(n, 1, generator=g, dtype=torch.float64) - 0.5) * 6], dim=1)
-    d = torch.randn(n, 3, generator=g, dtype=torch.float64)
-    d[:, 1] = -d[:, 1].abs() * 0.8
-    d[: n // 8, 1] *= -1  # going up: the background
-    d = d / d.norm(dim=-1, keepdim=True)
-    return RayBundle(o, d, d.clone(), torch.full((n,), 0.1, dtype=torch.float64), torch.full((n,), 40.0,
-                                                                                               dtype=torch.float64))
 
 
 def problem(contraction: str):
