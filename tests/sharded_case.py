@@ -181,3 +181,37 @@ def check_layout(contraction: str, num_regions: int) -> None:
     """The shards tile the one model's lattice (face planes in two shards each) and hold its occupancy."""
     boxes, multiple = shard_layout(partition(contraction, num_regions))
     assert list(multiple) == COUNTS[num_regions] and len(boxes) == num_regions
+
+
+def sharded_worker(rank: int, world_size: int, port: int, contraction: str, num_regions: int, out_dir: str) -> None:
+    """A rank of the two-rank case: its regions' shards (contiguous blocks), the one model (the same on every
+    rank), step 0 and 20 steps; writes ``rank_R.json`` with :func:`largest_differences` of both (or the error)."""
+    import json
+    import traceback
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    from distnerf.strategy.partition import region_owner
+    from tests.dist.workers import set_env
+
+    try:
+        set_env(rank, world_size, port)
+        dist.init_process_group("gloo")
+        env = DistEnv(rank=rank, world_size=world_size, backend="gloo")
+        mine = [k for k, r in enumerate(region_owner(num_regions, world_size)) if r == rank]
+        single = one_model(contraction, num_regions)
+        joint = sharded(single, contraction, num_regions, env, mine)
+        occupancy_equal = bool(torch.equal(joint.models[0].occupancy.binary, single.occupancy.binary))
+        first = largest_differences(single, joint, step_both(single, joint, 0))
+        single, joint = one_model(contraction, num_regions), None
+        joint = sharded(single, contraction, num_regions, env, mine)
+        last = largest_differences(single, joint, train_both(single, joint, 20))
+        result = {"regions": mine, "step0": first, "step20": last, "occupancy_equal": occupancy_equal,
+                  "occupancy_equal_20": bool(torch.equal(joint.models[0].occupancy.binary, single.occupancy.binary)),
+                  "face_bytes": joint.exchange.get("face_bytes", 0)}
+    except Exception:  # noqa: BLE001 (reported to the test)
+        result = {"error": traceback.format_exc()}
+    Path(out_dir, f"rank_{rank}.json").write_text(json.dumps(result))
+    if dist.is_initialized():
+        dist.destroy_process_group()
