@@ -217,6 +217,7 @@ class FakeCuda:
         self.matmul_dtypes: Counter = Counter()
         self.model = None  # the model being trained (stand-ins read its host-side facts)
         self.step: int | None = None  # the training step running (-1: building the trainer), for the events
+        self.replay_steps: list = []  # the step of each graph replay
         self._mode = None
 
     def __enter__(self) -> "FakeCuda":
@@ -390,6 +391,7 @@ class _Graph:
 
     def replay(self) -> None:
         _LANE[0].capture_problem("a replay inside a capture")
+        _LANE[0].replay_steps.append(_LANE[0].step)
         self.replays += 1
 
     def reset(self) -> None:

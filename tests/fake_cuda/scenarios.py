@@ -29,7 +29,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 STATIC_STEPS = 12  # past the first occupancy refresh (step 8) and the smoke grid's stage change (step 10)
-GRAPHED_STEPS = 16  # also: a capture in each grid stage (3 warm-up steps each), a probe step (7, 14)
+GRAPHED_STEPS = 18  # also: a capture in each grid stage (3 warm-up steps each), probe steps (7, 14), a replay at the
+# second stage's refresh (16: the first, at 8, changes the occupancy grid's shape and rekeys)
 INJECTED_STEPS = 5  # a capture (after 3 warm-up steps) and a replay
 CUDA = ["device=cuda", "sampler=auto", "model=grid", "train.global_rays=null"]
 
@@ -67,7 +68,7 @@ def _train(lane, name: str, overrides: list[str], steps: int, run_dir: Path, inj
 
     from tests.trainers import build_trainer, run_step
 
-    facts: dict = {"steps": 0, "stages": 0, "batches": []}
+    facts: dict = {"steps": 0, "stages": 0, "batches": [], "stage_steps": []}
     with lane.labelled(name):
         lane.step = -1
         trainer, env = build_trainer([*CUDA, f"train.rays_per_rank={STATIC_RAYS_PER_RANK}", *overrides],
@@ -92,6 +93,7 @@ def _train(lane, name: str, overrides: list[str], steps: int, run_dir: Path, inj
                                                                         batch.valid)}))
                 if trainer.model.resolution != resolution:
                     facts["stages"] += 1
+                    facts["stage_steps"].append(i)
                     resolution = trainer.model.resolution
             step = _step(trainer)
             budget = getattr(step, "budget", None) or getattr(getattr(step, "step", None), "budget", None)
@@ -106,13 +108,15 @@ def _train(lane, name: str, overrides: list[str], steps: int, run_dir: Path, inj
             if graphed is not None:
                 facts["graph"] = {"captures": graphed.captures, "replays": graphed.replays,
                                   "eager_steps": graphed.eager_steps, "probes": graphed.probes,
-                                  "captured": graphed.captured}
+                                  "captured": graphed.captured, "replay_steps": list(lane.replay_steps)}
+            lane.replay_steps.clear()
         finally:
             lane.step = None
             trainer.close()
             D.shutdown(env)
-    facts["refreshes"] = steps // int(trainer.cfg.model.occupancy_every) if trainer.cfg.model.get(
-        "occupancy_every") else 0
+    every = trainer.cfg.model.get("occupancy_every")
+    facts["refresh_steps"] = [s for s in range(1, steps) if every and s % int(every) == 0]
+    facts["refreshes"] = len(facts["refresh_steps"])
     return facts, trainer
 
 
