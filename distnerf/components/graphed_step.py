@@ -123,6 +123,9 @@ class GraphedStep:
     def budget_metrics(self) -> dict[str, float]:
         return self.step.budget_metrics()
 
+    def collapsed(self) -> list[str]:
+        return self.step.collapsed()
+
     @property
     def captured(self) -> bool:
         """Whether a recorded CUDA graph replays (False: eager, or the CPU's uncaptured body)."""

@@ -82,8 +82,8 @@ def static_by_default(cfg, device: torch.device | str) -> bool:
 
 
 class SampleBudget:
-    """The state of the static step of one model (set as ``model.sample_budget``; its ``forward``
-    in training then calls :meth:`render`).
+    """The state of the static step of one model (passed to its ``forward`` by the step,
+    :func:`~distnerf.components.step.render_batch`; a training forward then calls :meth:`render`).
 
     Args:
         model: a marched model (:func:`~distnerf.model.marched_static.check_static`).

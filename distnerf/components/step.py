@@ -53,6 +53,28 @@ def bf16_autocast(enabled: bool, device: torch.device, cache_enabled: bool = Tru
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=bool(enabled), cache_enabled=cache_enabled)
 
 
+def render_batch(module: torch.nn.Module, batch, budget: SampleBudget | None = None,
+                 bf16: bool = False) -> tuple[RenderOutput, RayError]:
+    """The training render of ``batch`` through ``module`` (the model or its strategy wrapper, whose forward runs
+    the whole render) and its error.
+
+    Args:
+        batch: a sampler batch: ``rays`` (R rays), ``rgb`` (R, 3) float32, ``valid`` (R,) bool, ``jitter_seed``
+            (int: the stratified-sampling stream of this batch).
+        budget: the static step's sample budget, passed to the model's forward (P fixed sample slots), or None:
+            the dynamic render (the model's forward is called without it).
+        bf16: ``train.bf16`` (:func:`bf16_autocast`).
+    Returns:
+        (the model's outputs, their :class:`~.loss.RayError`: ``sse``, the scalar float32 summed error over valid
+        rays, and the per-row error).
+    """
+    device = batch.rgb.device
+    generator = torch.Generator(device).manual_seed(batch.jitter_seed)
+    with bf16_autocast(bf16, device):
+        out = module(batch.rays, generator) if budget is None else module(batch.rays, generator, budget)
+    return out, ray_error(out, batch.rgb, batch.valid)
+
+
 class TrainStep:
     """The eager training step of ``model``: its optimizer, the forward and the update; the dynamic step
     (``budget`` None: packed samples, sizes read on the host) or the static one (a :class:`SampleBudget`: P fixed
@@ -120,8 +142,16 @@ class TrainStep:
         set_lr(self.optimizer, clock, self.cfg)
         return replaced
 
+    def collapsed(self) -> list[str]:
+        """The model's emptied parts (:meth:`~distnerf.model.base.RadianceModel.collapsed`); on the static step the
+        occupancy grid's emptiness as the budget reported it a step late (no device read)."""
+        if self.budget is not None:
+            return ["occupancy grid"] if self.budget.occupancy_empty() else []
+        return self.model.collapsed()
+
     def forward(self, module: torch.nn.Module, batch) -> tuple[RenderOutput, RayError]:
-        """Render ``batch`` through ``module`` (the model or its strategy wrapper).
+        """Render ``batch`` through ``module`` (the model or its strategy wrapper) with this step's budget
+        (:func:`render_batch`).
 
         Args:
             batch: a sampler batch: ``rays`` (R rays), ``rgb`` (R, 3) float32, ``valid`` (R,) bool,
@@ -130,11 +160,7 @@ class TrainStep:
             (outputs of the model, its :class:`~.loss.RayError`: ``sse``, the scalar float32 summed
             error over valid rays the caller normalises for :meth:`update`, and the per-row error).
         """
-        device = batch.rgb.device
-        generator = torch.Generator(device).manual_seed(batch.jitter_seed)
-        with bf16_autocast(self.cfg.bf16, device):
-            out = module(batch.rays, generator)
-        return out, ray_error(out, batch.rgb, batch.valid)
+        return render_batch(module, batch, self.budget, self.cfg.bf16)
 
     def run(self, module: torch.nn.Module, batch, step: int, normalizer: Callable, agree: Callable,
             after_backward: Callable) -> tuple:

@@ -67,7 +67,7 @@ def build_step(model: RadianceModel, train_cfg, device: torch.device | str, worl
             if isinstance(module, RadianceModel):
                 module.sparse_grad = False
     if budget is not None:
-        model.sample_budget = budget  # the training render's budget
+        model.sample_capacity = budget.capacity  # bounds a training forward's gradient entries (sparse exchange)
         if compile:
             budget.compile(compile_mode, compile_backend)
     elif compile:  # in place, so a strategy's re-wrap keeps it; compile time reported by the profiler

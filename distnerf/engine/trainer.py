@@ -282,7 +282,7 @@ class Trainer:
         local = StepStats(valid_rays=valid, nonfinite=nonfinite,
                           over_budget=float(0 < self.cfg.train.max_minutes * 60.0 <= self.train_seconds),
                           at_mark=float(self.checkpointer.mark_passed(self.train_seconds)),
-                          signal=float(self.stop.requested), collapsed=float(bool(self.model.collapsed())),
+                          signal=float(self.stop.requested), collapsed=float(bool(self.train_step.collapsed())),
                           train_seconds=self.train_seconds,
                           live_frame=float(self.viewer is not None and self.viewer.wants_frame()))
         return self.strategy.launch_step_stats(local)
@@ -417,7 +417,7 @@ class Trainer:
     def _stop_collapsed(self, ranks: float) -> None:
         """Stop like a non-finite loss when a model's occupancy grid emptied on ``ranks`` ranks
         (nothing is sampled any more, so nothing can learn again): no checkpoint of the collapsed model."""
-        mine = self.model.collapsed()
+        mine = self.train_step.collapsed()
         msg = (f"training collapsed at step {self.step} on {int(ranks)} rank(s)"
                f"{' (here: ' + ', '.join(mine) + ' is empty)' if mine else ''}: every occupancy cell fell below "
                f"model.occupancy_threshold, so no sample is marched any more. Likely cause: a learning rate too "

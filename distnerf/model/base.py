@@ -22,7 +22,8 @@ class RadianceModel(nn.Module):
     """
 
     #: whether some parameters receive sparse COO gradients (only the rows a step touched);
-    #: a strategy that all-reduces dense gradient buckets sets it to False before wrapping.
+    #: the step builder sets it to False where the strategy all-reduces dense gradient buckets
+    #: (:func:`~distnerf.components.step_path.build_step`).
     sparse_grad: bool = False
     #: height (+y, scene units) below which rays end (``model.min_altitude``), or None; read by
     #: strategies that route whole rays to regions (they must end where the model ends them)

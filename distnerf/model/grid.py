@@ -341,13 +341,13 @@ class GridModel(GridOccupancy, GridSchedule, MarchingModel):
         return [t for d, f, _, _ in self._tables() for t in (d, f)]
 
     def gradient_entry_capacity(self) -> dict[int, int]:
-        """Under a static step's sample budget of P slots (``sample_budget``: the field runs on every
+        """Under a static step's sample budget of P slots (``sample_capacity``: the field runs on every
         slot, each reading 8 corner rows of a table) a forward reads at most 8 P rows of each table, so
         ``min(V, 8 P) x C`` entries of a (V, C) table can be non-zero. Without one the samples a step
         marches depend on the data: no fixed bound ({})."""
-        if self.sample_budget is None:
+        if self.sample_capacity is None:
             return {}
-        rows = 8 * self.sample_budget.capacity
+        rows = 8 * self.sample_capacity
         return {id(t): min(t.shape[0], rows) * (t.numel() // max(t.shape[0], 1)) for t in self.bounded_parameters()}
 
     def param_groups(self, lr: float) -> list[dict]:

@@ -57,7 +57,7 @@ class MarchingModel(RadianceModel):
     train_round_steps: int = 0
     train_termination: bool = False
     distortion_loss_weight: float = 0.0
-    sample_budget = None  # a static step's budget (components/sample_budget.py): the training render
+    sample_capacity: int | None = None  # P: a static step's sample slots per training forward (set by its builder)
 
     def init_marching(self, cfg) -> None:
         """From the model's validated section (:class:`~distnerf.schema.MarchedModelConfig`'s keys):
@@ -117,9 +117,8 @@ class MarchingModel(RadianceModel):
         raise NotImplementedError
 
     def collapsed(self) -> list[str]:
-        # the static step reads the grid's emptiness a step late (is_empty reads it from the device)
-        empty = self.sample_budget.occupancy_empty() if self.sample_budget is not None else self.occupancy.is_empty()
-        return ["occupancy grid"] if empty else []
+        # reads the grid's emptiness from the device (the static step reads it a step late: TrainStep.collapsed)
+        return ["occupancy grid"] if self.occupancy.is_empty() else []
 
     def field_rgb(self, points: torch.Tensor, viewdirs: torch.Tensor) -> torch.Tensor:
         return self.colours(points, viewdirs, torch.arange(points.shape[0], device=points.device))
@@ -228,15 +227,18 @@ class MarchingModel(RadianceModel):
         where the model has none (then :meth:`field_density` and :meth:`colours` run separately)."""
         return None
 
-    def forward(self, rays: RayBundle, generator: torch.Generator | None = None) -> RenderOutput:
+    def forward(self, rays: RayBundle, generator: torch.Generator | None = None, budget=None) -> RenderOutput:
         """Render rays over ``[near, far]`` (``[near, inf)`` when contracted; ended below
         ``min_altitude``: :meth:`ray_far`) with the background (in training with
         ``random_background``: a uniform random colour per ray, drawn from ``generator``)
         (see :class:`RadianceModel`). In training with ``distortion_loss_weight > 0`` the outputs
         hold ``distortion_loss`` (R,) float: that weight times each ray's distortion loss
-        (:meth:`ray_distortion`), which the photometric loss adds per ray."""
-        if self.sample_budget is not None and self.training and torch.is_grad_enabled():
-            return self.sample_budget.render(self, rays, generator)  # fixed shapes, no host read
+        (:meth:`ray_distortion`), which the photometric loss adds per ray. ``budget``: a static step's sample
+        budget (:class:`~distnerf.components.sample_budget.SampleBudget`, P fixed sample slots): a training render
+        with gradients is then its :meth:`~distnerf.components.sample_budget.SampleBudget.render` (fixed shapes,
+        no host read); None, or evaluation: the dynamic render."""
+        if budget is not None and self.training and torch.is_grad_enabled():
+            return budget.render(self, rays, generator)  # fixed shapes, no host read
         step_size = self.step_size()
         far = self.ray_far(rays)
         anchor = self.sample_anchor(rays, step_size, generator)

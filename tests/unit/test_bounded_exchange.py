@@ -127,13 +127,14 @@ def test_the_static_steps_fixed_capacity_holds_every_non_zero_gradient_entry(res
     model = _grid(resolution)
     model.sparse_grad = False  # dense gradients, as under DDP (its buckets hold dense tables)
     assert model.gradient_entry_capacity() == {}
-    model.sample_budget = SampleBudget(model, 2048)
+    budget = SampleBudget(model, 2048)
+    model.sample_capacity = budget.capacity  # as the step builder sets it
     gen = torch.Generator().manual_seed(1)
     origins = torch.randn(64, 3, generator=gen) * 0.1 + torch.tensor([0.0, 0.0, -3.0])
     directions = torch.nn.functional.normalize(torch.tensor([0.0, 0.0, 1.0]) + 0.2 * torch.randn(64, 3, generator=gen), dim=-1)
     rays = RayBundle(origins=origins, directions=directions, viewdirs=directions, near=torch.full((64,), 0.5), far=torch.full((64,), 6.0))
     model.train()
-    out = model(rays, generator=torch.Generator().manual_seed(2))
+    out = model(rays, generator=torch.Generator().manual_seed(2), budget=budget)
     out.rgb.square().sum().backward()
     capacity = model.gradient_entry_capacity()
     assert set(capacity) == {id(p) for p in model.bounded_parameters()}

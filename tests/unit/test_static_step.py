@@ -8,6 +8,7 @@ import torch
 
 from distnerf import dist as D
 from distnerf.components.sample_budget import SampleBudget
+from distnerf.components.step import render_batch
 from distnerf.host_buffers import sync_free_paths
 
 from tests import trainers
@@ -19,7 +20,7 @@ BIG = 1 << 15  # slots: more than 128 smoke rays need (about 60 samples a ray)
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """The smoke grid trained by the static step (train.samples_per_step) past its upsampling (step 10) and an
-    occupancy refresh (every 8 steps); ``model.sample_budget`` is the trainer's budget."""
+    occupancy refresh (every 8 steps); ``trainer.train_step.budget`` is its budget."""
     torch.manual_seed(0)
     trainer, env = trainers.build_trainer(["model=grid", "model.train_termination=false", "model.train_round_steps=0",
                                         f"train.samples_per_step={BIG}", "train.global_rays=128"], tmp_path_factory.mktemp("static") / "run")
@@ -32,10 +33,10 @@ def trained(tmp_path_factory):
         D.shutdown(env)
 
 
-def _loss_and_grads(trainer, batch):
+def _loss_and_grads(trainer, batch, budget):
     model = trainer.model
     model.zero_grad(set_to_none=True)
-    out, error = trainer.train_step.forward(model, batch)
+    out, error = render_batch(model, batch, budget)
     (error.sse / len(batch.rgb)).backward()
     grads = {n: p.grad.to_dense().clone() for n, p in model.named_parameters() if p.grad is not None}
     model.zero_grad(set_to_none=True)
@@ -46,17 +47,15 @@ def _loss_and_grads(trainer, batch):
 def test_static_equals_dynamic_loss_and_gradients(trained, distortion):
     model = trained.model
     model.distortion_loss_weight = distortion  # mip-NeRF 360's loss on the weights: the padding adds nothing to it
-    assert model.sample_budget is trained.train_step.budget  # train.samples_per_step set it
+    assert trained.train_step.budget.capacity == BIG == model.sample_capacity  # train.samples_per_step set it
     batch = trained.sampler.to_device(trained.sampler.host_batch(trained.step))
     assert not model.occupancy.binary.all() and model.occupancy.binary.any()  # a refreshed grid: real skipping
     with sync_free_paths(True):  # dense table gradients in both (the sparse rows are the CPU's form of the same)
-        model.sample_budget = budget = SampleBudget(model, BIG)  # all rays active
-        out, error, grads = _loss_and_grads(trained, batch)
-        model.sample_budget = None  # the dynamic step
+        budget = SampleBudget(model, BIG)  # all rays active
         try:
-            _, dyn_error, dyn_grads = _loss_and_grads(trained, batch)
+            out, error, grads = _loss_and_grads(trained, batch, budget)
+            _, dyn_error, dyn_grads = _loss_and_grads(trained, batch, None)  # the dynamic step
         finally:
-            model.sample_budget = trained.train_step.budget
             model.distortion_loss_weight = 0.0
     assert (error.distortion is not None) == (distortion > 0)
     assert out.num_samples == BIG and torch.equal(out.loss_weight, torch.ones(len(batch.rgb)))  # all active, fitted
@@ -76,16 +75,12 @@ def test_overflow_is_counted_and_left_out_of_the_loss(trained):
     model = trained.model
     batch = trained.sampler.to_device(trained.sampler.host_batch(trained.step + 1))
     num_rays = len(batch.rgb)
-    model.sample_budget = None
     with torch.no_grad():
-        out_dyn, _ = trained.train_step.forward(model, batch)
+        out_dyn, _ = render_batch(model, batch)
     with sync_free_paths(True):
-        model.sample_budget = budget = SampleBudget(model, 4 * num_rays)  # about a fifth of what they need
-        try:
-            out, error = trained.train_step.forward(model, batch)
-            out2, _ = trained.train_step.forward(model, batch)  # the next step: the ray rule and the late report
-        finally:
-            model.sample_budget = trained.train_step.budget
+        budget = SampleBudget(model, 4 * num_rays)  # about a fifth of what they need
+        out, error = render_batch(model, batch, budget)
+        out2, _ = render_batch(model, batch, budget)  # the next step: the ray rule and the late report
     counted = out.loss_weight > 0
     num_counted = int(counted.sum())
     assert 0 < num_counted < num_rays
@@ -174,10 +169,10 @@ def test_inductor_compiled_static_step_matches_eager(trained):
     try:
         with sync_free_paths(True):  # the CUDA paths (dense table gradients)
             active = budget.active.clone()  # the render moves it to the next step's ray count
-            _, want_error, want_grads = _loss_and_grads(trained, batch)
+            _, want_error, want_grads = _loss_and_grads(trained, batch, budget)
             budget.compile(backend="inductor")
             budget.active.copy_(active)
-            _, error, grads = _loss_and_grads(trained, batch)
+            _, error, grads = _loss_and_grads(trained, batch, budget)
             torch.testing.assert_close(error.sse, want_error.sse, rtol=1e-5, atol=1e-6)
             assert grads.keys() == want_grads.keys() and grads
             for name, grad in grads.items():
@@ -197,10 +192,8 @@ def _compiled_steps(trained, budget, model) -> None:
     budget.compile(backend="aot_eager")
     batch = trained.sampler.to_device(trained.sampler.host_batch(trained.step))
     with torch.no_grad():
-        model.sample_budget = None  # the dynamic render of the same rays
-        want, _ = trained.train_step.forward(model, batch)
-        model.sample_budget = budget
-    got, error = trained.train_step.forward(model, batch)
+        want, _ = render_batch(model, batch)  # the dynamic render of the same rays
+    got, error = render_batch(model, batch, budget)
     torch.testing.assert_close(got.rgb, want.rgb, rtol=1e-4, atol=1e-6)
     assert error.sse.requires_grad and error.sse.grad_fn is not None
     with torch._dynamo.config.patch(error_on_recompile=True):  # a recompile raises
