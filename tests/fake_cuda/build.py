@@ -87,7 +87,13 @@ def build_library() -> Path:
     target = cache_dir() / f"fake_cuda_{key}.so"
     if target.is_file():
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError:  # no writable cache (a read-only home): a temporary folder's, kept for the session's runs
+        target = Path(tempfile.gettempdir()) / "distnerf_fake_cuda" / target.name
+        if target.is_file():
+            return target
+        target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         built = Path(tmp) / target.name
         try:

@@ -9,6 +9,7 @@ device mismatch raises). Scenarios (``NAME``; default all):
 * ``static``: the CUDA default training step: ``sampler=auto``, ``train.samples_per_step`` null (the static step
   and its 2^18-slot budget), the batch the entry point sets (``STATIC_RAYS_PER_RANK``); steps across an occupancy
   refresh and a grid stage.
+* ``static_ngp``: the same step with ``model=ngp`` (the other model the static step covers), a few steps.
 * ``graphed``: ``train.cuda_graph`` and ``train.bf16``: warm-up, capture, replays across an occupancy refresh and a
   grid stage (captured again), capturable Adam with 0-dim device learning rates, a probe step.
 * ``evaluation``: one whole test view rendered in chunks by the trained graphed model (``render_image``: evaluation's
@@ -31,6 +32,7 @@ REPO = Path(__file__).resolve().parents[2]
 STATIC_STEPS = 12  # past the first occupancy refresh (step 8) and the smoke grid's stage change (step 10)
 GRAPHED_STEPS = 18  # also: a capture in each grid stage (3 warm-up steps each), probe steps (7, 14), a replay at the
 # second stage's refresh (16: the first, at 8, changes the occupancy grid's shape and rekeys)
+NGP_STEPS = 4  # the static step on the hash grid (its stages and refreshes: the grid's scenarios)
 INJECTED_STEPS = 5  # a capture (after 3 warm-up steps) and a replay
 CUDA = ["device=cuda", "sampler=auto", "model=grid", "train.global_rays=null"]
 
@@ -81,7 +83,7 @@ def _train(lane, name: str, overrides: list[str], steps: int, run_dir: Path, inj
             facts["param_devices"] = sorted({str(p.device) for p in trainer.model.parameters()})
             if inject is not None:
                 inject(trainer)
-            resolution = None
+            resolution = object()  # the first step enters the first stage
             for i in range(steps):
                 lane.step = i
                 batch, *_ = run_step(trainer)
@@ -169,7 +171,7 @@ def _mismatch(lane) -> str | None:
 
 def main(argv: list[str]) -> dict:
     load(argv[0])
-    wanted = set(argv[1:]) or {"static", "graphed", "evaluation", "injected"}
+    wanted = set(argv[1:]) or {"static", "static_ngp", "graphed", "evaluation", "injected"}
     from tests.fake_cuda import lane as L
 
     lane = L.FakeCuda()
@@ -177,7 +179,7 @@ def main(argv: list[str]) -> dict:
     results: dict = {}
     tmp = Path(tempfile.mkdtemp(prefix="fake_cuda_"))
     graphed_trainer = None
-    plan = [("static", [], STATIC_STEPS, None),
+    plan = [("static", [], STATIC_STEPS, None), ("static_ngp", ["model=ngp"], NGP_STEPS, None),
             ("graphed", ["train.cuda_graph=true", "train.bf16=true", "train.graph_probe_every=7", "model.color=mlp"],
              GRAPHED_STEPS, None),
             ("injected", ["train.cuda_graph=true", "train.graph_probe_every=0"], INJECTED_STEPS, _inject)]

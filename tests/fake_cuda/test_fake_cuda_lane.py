@@ -62,12 +62,20 @@ def test_the_cuda_default_static_step_runs_on_fake_cuda(lane):
                             if e["site"].endswith(("_take", "LateFlag.take", "_CudaClock.wait")))
 
 
+def test_the_static_step_of_the_hash_grid_runs_on_fake_cuda(lane):
+    res = lane["static_ngp"]
+    _clean(res)
+    assert res["budget_slots"] == AUTO_SAMPLES and res["sampler"] == "device" and res["steps"] == 4
+    assert res["param_devices"] == ["cuda:0"]
+    assert all(devices == ["cuda:0"] for devices in res["batches"]), res["batches"]
+
+
 def test_the_graphed_step_captures_and_replays_with_capturable_adam_and_bf16(lane):
     res = lane["graphed"]
     _clean(res)
     graph = res["graph"]
-    # a capture per grid stage (fakes have no addresses, so an occupancy refresh, which writes in place, rekeys
-    # nothing here), replays between them, the probe steps eager (7, 14)
+    # a capture per grid stage (the first refresh, step 8, changes the occupancy grid's shape: a warm-up again, cut
+    # short by the stage at 10; fakes have no addresses, so only shapes rekey here), replays, the probes eager (7, 14)
     assert graph["captures"] == 2 and graph["replays"] > 0 and graph["probes"] == 2 and graph["captured"]
     assert res["refreshes"] >= 1 and res["stages"] == 2
     replays = graph["replay_steps"]
@@ -109,7 +117,7 @@ def test_the_lane_reports_an_injected_host_read_synchronize_and_copy(lane):
 def test_the_documented_host_reads_are_exactly_the_ones_read(lane):
     from tests.fake_cuda.lane import ALLOWED, allowed_table
 
-    seen = set().union(*(_sites(lane[name]) for name in ("static", "graphed", "evaluation")))
+    seen = set().union(*(_sites(lane[name]) for name in ("static", "static_ngp", "graphed", "evaluation")))
     documented = {(a.site, a.op) for a in ALLOWED}
     assert seen == documented, {"read, not documented": seen - documented, "documented, not read": documented - seen}
     assert allowed_table() in DOC.read_text(), "docs/cuda_nccl.md's host-read table differs from lane.ALLOWED"
