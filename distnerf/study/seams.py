@@ -35,6 +35,7 @@ import torch
 import yaml
 
 from ..data import load_scene
+from ..data.images import undecoded
 from ..data.rays import image_rays
 from ..strategy.partition import Partition
 
@@ -113,18 +114,17 @@ def surface_points(scene_cfg: dict, test_scene, view: int):
     return torch.from_numpy(points), torch.from_numpy(hit)
 
 
-def run_seams(run_dir: Path, partition: Partition, band: float, cache: dict | None = None) -> dict:
-    """Seam and rest PSNR of one finished run's test renders (``RUN/test/*_rgb.png``).
+def score_renders(run_dir: Path, masks_of, cache: dict | None = None) -> dict:
+    """Pooled PSNR of one finished run's test renders (``RUN/test/*_rgb.png``) over pixel masks.
 
     Args:
         run_dir: a training run directory with ``config.yaml``, ``metrics.json`` and the renders.
-        partition: the partition whose seams are scored (the run's own, or another run's).
-        band: seam half-width in world units.
-        cache: optional dict reused across runs of one scene (test split, surface points, and the
-            seam masks of each partition and view).
+        masks_of: ``masks_of(points, hit, view) -> {name: (H*W,) bool}`` from the view's surface points
+            ((H*W, 3) float64) and hits (:func:`surface_points`); its result is cached per view under
+            ``masks_of.key`` (a hashable naming what the masks depend on, besides the view).
+        cache: optional dict reused across runs of one scene (test split, surface points, masks).
     Returns:
-        ``seam_psnr``, ``rest_psnr`` (dB, pooled over views, None without pixels), ``gap_db``
-        (seam minus rest), ``seam_pixels``, ``rest_pixels``, ``views``.
+        ``{name}_psnr`` (dB, pooled over views, None without pixels), ``{name}_pixels`` per mask, ``views``.
     Raises:
         FileNotFoundError: a render named in ``metrics.json`` is missing (named).
         ValueError: not a built-in synthetic scene; a render of another size than its view.
@@ -133,7 +133,7 @@ def run_seams(run_dir: Path, partition: Partition, band: float, cache: dict | No
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
     metrics = json.loads((run_dir / "metrics.json").read_text())
     if cfg["dataset"].get("name") != "synthetic":
-        raise ValueError(f"{run_dir / 'config.yaml'}: seams need analytic geometry, and dataset="
+        raise ValueError(f"{run_dir / 'config.yaml'}: seams need analytic geometry (every mask here does), and dataset="
                          f"{cfg['dataset'].get('name')!r} is not the built-in synthetic scene (dataset=synthetic)")
     cache = {} if cache is None else cache
     downscale = int(cfg["eval"]["downscale"])  # a run's config.yaml holds every key
@@ -144,8 +144,7 @@ def run_seams(run_dir: Path, partition: Partition, band: float, cache: dict | No
             scene = scene.downscaled(downscale)
         cache[key] = {"scene": scene, "points": {}, "masks": {}}
     scene, points, masks = cache[key]["scene"], cache[key]["points"], cache[key]["masks"]
-    boxes = partition.boxes.numpy().tobytes()  # the partition's identity in the mask cache
-    sums = {"seam": [0.0, 0], "rest": [0.0, 0]}
+    sums: dict[str, list] = {}
     views = [(r["view"], r["name"]) for r in metrics.get("per_view", [])]
     if not views:
         raise ValueError(f"{run_dir / 'metrics.json'}: no per-view rows ('per_view') to score")
@@ -159,20 +158,79 @@ def run_seams(run_dir: Path, partition: Partition, band: float, cache: dict | No
             raise ValueError(f"{path}: render is {tuple(pred.shape)}, the view is {tuple(ref.shape)}")
         if view not in points:
             points[view] = surface_points(cfg["dataset"], scene, view)
-        if (boxes, band, view) not in masks:  # the same for every cell scored under this partition
-            pts, hit = points[view]
-            seam = seam_mask(pts, partition, band) & hit
-            masks[boxes, band, view] = (seam, hit & ~seam)
-        seam, rest = masks[boxes, band, view]
+        if (masks_of.key, view) not in masks:  # the same for every cell scored with these masks
+            masks[masks_of.key, view] = masks_of(*points[view], view)
         err = ((pred - ref) ** 2).reshape(-1, 3).sum(dim=1)
-        for name_, mask in (("seam", seam), ("rest", rest)):
-            sums[name_][0] += float(err[mask].sum())
-            sums[name_][1] += int(mask.sum()) * 3
-    seam_psnr = pooled_psnr(*sums["seam"])
-    rest_psnr = pooled_psnr(*sums["rest"])
+        for name_, mask in masks[masks_of.key, view].items():
+            acc = sums.setdefault(name_, [0.0, 0])
+            acc[0] += float(err[mask].sum())
+            acc[1] += int(mask.sum()) * 3
+    out = {f"{n}_psnr": pooled_psnr(*acc) for n, acc in sums.items()}
+    out.update({f"{n}_pixels": acc[1] // 3 for n, acc in sums.items()})
+    return {**out, "views": len(views)}
+
+
+def run_seams(run_dir: Path, partition: Partition, band: float, cache: dict | None = None) -> dict:
+    """Seam and rest PSNR of one finished run's test renders (:func:`score_renders`: surface pixels within
+    ``band`` world units of a face shared by two regions of ``partition``, and the other surface pixels).
+
+    Returns:
+        ``seam_psnr``, ``rest_psnr`` (dB, pooled over views, None without pixels), ``gap_db``
+        (seam minus rest), ``seam_pixels``, ``rest_pixels``, ``views``.
+    Raises:
+        as :func:`score_renders`.
+    """
+    def masks_of(pts, hit, view):
+        seam = seam_mask(pts, partition, band) & hit
+        return {"seam": seam, "rest": hit & ~seam}
+
+    masks_of.key = ("seams", partition.boxes.numpy().tobytes(), band)
+    out = score_renders(run_dir, masks_of, cache)
+    seam_psnr, rest_psnr = out.get("seam_psnr"), out.get("rest_psnr")
     return {"seam_psnr": seam_psnr, "rest_psnr": rest_psnr,
             "gap_db": None if seam_psnr is None or rest_psnr is None else seam_psnr - rest_psnr,
-            "seam_pixels": sums["seam"][1] // 3, "rest_pixels": sums["rest"][1] // 3, "views": len(views)}
+            "seam_pixels": out.get("seam_pixels", 0), "rest_pixels": out.get("rest_pixels", 0), "views": out["views"]}
+
+
+def run_inside_beyond(run_dir: Path, aabb, cache: dict | None = None) -> dict:
+    """PSNR of one finished run's test renders over the pixels whose surface point lies inside the scene box
+    ``aabb`` ((2, 3), closed) and over the others (surface points beyond it, and rays that hit nothing: the
+    sky of an aerial scene), the same pixels for every run of the scene (:func:`score_renders`).
+
+    Returns:
+        ``inside_psnr``, ``beyond_psnr`` (dB, pooled over views), ``inside_pixels``, ``beyond_pixels``, ``views``.
+    """
+    box = torch.as_tensor(aabb, dtype=torch.float64)
+
+    def masks_of(pts, hit, view):
+        inside = hit & ((pts >= box[0]) & (pts <= box[1])).all(dim=-1)
+        return {"inside": inside, "beyond": ~inside}
+
+    masks_of.key = ("inside_beyond", box.numpy().tobytes())
+    return score_renders(run_dir, masks_of, cache)
+
+
+def study_inside_beyond(study_dir: Path) -> dict:
+    """:func:`run_inside_beyond` of every finished cell of a study (the scene box: the cell's test split's).
+
+    Returns:
+        ``{"rows": [...]}``, a row per cell: ``cell``, ``key``, ``values`` (the axes), ``repeat``, ``psnr``
+        (``metrics.json``'s), and :func:`run_inside_beyond`'s figures.
+    """
+    cells_dir = Path(study_dir) / "cells"
+    rows, cache = [], {}
+    for d in sorted(p for p in cells_dir.iterdir() if (p / "study_cell.json").is_file()):
+        info = json.loads((d / "study_cell.json").read_text())
+        if info.get("status") != "done" or not (d / "metrics.json").is_file():
+            continue
+        cfg = yaml.safe_load((d / "config.yaml").read_text())
+        if "aabb" not in cache:  # one scene per study (its box: no pixels decoded)
+            cache["aabb"] = load_scene(cfg["dataset"], "test", pixels=undecoded).aabb
+        aabb = cache["aabb"]
+        metrics = json.loads((d / "metrics.json").read_text())
+        rows.append({"cell": info["cell"], "key": info["key"], "values": info["values"], "repeat": info["repeat"],
+                     "psnr": metrics.get("psnr"), **run_inside_beyond(d, aabb, cache)})
+    return {"rows": rows}
 
 
 def study_seams(study_dir: Path, band: float) -> dict:

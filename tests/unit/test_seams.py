@@ -13,7 +13,7 @@ import yaml
 from distnerf.data import load_scene
 from distnerf.data.synthetic import ensure_scene
 from distnerf.strategy.partition import Partition
-from distnerf.study.seams import pooled_psnr, run_seams, seam_mask
+from distnerf.study.seams import pooled_psnr, run_inside_beyond, run_seams, seam_mask
 
 BOX = torch.tensor([[-1.1] * 3, [1.1] * 3], dtype=torch.float64)
 
@@ -42,14 +42,17 @@ def test_pooled_psnr_by_hand():
     assert pooled_psnr(0.0, 0) is None
 
 
-def test_run_seams_finds_an_error_put_only_at_the_seam(tmp_path):
+def make_run(tmp_path, pick, err: float = 0.2):
+    """A run of 3 test views of the detail scene whose renders are the truth (8-bit) plus ``err`` where
+    ``pick(hit, x)`` ((H, W) bool ray hits the unit sphere, (H, W) x of the hit) is True; the rays and the
+    sphere intersection are written here, independently of the module. Returns (run dir, views)."""
     cache = tmp_path / "cache"
     ensure_scene(str(cache), kind="detail", resolution=24)
     dataset = {"name": "synthetic", "kind": "detail", "resolution": 24, "cache_dir": str(cache)}
     scene = load_scene(dataset, "test")
     run = tmp_path / "run"
     (run / "test").mkdir(parents=True)
-    views, err = [], 0.2
+    views = []
     for i in range(3):
         h, w = scene.cameras.size(i)
         # the pixel centres' rays, written here: OpenGL camera, centre (u + 0.5, v + 0.5)
@@ -66,16 +69,31 @@ def test_run_seams_finds_an_error_put_only_at_the_seam(tmp_path):
         hit = disc > 0
         t = -b - np.sqrt(np.where(hit, disc, 0.0))
         x = (o + t[..., None] * d)[..., 0]
-        seam = hit & (np.abs(x) < 0.1)
+        picked = pick(hit, x)
         truth = scene.image(i).numpy()
         render = np.round(truth * 255) / 255  # what an 8-bit PNG of the truth holds
-        render[seam] = np.clip(render[seam] + err, 0, 1)
+        render[picked] = np.clip(render[picked] + err, 0, 1)
         name = f"r_{i}"
         iio.imwrite(run / "test" / f"{i:03d}_{name}_rgb.png", np.round(render * 255).astype(np.uint8))
-        views.append({"view": i, "name": name, "seam": seam, "truth": truth, "render": np.round(render * 255) / 255})
+        views.append({"view": i, "name": name, "seam": picked, "truth": truth, "render": np.round(render * 255) / 255})
     (run / "metrics.json").write_text(json.dumps({"per_view": [{"view": v["view"], "name": v["name"]} for v in views]}))
     (run / "config.yaml").write_text(yaml.safe_dump({"dataset": dataset, "eval": {"downscale": 1}}))
+    return run, views
 
+
+def test_inside_beyond_splits_at_the_box(tmp_path):
+    """Error put only on surface points with x > 0 and on the misses; the box x <= 0 holds the rest."""
+    run, views = make_run(tmp_path, lambda hit, x: ~hit | (x > 0))
+    out = run_inside_beyond(run, [[-2.0, -2.0, -2.0], [0.0, 2.0, 2.0]])
+    inside = sum(int((v["seam"] == 0).sum()) for v in views)  # hits with x <= 0
+    assert out["inside_pixels"] == inside > 0 and out["beyond_pixels"] == sum(v["seam"].size for v in views) - inside
+    assert out["inside_psnr"] > 45  # only the PNG's rounding
+    err = np.concatenate([((v["render"] - v["truth"])[v["seam"]] ** 2).ravel() for v in views])
+    assert out["beyond_psnr"] == pytest.approx(-10 * math.log10(err.mean()), abs=0.05)
+
+
+def test_run_seams_finds_an_error_put_only_at_the_seam(tmp_path):
+    run, views = make_run(tmp_path, lambda hit, x: hit & (np.abs(x) < 0.1))
     out = run_seams(run, split(0), 0.1)
     seam_err = np.concatenate([((v["render"] - v["truth"])[v["seam"]] ** 2).ravel() for v in views])
     assert out["seam_pixels"] == sum(int(v["seam"].sum()) for v in views) > 0
@@ -87,7 +105,7 @@ def test_run_seams_finds_an_error_put_only_at_the_seam(tmp_path):
     assert other["seam_psnr"] > out["seam_psnr"] + 3 and other["rest_psnr"] < 40
 
     # another dataset is refused by name
-    (run / "config.yaml").write_text(yaml.safe_dump({"dataset": {"name": "blender", "root": str(cache)},
+    (run / "config.yaml").write_text(yaml.safe_dump({"dataset": {"name": "blender", "root": str(tmp_path / "cache")},
                                                      "eval": {"downscale": 1}}))
     with pytest.raises(ValueError, match="config.yaml: seams need analytic geometry"):
         run_seams(run, split(0), 0.1)
