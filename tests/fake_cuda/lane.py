@@ -542,3 +542,7 @@ def allowed_table(allowed: tuple[Allowed, ...] | None = None) -> str:
     for a in (ALLOWED if allowed is None else allowed):
         rows.append(f"| `{a.site}` | `{a.op}` | {a.often} | {a.why} |")
     return "\n".join(rows) + "\n"
+
+
+if __name__ == "__main__":  # python -m tests.fake_cuda.lane: the table for docs/cuda_nccl.md
+    print(allowed_table(), end="")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -208,6 +209,7 @@ def main(argv: list[str]) -> dict:
                 results["evaluation"] = {"error": traceback.format_exc()}
             results["evaluation"]["seconds"] = time.perf_counter() - start
         results["mismatch"] = {"message": _mismatch(lane)}
+    shutil.rmtree(tmp, ignore_errors=True)
     for name, res in results.items():
         events = [e for e in lane.events if e.scenario == name]
         res["events"] = [vars(e) for e in events]

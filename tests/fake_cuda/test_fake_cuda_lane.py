@@ -119,8 +119,10 @@ def test_the_documented_host_reads_are_exactly_the_ones_read(lane):
 
     seen = set().union(*(_sites(lane[name]) for name in ("static", "static_ngp", "graphed", "evaluation")))
     documented = {(a.site, a.op) for a in ALLOWED}
-    assert seen == documented, {"read, not documented": seen - documented, "documented, not read": documented - seen}
-    assert allowed_table() in DOC.read_text(), "docs/cuda_nccl.md's host-read table differs from lane.ALLOWED"
+    assert seen == documented, {"read, not documented": seen - documented, "documented, not read": documented - seen,
+                                "to do": "update tests/fake_cuda/lane.py's ALLOWED, then the table in docs/cuda_nccl.md"}
+    assert allowed_table() in DOC.read_text(), ("docs/cuda_nccl.md's host-read table differs from lane.ALLOWED: "
+                                                "paste the output of python -m tests.fake_cuda.lane")
 
 
 def test_each_frequency_bound_catches_a_read_too_often():
