@@ -30,6 +30,15 @@ from .sample_budget import SampleBudget, resolve_samples_per_step
 from .step import Phase, TrainStep, no_phase, records_graph
 
 
+def use_dense_gradients(model: torch.nn.Module) -> None:
+    """Turn ``model.sparse_grad`` off on ``model`` and every radiance model in it: their gradients are then dense
+    tensors (what DDP's buckets and a recorded CUDA graph need). The one place it is switched off:
+    :func:`build_step` calls it, and a test wrapping a model without the trainer calls it as the trainer would."""
+    for module in model.modules():
+        if isinstance(module, RadianceModel):
+            module.sparse_grad = False
+
+
 def build_step(model: RadianceModel, train_cfg, device: torch.device | str, world_size: int = 1,
                compile: bool = False, compile_mode: str | None = None, phase: Phase = no_phase,
                dense_gradients: bool = False, compile_backend: str = "inductor") -> TrainStep | GraphedStep:
@@ -63,9 +72,7 @@ def build_step(model: RadianceModel, train_cfg, device: torch.device | str, worl
     except ValueError as err:
         raise ConfigError(str(err)) from None
     if dense_gradients or cfg.cuda_graph:
-        for module in model.modules():
-            if isinstance(module, RadianceModel):
-                module.sparse_grad = False
+        use_dense_gradients(model)
     if budget is not None:
         model.sample_capacity = budget.capacity  # bounds a training forward's gradient entries (sparse exchange)
         if compile:

@@ -31,14 +31,14 @@ def estimate_density(scene, model_cfg: dict, steps: int, resolution: int, rays_p
     cfg = {**{k: v for k, v in dict(model_cfg).items() if k in grid_keys}, "name": "grid",
            "resolutions": [resolution], "upsample_steps": [], "max_params": None}
     model = build_model(cfg, scene.aabb, scene.background, num_images=len(scene)).to(device)
-    step_fn = build_step(model, section(TrainLoopConfig, lr=1e-3, decay=1.0, fused=False), device)  # constant lr
+    train_step = build_step(model, section(TrainLoopConfig, lr=1e-3, decay=1.0, fused=False), device)  # constant lr
     sampler = build_sampler({"name": "sync"}, scene, rays_per_step, seed, 1 << 20, device)
     sampler.start(0)
     for step in range(steps):
-        step_fn.prepare(step)
+        train_step.prepare(step)
         batch = sampler.to_device(sampler.host_batch(step))
-        _, error = step_fn.forward(model, batch)
-        step_fn.update(error.sse / max(int(batch.valid.sum()), 1))
+        _, error = train_step.forward(model, batch)
+        train_step.update(error.sse / max(int(batch.valid.sum()), 1))
     sampler.close()
     with torch.no_grad():
         points = model.occupancy.cell_centers() if at is None else at.to(device, torch.float32)

@@ -16,6 +16,7 @@ import torch
 from distnerf import dist as D
 from distnerf.data.rays import RayBundle
 from distnerf.components.loss import photometric_sse
+from distnerf.components.step_path import use_dense_gradients
 from distnerf.model.grid import GridModel
 from distnerf.schema import TrainConfig
 from distnerf.strategy.ddp import DDPStrategy
@@ -69,6 +70,15 @@ def fix_capacity(model: GridModel, fraction: int) -> None:
     model.gradient_entry_capacity = lambda: {id(p): p.numel() // fraction for p in model.bounded_parameters()}
 
 
+def wrap(strategy: DDPStrategy, model: GridModel) -> torch.nn.Module:
+    """``strategy.wrap(model)`` with the gradients the trainer's step would give it: dense where the strategy asks
+    (:func:`~distnerf.components.step_path.build_step` turns ``model.sparse_grad`` off there)."""
+    wrapped = strategy.wrap(model)
+    if strategy.dense_gradients():
+        use_dense_gradients(model)
+    return wrapped
+
+
 def init_gloo() -> D.DistEnv:
     """This rank's CPU process group, with the schema's ``dist_timeout_s`` throughout (no longer
     set-up timeout: a hung worker fails within it)."""
@@ -88,7 +98,7 @@ def grad_worker(rank: int, world_size: int, port: int, out_dir: str, num_rays: i
         model = make_model()
         if strategy_cfg.get("sparse_mode") == "bounded":
             fix_capacity(model, 2)
-        wrapped = strategy.wrap(model)
+        wrapped = wrap(strategy, model)
         optimizer = torch.optim.SGD(model.parameters(), lr=lr)
         grads, params = None, None
         for step in range(sgd_steps + 1):
@@ -132,7 +142,7 @@ def overflow_worker(rank: int, world_size: int, port: int, out_dir: str, num_ray
                                 "sparse_mode": "bounded"}, env)
         model = make_model()
         fix_capacity(model, 64)
-        wrapped = strategy.wrap(model)
+        wrapped = wrap(strategy, model)
         sse = photometric_sse(wrapped(rays_r), rgb_r, valid_r)
         (sse / per).backward()  # the loss's scale does not matter here
         strategy.rewrap()
@@ -292,7 +302,7 @@ def shutdown_worker(rank: int, world_size: int, port: int, out_dir: str):
     env = init_gloo()
     strategy = DDPStrategy({"name": "ddp"}, env)
     model = make_model()
-    wrapped = strategy.wrap(model)
+    wrapped = wrap(strategy, model)
     rays, rgb = make_problem(8)
     photometric_sse(wrapped(rays), rgb, torch.ones(8, dtype=torch.bool)).backward()
     D.broadcast_object(env, {"step": 1})
