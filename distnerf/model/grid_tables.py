@@ -99,7 +99,10 @@ def row_strides(resolution: tuple[int, int, int], device: torch.device | str | N
     (vertex ``(i, j, k)`` is row ``i n_y n_z + j n_z + k``), built on the device (see :func:`corner_offsets`)."""
     _, ny, nz = resolution
     strides = torch.ones(3, dtype=torch.long, device=device)
-    strides[0], strides[1] = ny * nz, nz  # fills, no host-to-device copy
+    # fill kernels, no host-to-device copy: an indexed assignment of a number (strides[0] = n) is a blocking
+    # 0-dim copy from the host on CUDA (tests/fake_cuda found it)
+    strides[0:1].fill_(ny * nz)
+    strides[1:2].fill_(nz)
     return strides
 
 

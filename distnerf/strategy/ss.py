@@ -441,9 +441,11 @@ class SSStrategy(Strategy):
         shard = derive(whole, max_params=None, appearance="none", sparse_grad=False,
                        tv_weight=cfg.tv_weight / len(self.partition) if cfg.get("tv_weight") else cfg.get("tv_weight"))
         model = build_model(shard, aabb.float(), torch.zeros(3), shard_aabb=boxes[region])
-        if budget is not None:  # what the shard holds at the final stage, beside the whole model's count
+        if budget is not None:  # its share of the budget and what it holds at the final stage; the whole model's
             per_vertex = model.density.shape[1] + model.features.shape[1]
-            model.budget = {**budget, "whole_model_parameters": budget["final_parameters"],
+            model.budget = {**budget, "max_params": budget["max_params"] // len(self.partition),
+                            "whole_model_max_params": budget["max_params"],
+                            "whole_model_parameters": budget["final_parameters"],
                             "final_parameters": model.num_vertices(budget["resolutions"][-1]) * per_vertex}
         return model
 
