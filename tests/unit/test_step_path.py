@@ -133,3 +133,16 @@ def test_a_loop_of_step_once_is_fit_bit_for_bit_and_its_hooks_see_each_phase_in_
              "step_sync", "end_step", "after_step"]
     assert per_step == order * 6
     assert spans == [(kind, name) for name in per_step for kind in ("start", "end")]
+
+
+def test_the_core_guard_polls_through_the_phase_hook_after_each_step_only():
+    """``between_steps`` is gone: distnerf.train adds ``CoreWatch.phase_hook``, which polls when ``after_step``
+    (the loop's work between steps) ends, and at no other phase."""
+    from distnerf import cpu
+
+    watch, events = cpu.CoreWatch(2, 0), []
+    watch.poll = lambda: events.append("poll")
+    for name in ("input_wait", "forward", "step_sync", "end_step", "after_step"):
+        with watch.phase_hook(name):
+            events.append(name)
+    assert events == ["input_wait", "forward", "step_sync", "end_step", "after_step", "poll"]
