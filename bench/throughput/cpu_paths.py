@@ -13,9 +13,10 @@ model.upsample_steps=[]``: no upsampling while timed), starts from the checkpoin
 parameters, occupancy grid, box; its step and optimizer built again over them, fresh Adam state: the same work a
 step), runs ``--warmup`` steps
 (torch.compile compiles there; its seconds reported) and times ``--blocks`` blocks of ``--steps`` steps of
-``Trainer.fit``'s step (the sampler, the step, the occupancy refresh every 8 steps; no logging, evaluation or
-checkpoints: ``Trainer.step_once``). Figures per path: the median block's milliseconds per step and rays/s (rays the loss counted: the
-batch's valid rays on the dynamic step, the sample budget's counted rays on the static one), samples per ray.
+``Trainer.step_once``, ``fit``'s body (the sampler, the step, the occupancy refresh every 8 steps; no logging,
+evaluation or checkpoints). Figures per path: the median block's milliseconds per step and rays/s (rays the loss
+counted: the batch's valid rays on the dynamic step, the sample budget's counted rays on the static one), samples
+per ray.
 
 Paths: the dynamic step (the CPU default: packed samples, sparse colour-row gradients and lazy Adam), the same
 with dense gradients, the static step (``train.samples_per_step``, the CUDA default) eager, and compiled with

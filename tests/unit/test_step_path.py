@@ -35,7 +35,8 @@ def _grid(**options) -> GridModel:
     ("grid", {"cuda_graph": True, "samples_per_step": 0}, 1, False, r"train\.cuda_graph=true needs the static step"),
     ("grid", {"cuda_graph": True}, 1, False, r"train\.cuda_graph=true needs the static step"),  # null: 0 off CUDA
     ("grid", {"cuda_graph": True, "samples_per_step": 4096}, 2, False, r"train\.cuda_graph=true needs one process"),
-    ("grid", {"cuda_graph": True, "samples_per_step": 4096}, 1, True, r"train\.cuda_graph=true needs model\.compile=false"),
+    ("grid", {"cuda_graph": True, "samples_per_step": 4096}, 1, True,
+     r"train\.cuda_graph=true needs model\.compile=false"),
     ("nerf", {"samples_per_step": 4096}, 1, False, r"train\.samples_per_step needs a marched model"),
     ("grid_rounds", {"samples_per_step": 4096}, 1, False, r"train\.samples_per_step: the static step does not cover"),
 ])
@@ -77,7 +78,8 @@ def test_sparse_grad_is_switched_off_by_the_step_builder_only():
     assert not Strategy({"name": "ddp"}, peers).dense_gradients()
     # and the one place in the package that assigns it False
     assigned = [f"{p.relative_to(PACKAGE)}:{i}" for p in sorted(PACKAGE.rglob("*.py"))
-                for i, line in enumerate(p.read_text().splitlines(), 1) if re.search(r"\.sparse_grad\s*=\s*False", line)]
+                for i, line in enumerate(p.read_text().splitlines(), 1)
+                if re.search(r"\.sparse_grad\s*=\s*False", line)]
     assert len(assigned) == 1 and assigned[0].startswith("components/step_path.py:"), assigned
 
 
