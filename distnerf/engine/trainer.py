@@ -203,7 +203,9 @@ class Trainer:
         """Continue from a checkpoint's model weights only (``ckpt_dir``: a ``step_N/`` directory of a run of the
         same model; its optimizer state, sampler and time are not loaded, unlike ``resume``): the weights loaded in
         place, then the step built again over the loaded tables (a fresh optimizer) and the model re-wrapped;
-        ``self.step`` set to the checkpoint's (the schedule's learning rate and cadences). Returns that step."""
+        ``self.step`` set to the checkpoint's (the schedule's learning rate and cadences; the sampler is not restarted:
+        ``sampler=sync`` draws each batch by its step index, a pipelined sampler's prefetch would wait). Returns
+        that step."""
         state = self.strategy.load_model_state(ckpt_dir, self.model)
         self.step = int(state["step"])
         self.train_step = self._build_step()
