@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import statistics
 
-from bench.tablekit import Results, f2, kilo, mega, pct, psnr_ssim, row, header
+from bench.tablekit import ResultError, Results, f2, kilo, mega, pct, psnr_ssim, row, header
 
 
 SS_EQ = (("lego_eq", "lego"),)  # the wide scene's pairs (wide_eq, wide_eq2) went with the scene (issue 15)
@@ -423,6 +423,84 @@ def study_aerial_curve(res: Results) -> list[str]:
     return study_capacity(res, "study_aerial_curve", sections=("Capacity",))
 
 
+ARMS = {"one_model": "A one model", "sharded": "B joint, sharded", "per_region": "E joint, per region",
+        "ddp": "G ddp, A's model on W ranks"}
+ADAM_BYTES = 16  # counted bytes per parameter under dense Adam: value, gradient, two moments (fp32)
+
+
+def _aerial_arm_rows(report: dict, comparison_w) -> dict:
+    """{(arm, comparison W): summary} of a study report's cells (the comparison's W: the budget level ``wW``)."""
+    out: dict = {}
+    for c in report["cells"]:
+        if c.get("status") != "done":
+            continue
+        v = c["values"]
+        key = (v["strategy"], comparison_w(v))
+        out.setdefault(key, []).append(c["figures"])
+    return out
+
+
+def _mean_sd(xs: list[float]) -> tuple[float, float]:
+    return statistics.mean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
+
+
+def study_aerial_sharded(res: Results) -> list[str]:
+    """conf/study/aerial_sharded.yaml (A, B, E at W = 2 and 4, equal batch) with bench/scaling/inside_beyond.py's
+    split of each cell's test pixels, and conf/study/aerial_sharded_price.yaml (G beside B, 400 steps): per arm and
+    W, PSNR mean and sd over seeds, SSIM, PSNR inside the scene box and beyond it, samples per ray, parameters per
+    rank, counted bytes per rank (parameters x 16: value, gradient and dense Adam's two moments), peak RSS; then
+    B - A with the standard error of the difference; then the price rows (bytes exchanged a step, step time)."""
+    report = res.json("study_aerial_sharded/report.json")
+    split = res.json("study_aerial_sharded/inside_beyond.json")
+    w_of = lambda v: int(str(v["budget"])[1:])  # noqa: E731 (budget level wW: the comparison's W)
+    arms = _aerial_arm_rows(report, w_of)
+    pix: dict = {}
+    for r in split["rows"]:
+        pix.setdefault((r["values"]["strategy"], w_of(r["values"])), []).append(r)
+    out = header("arm", "W", "seeds", "test PSNR dB (mean, sd)", "SSIM", "inside the box dB", "beyond it dB",
+                 "samples per ray", "parameters per rank", "counted MB per rank", "peak RSS MiB per rank")
+    psnrs = {}
+    for (arm, w) in sorted(arms, key=lambda k: (k[1], list(ARMS).index(k[0]))):
+        figs = arms[arm, w]
+        ps = [f["psnr"] for f in figs]
+        psnrs[arm, w] = ps
+        m, sd = _mean_sd(ps)
+        ins = [r["inside_psnr"] for r in pix.get((arm, w), [])]
+        bey = [r["beyond_psnr"] for r in pix.get((arm, w), [])]
+        params = statistics.median([f["parameters_per_rank"] for f in figs])
+        out.append(row(ARMS[arm], w, len(figs), f"{m:.2f} ({sd:.2f})", f"{_mean_sd([f['ssim'] for f in figs])[0]:.3f}",
+                       f"{_mean_sd(ins)[0]:.2f}" if ins else "–", f"{_mean_sd(bey)[0]:.2f}" if bey else "–",
+                       f2(statistics.median([f["samples_per_ray_median"] for f in figs])), kilo(params),
+                       f"{params * ADAM_BYTES / 1e6:.2f}", f"{max(f['peak_rss_mb'] for f in figs):.0f}"))
+    out.append("")
+    out += header("W", "B - A dB", "standard error of the difference", "within 0.1 dB or two standard errors",
+                  "B's counted bytes per rank / (A's / W)")
+    for w in sorted({w for _, w in arms}):
+        if ("sharded", w) not in psnrs or ("one_model", w) not in psnrs:
+            continue
+        a, b = psnrs["one_model", w], psnrs["sharded", w]
+        (ma, sa), (mb, sb) = _mean_sd(a), _mean_sd(b)
+        se = (sa ** 2 / len(a) + sb ** 2 / len(b)) ** 0.5
+        pa = statistics.median([f["parameters_per_rank"] for f in arms["one_model", w]])
+        pb = statistics.median([f["parameters_per_rank"] for f in arms["sharded", w]])
+        met = abs(mb - ma) <= 0.1 or abs(mb - ma) <= 2 * se
+        out.append(row(w, f"{mb - ma:+.2f}", f"{se:.2f}", "yes" if met else "no", f"{pb / (pa / w):.3f}"))
+    try:
+        price = res.json("study_aerial_sharded_price/report.json")
+    except (FileNotFoundError, ResultError):
+        return out
+    out.append("")
+    out += header("arm (400 steps)", "W", "all-reduce bytes a step", "exchange bytes a step", "step ms (median)",
+                  "parameters per rank", "peak RSS MiB per rank")
+    for c in sorted((c for c in price["cells"] if c.get("status") == "done"),
+                    key=lambda c: (c["values"]["world_size"], c["values"]["strategy"])):
+        f, v = c["figures"], c["values"]
+        out.append(row(ARMS[v["strategy"]], v["world_size"], kilo(f["allreduce_bytes_per_step"] or 0),
+                       kilo(f["exchange_bytes_per_step"] or 0), f"{1e3 * f['step_s_median']:.1f}",
+                       kilo(f["parameters_per_rank"]), f"{f['peak_rss_mb']:.0f}"))
+    return out
+
+
 OLD_SPARSE_BOUND = 0.25  # strategy.sparse_max_density's default before the crossover was measured (2026-12-07)
 
 
@@ -557,6 +635,7 @@ TABLES = {  # marker name -> the function that makes the table
     "study_capacity_cooled_p62k_control": study_capacity_cooled_p62k_control,
     "study_aerial": study_aerial,
     "study_aerial_curve": study_aerial_curve,
+    "study_aerial_sharded": study_aerial_sharded,
     "exchange_crossover": exchange_crossover,
     "joint_exchange": joint_exchange,
     "exposed_comm": exposed_comm,

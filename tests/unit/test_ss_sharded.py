@@ -71,3 +71,41 @@ def test_off_centre_cuts_are_refused_when_contracted():
     if not torch.allclose(skewed.boxes[0, 1], case.AABB.double()[1]):  # a weighted median off the centre
         with pytest.raises(ValueError, match="joint_model=per_region"):
             shard_layout(skewed)
+
+
+def test_checkpoint_keeps_the_one_appearance_and_its_optimizer_state(tmp_path):
+    """The sharded model's shared appearance and its Adam state go with region 0's file only (every rank reads it
+    on load); a fresh container loads the tables and the appearance, and the merged optimizer state is the saved
+    one, group by group."""
+    from distnerf import checkpoint as ckpt
+    from distnerf.dist import DistEnv
+    from distnerf.strategy.ss import SSStrategy
+
+    single = case.one_model("mipnerf360", 2)
+    joint = case.sharded(single, "mipnerf360", 2)
+    opt = torch.optim.Adam([{**g} for g in joint.param_groups(0.01)])
+    for step in range(3):
+        case.step_both(single, joint, step)
+        opt.step()
+    strategy = SSStrategy({"training": "joint", "joint_model": "sharded"}, DistEnv(rank=0, world_size=1))
+    strategy.partition = case.partition("mipnerf360", 2)
+    strategy.owner = [0, 0]
+    ckpt_dir = tmp_path / "ckpt"
+    ckpt_dir.mkdir()
+    strategy.save_model_state(ckpt_dir, joint, opt, {"step": 3, "train_seconds": 1.0})
+    ckpt.write_manifest(ckpt_dir, 3, 1, {}, strategy.manifest_extra())
+    assert "shared" in ckpt.load_file(ckpt_dir / ckpt.region_file(0)) and \
+        "shared" not in ckpt.load_file(ckpt_dir / ckpt.region_file(1))
+
+    fresh = case.sharded(case.one_model("mipnerf360", 2, seed=5), "mipnerf360", 2)
+    with torch.no_grad():
+        fresh.appearance.table.zero_()
+    loaded = strategy.load_model_state(ckpt_dir, fresh)
+    assert torch.equal(fresh.appearance.table, joint.appearance.table)
+    for a, b in zip(fresh.models, joint.models):
+        assert torch.equal(a.density, b.density) and torch.equal(a.features, b.features)
+    saved = opt.state_dict()
+    assert [g["name"] for g in loaded["optimizer"]["param_groups"]] == [g["name"] for g in saved["param_groups"]]
+    shared = len(saved["state"]) - 1  # the appearance table: the last parameter
+    assert torch.equal(loaded["optimizer"]["state"][shared]["exp_avg"], saved["state"][shared]["exp_avg"])
+    assert float(saved["state"][shared]["exp_avg"].abs().max()) > 0
