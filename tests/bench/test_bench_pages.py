@@ -152,10 +152,10 @@ EXEMPT = [
     ("*", r"(?:at |, )(?:2|10) minutes", "a run's training-time budget (train.max_minutes), a setting"),
     ("*", r"last 20%", "the cool-down share (train.decay_start=0.8) and the plateau check's window, settings"),
     ("README.md", r"\d+ MB for 2\.\d\.\d", "PyPI's wheel sizes, not this project's"),
-    ("README.md", r"suite's 30 minutes|polled every 2 s|at least 92%|\+ 10% of its|15% tolerance|, 1000 steps\.|a 4x coarser",
+    ("*", r"suite's 30 minutes|polled every 2 s|at least 92%|\+ 10% of its|15% tolerance|, 1000 steps\.|a 4x coarser",
      "settings and defaults: the suite's time limit, the viewer's poll period and share, the box margin, "
      "the target check's tolerance, the stages' default, the coarse occupancy grid's factor"),
-    ("README.md", r"leave 48%|350 M parameters|3-13% under",
+    ("*", r"leave 48%|350 M parameters|3-13% under",
      "arithmetic, not measured: a ball in its cube, the grid's whole-cube sizing rule"),
     ("when_to_pick_ss.md", r"0\.5x and 2x the default|target \+1 dB|44% at",
      "settings (city_capacity's multipliers, the issue's target) and arithmetic the page says is not measured"),
