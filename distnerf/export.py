@@ -39,7 +39,7 @@ from .checkpoint import SCENE_TRANSFORM_FILE, CheckpointError
 from .fileio import atomic_torch_save
 from .data import load_scene
 from .data.images import undecoded
-from .dist import DistEnv
+from .distributed import DistEnv
 from .engine import surface
 from .engine.runs import find_checkpoint, load_renderer, load_run_config, load_weights
 from .config_check import ConfigError

@@ -38,7 +38,7 @@ import numpy as np
 
 from . import cli as C
 from .checkpoint import CheckpointError
-from . import dist as D
+from . import distributed as D
 from .rundir import setup_logging
 from .data import load_scene
 from .data.camera_path import fly_through, orbit, path_cameras

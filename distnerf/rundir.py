@@ -12,7 +12,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from . import dist as D
+from . import distributed as D
 
 
 LOCK_NAME = ".train.lock"  # in the run directory: flock-ed by the main rank of the run that trains there

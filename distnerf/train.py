@@ -29,7 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from . import cli as C
-from . import dist as D
+from . import distributed as D
 from .checkpoint import CheckpointError
 from .fileio import CheckpointWriteError
 from .rundir import RunDirBusy, release_run_dir, resolve_run_dir, setup_logging

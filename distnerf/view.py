@@ -26,7 +26,7 @@ from pathlib import Path
 
 from . import checkpoint as ckpt
 from . import cli as C
-from . import dist as D
+from . import distributed as D
 from .rundir import setup_logging
 from .data import load_scene
 from .data.images import undecoded
@@ -66,7 +66,7 @@ class RunViewer:
     Args:
         cfg, run_dir: from :func:`~distnerf.engine.runs.load_run_config` (``viewer.port``,
             ``viewer.host``, ``viewer.max_resolution``, ``eval.chunk``, ``checkpoint`` are read).
-        env: this process's :class:`~distnerf.dist.DistEnv` (one process).
+        env: this process's :class:`~distnerf.distributed.DistEnv` (one process).
     Raises:
         OSError: the port is not available.
     """

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from distnerf.data.rays import RayBundle
-from distnerf.dist import DistEnv
+from distnerf.distributed import DistEnv
 from distnerf.model.grid import GridModel
 from distnerf.strategy.partition import grid_partition
 from distnerf.strategy.regions import JointRegionModels

@@ -30,7 +30,7 @@ def build_trainer(overrides: list[str], run_dir: Path, device: str = "cpu", comm
         common: the overrides before ``overrides`` (default :data:`COMMON`).
 
     Returns:
-        ``(trainer, env)``; the caller closes them: ``trainer.close()`` then ``distnerf.dist.shutdown(env)``.
+        ``(trainer, env)``; the caller closes them: ``trainer.close()`` then ``distnerf.distributed.shutdown(env)``.
 
     Raises:
         ValueError: the composed config does not validate, or the trainer refuses it.

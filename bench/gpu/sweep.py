@@ -79,7 +79,7 @@ def measure(mode: str, log2_slots: int, bf16: bool, device: str, data: list[str]
     import torch
 
     from bench.throughput.syncs import build_trainer, run_step
-    from distnerf import dist as D
+    from distnerf import distributed as D
 
     torch._dynamo.reset()
     torch.manual_seed(0)

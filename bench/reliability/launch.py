@@ -112,7 +112,7 @@ def _ckpt_worker(strategy: str, repeats: int, out: Path, root: Path) -> None:
     from hydra import compose, initialize_config_dir
 
     from distnerf import checkpoint as ckpt
-    from distnerf import dist as D
+    from distnerf import distributed as D
     from distnerf.config_check import validate
     from distnerf.rundir import resolve_run_dir
     from distnerf.engine.trainer import Trainer

@@ -98,7 +98,7 @@ def _trainer(variant: str, run_dir: Path, resume: bool):
     import torch
     from hydra import compose, initialize_config_dir
 
-    from distnerf import dist as D
+    from distnerf import distributed as D
     from distnerf.config_check import validate
     from distnerf.engine.trainer import Trainer
     from distnerf.strategy import build_strategy

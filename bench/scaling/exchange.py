@@ -8,7 +8,7 @@ measured as W grows, bytes and time).
 Each world size is one group of W spawned gloo processes (one thread each, ``tests.conftest``-style, on this
 machine's loopback). Every rank fills a float32 bucket of ``--numel`` entries with non-zeros at ``density`` x numel
 random positions (its own positions: ranks' rows overlap as training rays' do), then times, alternating the
-three in turn after one warm-up each: ``dense`` (the ring all-reduce DDP's hook runs, :func:`distnerf.dist.all_reduce_`),
+three in turn after one warm-up each: ``dense`` (the ring all-reduce DDP's hook runs, :func:`distnerf.distributed.all_reduce_`),
 ``counted`` (:func:`distnerf.strategy.sparse_exchange.sparse_allreduce_`: a count all-gather, then the
 pairs) and ``bounded`` (:func:`~distnerf.strategy.sparse_exchange.bounded_sparse_allreduce_` with a capacity of
 exactly the non-zeros, i.e. a bound that holds with no slack). Seconds are rank 0's, barrier to barrier, median
@@ -36,7 +36,7 @@ def _rank(rank: int, world_size: int, port: int, numel: int, densities: list[flo
 
     import torch.distributed as dist
 
-    from distnerf import dist as D
+    from distnerf import distributed as D
     from distnerf.strategy.sparse_exchange import bounded_sparse_allreduce_, sparse_allreduce_
 
     torch.set_num_threads(1)

@@ -34,7 +34,7 @@ from omegaconf import OmegaConf
 from bench.common import default_out, start_meta, write_result
 
 from distnerf import checkpoint as ckpt
-from distnerf import dist as D
+from distnerf import distributed as D
 from distnerf.data import load_scene
 from distnerf.engine.evaluate import render_image, select_views
 from distnerf.observe.metrics import psnr, ssim

@@ -32,7 +32,7 @@ def fill_at(run_dir: Path, rays: int, samples: int, steps: int) -> dict:
     from omegaconf import OmegaConf
 
     from bench.throughput.syncs import run_step
-    from distnerf import dist as D
+    from distnerf import distributed as D
     from distnerf.config_check import validate
     from distnerf.engine.trainer import Trainer
     from distnerf.host_buffers import sync_free_paths

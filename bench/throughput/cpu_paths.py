@@ -64,7 +64,7 @@ def measure(label: str, data: str, ckpt: Path, warmup: int, steps: int, blocks: 
     import torch
 
     from bench.throughput.syncs import build_trainer, run_step
-    from distnerf import dist as D
+    from distnerf import distributed as D
 
     torch.manual_seed(0)
     cfg = ["dataset=blender", f"dataset.root={data}", "device=cpu", "model.resolutions=[160]",

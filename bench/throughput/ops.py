@@ -72,7 +72,7 @@ def count(name: str, overrides: list[str], cuda_paths: bool, root: Path, device:
     import torch
     from hydra import compose, initialize_config_dir
 
-    from distnerf import dist as D
+    from distnerf import distributed as D
     from distnerf.engine.trainer import Trainer
     from distnerf.host_buffers import sync_free_paths
     from distnerf.strategy import build_strategy

@@ -115,7 +115,7 @@ def paired(args) -> dict:
     torch.set_num_threads(1)
     from hydra import compose, initialize_config_dir
 
-    from distnerf import dist as D
+    from distnerf import distributed as D
     from distnerf.config_check import validate
     from distnerf.engine.trainer import Trainer
     from distnerf.strategy import build_strategy

@@ -105,7 +105,7 @@ def refresh_every(trainer) -> int | None:
 
 
 def measure(name: str, overrides: list[str], warmup: int, tmp: Path) -> dict:
-    from distnerf import dist as D
+    from distnerf import distributed as D
 
     torch.manual_seed(0)
     trainer, env = build_trainer(overrides, tmp / name)

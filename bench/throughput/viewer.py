@@ -211,7 +211,7 @@ def frame(args) -> None:
     import numpy as np
     import torch
 
-    from distnerf import dist as D
+    from distnerf import distributed as D
     from distnerf.data import load_scene
     from distnerf.data.images import undecoded
     from distnerf.engine.runs import load_renderer, load_run_config

@@ -8,7 +8,7 @@ from typing import Mapping
 import torch
 from torch.optim.adam import adam as adam_update
 
-from ..dist import accepts
+from ..distributed import accepts
 from ..model.base import RadianceModel
 from ..config_check import section
 from ..schema import TrainLoopConfig

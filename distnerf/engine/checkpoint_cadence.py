@@ -31,7 +31,7 @@ import torch
 
 from .. import checkpoint as ckpt
 from ..fileio import CheckpointWriteError, atomic_torch_save
-from .. import dist as D
+from .. import distributed as D
 
 log = logging.getLogger("distnerf")
 

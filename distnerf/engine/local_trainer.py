@@ -6,7 +6,7 @@
         result = trainer.step_once()
     finally:
         trainer.close()
-        distnerf.dist.shutdown(env)
+        distnerf.distributed.shutdown(env)
 """
 from __future__ import annotations
 
@@ -24,13 +24,13 @@ def build_trainer(overrides: list[str], run_dir: Path, device: str = "cpu"):
         run_dir: the run directory (created).
         device: ``cpu`` or ``cuda``.
     Returns:
-        ``(trainer, env)``; the caller closes them: ``trainer.close()``, then ``distnerf.dist.shutdown(env)``.
+        ``(trainer, env)``; the caller closes them: ``trainer.close()``, then ``distnerf.distributed.shutdown(env)``.
     Raises:
         ValueError: the composed config does not validate, or the trainer refuses it (a ``ConfigError``).
     """
     from hydra import compose, initialize_config_dir
 
-    from .. import dist as D
+    from .. import distributed as D
     from ..config_check import validate
     from ..strategy import build_strategy
     from .trainer import Trainer

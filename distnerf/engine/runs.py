@@ -75,7 +75,7 @@ def load_renderer(cfg, run_dir: Path, scene, env):
     Args:
         cfg: the run's config (:func:`load_run_config`); ``cfg.checkpoint`` picks a checkpoint.
         scene: any split of the run's scene (its box and background are used).
-        env: this process's :class:`~distnerf.dist.DistEnv`.
+        env: this process's :class:`~distnerf.distributed.DistEnv`.
     """
     if cfg.strategy.name == "ss":
         from ..strategy.ss_loading import load_fused, region_states, shared_state

@@ -21,7 +21,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from .. import checkpoint as ckpt
-from .. import dist as D
+from .. import distributed as D
 from ..components.loss import RayError
 from ..components.schedule import BudgetClock, step_limit
 from ..components.step import records_graph
@@ -74,7 +74,7 @@ class Trainer:
             :class:`distnerf.schema.TrainConfig`), used as it is: it is validated once, at the entry point.
         strategy: the strategy, already holding this process's :class:`DistEnv`.
         run_dir: the run directory shared by every rank.
-        stop: set by SIGUSR1/SIGTERM (:class:`distnerf.dist.StopRequest`); any rank's request
+        stop: set by SIGUSR1/SIGTERM (:class:`distnerf.distributed.StopRequest`); any rank's request
             stops every rank at the same step with a checkpoint. ``None``: signals are not handled.
     Raises:
         TypeError: ``cfg`` was not validated (a composed config not passed through ``validate``).

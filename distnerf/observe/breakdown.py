@@ -59,7 +59,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..dist import device_timed
+from ..distributed import device_timed
 
 log = logging.getLogger("distnerf")
 
@@ -227,7 +227,7 @@ class StepProfiler:
     """Per-step phase timer and NeRF figures for one rank (the trainer's ``timer``).
 
     Args:
-        device: training device (:func:`distnerf.dist.device_timed`, CUDA: events; otherwise host clock).
+        device: training device (:func:`distnerf.distributed.device_timed`, CUDA: events; otherwise host clock).
         model: the unwrapped model; its direct children holding parameters get forward
             hooks (``forward.<name>`` sub-phases); ``None``: no sub-phases.
         rank, world_size: this process (file names, bus bandwidth).

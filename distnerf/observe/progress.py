@@ -103,7 +103,7 @@ class ProgressBeacon:
     def stop(self) -> None:
         """Stop and join the thread (before the process group is destroyed and the interpreter exits), and
         forget the watched source: a bound method of the trainer would keep the trainer, its DDP wrapper
-        and so the process group alive past :func:`distnerf.dist.shutdown`."""
+        and so the process group alive past :func:`distnerf.distributed.shutdown`."""
         self._stop.set()
         try:
             last_step = self.source()[0]

@@ -1,9 +1,9 @@
-"""Training strategies: everything distributed lives here (and in the ``dist`` package)."""
+"""Training strategies: everything distributed lives here (and in the ``distributed`` package)."""
 from __future__ import annotations
 
 from typing import Mapping
 
-from ..dist import DistEnv
+from ..distributed import DistEnv
 from ..config_check import section
 from .base import Strategy
 from .ddp import DDPStrategy

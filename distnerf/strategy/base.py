@@ -16,8 +16,8 @@ from torch import nn
 
 from .. import checkpoint as ckpt
 from ..fileio import atomic_torch_save
-from .. import dist as D
-from ..dist import DistEnv
+from .. import distributed as D
+from ..distributed import DistEnv
 from ..config_check import section
 
 

@@ -5,7 +5,7 @@ forward, which runs the whole render (calling the unwrapped module would silentl
 skip the all-reduce). A communication hook times every bucket's all-reduce and
 counts its bytes. Without a process group (``python -m distnerf.train``) or alone in
 one (a world-size-1 torchrun) the model is used as is: no peer, so no all-reduce (and
-the dist helpers skip their collectives there too).
+the distributed helpers skip their collectives there too).
 
 Timing. On gloo (CPU) a bucket's future completes when its all-reduce is done, so the
 hook's (launch, completion) span is a duration and bus bandwidth follows from it. On
@@ -35,7 +35,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from .. import dist as D
+from .. import distributed as D
 from ..config_check import ConfigError
 from ..host_buffers import sync_free
 from ..model.base import RadianceModel

@@ -52,7 +52,7 @@ from collections import defaultdict
 import torch
 from torch import nn
 
-from .. import dist as D
+from .. import distributed as D
 from ..data.rays import RayBundle
 from ..model.base import RadianceModel
 from ..model.marched import MarchingModel
@@ -144,7 +144,7 @@ class FusedRenderer(nn.Module):
 
     @property
     def _on_cuda(self) -> bool:
-        """Whether this renderer's device times on the device (:func:`distnerf.dist.device_timed`: CUDA), where
+        """Whether this renderer's device times on the device (:func:`distnerf.distributed.device_timed`: CUDA), where
         a host clock around a phase needs a synchronisation."""
         return D.device_timed(self.background.device)
 

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import dist as D
+from .. import distributed as D
 from ..data.rays import RayBundle
 from ..model.marched import MarchingModel
 from ..renderer import samples

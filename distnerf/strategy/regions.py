@@ -11,7 +11,7 @@ import time
 import torch
 from torch import nn
 
-from .. import dist as D
+from .. import distributed as D
 from ..data.rays import RayBundle
 from ..host_buffers import sync_free
 from ..model.base import RadianceModel

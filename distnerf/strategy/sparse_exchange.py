@@ -39,7 +39,7 @@ import math
 
 import torch
 
-from .. import dist as D
+from .. import distributed as D
 from ..host_buffers import compact_nonzeros, static_nonzero_available, sync_free  # noqa: F401 (also imported from here)
 
 SPARSE_REVISIT = 50  # steps between two looks at a bucket found too dense for the sparse exchange

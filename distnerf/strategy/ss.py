@@ -50,7 +50,7 @@ from torch import nn
 
 from .. import checkpoint as ckpt
 from ..fileio import atomic_torch_save
-from .. import dist as D
+from .. import distributed as D
 from ..model import build_model, contracted
 from ..components.optim import merge_optimizer_states, split_optimizer_state
 from ..config_check import derive, section

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from .. import checkpoint as ckpt
-from .. import dist as D
+from .. import distributed as D
 from .fusion import FusedRenderer
 from .partition import Partition, region_owner
 from .regions import JointRegionModels

@@ -3,7 +3,7 @@ phase hooks), and the ceiling it holds the smoke grid's step to."""
 from __future__ import annotations
 
 from bench.throughput import syncs as bench
-from distnerf import dist as D
+from distnerf import distributed as D
 
 
 def test_grid_training_step_host_syncs_do_not_rise(tmp_path):

@@ -170,7 +170,7 @@ def test_resume_on_a_world_size_that_does_not_divide_the_regions_is_refused(ss_r
     """Refused in set-up, before any collective, naming the partition file (rank 0 of 3 here)."""
     import shutil
 
-    from distnerf.dist import DistEnv
+    from distnerf.distributed import DistEnv
     from distnerf.strategy.ss import SSStrategy
 
     shutil.copy(ss_runs["resumed"] / "partition.json", tmp_path / "partition.json")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from distnerf import dist as D
+from distnerf import distributed as D
 from distnerf.data.rays import RayBundle
 from distnerf.components.loss import photometric_sse
 from distnerf.components.step_path import use_dense_gradients

@@ -117,7 +117,7 @@ class Session:
     """A RunViewer serving in a thread and a headless chromium page on it."""
 
     def __init__(self, run_dir: Path, playwright, max_resolution: int = SIZE):
-        from distnerf import dist as D
+        from distnerf import distributed as D
         from distnerf.view import RunViewer, view_config
 
         self.port = free_port()
@@ -366,7 +366,7 @@ def test_viewer_ss_run_fused_with_region_tint(runs, tmp_path, playwright):
 def test_viewer_waits_for_a_checkpoint_then_follows_the_run(runs, tmp_path):
     """A run dir without a committed checkpoint: the page and the log say it waits; the checkpoint
     appearing later is loaded by the next poll, without a restart (no browser needed)."""
-    from distnerf import dist as D
+    from distnerf import distributed as D
     from distnerf.view import RunViewer, view_config
 
     run = tmp_path / "run"

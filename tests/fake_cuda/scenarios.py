@@ -66,7 +66,7 @@ def _train(lane, name: str, overrides: list[str], steps: int, run_dir: Path, inj
     (closed; its model kept for evaluation)."""
     import torch
 
-    from distnerf import dist as D
+    from distnerf import distributed as D
     from distnerf.components.sample_budget import STATIC_RAYS_PER_RANK, static_by_default
 
     from tests.trainers import build_trainer, run_step

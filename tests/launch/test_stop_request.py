@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from distnerf import dist as D
+from distnerf import distributed as D
 
 
 def test_signal_sets_the_flag_once_and_uninstall_restores_handlers():

@@ -66,7 +66,7 @@ def test_with_a_footprint_the_floor_ends_only_rays_that_reach_it_above_the_box()
 
 def test_ss_refuses_a_floor_it_does_not_route():
     """(``model.opaque_floor`` is supported under ``ss``: tests/unit/test_ss_floor.py.)"""
-    from distnerf.dist import DistEnv
+    from distnerf.distributed import DistEnv
     from distnerf.strategy import build_strategy
 
     strategy = build_strategy({"name": "ss"}, DistEnv())

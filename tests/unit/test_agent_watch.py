@@ -3,8 +3,8 @@
 Not a real torchrun: a tiny process tree of the same shape. A reaper (the test's child, made a
 child subreaper so the orphaned rank is re-parented to it and its exit status can be read)
 starts an "agent" process, which starts a "rank" with ``TORCHELASTIC_RUN_ID`` set, as torchrun's
-agent starts its workers. The rank runs :class:`distnerf.dist.agent.AgentWatch` (the module loaded
-from its file: importing the ``distnerf.dist`` package would import torch, ~2 s per process)
+agent starts its workers. The rank runs :class:`distnerf.distributed.agent.AgentWatch` (the module loaded
+from its file: importing the ``distnerf.distributed`` package would import torch, ~2 s per process)
 and ignores SIGTERM, as a rank blocked in a collective whose peers are gone would not act on it.
 The reaper SIGKILLs the agent and waits for the rank.
 """
@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-AGENT_PY = Path(__file__).resolve().parents[2] / "distnerf" / "dist" / "agent.py"
+AGENT_PY = Path(__file__).resolve().parents[2] / "distnerf" / "distributed" / "agent.py"
 
 RANK = f"""
 import importlib.util, signal, sys, time
@@ -63,7 +63,7 @@ def test_a_rank_whose_agent_dies_stops_naming_it(tmp_path):
 
 
 def test_no_watch_outside_torchrun():
-    from distnerf.dist import AgentWatch, torchrun_agent_pid
+    from distnerf.distributed import AgentWatch, torchrun_agent_pid
 
     assert torchrun_agent_pid({}) is None
     assert AgentWatch(None, 0).start()._thread is None

@@ -194,7 +194,7 @@ def test_rng_state_is_data_only_and_restores_every_generator(tmp_path):
 
     import numpy as np
 
-    from distnerf import dist as D
+    from distnerf import distributed as D
 
     state = D.rng_state()
     path = tmp_path / "rank_0.pt"
@@ -213,7 +213,7 @@ import sys  # noqa: E402
 import threading  # noqa: E402
 from types import SimpleNamespace  # noqa: E402
 
-from distnerf.dist import DistEnv  # noqa: E402
+from distnerf.distributed import DistEnv  # noqa: E402
 from distnerf.engine import checkpoint_cadence  # noqa: E402
 from distnerf.engine.checkpoint_cadence import Checkpointer  # noqa: E402
 from distnerf.fileio import CheckpointWriteError  # noqa: E402

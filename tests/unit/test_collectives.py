@@ -1,4 +1,4 @@
-"""Every collective goes through the distnerf/dist/ package: a scan of the package for torch.distributed
+"""Every collective goes through the distnerf/distributed/ package: a scan of the package for torch.distributed
 collectives (aliases and `from ... import` included), and the helpers' device checks."""
 from __future__ import annotations
 
@@ -41,10 +41,10 @@ def violations(path: Path) -> list[str]:
     return found
 
 
-def test_no_collective_outside_the_dist_package():
+def test_no_collective_outside_the_distributed_package():
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
-        if path.relative_to(PACKAGE).parts[0] != "dist":
+        if path.relative_to(PACKAGE).parts[0] != "distributed":
             found += violations(path)
     assert not found, "\n".join(found)
 
@@ -59,11 +59,11 @@ def test_the_scan_finds_aliases_and_from_imports(tmp_path):
         probe.unlink()
     assert any("td.all_reduce" in v for v in found) and any("td.barrier" in v for v in found)
     assert any("imports the collective all_gather" in v for v in found)
-    assert violations(PACKAGE / "dist" / "collectives.py")  # the helpers themselves call them: the scan sees it
+    assert violations(PACKAGE / "distributed" / "collectives.py")  # the helpers themselves call them: the scan sees it
 
 
 def test_helpers_are_the_identity_without_a_process_group():
-    from distnerf import dist as D
+    from distnerf import distributed as D
 
     t = torch.arange(3.0)
     assert D.all_reduce_(t) is None and torch.equal(t, torch.arange(3.0))
@@ -79,7 +79,7 @@ def test_a_tensor_the_group_cannot_take_is_refused_naming_the_caller():
     (``meta`` here; a CUDA tensor on a CUDA machine) is an error naming this file's line."""
     import torch.distributed as dist
 
-    from distnerf import dist as D
+    from distnerf import distributed as D
     from tests.conftest import free_port
 
     store = dist.TCPStore("127.0.0.1", free_port(), 1, True)
@@ -99,7 +99,7 @@ def test_a_tensor_the_group_cannot_take_is_refused_naming_the_caller():
 
 @pytest.mark.cuda
 def test_cuda_index_binds_local_rank_only_when_that_many_devices_are_visible():
-    from distnerf.dist import cuda_index
+    from distnerf.distributed import cuda_index
 
     assert cuda_index(3, visible=8) == 3  # torchrun: one rank per GPU of the node
     assert cuda_index(3, visible=1) == 0  # srun --gpus-per-task=1: each task sees its own GPU as 0
@@ -111,7 +111,7 @@ def test_gloo_on_cuda_lets_local_ranks_share_the_visible_gpus_and_refuses_an_unk
     """``dist_backend=gloo``: local ranks take the visible devices round-robin (two ranks on a one-GPU
     machine share device 0, which ``cuda_index`` refuses); ``init_distributed`` names a wrong backend before
     joining any group; on the CPU ``gloo`` is the ``auto`` group."""
-    from distnerf.dist import cuda_index, init_distributed, shared_cuda_index
+    from distnerf.distributed import cuda_index, init_distributed, shared_cuda_index
 
     assert [shared_cuda_index(r, visible=1) for r in range(3)] == [0, 0, 0]
     assert [shared_cuda_index(r, visible=2) for r in range(4)] == [0, 1, 0, 1]

@@ -120,7 +120,7 @@ def test_saved_config_round_trips_and_partial_sections_get_the_schema_defaults(t
 def test_global_batch_per_rank_by_default_or_fixed_by_global_rays():
     """``train.rays_per_rank`` (the default, 4096): the global batch is W times it and each ``ddp``
     rank draws it; ``train.global_rays``: the batch is fixed and split over the W ranks."""
-    from distnerf.dist.env import DistEnv
+    from distnerf.distributed.env import DistEnv
     from distnerf.strategy import build_strategy
 
     cases = [([], 4096, None), (["train.rays_per_rank=1024"], 1024, None), (["train.global_rays=8192"], None, 8192)]

@@ -6,7 +6,7 @@ code path on CUDA asks a named switch, never the device's type itself:
 - :func:`distnerf.components.sample_budget.resolve_samples_per_step`: the static step or the dynamic one;
 - :func:`distnerf.sampler.auto_kind`: the sampler ``sampler=auto`` runs;
 - :func:`distnerf.components.step.records_graph`: a CUDA graph recorded and replayed, or its body uncaptured;
-- :func:`distnerf.dist.device_timed`: CUDA events, or the host clock.
+- :func:`distnerf.distributed.device_timed`: CUDA events, or the host clock.
 
 The raw device tests left in the package are those switches and guards around device-only APIs (CUDA events,
 streams, pinned memory, ``torch.cuda`` calls, NCCL, the CUDA random state): a ceiling per file below."""
@@ -21,7 +21,7 @@ import torch
 from distnerf.components.sample_budget import resolve_samples_per_step
 from distnerf.components.step import records_graph
 from distnerf.config_check import ConfigError
-from distnerf.dist import DistEnv, device_timed
+from distnerf.distributed import DistEnv, device_timed
 from distnerf.host_buffers import sync_free_paths
 from distnerf.sampler import auto_kind
 from distnerf.strategy.ddp import DDPStrategy
@@ -38,11 +38,11 @@ CEILING = {  # file under distnerf/: (raw device tests at most, what they are)
     "components/sample_budget.py": (2, "auto_budget_on: the step path's switch (resolve_samples_per_step, "
                                        "static_by_default); SampleBudget._push: a pinned buffer and an event"),
     "components/step.py": (1, "records_graph: the switch"),
-    "dist/collectives.py": (4, "device_timed: the switch; _checked, _gloo_cuda: the tensors a group takes"),
+    "distributed/collectives.py": (4, "device_timed: the switch; _checked, _gloo_cuda: the tensors a group takes"),
     "components/optim.py": (1, "Adam's capturable (CUDA only)"),
     "components/graphed_step.py": (1, "GraphedStep.warmup_stream: a CUDA stream"),
-    "dist/env.py": (3, "init_distributed's device (is CUDA there), resolve_device's docstring and error"),
-    "dist/rng.py": (2, "the CUDA generator's state"),
+    "distributed/env.py": (3, "init_distributed's device (is CUDA there), resolve_device's docstring and error"),
+    "distributed/rng.py": (2, "the CUDA generator's state"),
     "engine/late_flag.py": (1, "a pinned buffer and an event"),
     "observe/telemetry.py": (1, "NVML"),
     "observe/run_profiler.py": (2, "the GPU's name and NCCL version; the profiler's CUDA activity"),

@@ -88,7 +88,7 @@ def test_cpu_device_has_no_nvml():
 
 
 # ----------------------------------------------------------------------------- device=auto
-from distnerf.dist.env import resolve_device  # noqa: E402
+from distnerf.distributed.env import resolve_device  # noqa: E402
 
 
 @pytest.mark.parametrize("device, cuda, environ, expected", [
@@ -122,7 +122,7 @@ def test_cuda_without_cuda_is_refused():
 
 def test_train_refuses_auto_on_cpu_ranks_before_joining(monkeypatch):
     """The entry point's own path (init_distributed) refuses before any rendezvous."""
-    from distnerf.dist.env import init_distributed
+    from distnerf.distributed.env import init_distributed
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setenv("SLURM_JOB_ID", "31")
@@ -137,7 +137,7 @@ def test_ddp_refuses_sparse_tables_on_cuda_at_build_time():
     """strategy.sparse_tables on CUDA is refused when the strategy is built (before any model or device
     work), with the reason; on the CPU the same config builds."""
     from distnerf.config_check import ConfigError
-    from distnerf.dist import DistEnv
+    from distnerf.distributed import DistEnv
     from distnerf.strategy.ddp import DDPStrategy
 
     cfg = {"name": "ddp", "sparse_tables": True}

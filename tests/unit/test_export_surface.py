@@ -17,7 +17,7 @@ plyfile = pytest.importorskip("plyfile")
 pytest.importorskip("skimage")
 from scipy.spatial import cKDTree  # noqa: E402  (scikit-image's dependency)
 
-from distnerf.dist import DistEnv  # noqa: E402
+from distnerf.distributed import DistEnv  # noqa: E402
 from distnerf.engine import surface  # noqa: E402
 from distnerf.export import write_ply  # noqa: E402
 from distnerf.model import build_model  # noqa: E402

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from distnerf import dist as D
+from distnerf import distributed as D
 
 
 class OlderDDP:

@@ -14,7 +14,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from distnerf import dist as D
+from distnerf import distributed as D
 from distnerf.components.graphed_step import GraphedStep, check_graphable
 from distnerf.host_buffers import sync_free_paths
 

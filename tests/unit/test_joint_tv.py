@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from distnerf.components.regularizer import add_regularizer_grads_
-from distnerf.dist import DistEnv
+from distnerf.distributed import DistEnv
 from distnerf.strategy.partition import grid_partition
 from distnerf.strategy.regions import RegionModels
 from distnerf.strategy.ss import SSStrategy

@@ -11,7 +11,7 @@ import dataclasses
 import pytest
 import torch
 
-from distnerf import dist as D
+from distnerf import distributed as D
 from distnerf.engine.late_flag import LateFlag
 from distnerf.engine.trainer import NonFiniteLoss
 from distnerf.observe.syncs import SyncCounter

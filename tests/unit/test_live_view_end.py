@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 
 pytest.importorskip("viser")
 
-from distnerf import dist as D  # noqa: E402
+from distnerf import distributed as D  # noqa: E402
 from distnerf.config_check import validate  # noqa: E402
 from distnerf.engine.trainer import Trainer  # noqa: E402
 from distnerf.strategy import build_strategy  # noqa: E402

@@ -58,7 +58,7 @@ def test_backward_and_sections_are_counted():
 def test_grid_training_step_operators_under_ceiling(tmp_path, rays):
     """Past the smoke grid's upsampling (step 10), with the paths a CUDA run takes (sync_free_paths);
     the count does not depend on the batch (checked at 64 and 512 rays by bench/...ops runner)."""
-    from distnerf import dist as D
+    from distnerf import distributed as D
 
     torch.manual_seed(0)
     with sync_free_paths(True):

@@ -149,7 +149,7 @@ def test_ss_batch_per_rank_joint_and_independent(world_size):
     """What ``train.rays_per_rank`` = r means under ``ss`` (global batch B = W x r): joint, every rank
     draws the same B rays (one shared stream) and renders its regions' segments of them; independent,
     each region draws B / K from its own stream, so a rank of K / W regions draws r."""
-    from distnerf.dist.env import DistEnv
+    from distnerf.distributed.env import DistEnv
     from distnerf.strategy.ss import SSStrategy
 
     r, num = 1024, 2 * world_size
@@ -167,7 +167,7 @@ def test_ss_batch_per_rank_joint_and_independent(world_size):
 
 
 def test_ss_independent_batch_not_divisible_by_the_regions_is_refused():
-    from distnerf.dist.env import DistEnv
+    from distnerf.distributed.env import DistEnv
     from distnerf.strategy.ss import SSStrategy
 
     ss = SSStrategy({"training": "independent"}, DistEnv(rank=0, world_size=1))

@@ -144,7 +144,7 @@ def test_rank_0s_node_lost_the_survivor_reads_the_files(tmp_path):
 def test_gloo_timeout_texts_are_collective_failures():
     """The texts gloo raised in runs of this suite: a recv that timed out, and the pair closed by a
     timed-out operation, re-raised from DDP's comm-hook callback (seen under load); a plain error is not."""
-    from distnerf.dist.collectives import collective_failure
+    from distnerf.distributed.collectives import collective_failure
 
     assert collective_failure(RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Timed out waiting "
                                            "10000ms for recv operation to complete"))

@@ -112,7 +112,7 @@ def test_a_resumed_time_budgeted_run_continues_the_uninterrupted_one_bit_exactly
     (6 s of training a step, so p grows 0.1 a step and the grid's stages, at p >= 0.2 and 0.6,
     come at steps 3 and 7). Run A trains 8 steps; run B trains 4, checkpoints, and a new trainer
     resumed from it trains 4 more: the learning rates and the parameters are A's bit for bit."""
-    from distnerf import dist as D
+    from distnerf import distributed as D
 
     from tests import trainers
 

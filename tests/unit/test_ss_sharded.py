@@ -78,7 +78,7 @@ def test_checkpoint_keeps_the_one_appearance_and_its_optimizer_state(tmp_path):
     on load); a fresh container loads the tables and the appearance, and the merged optimizer state is the saved
     one, group by group."""
     from distnerf import checkpoint as ckpt
-    from distnerf.dist import DistEnv
+    from distnerf.distributed import DistEnv
     from distnerf.strategy.ss import SSStrategy
 
     single = case.one_model("mipnerf360", 2)

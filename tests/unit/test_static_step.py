@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from distnerf import dist as D
+from distnerf import distributed as D
 from distnerf.components.sample_budget import SampleBudget
 from distnerf.components.step import render_batch
 from distnerf.host_buffers import sync_free_paths

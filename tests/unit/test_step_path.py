@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from distnerf import dist as D
+from distnerf import distributed as D
 from distnerf.components.graphed_step import GraphedStep
 from distnerf.components.step import TrainStep
 from distnerf.components.step_path import build_step
 from distnerf.config_check import ConfigError
-from distnerf.dist import DistEnv
+from distnerf.distributed import DistEnv
 from distnerf.model.grid import GridModel
 from distnerf.model.nerf import NeRFModel
 from distnerf.observe.logger import read_metrics_log

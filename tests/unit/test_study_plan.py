@@ -203,7 +203,7 @@ def test_a_repeat_seed_changes_training_through_its_rays_and_the_same_seed_repea
     process, 3 smoke steps each."""
     import torch
 
-    from distnerf import dist as D
+    from distnerf import distributed as D
 
     from tests import trainers
 

@@ -36,7 +36,7 @@ def torchrun_agent_pid(environ=None) -> int | None:
 class AgentWatch:
     """Watch the parent process ``agent_pid``; when this process is re-parented (the agent died),
     log an error naming it, send this process SIGTERM (the trainer's stop request,
-    :class:`~distnerf.dist.StopRequest`) and, ``grace_s`` seconds later, exit with
+    :class:`~distnerf.distributed.StopRequest`) and, ``grace_s`` seconds later, exit with
     :data:`EXIT_AGENT_LOST` if still running.
 
     Args:

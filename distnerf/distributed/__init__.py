@@ -1,5 +1,5 @@
 """Distributed environment, split by concern; every name is re-exported here, so callers write
-``from distnerf import dist as D; D.init_distributed(...)``.
+``from distnerf import distributed as D; D.init_distributed(...)``.
 
 - :mod:`.env`: the process group: :class:`DistEnv` (rank, world size, device, backend),
   :func:`init_distributed` (joining under torchrun), :func:`end_setup`, :func:`shutdown`, the

@@ -1,11 +1,11 @@
 """Every collective of the package (a test scans ``distnerf/`` for ``torch.distributed``
-collectives outside ``distnerf/dist/``): strategies and the trainer call these helpers. Without a
+collectives outside ``distnerf/distributed/``): strategies and the trainer call these helpers. Without a
 process group, or alone in it, every helper is the identity.
 
 Each helper checks its tensor (:func:`_checked`): a CUDA tensor must be on this process's current
 device (NCCL would fail obscurely or hang on another), with a message naming the calling line; a gloo
-group takes it too (``dist_backend=gloo``, :mod:`distnerf.dist.env`). Pickled objects and barriers travel on the
-host (gloo) group (:attr:`~distnerf.dist.env.DistEnv.host_group`). :func:`collective_failure` and
+group takes it too (``dist_backend=gloo``, :mod:`distnerf.distributed.env`). Pickled objects and barriers travel on the
+host (gloo) group (:attr:`~distnerf.distributed.env.DistEnv.host_group`). :func:`collective_failure` and
 :func:`peer_lost` classify the errors a failed collective raises.
 """
 from __future__ import annotations
