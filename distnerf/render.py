@@ -43,7 +43,7 @@ from .rundir import setup_logging
 from .data import load_scene
 from .data.camera_path import fly_through, orbit, path_cameras
 from .data.images import undecoded
-from .engine.evaluate import evaluate_run, make_eval_split, render_image
+from .engine.evaluate import evaluate_run, gather_view_rows, make_eval_split, render_image
 from .engine.runs import load_renderer, load_run_config
 from .observe.logger import log_render_videos
 from .config_check import ConfigError
@@ -113,7 +113,7 @@ def render_frames(model, strategy, scene, c2w, chunk: int, device, point_chunk: 
     renderer = strategy.inference_model(model)
     rows = [{"view": k, "rgb": (render_image(renderer, view, k, chunk, device, point_chunk)["rgb"].numpy() * 255)
              .round().astype(np.uint8)} for k in strategy.eval_views(len(c2w))]
-    return [row["rgb"] for row in strategy.gather_rows(rows)]
+    return [row["rgb"] for row in gather_view_rows(strategy, rows)]
 
 
 def render_videos(cfg, model, strategy, scene, out_dir: Path, env) -> dict[str, Path]:

@@ -22,6 +22,7 @@ import torch
 from ..data.base import SceneData
 from ..data.rays import image_rays
 from ..data import load_scene
+from .. import distributed as D
 from ..observe.metrics import LPIPS, LPIPS_BACKBONE, PSNR_MAX_DB, psnr, ssim
 from ..config_check import section
 from ..schema import EvalConfig
@@ -164,6 +165,15 @@ def select_views(num_available: int, num_views: int | None) -> list[int]:
     return sorted({int(i * stride) for i in range(num_views)})
 
 
+def gather_view_rows(strategy, rows: list[dict]) -> list[dict]:
+    """Every rank's evaluation rows (dicts with a ``"view"`` key), sorted by view. Collective (every
+    rank at the same point) unless rendering is collective (``strategy.renders_collectively``: every
+    rank rendered every view, so the rows are already the same on every rank)."""
+    if not strategy.renders_collectively:
+        rows = [row for part in D.gather_objects(strategy.env, rows) for row in part]  # collective: pickled rows
+    return sorted(rows, key=lambda row: row["view"])
+
+
 def make_eval_split(cfg, model, strategy):
     """A function ``(split, num_views, downscale, out_dir, lpips) -> {"scene", "rows"}`` that
     renders this rank's share of the views with the unwrapped model and gathers all rows."""
@@ -184,7 +194,7 @@ def make_eval_split(cfg, model, strategy):
                 timing = None  # not measured: None, never zeros
         rows = evaluate_views(renderer, scene, mine, cfg.eval.chunk, device,
                               out_dir if strategy.writes_renders else None, lpips, cfg.eval.point_chunk, cfg.eval)
-        rows = strategy.gather_rows(rows)
+        rows = gather_view_rows(strategy, rows)
         return {"scene": scene, "rows": rows, "fusion_timing": dict(timing) if timing is not None else None}
 
     return eval_split

@@ -11,6 +11,7 @@ import logging
 import re
 import time
 
+from .. import distributed as D
 from ..data.base import SceneData
 from ..viewer.frames import single_view, thumbnail
 from ..viewer.server import ViewerServer
@@ -37,7 +38,7 @@ class LiveViewer:
     stalls training for long: an early model, whose grid is still all fog, renders slowly.
     Frames are queued to the browsers, never awaited.
 
-    Collective frames (``strategy.live_view_collective``: ``ss`` under torchrun, whose fusion
+    Collective frames (``strategy.renders_collectively``: ``ss`` under torchrun, whose fusion
     stage needs every rank's regions): the main rank asks for a frame in the step agreement
     (:meth:`wants_frame`, the same share test), and after that step every rank renders it:
     the main rank broadcasts the camera (:class:`~distnerf.viewer.frames.FrameRequest`), the others follow
@@ -59,7 +60,7 @@ class LiveViewer:
                                    max_resolution=cfg.viewer.max_resolution, chunk=cfg.eval.chunk,
                                    point_chunk=cfg.eval.point_chunk, device=strategy.env.device)
         self.strategy, self.share = strategy, float(cfg.viewer.max_render_share)
-        self.collective = bool(strategy.live_view_collective)
+        self.collective = bool(strategy.renders_collectively)
         self.collective_frames = 0  # collective: frames every rank rendered (a browser gone meanwhile included)
         self.start, self.render_s, self.last_frame_s, self.shown_at = time.perf_counter(), 0.0, 0.0, 0.0
         self.ended = False  # end() told the page how the run ended
@@ -118,7 +119,8 @@ class LiveViewer:
         due = self.server.due()
         request = self.server.frame_request(due[0], self.server.rays_per_s * LIVE_FRAME_S) if due else None
         begin = time.perf_counter()
-        self.strategy.broadcast(request)  # every rank learns the camera (None: nothing is due after all)
+        # collective: every rank learns the camera (None: nothing is due after all)
+        D.broadcast_object(self.strategy.env, request)
         if request is not None:
             out = self.server.render_view(self.strategy.live_view_model(model), request.cameras)
             self.server.push_frame(due[0], request, out, step, time.perf_counter() - begin)
@@ -169,7 +171,7 @@ class LiveFollower:
         if not frame_agreed:
             return 0.0
         begin = time.perf_counter()
-        request = self.strategy.broadcast(None)
+        request = D.broadcast_object(self.strategy.env, None)  # collective: the main rank's camera
         if request is not None:
             render_image(self.strategy.live_view_model(model), single_view(self.scene, request.cameras), 0,
                          self.cfg.eval.chunk, self.strategy.env.device, self.cfg.eval.point_chunk)

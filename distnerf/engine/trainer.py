@@ -175,8 +175,8 @@ class Trainer:
 
     def _make_viewer(self):
         """``viewer.enabled``: the live web viewer, served by the main rank (see :class:`LiveViewer`);
-        where a frame needs every rank (``strategy.live_view_collective``), the others follow."""
-        if not self.cfg.viewer.enabled or not (self.env.is_main or self.strategy.live_view_collective):
+        where a frame needs every rank (``strategy.renders_collectively``), the others follow."""
+        if not self.cfg.viewer.enabled or not (self.env.is_main or self.strategy.renders_collectively):
             return None
         from .live_view import LiveFollower, LiveViewer
 
@@ -334,7 +334,8 @@ class Trainer:
         is the same on all)."""
         if not self._late_nonfinite.pending:
             return
-        ranks = self.strategy.sum_over_ranks([self._late_nonfinite.take()])[0]
+        # collective: a CPU tensor on CPU and CUDA runs alike, reading it waits for no device
+        ranks = D.all_reduce_sum(self.env, torch.tensor([self._late_nonfinite.take()], dtype=torch.float64))[0].item()
         if ranks:
             self._stop_nonfinite(ranks, self._late_step)
 
@@ -442,10 +443,10 @@ class Trainer:
         self.sampler.close()  # workers are not needed for evaluation; its state (next step) stays
         self.train_step.release()  # a recorded step's memory pool is not needed for evaluation
         self._settle_nonfinite()  # before the final checkpoint (collective)
-        summaries = self.strategy.gather(self.profiler.finish())  # collective: every rank's breakdown to all
+        summaries = D.gather_objects(self.env, self.profiler.finish())  # collective: every rank's breakdown to all
         # collective: every rank's parameters and peak memory
-        sizes = self.strategy.gather(rank_model_size(self.model, self.strategy.parameter_report(self.model),
-                                                     self.device))
+        sizes = D.gather_objects(self.env, rank_model_size(self.model, self.strategy.parameter_report(self.model),
+                                                            self.device))
         if self.env.is_main:
             log_profile_summaries(summaries, self.logger, self.step)
             log.info("training stopped at step %d (%s) after %.1f s of training (%.1f s of wall time in the loop "

@@ -1,9 +1,11 @@
-"""The strategy interface: process roles, model wrapping, batch split, collectives.
+"""The strategy interface: process roles, model wrapping, batch split, the step's agreement.
 
 A strategy owns everything distributed in training: which rays a rank draws,
 how the model is wrapped (data parallel or not), how the loss is normalised so
 that the optimised objective does not depend on the world size, how ranks agree
 to stop, and which rank writes what. Models, fields and renderers never see it.
+Plain collectives (broadcast, gather, barrier, sums) are not strategy members: callers
+take them from :mod:`distnerf.distributed` with the process's ``env``.
 """
 from __future__ import annotations
 
@@ -215,7 +217,7 @@ class Strategy:
         place it is switched off). False: the model's row-sparse gradients are fine."""
         return False
 
-    # -- collectives -----------------------------------------------------------
+    # -- the step's exchanges ---------------------------------------------------
     def launch_step_stats(self, local: StepStats) -> PendingAgreement:
         """Launch this step's all-reduce of ``local`` (every rank at the same step) and return it
         unread (:class:`PendingAgreement`): one small CPU all-reduce (gloo, on CPU and CUDA groups
@@ -266,12 +268,6 @@ class Strategy:
         work = D.all_reduce_(count, async_op=True)
         return LossNormalizer(float(max(batch_rays, 1)), count, work, self.env.world_size * max(batch_rays, 1))
 
-    def sum_over_ranks(self, values: list[float]) -> list[float]:
-        """Host floats summed over every rank (one small CPU all-reduce; every rank must call it
-        at the same step): a flag read late that a checkpoint must not ignore."""
-        # a CPU tensor on CPU and CUDA runs alike: reading it waits for no device
-        return D.all_reduce_sum(self.env, torch.tensor(values, dtype=torch.float64)).numpy().tolist()
-
     def comm_stats(self) -> dict:
         """Communication measured since the last call (seconds, bytes, calls)."""
         return {}
@@ -318,40 +314,30 @@ class Strategy:
 
     def live_view_model(self, model: nn.Module) -> nn.Module:
         """The module the live viewer renders with between training steps. Unless
-        :attr:`live_view_collective`, only the main rank renders, so it must run no collective.
+        :attr:`renders_collectively`, only the main rank renders, so it must run no collective.
         Default: :meth:`inference_model`."""
         return self.inference_model(model)
 
     @property
-    def live_view_collective(self) -> bool:
-        """Whether a live frame needs every rank (``ss`` under torchrun: the fusion stage holds
-        the regions of all ranks). Then the main rank asks for a frame in the step agreement
-        (:attr:`StepStats.live_frame`) and every rank renders it after that step."""
+    def renders_collectively(self) -> bool:
+        """Whether rendering a view needs every rank (``ss`` under torchrun: the fusion stage holds
+        the regions of all ranks). Then every rank takes part in every evaluation view (the rows are
+        the same on every rank, nothing to gather), and the main rank asks for a live frame in the
+        step agreement (:attr:`StepStats.live_frame`) and every rank renders it after that step."""
         return False
 
     def finish_gradients(self) -> None:
         """After the backward, before anything reads the gradients: complete gradient exchanges the strategy
         runs outside its wrapper (``ddp`` with ``strategy.sparse_tables``). Nothing by default."""
 
-    def broadcast(self, obj, src: int = 0):
-        """``obj`` of rank ``src`` on every rank (a picklable object; collective)."""
-        return D.broadcast_object(self.env, obj, src)
-
     @property
     def writes_renders(self) -> bool:
         """Whether this rank writes the PNGs of the views it renders."""
         return True
 
-    def gather_rows(self, rows: list) -> list:
-        """Every rank's evaluation rows, sorted by view (collective)."""
-        return sorted((r for part in self.gather(rows) for r in part), key=lambda r: r["view"])
-
     def eval_views(self, num_views: int) -> list[int]:
-        """This rank's share of ``num_views`` evaluation views (round robin)."""
+        """This rank's share of ``num_views`` evaluation views: round robin, or every view when
+        rendering is collective (:attr:`renders_collectively`)."""
+        if self.renders_collectively:
+            return list(range(num_views))
         return list(range(self.env.rank, num_views, self.env.world_size))
-
-    def gather(self, obj) -> list:
-        return D.gather_objects(self.env, obj)
-
-    def barrier(self) -> None:
-        D.barrier(self.env)

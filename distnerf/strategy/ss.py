@@ -582,11 +582,11 @@ class SSStrategy(Strategy):
 
     def live_view_model(self, model: RegionModels | JointRegionModels) -> nn.Module:
         """The fusion stage, as in evaluation: under torchrun every rank takes part in every
-        live frame (:attr:`live_view_collective`)."""
+        live frame (:attr:`renders_collectively`)."""
         return self.inference_model(model)
 
     @property
-    def live_view_collective(self) -> bool:
+    def renders_collectively(self) -> bool:
         return self.env.distributed
 
     def fuse(self, models: dict, fusion: str) -> FusedRenderer:
@@ -595,15 +595,9 @@ class SSStrategy(Strategy):
         return FusedRenderer(self.partition, models, fusion, color_threshold=self.cfg.color_threshold,
                              blend_power=self.cfg.blend_power, distributed=self.env.distributed)
 
-    def eval_views(self, num_views: int) -> list[int]:
-        return list(range(num_views))  # collective rendering: all ranks take part in every view
-
     @property
     def writes_renders(self) -> bool:
         return self.env.is_main
-
-    def gather_rows(self, rows: list) -> list:
-        return sorted(rows, key=lambda r: r["view"])  # identical on every rank
 
 
 __all__ = ["SSStrategy", "SHARED_STREAM"]

@@ -204,7 +204,7 @@ def test_the_row_exchange_averages_rows_and_goes_dense_together(tmp_path):
     """strategy.sparse_tables' exchange against the float64 mean of the ranks' gradients: rows when every rank's
     gradient is row-sparse (a row both ranks hold summed once each, no padding row added), a dense all-reduce on
     every rank when any rank's is dense (a mixed choice would pair different collectives: a hang), and a rank
-    with no rows taking part."""
+    with no rows taking part; and the tables kept out of DDP's buckets stay out (DDP's private API, below)."""
     spawn(W.row_exchange_worker, 2, str(tmp_path))
     res = [torch.load(tmp_path / f"rank_{r}.pt", weights_only=False) for r in range(2)]
     for name in ("sparse", "mixed", "empty"):
@@ -218,3 +218,12 @@ def test_the_row_exchange_averages_rows_and_goes_dense_together(tmp_path):
         union = sorted(set(res[0][name]["own_rows"]) | set(res[1][name]["own_rows"]))
         assert res[0][name]["rows"] == res[1][name]["rows"] == union, name
     assert len(res[0]["empty"]["rows"]) == 6
+    # Pins DDP's private _set_params_and_buffers_to_ignore_for_model (keep_out_of_ddp, which the tables rely
+    # on): the parameters marked (at the root and in a child) keep each rank's own gradient, the other is
+    # averaged. The loss is (r + 1) x sum(inner(x * scale)) with x = r + 1 on 4 rows.
+    g0, g1 = (r["kept_out"] for r in res)
+    assert torch.equal(g0["inner.bias"], g1["inner.bias"])
+    assert torch.allclose(g0["inner.bias"], torch.full((2,), (4 + 8) / 2, dtype=torch.float64))  # 4 (r + 1)
+    for name in ("scale", "inner.weight"):
+        assert not torch.allclose(g0[name], g1[name]), name  # each rank's own, not the average
+        assert torch.allclose(g1[name], 4 * g0[name]), name  # rank 1's loss is 4 x rank 0's at these parameters

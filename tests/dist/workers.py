@@ -315,6 +315,31 @@ def shutdown_worker(rank: int, world_size: int, port: int, out_dir: str):
     torch.save(result, Path(out_dir) / f"shutdown_rank_{rank}.pt")
 
 
+class ScaledLinear(torch.nn.Module):
+    """``sum(inner(x * scale))``: a parameter at the root (``scale``) and two in a child (``inner``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.ones(3, dtype=torch.float64))
+        self.inner = torch.nn.Linear(3, 2, dtype=torch.float64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x * self.scale).sum()
+
+
+def kept_out_gradients(rank: int) -> dict[str, torch.Tensor]:
+    """:func:`~distnerf.strategy.ddp.keep_out_of_ddp` on the root ``scale`` and the nested ``inner.weight`` of a
+    :class:`ScaledLinear`, then one DDP backward whose gradients differ by rank: every parameter's gradient."""
+    from distnerf.strategy.ddp import keep_out_of_ddp
+
+    torch.manual_seed(0)  # the same initial parameters on every rank
+    model = ScaledLinear()
+    keep_out_of_ddp(model, [model.scale, model.inner.weight])
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    ddp(torch.full((4, 3), float(rank + 1), dtype=torch.float64)).mul(rank + 1).backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
 def gloo_cuda_worker(rank: int, world_size: int, port: int) -> None:
     """``dist_backend=gloo`` on CUDA: every rank joins on the one visible GPU (device 0 on a one-GPU
     machine) and the package's device collectives exchange CUDA tensors through gloo."""
@@ -374,7 +399,8 @@ def async_exchange_worker(rank: int, world_size: int, port: int, out_dir: str) -
 def row_exchange_worker(rank: int, world_size: int, port: int, out_dir: str):
     """strategy.sparse_tables' exchange (launch_row_exchange) in three cases: every rank row-sparse; one rank
     dense, the other sparse (a step that read more corners than rows on one rank: all go dense); one rank with
-    no rows at all. Saves each case's result (dense) and every rank's input (dense)."""
+    no rows at all. Saves each case's result (dense) and every rank's input (dense); also the gradients of
+    :func:`kept_out_gradients` (the tables kept out of DDP's buckets, in the same process group)."""
     from distnerf.strategy.sparse_exchange import launch_row_exchange
 
     set_env(rank, world_size, port)
@@ -399,6 +425,7 @@ def row_exchange_worker(rank: int, world_size: int, port: int, out_dir: str):
                          "kind": kind, "bytes": nbytes,
                          "rows": sorted(result.coalesce().indices()[0].tolist()) if result.is_sparse else None,
                          "own_rows": sorted(grad.coalesce().indices()[0].tolist()) if grad.is_sparse else None}
+        out["kept_out"] = kept_out_gradients(rank)
         torch.save(out, Path(out_dir) / f"rank_{rank}.pt")
     finally:
         D.shutdown(env)

@@ -140,7 +140,7 @@ def test_a_bucket_found_dense_is_looked_at_again_only_every_sparse_revisit_calls
     from distnerf.strategy.ddp import CommStats, HookState
     from distnerf.strategy.sparse_exchange import SPARSE_REVISIT
 
-    state = HookState(CommStats(), None, sparse_min_numel=10, sparse_max_density=0.25)
+    state = HookState(CommStats(), 1, None, sparse_min_numel=10, sparse_max_density=0.25)
     big, small = torch.zeros(100), torch.zeros(5)
     key = (0, 100)
     assert state.try_sparse(key, big)  # first call: look
@@ -149,5 +149,5 @@ def test_a_bucket_found_dense_is_looked_at_again_only_every_sparse_revisit_calls
     assert attempts.index(True) == SPARSE_REVISIT - 1 and sum(attempts) == SPARSE_REVISIT + 1
     assert not state.try_sparse((1, 5), small)  # below sparse_min_numel: never
     assert state.try_sparse((0, 120), torch.zeros(120))  # a rebuilt bucket (other size) is a new bucket
-    off = HookState(CommStats(), None, sparse_min_numel=None, sparse_max_density=0.25)
+    off = HookState(CommStats(), 1, None, sparse_min_numel=None, sparse_max_density=0.25)
     assert not off.try_sparse(key, big)
