@@ -209,7 +209,8 @@ def sharded_worker(rank: int, world_size: int, port: int, contraction: str, num_
         last = largest_differences(single, joint, train_both(single, joint, 20))
         result = {"regions": mine, "step0": first, "step20": last, "occupancy_equal": occupancy_equal,
                   "occupancy_equal_20": bool(torch.equal(joint.models[0].occupancy.binary, single.occupancy.binary)),
-                  "face_bytes": joint.exchange.get("face_bytes", 0)}
+                  "face_bytes": joint.exchange.get("face_bytes", 0),
+                  "occupancy_bytes": joint.exchange.get("occupancy_bytes", 0)}
     except Exception:  # noqa: BLE001 (reported to the test)
         result = {"error": traceback.format_exc()}
     Path(out_dir, f"rank_{rank}.json").write_text(json.dumps(result))

@@ -214,6 +214,7 @@ class JointRegionModels(RegionModels):
 
         def across_ranks(t: torch.Tensor) -> torch.Tensor:
             D.all_reduce_(t, "max")  # the other ranks' shards' cells (M^3 bytes, once per refresh)
+            self.exchange["occupancy_bytes"] = self.exchange.get("occupancy_bytes", 0) + t.numel() * t.element_size()
             return t
 
         merged = merged_occupancy([m.occupancy_evidence for m in self.models],

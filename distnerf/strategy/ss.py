@@ -503,12 +503,13 @@ class SSStrategy(Strategy):
         # device's span comes from the CUDA events around it (resolved here, after the steps' syncs)
         seconds_key = "exchange_launch_s" if D.device_timed(self.env.device) else "exchange_s"
         out = {seconds_key: ex["seconds"], "exchange_bytes": ex["bytes"], "exchange_calls": ex["calls"]}
-        if "face_bytes" in ex:  # the sharded model's face-gradient all-reduces (tie_faces)
-            out["face_bytes"] = ex["face_bytes"]
+        for key in ("face_bytes", "occupancy_bytes"):  # the sharded model's face-gradient and occupancy all-reduces
+            if key in ex:
+                out[key] = ex[key]
         events = ex.pop("events", None)
         if events:
             out["exchange_s"] = sum(D.event_seconds(a, b) for a, b in events)
-        ex.update(seconds=0.0, bytes=0, calls=0, face_bytes=0)
+        ex.update(seconds=0.0, bytes=0, calls=0, face_bytes=0, occupancy_bytes=0)
         return out
 
     # -- checkpoint ------------------------------------------------------------------

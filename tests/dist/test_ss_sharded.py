@@ -20,4 +20,4 @@ def test_two_ranks_hold_one_model_sharded(tmp_path):
         for when in ("step0", "step20"):
             d = res[when]
             assert d["rgb_abs"] < 1e-9 and d["grad_rel"] < 1e-9, (r, when, d)
-        assert res["face_bytes"] > 0  # the face planes crossed between the ranks
+        assert res["face_bytes"] > 0 and res["occupancy_bytes"] > 0  # face planes and occupancy crossed the ranks
