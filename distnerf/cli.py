@@ -355,6 +355,12 @@ class HydraCommandLine:
     def run(self, hydra_main: Callable[[], None], argv: Sequence[str]) -> None:
         """``--help``, then ``hydra_main()`` on ``argv`` (it reads ``sys.argv``)."""
         argv = self.entry.answer_help(argv)
+        from .config_check import ConfigError, refuse_moved_keys
+
+        try:  # an old train.* key (the sections by concern): one line naming the new key
+            refuse_moved_keys([a for a in argv if not a.startswith("-")])
+        except ConfigError as err:
+            self.entry.error(str(err))
         sys.argv = [sys.argv[0], *argv]
         self._held = (sys.stderr, io.StringIO())
         sys.stderr = self._held[1]

@@ -10,7 +10,7 @@ passes through as it is), and :func:`derive` makes a sub-configuration of a vali
 Types are checked by OmegaConf on merge (a string for an int key is an error naming the key),
 unknown keys are refused (struct mode). Importing this module registers the schemas in Hydra's
 ConfigStore (``schema_train``, ``<group>/schema_<option>``) and the ``distnerf_schedule``
-resolver of ``train.schedule`` (:func:`describe_schedule`), so every entry point that composes
+resolver of ``optim.schedule`` (:func:`describe_schedule`), so every entry point that composes
 ``conf/train.yaml`` imports it.
 """
 from __future__ import annotations
@@ -23,11 +23,73 @@ from omegaconf import MISSING, DictConfig, OmegaConf
 from .schema import (DEFAULT_MAX_STEPS, DEFAULT_RAYS_PER_RANK, BlenderDataset, ColmapDataset, DDPStrategyConfig, EvalConfig,
                      GridModelConfig, LLFFDataset, LoggerConfig, NeRFModelConfig, NerfstudioDataset,
                      NGPModelConfig, ProfilerConfig, SamplerConfig, SSStrategyConfig, SyntheticDataset,
-                     TraceConfig, TrainConfig, TrainLoopConfig, ViewerConfig)
+                     TraceConfig, TrainConfig, TrainLoopConfig, ViewerConfig, OptimConfig, StepConfig,
+                     CheckpointsConfig, MonitorConfig)
 
 
 class ConfigError(ValueError):
     """A config key is unknown, missing, of the wrong type or out of range (the message names it)."""
+
+
+MOVED_TRAIN_KEYS = {
+    "lr": "optim.lr", "betas": "optim.betas", "eps": "optim.eps", "fused": "optim.fused",
+    "decay": "optim.decay", "decay_steps": "optim.decay_steps", "decay_start": "optim.decay_start",
+    "warmup_steps": "optim.warmup_steps", "schedule_steps": "optim.schedule_steps", "schedule": "optim.schedule",
+    "samples_per_step": "step.samples_per_step", "cuda_graph": "step.cuda_graph",
+    "graph_probe_every": "step.probe_every", "bf16": "step.bf16", "deterministic": "step.deterministic",
+    "ckpt_every": "checkpoints.every", "ckpt_every_minutes": "checkpoints.every_minutes",
+    "ckpt_minutes": "checkpoints.at_minutes", "keep_checkpoints": "checkpoints.keep",
+    "ckpt_async": "checkpoints.background",
+    "log_every": "monitor.log_every", "val_every": "monitor.val_every", "val_views": "monitor.val_views",
+    "progress": "monitor.progress",
+}
+"""The keys that left the ``train`` section when it was split by concern (``train.lr`` is ``optim.lr``):
+old name (under ``train``) -> new dotted key. A run directory's ``config.yaml`` written before the split is
+read through :func:`upgrade_config`; an old key on a command line is refused naming its new key
+(:func:`refuse_moved_keys`)."""
+
+
+def upgrade_config(cfg):
+    """A whole run config (a mapping: a run directory's saved ``config.yaml``) in the current layout: each key of
+    :data:`MOVED_TRAIN_KEYS` moved from ``train`` to its section (a config already in it comes back unchanged).
+
+    Returns:
+        a new ``DictConfig`` (interpolations kept unresolved).
+    """
+    data = OmegaConf.to_container(cfg, resolve=False) if isinstance(cfg, DictConfig) else copy.deepcopy(dict(cfg))
+    train = data.get("train")
+    for old in [k for k in train if k in MOVED_TRAIN_KEYS] if isinstance(train, dict) else []:
+        group, key = MOVED_TRAIN_KEYS[old].split(".")
+        data.setdefault(group, {})[key] = train.pop(old)
+    return OmegaConf.create(data)
+
+
+def upgrade_overrides(overrides) -> list[str]:
+    """``key=value`` overrides with every moved ``train`` key (:data:`MOVED_TRAIN_KEYS`) named by its new key
+    (``train.lr=0.01`` -> ``optim.lr=0.01``; a ``+``/``~`` prefix kept): a study cell's recorded overrides from
+    before the split, compared with its plan."""
+    out = []
+    for item in overrides:
+        item = str(item)
+        sign = item[:len(item) - len(item.lstrip("+~"))]
+        key, eq, value = item[len(sign):].partition("=")
+        new = MOVED_TRAIN_KEYS.get(key[len("train."):]) if key.startswith("train.") else None
+        out.append(f"{sign}{new}{eq}{value}" if new else item)
+    return out
+
+
+def refuse_moved_keys(overrides) -> None:
+    """Refuse a command line's old ``train`` key (:data:`MOVED_TRAIN_KEYS`), naming the key to type instead.
+
+    Raises:
+        ConfigError: ``config train.lr moved to optim.lr ...``.
+    """
+    for item in overrides:
+        key = str(item).lstrip("+~").partition("=")[0]
+        if key.startswith("train.") and key[len("train."):] in MOVED_TRAIN_KEYS:
+            new = MOVED_TRAIN_KEYS[key[len("train."):]]
+            raise ConfigError(f"config {key} moved to {new} (the train section holds the batch and the run's "
+                              f"length only): write {new}={str(item).partition('=')[2]}")
 
 
 def choices_of(schema: type, key: str) -> tuple:
@@ -39,7 +101,7 @@ def describe_schedule(max_steps, max_minutes, decay, decay_steps, warmup_steps, 
                       upsample_steps=None, occupancy_every=None, decay_start=0.0) -> str:
     """The training schedule's rule, resolved for these ``train`` values (and the model's stage
     steps and occupancy cadence, where the model has them), as one line: the value of
-    ``train.schedule`` (``--cfg job --resolve``). What computes it: :mod:`distnerf.components.schedule`.
+    ``optim.schedule`` (``--cfg job --resolve``). What computes it: :mod:`distnerf.components.schedule`.
 
     Without a time budget (``max_minutes`` 0) everything follows the step; with one, ``p``, the
     fraction of the budget elapsed: ``lr x decay ** (max(p - decay_start, 0) / (1 - decay_start))``
@@ -113,21 +175,25 @@ def _check_batch(train: DictConfig, prefix: str) -> None:
 
 
 def _schedule_resolver(*, _parent_, _root_) -> str:
-    """``train.schedule``: :func:`describe_schedule` of the ``train`` node holding it and, when
-    the root has one, the ``model`` beside it (a ``train`` section alone: the steps rule only)."""
-    t = _parent_
+    """``optim.schedule``: :func:`describe_schedule` of the ``optim`` node holding it and, when the root has
+    them, the ``train`` section (the run's length) and the ``model`` beside it (an ``optim`` section alone:
+    the steps rule of the default length)."""
+    o = _parent_
     model = _root_.get("model") if _root_ is not _parent_ else None
     model = model if isinstance(model, DictConfig) else {}
-    return describe_schedule(t.get("max_steps"), t.get("max_minutes"), t.get("decay"), t.get("decay_steps"),
-                             t.get("warmup_steps"), t.get("schedule_steps"), model.get("upsample_steps"),
-                             model.get("occupancy_every"), t.get("decay_start", 0.0))
+    train = _root_.get("train") if _root_ is not _parent_ else None
+    train = train if isinstance(train, DictConfig) else {}
+    return describe_schedule(train.get("max_steps"), train.get("max_minutes"), o.get("decay"), o.get("decay_steps"),
+                             o.get("warmup_steps"), o.get("schedule_steps"), model.get("upsample_steps"),
+                             model.get("occupancy_every"), o.get("decay_start", 0.0))
 
 
 OmegaConf.register_new_resolver("distnerf_schedule", _schedule_resolver, replace=True)
 
 
 PREFIX = {SamplerConfig: "sampler.", TrainLoopConfig: "train.", EvalConfig: "eval.", ProfilerConfig: "profiler.",
-          LoggerConfig: "logger.", TraceConfig: "profiler.trace.", ViewerConfig: "viewer."}
+          LoggerConfig: "logger.", TraceConfig: "profiler.trace.", ViewerConfig: "viewer.", OptimConfig: "optim.",
+          StepConfig: "step.", CheckpointsConfig: "checkpoints.", MonitorConfig: "monitor."}
 PREFIX.update({schema: f"{group}." for group, options in {
     "dataset": (SyntheticDataset, BlenderDataset, LLFFDataset, ColmapDataset, NerfstudioDataset),
     "model": (GridModelConfig, NeRFModelConfig, NGPModelConfig),

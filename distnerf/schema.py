@@ -359,58 +359,78 @@ class ProfilerConfig:
 # ----------------------------------------------------------------------------- train, eval, root
 @dataclass
 class TrainLoopConfig:
+    """``train``: the batch and how long training runs."""
     # the batch: per rank by default (weak scaling: the global batch is world size x rays_per_rank, the lr
-    # unchanged, bench/scaling/README.md); global_rays: a fixed global batch split over the ranks (strong
-    # scaling). Setting both is an error. Joint ss: the global batch is drawn once (a shared stream) and every
-    # ray rendered by the regions it crosses (config_check.global_batch, strategy.rays_per_rank)
+    # unchanged); global_rays: a fixed global batch split over the ranks (strong scaling). Setting both is an
+    # error. Joint ss: the global batch is drawn once (a shared stream) and every ray rendered by the regions it
+    # crosses (config_check.global_batch, strategy.rays_per_rank)
     rays_per_rank: Optional[int] = positive(None)  # rays per step per rank; null: DEFAULT_RAYS_PER_RANK (4096) unless global_rays
                                                    # is set, or 16384 where the static step runs by default (CUDA: sample_budget.py)
     global_rays: Optional[int] = positive(None)    # rays per step over all ranks, divided by the world size; null: rays_per_rank x world size
     # null: 1000 steps without a time budget, no step limit with one (the budget stops the run)
     max_steps: Optional[int] = positive(None)
     max_minutes: float = bounded(0.0, 0)  # training-time budget (evaluation excluded); 0: none
+
+
+@dataclass
+class OptimConfig:
+    """``optim``: Adam and the learning-rate and grid-stage schedules."""
     lr: float = positive(1.0e-3)        # base lr; models scale it per parameter group
-    # Schedules (the rule, once: distnerf/components/schedule.py). No time budget: by step,
-    # lr = lr * decay ** (step / decay_steps) (decay_steps null: the rule below with p = step / max_steps),
-    # grid stages at model.upsample_steps. With max_minutes > 0:
+    betas: List[float] = items([0.9, 0.999])
+    eps: float = positive(1.0e-15)
+    fused: bool = True                  # fused Adam kernel
+    # Schedules (the rule, once: distnerf/components/schedule.py). No time budget (train.max_minutes 0): by step,
+    # lr = lr * decay ** (step / decay_steps) (decay_steps null: the rule below with p = step / train.max_steps),
+    # grid stages at model.upsample_steps. With train.max_minutes > 0:
     # by p = the fraction of the budget elapsed (agreed across ranks, saved in checkpoints):
-    # lr = lr * decay ** (max(p - decay_start, 0) / (1 - decay_start)); grid stages at their steps (or, with schedule_steps, also at p >= upsample_steps[i] /
-    # schedule_steps, whichever first). Warm-up and occupancy refresh: steps, in both.
-    # `python -m distnerf.train --cfg job --resolve` prints the resolved rule (schedule).
+    # lr = lr * decay ** (max(p - decay_start, 0) / (1 - decay_start)); grid stages at their steps (or, with
+    # schedule_steps, also at p >= upsample_steps[i] / schedule_steps, whichever first). Warm-up and occupancy
+    # refresh: steps, in both. `python -m distnerf.train --cfg job --resolve` prints the resolved rule (schedule).
     decay: float = bounded(0.1, 0, 1, low_open=True)
     decay_steps: Optional[float] = positive(1500.0)  # null: over the run (p = step / max_steps, the budget's rule)
     decay_start: float = bounded(0.8, 0, 0.99)  # time budget (or decay_steps null): p where the decay begins
     warmup_steps: int = bounded(0, 0)
-    # null: grid stages by step under a budget too (see components/schedule.py for the measurement);
-    # N: also at p >= upsample_steps[i] / N, whichever first (N: the run length upsample_steps are written for)
+    # null: grid stages by step under a budget too; N: also at p >= upsample_steps[i] / N, whichever first
+    # (N: the run length upsample_steps are written for)
     schedule_steps: Optional[float] = positive(None)
     schedule: str = "${distnerf_schedule:}"   # read-only: the resolved rule (config_check.describe_schedule)
-    betas: List[float] = items([0.9, 0.999])
-    eps: float = positive(1.0e-15)
-    fused: bool = True                  # fused Adam kernel
-    bf16: bool = False                  # bf16 autocast of the training render (CUDA; the CPU's autocast too)
+
+
+@dataclass
+class StepConfig:
+    """``step``: which training step runs and how (the step path: distnerf/components/step_path.py)."""
     # static sync-free step (distnerf/components/sample_budget.py): P fixed sample slots a step, the rays
-    # marched adapt inside the rank's batch (rays_per_rank); 0: off (the dynamic step); null: auto, 262144 (2^18,
-    # as Instant-NGP / nerfacc) on CUDA for a model the static step covers, else 0 (the CPU keeps the dynamic
-    # step). With both batch keys null the static step's batch is 16384 rays per rank (the budget sets the work)
+    # marched adapt inside the rank's batch (train.rays_per_rank); 0: off (the dynamic step); null: auto, 262144
+    # (2^18, as Instant-NGP / nerfacc) on CUDA for a model the static step covers, else 0 (the CPU keeps the
+    # dynamic step). With both batch keys null the static step's batch is 16384 rays per rank
     samples_per_step: Optional[int] = bounded(None, 0)
     # the whole static step (render, loss, backward, regulariser, optimizer) recorded once per grid stage and replayed
     # as one CUDA graph (distnerf/components/graphed_step.py): one process, the static step, model.compile=false,
-    # dense gradients; on the CPU the same body runs uncaptured (a check, not faster). graph_probe_every: an eager
-    # step every N steps for the phase breakdown (a replay is one opaque `graph` phase); 0: none
+    # dense gradients; on the CPU the same body runs uncaptured (a check, not faster)
     cuda_graph: bool = False
-    graph_probe_every: int = bounded(100, 0)
+    probe_every: int = bounded(100, 0)  # cuda_graph: an eager step every N steps for the phase breakdown (0: none)
+    bf16: bool = False                  # bf16 autocast of the training render (CUDA; the CPU's autocast too)
     deterministic: bool = False         # torch.use_deterministic_algorithms: CUDA's scatter_add_/index_add_ take
-                                        # their deterministic kernels (slower), an op without one raises; see README
-    log_every: int = positive(50)
+                                        # their deterministic kernels (slower), an op without one raises
+
+
+@dataclass
+class CheckpointsConfig:
+    """``checkpoints``: when the run saves, and how many it keeps."""
+    every: int = bounded(500, -1)       # steps between checkpoints; 0: only a final one; -1: none
+    every_minutes: float = bounded(0.0, 0)  # a checkpoint every this many minutes of training time (0: off)
+    at_minutes: List[float] = items([])  # extra checkpoints at these training-time marks (minutes)
+    keep: int = positive(2)             # committed checkpoints kept (the newest)
+    background: bool = True             # periodic checkpoints: a host copy, then written and committed in the background
+
+
+@dataclass
+class MonitorConfig:
+    """``monitor``: what a run reports while it trains (logs, validation, the progress line)."""
+    log_every: int = positive(50)       # steps between metric logs
     val_every: int = bounded(0, 0)      # steps between validations (0: off)
-    val_views: int = positive(2)
-    ckpt_every: int = bounded(500, -1)  # steps between checkpoints; 0: only a final one; -1: none
-    keep_checkpoints: int = positive(2)
-    ckpt_minutes: List[float] = items([])  # extra checkpoints at these training-time marks (minutes)
-    ckpt_every_minutes: float = bounded(0.0, 0)  # a checkpoint every this many minutes of training time (0: off)
-    ckpt_async: bool = True             # periodic checkpoints: a host copy, then written and committed in the background
-    progress: bool = True
+    val_views: int = positive(2)        # views rendered by each validation
+    progress: bool = True               # the main rank's progress line
 
 
 @dataclass
@@ -462,6 +482,10 @@ class TrainConfig:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
     profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
     train: TrainLoopConfig = field(default_factory=TrainLoopConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    step: StepConfig = field(default_factory=StepConfig)
+    checkpoints: CheckpointsConfig = field(default_factory=CheckpointsConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     viewer: ViewerConfig = field(default_factory=ViewerConfig)
     run_dir: Optional[str] = None       # one directory for all ranks; null: runs/<timestamp> chosen by rank 0

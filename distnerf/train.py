@@ -56,7 +56,7 @@ def run(cfg: DictConfig) -> dict:
     # allowed): everything below takes this typed config as it is, and derives from it (config_check.derive)
     cfg = validate(cfg)
     was_deterministic = torch.are_deterministic_algorithms_enabled()
-    if cfg.train.deterministic:  # before any CUDA work: cuBLAS reads its workspace setting at start
+    if cfg.step.deterministic:  # before any CUDA work: cuBLAS reads its workspace setting at start
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
     stop = D.StopRequest().install()  # SIGUSR1/SIGTERM: all ranks stop at one step and checkpoint
@@ -85,7 +85,7 @@ def run(cfg: DictConfig) -> dict:
             log.info("threads: %s (the wait chosen at start-up: %s)", threads.describe(), WAIT)
         strategy = build_strategy(cfg.strategy, env)
         trainer = Trainer(cfg, strategy, run_dir, stop=stop)
-        if WAIT == "spin" and threads.source == "cores / local ranks" and not cfg.train.deterministic:
+        if WAIT == "spin" and threads.source == "cores / local ranks" and not cfg.step.deterministic:
             # spinning threads beside a process that arrives later: fewer threads while it shares the cores
             trainer.phase_hooks.append(cpu.CoreWatch(threads.threads, D.torchrun_agent_pid() or os.getpid()).phase_hook)
         D.end_setup(env, cfg.dist_setup_timeout_s, cfg.dist_timeout_s)  # names late ranks; then the step timeout

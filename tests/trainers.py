@@ -13,9 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 
 CONF = Path(__file__).resolve().parents[1] / "conf"  # the Hydra config directory (conf/train.yaml)
-COMMON = ["experiment=smoke", "sampler=sync", "train.ckpt_every=-1", "eval.enabled=false", "train.progress=false",
+COMMON = ["experiment=smoke", "sampler=sync", "checkpoints.every=-1", "eval.enabled=false", "monitor.progress=false",
           "logger.wandb.mode=disabled", "profiler.telemetry=false", "train.max_steps=100000",
-          "train.log_every=100000"]
+          "monitor.log_every=100000"]
 """The overrides every test trainer starts from: the smoke experiment on the built-in scene, the synchronous
 sampler, no checkpoints, evaluation, metrics rows, progress bar, wandb or telemetry, and no step limit in the way."""
 

@@ -30,7 +30,7 @@
 #   lego_5min     (--cpu: 8 steps, 2 views)
 #   sweep         bench/gpu/sweep.py --part first: rays/s and samples/s at lego's final grid for the eager and
 #                 graphed (torch.compile reduce-overhead) static step at 2^18 samples, then the hand-recorded
-#                 CUDA graph (train.cuda_graph); each configuration in its own process under its own cap, so a
+#                 CUDA graph (step.cuda_graph); each configuration in its own process under its own cap, so a
 #                 device-side assert or a hang fails its row only (--cpu: eager and the graph's body
 #                 uncaptured at 2^10 samples of the built-in scene; graphed "skipped: needs CUDA")
 #   sweep_more    bench/gpu/sweep.py --part rest: compiled; budgets 2^16 and 2^20; bf16 (--cpu: eager at 2^12)
@@ -67,7 +67,7 @@
 # selected"), GPU_CHECK_SYNC_MODELS, GPU_CHECK_QUALITY_EXTRA (more overrides of the lego runs),
 # GPU_CHECK_PATHS, GPU_CHECK_TWO_RANKS, GPU_CHECK_COMMIT (recorded where the tree has no .git). The lego runs
 # are bounded by time, not steps (train.max_steps=1000000): the learning-rate decay follows steps
-# (train.decay_steps), so a faster GPU decays further in the same minutes.
+# (optim.decay_steps), so a faster GPU decays further in the same minutes.
 #
 # On a GPU machine that has this working tree but neither ../shared nor a package index:
 #  1. here, once: `bash tools/gpu_check.sh --prepare` copies lego's train and test splits into .gpu_data/lego
@@ -148,7 +148,7 @@ banner() { echo; echo "=== $1 (${2:+cap $2 s; }$(($(date +%s) - T0)) s of $BUDGE
 # want NAME: the section is selected (GPU_CHECK_ONLY unset, or it names NAME); else it is recorded as skipped
 want() { [ -z "${GPU_CHECK_ONLY:-}" ] && return 0; case " $GPU_CHECK_ONLY " in *" $1 "*) return 0;; esac
          helper skipped "$1" "not selected (GPU_CHECK_ONLY=$GPU_CHECK_ONLY)"; return 1; }
-COMMON=(train.progress=false train.ckpt_every=-1 logger.wandb.mode=disabled device=$DEVICE)
+COMMON=(monitor.progress=false checkpoints.every=-1 logger.wandb.mode=disabled device=$DEVICE)
 if [ "$MODE" = cpu ]; then
   DATA=(experiment=smoke); DATA_NAME="built-in scene (experiment=smoke; --cpu)"
   TRACE=(train.max_steps=8 profiler.trace.wait=2 profiler.trace.warmup=1 profiler.trace.active=2)
@@ -213,10 +213,10 @@ sec_ss_trace() { sec_trace ss "$1"; }
 sec_hta_overlap() { timeout -k 5 "$1" "$PY" -m bench.gpu.check hta || helper failed hta_overlap "exited with $?"; }
 
 sec_paths() {  # what users run, each short: ss with evaluation (segment fusion), ss joint, bf16, sampler=device
-  local steps=(train.max_steps=30 eval.num_views=1 eval.lpips=false train.log_every=5) p what extra run s t
+  local steps=(train.max_steps=30 eval.num_views=1 eval.lpips=false monitor.log_every=5) p what extra run s t
   local default="ss_fusion ss_joint bf16 sampler_device"
   # --cpu leaves ss_joint to the two_ranks section (two ranks, a resume and the fused evaluation: a superset)
-  [ "$MODE" = cpu ] && { steps=(train.max_steps=8 eval.num_views=1 eval.lpips=false train.log_every=2)
+  [ "$MODE" = cpu ] && { steps=(train.max_steps=8 eval.num_views=1 eval.lpips=false monitor.log_every=2)
                          default="ss_fusion bf16 sampler_device"; }
   for p in ${GPU_CHECK_PATHS:-$default}; do
     case $p in
@@ -239,8 +239,8 @@ sec_paths() {  # what users run, each short: ss with evaluation (segment fusion)
 sec_two_ranks() {  # two ranks on the one device through gloo: train to a checkpoint, resume past it, evaluate
   local n=(16 24) strat extra run s t rc1 rc2 two torchrun2
   [ "$MODE" = cpu ] && n=(4 6)
-  two=(train.progress=false logger.wandb.mode=disabled device=$DEVICE dist_backend=gloo eval.num_views=1
-       eval.lpips=false train.log_every=2)
+  two=(monitor.progress=false logger.wandb.mode=disabled device=$DEVICE dist_backend=gloo eval.num_views=1
+       eval.lpips=false monitor.log_every=2)
   torchrun2=("$PY" -m torch.distributed.run --standalone --nproc_per_node=2 -m distnerf.train)
   for strat in ${GPU_CHECK_TWO_RANKS:-$([ "$MODE" = cpu ] && echo ss_joint || echo "ddp ss_joint ss_joint_route")}; do
     case $strat in ddp) extra=(strategy=ddp);; ss_joint) extra=(strategy=ss strategy.training=joint);;
@@ -249,11 +249,11 @@ sec_two_ranks() {  # two ranks on the one device through gloo: train to a checkp
     t=$(part_limit 90); if [ "$t" = 0 ]; then helper two_ranks_skipped "$strat" "time (the section's cap)"; continue; fi
     run="$RUNS/two_$strat"; rm -rf "$run"; s=$(now)
     timeout -k 15 "$t" "${torchrun2[@]}" "${DATA[@]}" "${extra[@]}" "${two[@]}" train.max_steps="${n[0]}" \
-      train.ckpt_every="${n[0]}" eval.enabled=false run_dir="$run"
+      checkpoints.every="${n[0]}" eval.enabled=false run_dir="$run"
     rc1=$?; rc2=-1; t=$(part_limit 90)
     if [ $rc1 = 0 ] && [ "$t" != 0 ]; then
       timeout -k 15 "$t" "${torchrun2[@]}" "${DATA[@]}" "${extra[@]}" "${two[@]}" train.max_steps="${n[1]}" \
-        train.ckpt_every=0 resume=true run_dir="$run"
+        checkpoints.every=0 resume=true run_dir="$run"
       rc2=$?
     fi
     helper two_ranks "$strat" "$run" "$rc1" "$rc2" "$(since "$s")" "${n[0]}" "${n[1]}" "$DEVICE"

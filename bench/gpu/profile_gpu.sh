@@ -16,7 +16,7 @@ set -euo pipefail
 OUT="${1:-runs/gpu_profile}"; RES="${2:-bench/gpu/results/gpu_profile}"
 LEGO=../shared/data/nerf_synthetic_half/lego
 TR="python -m torch.distributed.run --standalone --nproc_per_node=1 -m distnerf.train"
-COMMON="dataset=blender dataset.root=$LEGO device=cuda train.progress=false train.ckpt_every=-1 eval.enabled=false"
+COMMON="dataset=blender dataset.root=$LEGO device=cuda monitor.progress=false checkpoints.every=-1 eval.enabled=false"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
 read -r l1 l5 l15 _ < /proc/loadavg; started=$(date -u +%FT%TZ); t0=$(date +%s.%N)
 timeout 240 $TR $COMMON run_dir="$OUT/report" train.max_steps=300 profiler=trace profiler.nvtx=true

@@ -10,10 +10,10 @@ the section has left): a device-side assert, a crash or a hang ends that process
 is written either way (``failed: ...`` with the exit status or signal and the tail of its log,
 ``RUNS/<row>.log``). In that process the real :class:`~distnerf.engine.trainer.Trainer` is built at the final
 stage (``model.resolutions=[160] model.upsample_steps=[]``: lego's last grid, no upsampling), ``sampler=device``
-on CUDA, ``train.samples_per_step=P`` (the static step's sample budget) and ``train.rays_per_rank`` above what P
+on CUDA, ``step.samples_per_step=P`` (the static step's sample budget) and ``train.rays_per_rank`` above what P
 holds (4 x P / 64 rays: the budget, not the batch, sets the work), then runs ``--warmup`` steps (compilation and
 CUDA-graph recording happen there) and times ``--steps`` steps of ``Trainer.fit``'s step (no logging, evaluation
-or checkpoints) between two device synchronisations. Modes: ``eager``; ``graph`` (``train.cuda_graph=true``: the
+or checkpoints) between two device synchronisations. Modes: ``eager``; ``graph`` (``step.cuda_graph=true``: the
 whole step, forward to optimizer, recorded by hand as one CUDA graph per grid stage and replayed,
 :mod:`distnerf.components.graphed_step`; ``--cpu``: its body uncaptured); ``compiled`` (``model.compile=true``:
 the render compiled with ``fullgraph=True`` and the optimizer on its own, inductor); ``graphed`` (the same with
@@ -49,8 +49,8 @@ ROW_CAP_S = {"eager": 45, "graph": 60, "compiled": 120, "graphed": 120}
 """Seconds one configuration's process may take (start-up, warm-up with any compilation, timed steps)."""
 MIN_ROW_S = 15
 """A row is started only with at least this many seconds of the section left."""
-COMMON = ["train.ckpt_every=-1", "eval.enabled=false", "train.progress=false", "logger.wandb.mode=disabled",
-          "profiler.telemetry=false", "train.max_steps=100000", "train.global_rays=null", "train.log_every=1000000"]
+COMMON = ["checkpoints.every=-1", "eval.enabled=false", "monitor.progress=false", "logger.wandb.mode=disabled",
+          "profiler.telemetry=false", "train.max_steps=100000", "train.global_rays=null", "monitor.log_every=1000000"]
 
 
 def row_name(mode: str, log2_slots: int, bf16: bool) -> str:
@@ -62,10 +62,10 @@ def overrides(mode: str, log2_slots: int, bf16: bool, device: str, data: list[st
     slots = 1 << log2_slots
     final = 160 if device == "cuda" else 32
     out = [*data, f"device={device}", "model=grid", f"model.resolutions=[{final}]", "model.upsample_steps=[]",
-           f"train.samples_per_step={slots}", f"train.rays_per_rank={max(256, 4 * slots // 64)}",
-           "sampler=device" if device == "cuda" else "sampler=sync", f"train.bf16={str(bf16).lower()}"]
+           f"step.samples_per_step={slots}", f"train.rays_per_rank={max(256, 4 * slots // 64)}",
+           "sampler=device" if device == "cuda" else "sampler=sync", f"step.bf16={str(bf16).lower()}"]
     if mode == "graph":  # the whole step as one hand-recorded CUDA graph (the CPU: its body uncaptured)
-        out.append("train.cuda_graph=true")
+        out.append("step.cuda_graph=true")
     elif mode != "eager":
         out.append("model.compile=true")
     if mode == "graphed":

@@ -139,8 +139,8 @@ def main() -> None:
     decoded = frames * 400 * 400 * 3 * 4
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.ranks}",
            "-m", "distnerf.train", "device=cpu", "dataset=blender", f"dataset.root={scene_dir}", f"sampler.cache_dir={cache_dir}",
-           "sampler=pipelined", "sampler.num_workers=1", f"train.max_steps={args.steps}", "train.log_every=1",
-           "train.ckpt_every=0", "train.progress=false", "eval.enabled=false", "logger.wandb.mode=disabled",
+           "sampler=pipelined", "sampler.num_workers=1", f"train.max_steps={args.steps}", "monitor.log_every=1",
+           "checkpoints.every=0", "monitor.progress=false", "eval.enabled=false", "logger.wandb.mode=disabled",
            f"run_dir={run_dir}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     start = time.monotonic()

@@ -4,7 +4,7 @@
 #   OMP_NUM_THREADS=2 ../shared/tools/quiet --log bench/history/quiet/quiet_issue28.jsonl -- bench/quality/budget.sh MINUTES VIEWS
 # -> bench/quality/results/lego_budget/<MINUTES>min/{metrics.json,metrics.jsonl} with a meta.json entry
 # A variant of the line (a schedule probe): NAME and its overrides after VIEWS, e.g.
-#   bench/quality/budget.sh 2 25 no_decay train.decay=1.0
+#   bench/quality/budget.sh 2 25 no_decay optim.decay=1.0
 # -> bench/quality/results/lego_budget/<MINUTES>min_probe/NAME/
 set -euo pipefail
 . "$(dirname "$0")/../record.sh"  # run_and_record
@@ -16,4 +16,4 @@ fi
 rm -rf "$out"
 run_and_record bench/quality/results/lego_budget "$sub" "$out" python -m distnerf.train dataset=blender \
   dataset.root=../shared/data/nerf_synthetic_half/lego train.max_minutes="$minutes" eval.num_views="$views" \
-  run_dir="$out" train.progress=false logger.wandb.mode=disabled "$@"
+  run_dir="$out" monitor.progress=false logger.wandb.mode=disabled "$@"

@@ -162,7 +162,7 @@ def train(name: str, overrides: list, args, runs: Path) -> dict:
     run_dir = runs / name
     command = [sys.executable, "-m", "distnerf.train", f"run_dir={run_dir}", *overrides,
                f"dataset.downscale={args.downscale}", f"train.max_steps={args.steps}", f"eval.num_views={args.views}",
-               "eval.lpips=false", "logger.wandb.mode=disabled", "train.progress=false", "train.ckpt_every=0"]
+               "eval.lpips=false", "logger.wandb.mode=disabled", "monitor.progress=false", "checkpoints.every=0"]
     start = time.perf_counter()
     proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
                           env={**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"})

@@ -20,8 +20,8 @@ started=$(date -u +%FT%TZ); t0=$(date +%s.%N)
 elapsed() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN{printf "%.2f", b - a}'; }
 if [ "$nproc" = 1 ]; then launcher=(python -m distnerf.train); else
   launcher=(torchrun --standalone --nproc_per_node="$nproc" -m distnerf.train); fi
-"${launcher[@]}" run_dir="$out" train.max_minutes="$minutes" train.max_steps=1000000 train.progress=false \
-  train.log_every=25 "train.ckpt_minutes=[2,5]" train.ckpt_every=0 train.keep_checkpoints=5 \
+"${launcher[@]}" run_dir="$out" train.max_minutes="$minutes" train.max_steps=1000000 monitor.progress=false \
+  monitor.log_every=25 "checkpoints.at_minutes=[2,5]" checkpoints.every=0 checkpoints.keep=5 \
   logger.wandb.mode=disabled "$@"
 phases="\"train_and_final_eval\": $(elapsed "$t0")"
 i=0

@@ -31,7 +31,7 @@ for side in base head; do
   rm -rf "$out"
   # the worktree's package first on sys.path (ahead of the editable install of this checkout)
   cmd=(env PYTHONPATH="$tree" python -m distnerf.train run_dir="$out" train.max_steps="$steps" train.max_minutes=0 \
-    train.progress=false train.log_every=50 train.ckpt_every=0 sampler=sync logger.wandb.mode=disabled \
+    monitor.progress=false monitor.log_every=50 checkpoints.every=0 sampler=sync logger.wandb.mode=disabled \
     eval.lpips=false "${args[@]}")
   (cd "$tree" && python -c "import distnerf, sys; assert distnerf.__file__.startswith('$tree'), distnerf.__file__" \
     && run_and_record "$repo/$res" "$side" "$out" "${cmd[@]}")

@@ -9,7 +9,7 @@ from bench.tablekit import Results, f2, kilo, psnr_ssim, row, header, quality, s
 
 
 def lego_quality(res: Results) -> list[str]:
-    out = quality(res, "lego_1p", "packed engine (default model, `train.decay_steps=4000`)")
+    out = quality(res, "lego_1p", "packed engine (default model, `optim.decay_steps=4000`)")
     final = res.json("lego_1p/metrics.json")["psnr"]
     out += ["", f"Bar at 10 minutes >= 28.5 dB: **{'met' if final >= 28.5 else 'missed'}**; target >= 29.5 dB: "
                 f"**{'met' if final >= 29.5 else 'missed'}** ({final:.2f} dB)."]
@@ -17,7 +17,7 @@ def lego_quality(res: Results) -> list[str]:
 
 
 def fern_quality(res: Results) -> list[str]:
-    return quality(res, "fern_1p", "packed engine (default model, `train.decay_steps=4000`)")
+    return quality(res, "fern_1p", "packed engine (default model, `optim.decay_steps=4000`)")
 
 
 def fern_budget(res: Results) -> list[str]:
@@ -35,7 +35,7 @@ def fern_budget(res: Results) -> list[str]:
 LEGO_PROBES_1205C = (  # run (under lego_budget/), what it changed, the occupancy refresh it ran with
     ("10min_probe/base25_1205c", "as written (160^3)", "before"),
     ("10min_probe/base25new_1205c", "as written (160^3)", "after"),
-    ("10min_probe/ds05_1205c", "`train.decay_start=0.5`", "after"),
+    ("10min_probe/ds05_1205c", "`optim.decay_start=0.5`", "after"),
     ("10min_probe/tv3e5_1205c", "`model.tv_weight=3e-5`", "after"),
     ("10min_probe/sh2_1205c", "`model.sh_degree=2`", "after"),
     ("10min_probe/res192_1205c", "`model.resolutions=[64,128,192]`", "after"),
@@ -83,7 +83,7 @@ def occupancy_refresh(res: Results) -> list[str]:
 
 def lego_budget(res: Results) -> list[str]:
     """bench/quality/budget.sh: the README's lego line as written at 2 and 10 minutes, against the same line
-    when the learning rate decayed over the whole budget (train.decay_start=0, the earlier default)."""
+    when the learning rate decayed over the whole budget (optim.decay_start=0, the earlier default)."""
     targets = {"2min": (28.0, 25), "10min": (31.0, 200)}
     out = header("budget", "schedule", "steps", "test PSNR / SSIM", "views scored", "constant-colour PSNR", "target",
                  "")
@@ -192,7 +192,7 @@ def lego_schedule(res: Results) -> list[str]:
             ("2min_probe/decay_start_0.5", "constant to p = 0.5, then 0.1 over the rest (`decay_start` 0.5)"),
             ("2min_probe/decay_start_0.8", "constant to p = 0.8, then 0.1 over the rest (`decay_start` 0.8)"),
             ("2min", "the same, the README line as written now (default `decay_start` 0.8)"),
-            ("2min_probe/lr_2e-3", "the same with `train.lr=2e-3` (grid tables at 0.2)"),
+            ("2min_probe/lr_2e-3", "the same with `optim.lr=2e-3` (grid tables at 0.2)"),
             ("2min_probe/stages_150_450", "the same with the grid's stages at steps 150 and 450 (`model.upsample_steps`)")]
     out = header("schedule (2 minutes)", "steps", "test PSNR / SSIM (25 views)", "vs decay over the budget")
     base = res.json("lego_budget/2min_decay_over_budget/metrics.json")["psnr"]

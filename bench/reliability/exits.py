@@ -32,7 +32,7 @@ def one_run(run: Path, overrides: list[str]) -> dict:
     start = time.monotonic()
     with open(log, "w") as out:
         rc = subprocess.run(["bash", str(ROOT / "launch" / "torchrun_local.sh"), "2", str(run), "--",
-                             "experiment=smoke", "device=cpu", "train.progress=false", *overrides], cwd=ROOT, env=env,
+                             "experiment=smoke", "device=cpu", "monitor.progress=false", *overrides], cwd=ROOT, env=env,
                             stdout=out, stderr=subprocess.STDOUT).returncode
     text = log.read_text(errors="replace")
     rows = read_metrics_log(run)

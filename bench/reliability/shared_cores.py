@@ -65,7 +65,7 @@ from pathlib import Path
 from bench.common import ROOT, default_out, load_average, start_meta, write_result
 
 OVERRIDES = ["logger.wandb.mode=disabled", "profiler.telemetry=false", "train.max_steps=100000",
-             "train.ckpt_every=-1", "eval.enabled=false", "train.progress=false", "train.log_every=100000"]
+             "checkpoints.every=-1", "eval.enabled=false", "monitor.progress=false", "monitor.log_every=100000"]
 VARIANTS = {
     "default": ({}, []),
     "passive": ({"OMP_WAIT_POLICY": "PASSIVE"}, []),

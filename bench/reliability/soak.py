@@ -4,7 +4,7 @@
                                [--out bench/reliability/results/soak/soak.json] [-- extra overrides]
 
 Runs ``launch/torchrun_local.sh 2 RUN -- experiment=smoke train.max_steps=STEPS
-train.ckpt_every=CKPT profiler=trace profiler.max_step_records=RECORDS ...`` (``--max-step-records``,
+checkpoints.every=CKPT profiler=trace profiler.max_step_records=RECORDS ...`` (``--max-step-records``,
 default 1000: the step profiler's memory bound engages well inside the run) and every ``--interval`` seconds samples, for the
 process tree below the launcher: resident memory (``VmRSS``) and open file descriptors of the
 torchrun agent, of each trainer rank and of the sampler's worker processes; the files and
@@ -168,9 +168,9 @@ def main() -> int:
     meta = start_meta()
     shutil.rmtree(args.run_dir, ignore_errors=True)
     cmd = ["bash", str(ROOT / "launch" / "torchrun_local.sh"), "2", str(args.run_dir), "--", "experiment=smoke", "device=cpu",
-           f"train.max_steps={args.steps}", f"train.ckpt_every={args.ckpt_every}", "profiler=trace",
+           f"train.max_steps={args.steps}", f"checkpoints.every={args.ckpt_every}", "profiler=trace",
            f"profiler.max_step_records={args.max_step_records}",
-           "train.progress=false", "train.log_every=50", "logger.wandb.mode=disabled", *args.overrides]
+           "monitor.progress=false", "monitor.log_every=50", "logger.wandb.mode=disabled", *args.overrides]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MAX_RESTARTS": "0", "WANDB_MODE": "disabled"}
     log = args.run_dir.with_suffix(".out")
     log.parent.mkdir(parents=True, exist_ok=True)

@@ -59,7 +59,7 @@ for cell in ${CELLS:-before rounds dist001 dist01}; do
   read -r -a overrides <<< "${CELL[$cell]}"
   cmd=("${launch[@]}" dataset=synthetic dataset.kind=city "${strategy[@]}" model.contraction=mipnerf360
     model.appearance=affine "${overrides[@]}" run_dir="$out" train.max_steps="$steps" train.max_minutes=0
-    train.progress=false train.log_every=25 logger.wandb.mode=disabled eval.lpips=false "$@")
+    monitor.progress=false monitor.log_every=25 logger.wandb.mode=disabled eval.lpips=false "$@")
   rm -rf "$out"
   run_and_record "$res" "$cell" "$out" "${cmd[@]}"
 done

@@ -17,8 +17,8 @@ declare -A RESOLUTIONS=([x0.5]="[64,112,127]" [x1]="[64,128,160]" [x2]="[64,128,
 for scale in x0.5 x1 x2; do
   out="runs/bench/${name}_${scale}"
   cmd=(torchrun --standalone --nproc_per_node=2 -m distnerf.train strategy=ddp dataset=synthetic run_dir="$out" \
-    "model.resolutions=${RESOLUTIONS[$scale]}" train.max_steps="$steps" train.max_minutes=0 train.progress=false \
-    train.log_every=50 logger.wandb.mode=disabled eval.lpips=false "$@")
+    "model.resolutions=${RESOLUTIONS[$scale]}" train.max_steps="$steps" train.max_minutes=0 monitor.progress=false \
+    monitor.log_every=50 logger.wandb.mode=disabled eval.lpips=false "$@")
   rm -rf "$out"
   run_and_record "$res" "$scale" "$out" "${cmd[@]}"
 done

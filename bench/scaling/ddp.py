@@ -37,7 +37,7 @@ LEGO = "../shared/data/nerf_synthetic_half/lego"
 def run(nproc: int, run_dir: Path, overrides: list[str], threads: int) -> list[dict]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
            "-m", "distnerf.train", "device=cpu", f"run_dir={run_dir}", "dataset=blender", f"dataset.root={LEGO}",
-           "train.progress=false", "train.log_every=1", "train.ckpt_every=-1", "eval.enabled=false",
+           "monitor.progress=false", "monitor.log_every=1", "checkpoints.every=-1", "eval.enabled=false",
            "logger.wandb.mode=disabled", *overrides]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)

@@ -40,8 +40,8 @@ def launch(compression: str, run_dir: Path, args) -> float:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "distnerf.train",
            "device=cpu", "strategy=ddp", *VARIANTS[compression], "dataset=blender",
            f"dataset.root={args.data}", f"run_dir={run_dir}", "train.global_rays=2048", f"train.max_steps={args.steps}",
-           "train.max_minutes=0", f"eval.num_views={args.eval_views}", "eval.lpips=false", "train.ckpt_every=0",
-           "train.log_every=50", "train.progress=false", "logger.wandb.mode=disabled", "seed=0", *args.set]
+           "train.max_minutes=0", f"eval.num_views={args.eval_views}", "eval.lpips=false", "checkpoints.every=0",
+           "monitor.log_every=50", "monitor.progress=false", "logger.wandb.mode=disabled", "seed=0", *args.set]
     return run_timed(cmd)
 
 

@@ -38,8 +38,8 @@ def launch(world_size: int, exchange: str, run_dir: Path, args) -> float:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world_size}",
            "-m", "distnerf.train", "device=cpu", "sampler=sync", "strategy=ss", "strategy.training=joint",
            f"strategy.joint_exchange={exchange}", *AERIAL, f"run_dir={run_dir}", f"train.max_steps={args.steps}",
-           "train.max_minutes=0", f"train.rays_per_rank={args.rays_per_rank}", "train.log_every=10",
-           "train.ckpt_every=0", "train.progress=false", "eval.num_views=2", "eval.lpips=false",
+           "train.max_minutes=0", f"train.rays_per_rank={args.rays_per_rank}", "monitor.log_every=10",
+           "checkpoints.every=0", "monitor.progress=false", "eval.num_views=2", "eval.lpips=false",
            "logger.wandb.mode=disabled", "seed=0", *args.set]
     return run_timed(cmd)
 

@@ -38,8 +38,8 @@ def launch(world_size: int, run_dir: Path, args, lr: float) -> float:
     """Train one run under torchrun; wall seconds. Raises SystemExit with the tail of its log on failure."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world_size}",
            "-m", "distnerf.train", "device=cpu", "strategy=ddp", "dataset=blender", f"dataset.root={args.data}",
-           f"run_dir={run_dir}", f"train.max_steps={args.steps}", f"train.lr={lr}", f"eval.num_views={args.eval_views}",
-           "eval.lpips=false", "train.ckpt_every=-1", "train.log_every=25", "train.progress=false",
+           f"run_dir={run_dir}", f"train.max_steps={args.steps}", f"optim.lr={lr}", f"eval.num_views={args.eval_views}",
+           "eval.lpips=false", "checkpoints.every=-1", "monitor.log_every=25", "monitor.progress=false",
            "logger.wandb.mode=disabled", "seed=0", *args.set]
     if args.rays_per_rank:
         cmd.append(f"train.rays_per_rank={args.rays_per_rank}")
@@ -69,7 +69,7 @@ def main():
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--eval-views", type=int, default=8)
     p.add_argument("--rays-per-rank", type=int, default=None, help="train.rays_per_rank (default: the schema's)")
-    p.add_argument("--lr", type=float, default=None, help="base learning rate (default: the schema's train.lr)")
+    p.add_argument("--lr", type=float, default=None, help="base learning rate (default: the schema's optim.lr)")
     p.add_argument("--threads", type=int, default=1, help="OMP threads per rank")
     p.add_argument("--data", default=LEGO)
     p.add_argument("--set", nargs="*", default=[], help="further training overrides")
@@ -77,9 +77,9 @@ def main():
     p.add_argument("--wait-while", type=Path, default=None, help="before each launch, wait while this file exists")
     p.add_argument("--out", type=Path, default=None, help="result JSON (default bench/scaling/results/per_rank_batch/result.json)")
     args = p.parse_args()
-    from distnerf.schema import TrainLoopConfig
+    from distnerf.schema import OptimConfig
 
-    base_lr = args.lr if args.lr is not None else TrainLoopConfig().lr
+    base_lr = args.lr if args.lr is not None else OptimConfig().lr
     plan = ([(w, "same") for w in args.world_sizes] + [(w, "sqrt") for w in args.sqrt_world_sizes if w > 1]
             + [(1, f"x{s:g}") for s in args.control_lr_scales])
     out = args.out or default_out(__file__, "per_rank_batch/result.json")

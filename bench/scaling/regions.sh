@@ -17,7 +17,7 @@ for k in $counts; do
   out="runs/bench/${name}_k$k"
   cmd=(python -m distnerf.train dataset=synthetic strategy=ss strategy.num_regions="$k" model.contraction=mipnerf360 \
     model.appearance=affine model.max_params=$((k * per_region)) run_dir="$out" train.max_minutes="$minutes" \
-    train.max_steps=1000000 train.progress=false train.log_every=25 logger.wandb.mode=disabled eval.lpips=false "$@")
+    train.max_steps=1000000 monitor.progress=false monitor.log_every=25 logger.wandb.mode=disabled eval.lpips=false "$@")
   rm -rf "$out"
   run_and_record "$res" "k$k" "$out" "${cmd[@]}"
 done

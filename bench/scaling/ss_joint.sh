@@ -9,7 +9,7 @@
 set -euo pipefail
 res_root="${BENCHMARKS_RESULTS:-bench/scaling/results}"
 mkdir -p runs/bench
-common=(train.progress=false train.log_every=25 logger.wandb.mode=disabled eval.lpips=false)
+common=(monitor.progress=false monitor.log_every=25 logger.wandb.mode=disabled eval.lpips=false)
 . "$(dirname "$0")/../record.sh"  # run_and_record
 if [ "$1" = scaling ]; then
   steps="$2"; shift 2

@@ -18,7 +18,7 @@ for strategy in ss ddp; do
   out="runs/bench/${name}_${strategy}"
   extra_var="${strategy^^}_EXTRA"; read -r -a extra <<< "${!extra_var:-}"
   cmd=(torchrun --standalone --nproc_per_node=2 -m distnerf.train strategy="$strategy" run_dir="$out" \
-    train.max_minutes="$minutes" train.max_steps=1000000 train.progress=false train.log_every=25 \
+    train.max_minutes="$minutes" train.max_steps=1000000 monitor.progress=false monitor.log_every=25 \
     logger.wandb.mode=disabled eval.lpips=false "${extra[@]}" "$@")
   rm -rf "$out"
   run_and_record "$res" "$strategy" "$out" "${cmd[@]}"

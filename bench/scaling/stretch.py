@@ -4,16 +4,16 @@
         [--steps 3000] [--set KEY=VALUE ...] [--name SUFFIX] [--collect] [--out bench/scaling/results/NAME/stretch.json]
 
 The capacity study's plateau check (``distnerf/study/capacity.py::plateau_gain``) reads the last 20% of
-a run's validation curve; under a learning rate that has already decayed (``train.decay`` over
-``train.decay_steps``) that curve flattens whether or not the model holds all it can. This tool asks
+a run's validation curve; under a learning rate that has already decayed (``optim.decay`` over
+``optim.decay_steps``) that curve flattens whether or not the model holds all it can. This tool asks
 the direct question: each budget (``model.max_params``) is trained at one rank for ``k x steps``
-with the learning-rate decay (``train.decay_steps``, 1500 by default) and the grid's stages
+with the learning-rate decay (``optim.decay_steps``, 1500 by default) and the grid's stages
 (``model.upsample_steps``, 200 and 600) stretched by ``k`` -- at ``k`` = W, one rank sees as many
 rays as ``ddp`` at W ranks in ``steps``. A cell is at its plateau when the stretched run gains
 less than the plateau threshold (0.2 dB) over it.
 
 Every run: ``python -m distnerf.train dataset=synthetic dataset.kind=detail sampler=sync
-train.global_rays=2048 train.val_views=4 eval.num_views=25 ... seed=0`` (the study's fixed
+train.global_rays=2048 monitor.val_views=4 eval.num_views=25 ... seed=0`` (the study's fixed
 overrides; ``--set`` adds or replaces), run directory ``OUT_DIR/p<budget>_x<k>``. ``--collect``
 trains nothing and summarises the run directories already in OUT_DIR. Writes JSON (``--out``)
 with one row per run (budget, parameters, rays per step, steps, test PSNR / SSIM, constant-colour PSNR,
@@ -32,9 +32,9 @@ from pathlib import Path
 
 from bench.common import ROOT, default_out, start_meta, write_result
 
-FIXED = ["dataset=synthetic", "dataset.kind=detail", "sampler=sync", "train.global_rays=2048", "train.val_views=4",
-         "train.log_every=200", "train.ckpt_every=0", "eval.num_views=25", "eval.lpips=false",
-         "logger.wandb.mode=disabled", "train.progress=false", "strategy=ddp", "seed=0"]
+FIXED = ["dataset=synthetic", "dataset.kind=detail", "sampler=sync", "train.global_rays=2048", "monitor.val_views=4",
+         "monitor.log_every=200", "checkpoints.every=0", "eval.num_views=25", "eval.lpips=false",
+         "logger.wandb.mode=disabled", "monitor.progress=false", "strategy=ddp", "seed=0"]
 DECAY_STEPS, UPSAMPLE_STEPS = 1500, (200, 600)  # the schema's defaults, stretched by k
 
 
@@ -42,21 +42,21 @@ def overrides(budget: int, k: int, steps: int, extra: list[str]) -> list[str]:
     """The training overrides of budget ``budget`` at ``k`` times ``steps``."""
     up = ",".join(str(k * u) for u in UPSAMPLE_STEPS)
     return [*FIXED, f"model.max_params={budget}", f"train.max_steps={k * steps}",
-            f"train.decay_steps={k * DECAY_STEPS}", f"model.upsample_steps=[{up}]",
-            f"train.val_every={max(1, k * steps // 10)}", *extra]
+            f"optim.decay_steps={k * DECAY_STEPS}", f"model.upsample_steps=[{up}]",
+            f"monitor.val_every={max(1, k * steps // 10)}", *extra]
 
 
 def summarise(run_dir: Path) -> dict:
     """One run's row from its metrics.json, metrics.jsonl and config.yaml."""
     from omegaconf import OmegaConf
 
-    from distnerf.config_check import global_batch
+    from distnerf.config_check import global_batch, upgrade_config
     from distnerf.observe.logger import final_model_size
     from distnerf.study.capacity import lr_share, plateau_gain
 
     final = json.loads((run_dir / "metrics.json").read_text())
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    cfg = OmegaConf.load(run_dir / "config.yaml")
+    cfg = upgrade_config(OmegaConf.load(run_dir / "config.yaml"))  # a run from before the train section's split too
     steps = int(cfg.train.max_steps)
     params = (final_model_size(rows) or {}).get("parameters_per_rank")
     strategy = cfg.strategy
@@ -65,16 +65,16 @@ def summarise(run_dir: Path) -> dict:
             "num_regions": strategy.get("num_regions"), "tv_weight": float(cfg.model.tv_weight),
             "cubic_voxels": bool(cfg.model.get("cubic_voxels", False)),
             "max_params": int(cfg.model.max_params), "parameters_per_rank": params,
-            "steps": steps, "decay": float(cfg.train.decay), "decay_steps": None if cfg.train.decay_steps is None else float(cfg.train.decay_steps),
-            "decay_start": float(cfg.train.decay_start),
+            "steps": steps, "decay": float(cfg.optim.decay), "decay_steps": None if cfg.optim.decay_steps is None else float(cfg.optim.decay_steps),
+            "decay_start": float(cfg.optim.decay_start),
             "upsample_steps": list(cfg.model.upsample_steps), "psnr": final["psnr"], "ssim": final["ssim"],
             "constant_psnr": final.get("constant_psnr"), "num_views": final.get("num_scored_views"),
             "global_rays": global_batch(cfg.train, 1),  # one rank
             "val_gain_last_20pct": plateau_gain(val),
             # a warmup-stable-decay run (decay_steps null, decay < 1): the same gain over the last 20% of its
             # constant phase, before the cool-down begins (None for other schedules)
-            "val_gain_before_decay": plateau_gain([(s, v) for s, v in val if s <= cfg.train.decay_start * steps])
-            if cfg.train.decay_steps is None and float(cfg.train.decay) < 1.0 else None,
+            "val_gain_before_decay": plateau_gain([(s, v) for s, v in val if s <= cfg.optim.decay_start * steps])
+            if cfg.optim.decay_steps is None and float(cfg.optim.decay) < 1.0 else None,
             "val_curve": val,
             "lr_at_80pct_over_first": lr_share([(r["step"], r["lr"]) for r in rows if "lr" in r])}
 

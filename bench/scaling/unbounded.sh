@@ -27,7 +27,7 @@ for cell in ${CELLS:-ddp ss_independent ss_joint ddp_neither ddp_no_contraction 
   read -r -a overrides <<< "${CELL[$cell]}"
   cmd=(torchrun --standalone --nproc_per_node=2 -m distnerf.train dataset=synthetic dataset.kind=city "${overrides[@]}" \
     model.max_params="$max_params" run_dir="$out" train.max_minutes="$minutes" train.max_steps=1000000 \
-    train.progress=false train.log_every=25 logger.wandb.mode=disabled eval.lpips=false "$@")
+    monitor.progress=false monitor.log_every=25 logger.wandb.mode=disabled eval.lpips=false "$@")
   rm -rf "$out"
   run_and_record "$res" "$cell" "$out" "${cmd[@]}"
 done

@@ -7,7 +7,7 @@
 ``RUN_DIR``: a finished lego run (``bench/quality/quality.sh``: its newest checkpoint is past the grid's last
 stage). For each R, the run's checkpoints are hard-linked into a scratch run directory and the real
 :class:`~distnerf.engine.trainer.Trainer` resumes from the newest one with ``train.rays_per_rank=R`` and
-``train.samples_per_step=P`` (the static step; the train section is not in the resume hashes), then trains
+``step.samples_per_step=P`` (the static step; the train section is not in the resume hashes), then trains
 ``--steps`` steps with the CUDA paths forced. The budget's figures (``SampleBudget.metrics``: read a step late)
 after each step from the second on: ``budget_fill`` (samples needed / P), samples per active ray, active and
 overflowed rays. The figure is the median fill over those steps, with its min and max. Counts, not times:
@@ -49,9 +49,9 @@ def fill_at(run_dir: Path, rays: int, samples: int, steps: int) -> dict:
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 os.link(f, dst)
         overrides = ["dataset=blender", f"dataset.root={saved.dataset.root}", f"run_dir={scratch}", "resume=true",
-                     f"train.rays_per_rank={rays}", f"train.samples_per_step={samples}",
-                     "eval.enabled=false", "train.progress=false", "train.ckpt_every=-1", "logger.wandb.mode=disabled",
-                     "profiler.telemetry=false", "train.max_steps=1000000", "train.log_every=1000000"]
+                     f"train.rays_per_rank={rays}", f"step.samples_per_step={samples}",
+                     "eval.enabled=false", "monitor.progress=false", "checkpoints.every=-1", "logger.wandb.mode=disabled",
+                     "profiler.telemetry=false", "train.max_steps=1000000", "monitor.log_every=1000000"]
         with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
             cfg = validate(compose("train", overrides=overrides))
         env = D.init_distributed("cpu", timeout_s=cfg.dist_timeout_s, setup_timeout_s=cfg.dist_setup_timeout_s)

@@ -19,7 +19,7 @@ counted: the batch's valid rays on the dynamic step, the sample budget's counted
 per ray.
 
 Paths: the dynamic step (the CPU default: packed samples, sparse colour-row gradients and lazy Adam), the same
-with dense gradients, the static step (``train.samples_per_step``, the CUDA default) eager, and compiled with
+with dense gradients, the static step (``step.samples_per_step``, the CUDA default) eager, and compiled with
 inductor (``model.compile=true``: render ``fullgraph=True``, the optimizer compiled on its own; dense gradients:
 the sparse gradient's CSR build does not trace), and the dynamic step under ``model.compile=true`` (its shapes
 change every step). Run it on a quiet machine (``../shared/tools/quiet --``).
@@ -41,19 +41,19 @@ P = 1 << 17  # the static step's sample slots: about lego's 4096-ray batch at it
 PATHS = {  # label -> overrides beyond the README's lego line
     "dynamic (CPU default: sparse colour gradients, lazy Adam)": [],
     "dynamic, dense gradients": ["model.sparse_grad=false"],
-    "static, eager": [f"train.samples_per_step={P}"],
-    "static, eager, dense gradients": [f"train.samples_per_step={P}", "model.sparse_grad=false"],
-    "static, compiled (inductor)": [f"train.samples_per_step={P}", "model.compile=true", "model.sparse_grad=false"],
+    "static, eager": [f"step.samples_per_step={P}"],
+    "static, eager, dense gradients": [f"step.samples_per_step={P}", "model.sparse_grad=false"],
+    "static, compiled (inductor)": [f"step.samples_per_step={P}", "model.compile=true", "model.sparse_grad=false"],
     "dynamic, compiled (inductor)": ["model.compile=true"],
 }
-COMMON = ["train.ckpt_every=-1", "eval.enabled=false", "train.progress=false", "logger.wandb.mode=disabled",
-          "profiler.telemetry=false", "train.max_steps=1000000", "train.log_every=1000000"]
+COMMON = ["checkpoints.every=-1", "eval.enabled=false", "monitor.progress=false", "logger.wandb.mode=disabled",
+          "profiler.telemetry=false", "train.max_steps=1000000", "monitor.log_every=1000000"]
 
 
 def warm_checkpoint(data: str, steps: int, run_dir: Path) -> Path:
     """Train lego (the README's settings) for ``steps`` steps into ``run_dir``; its last checkpoint."""
     cmd = [sys.executable, "-m", "distnerf.train", f"run_dir={run_dir}", "dataset=blender", f"dataset.root={data}",
-           f"train.max_steps={steps}", f"train.ckpt_every={steps}", "eval.enabled=false", "train.progress=false",
+           f"train.max_steps={steps}", f"checkpoints.every={steps}", "eval.enabled=false", "monitor.progress=false",
            "logger.wandb.mode=disabled"]
     subprocess.run(cmd, check=True, cwd=ROOT)
     return sorted((run_dir / "checkpoints").glob("step_*"))[-1]

@@ -36,8 +36,8 @@ CONFIGS = {  # "LEGO" stands for the scene's folder (--data)
     "lego_grid": ["dataset=blender", "dataset.root=LEGO"],
     "lego_grid_64_rays": ["dataset=blender", "dataset.root=LEGO", "train.global_rays=64"],
     "smoke_grid": ["model=grid"],
-    # the static, sync-free step (train.samples_per_step; CUDA's default), the same options
-    "lego_grid_static": ["dataset=blender", "dataset.root=LEGO", "train.samples_per_step=65536"],
+    # the static, sync-free step (step.samples_per_step; CUDA's default), the same options
+    "lego_grid_static": ["dataset=blender", "dataset.root=LEGO", "step.samples_per_step=65536"],
     "smoke_ngp": ["model=ngp"],
 }
 
@@ -53,8 +53,8 @@ def config_overrides(name: str, lego: str | None) -> list[str]:
     if not (Path(lego) / "transforms_train.json").is_file():
         raise FileNotFoundError(f"configuration {name}: no lego scene at {lego} (no transforms_train.json)")
     return [o.replace("LEGO", str(lego)) for o in overrides]
-COMMON = ["experiment=smoke", "sampler=sync", "train.ckpt_every=-1", "eval.enabled=false", "train.progress=false",
-          "logger.wandb.mode=disabled", "profiler.telemetry=false", "train.max_steps=100000", "train.log_every=100000"]
+COMMON = ["experiment=smoke", "sampler=sync", "checkpoints.every=-1", "eval.enabled=false", "monitor.progress=false",
+          "logger.wandb.mode=disabled", "profiler.telemetry=false", "train.max_steps=100000", "monitor.log_every=100000"]
 WARMUP = 17
 
 

@@ -40,7 +40,7 @@ from bench.common import default_out, start_meta, write_result
 from distnerf.observe.logger import read_metrics_log
 
 LEGO = "../shared/data/nerf_synthetic_half/lego"
-COMMON = ["device=cpu", "train.progress=false", "train.ckpt_every=-1", "logger.wandb.mode=disabled"]
+COMMON = ["device=cpu", "monitor.progress=false", "checkpoints.every=-1", "logger.wandb.mode=disabled"]
 
 
 def train(cmd_prefix: list[str], run_dir: Path, overrides: list[str]) -> subprocess.CompletedProcess:
@@ -84,7 +84,7 @@ def overhead(args) -> dict:
     print(f"in-process instrumentation per step: {m['on']:.1f} us enabled, {m['off']:.1f} us disabled "
           f"(best of 2 x {args.iterations} steps; 10 phases + end_step)", flush=True)
     base = [sys.executable]
-    overrides = ["experiment=smoke", f"train.max_steps={args.steps}", "train.log_every=1", "eval.enabled=false",
+    overrides = ["experiment=smoke", f"train.max_steps={args.steps}", "monitor.log_every=1", "eval.enabled=false",
                  "sampler=sync", f"train.global_rays={args.rays}", "model.upsample_steps=[100000]"]
     medians = {"off": [], "default": []}
     with tempfile.TemporaryDirectory() as tmp:
@@ -123,7 +123,7 @@ def paired(args) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "conf"), version_base="1.3"):
             cfg = validate(compose("train", overrides=[
-                *COMMON, "experiment=smoke", f"train.max_steps={args.steps}", "train.log_every=1",
+                *COMMON, "experiment=smoke", f"train.max_steps={args.steps}", "monitor.log_every=1",
                 "eval.enabled=false", "sampler=sync", f"train.global_rays={args.rays}",
                 "model.upsample_steps=[100000]", f"run_dir={tmp}/run", "profiler.telemetry=false"]))
         Path(tmp, "run").mkdir()
@@ -162,7 +162,7 @@ def paired(args) -> dict:
 
 def runs(args) -> dict:
     prefix = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    common = ["dataset=blender", f"dataset.root={LEGO}", f"train.max_steps={args.steps}", "train.log_every=10",
+    common = ["dataset=blender", f"dataset.root={LEGO}", f"train.max_steps={args.steps}", "monitor.log_every=10",
               "eval.enabled=false", "profiler=trace", f"train.global_rays={args.rays}"]
     root = Path(args.run_root)
     result = {"settings": {"steps": args.steps, "rays": args.rays}, "runs": {}}

@@ -93,8 +93,8 @@ def train_run(args, kind: str, run_dir: Path) -> list[dict]:
         "-m", "distnerf.train"]
     workers = [] if kind == "sync" else [f"sampler.num_workers={args.num_workers}", f"sampler.prefetch={args.prefetch}"]
     cmd = base + [f"run_dir={run_dir}", *dataset_overrides(args.dataset), f"sampler={kind}", *workers,
-                  f"train.global_rays={args.global_rays}", f"train.max_steps={args.steps}", "train.log_every=1",
-                  "train.ckpt_every=-1", "train.progress=false", "eval.enabled=false", "logger.wandb.mode=disabled",
+                  f"train.global_rays={args.global_rays}", f"train.max_steps={args.steps}", "monitor.log_every=1",
+                  "checkpoints.every=-1", "monitor.progress=false", "eval.enabled=false", "logger.wandb.mode=disabled",
                   f"device={args.device}", *args.extra]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)

@@ -12,7 +12,7 @@ upsampling (step 10), then one more step under a :class:`~distnerf.observe.syncs
 ``Trainer.step_once`` (input, model update, forward and loss; ``agree``: the trainer's flags and the
 step's all-reduce launched; backward, regulariser, optimizer; ``step_sync``: the all-reduce read;
 ``end_step``: the profiler's; ``after_step``: the loop's work between steps, a metrics row every
-``train.log_every`` steps). For the marched models the next occupancy-refresh step is counted too
+``monitor.log_every`` steps). For the marched models the next occupancy-refresh step is counted too
 (``refresh_step``).
 
 Every event is labelled with the step's phase: the counter's ``section`` is a trainer phase hook
@@ -51,9 +51,9 @@ CONFIGS = {
     # lego's final grid size: the colour tables' sparse row branch runs (fewer corner references than rows)
     "grid_160": ["model=grid", "model.resolutions=[160]", "model.upsample_steps=[]"],
 }
-COMMON = ["experiment=smoke", "sampler=sync", "train.ckpt_every=-1", "eval.enabled=false", "train.progress=false",
+COMMON = ["experiment=smoke", "sampler=sync", "checkpoints.every=-1", "eval.enabled=false", "monitor.progress=false",
           "logger.wandb.mode=disabled", "profiler.telemetry=false", "train.max_steps=100000",
-          "train.log_every=100000"]
+          "monitor.log_every=100000"]
 MODEL = ("model_update", "graph", "forward", "backward", "regularizer", "optimizer")
 TRAINER = ("agree", "step_sync", "end_step", "after_step")
 INPUT = ("input_wait", "copy")

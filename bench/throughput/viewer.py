@@ -112,7 +112,7 @@ def train_once(run_dir: Path, steps: int, viewer: bool, client_cpu: float | None
                share: float | None = None) -> dict:
     port = free_port()
     args = [sys.executable, "-m", "distnerf.train", f"run_dir={run_dir}", f"train.max_steps={steps}",
-            "train.progress=false", "logger.wandb.mode=disabled"]
+            "monitor.progress=false", "logger.wandb.mode=disabled"]
     if viewer:
         args += ["viewer.enabled=true", f"viewer.port={port}"]
         if share is not None:

@@ -1,4 +1,4 @@
-"""The whole static training step replayed as one CUDA graph per grid stage (``train.cuda_graph=true``).
+"""The whole static training step replayed as one CUDA graph per grid stage (``step.cuda_graph=true``).
 
 A step of the static path (:mod:`.sample_budget`) has fixed shapes within a grid stage and reads nothing back
 to the host, so its forward, loss, backward, regulariser gradients and optimizer step can be recorded once and
@@ -20,7 +20,7 @@ grid stage) the step runs eagerly for ``warmup`` steps and is captured again. Ev
 step runs eagerly (on the same buffers) so the trainer's phase breakdown (forward, backward, regulariser,
 optimizer) has figures: a replay is one ``graph`` phase, opaque inside.
 
-Limits (:func:`check_graphable`): the static step (``train.samples_per_step`` > 0), one process (a gradient
+Limits (:func:`check_graphable`): the static step (``step.samples_per_step`` > 0), one process (a gradient
 all-reduce inside a graph is not attempted), ``model.compile=false`` (the graph records the eager operators),
 dense gradients (the sparse colour-row gradient's sizes depend on the data: ``model.sparse_grad`` is turned
 off, as DDP does), a loss divisor that needs no correction after the backward.
@@ -48,12 +48,12 @@ log = logging.getLogger("distnerf")
 
 
 def check_graphable(static: bool, world_size: int, compiled: bool) -> None:
-    """Raise ValueError naming what stops ``train.cuda_graph=true``: no static step (``static`` False:
-    ``train.samples_per_step`` 0, or null off CUDA), more than one process, or ``model.compile=true``. Called by
+    """Raise ValueError naming what stops ``step.cuda_graph=true``: no static step (``static`` False:
+    ``step.samples_per_step`` 0, or null off CUDA), more than one process, or ``model.compile=true``. Called by
     :func:`~.step_path.build_step`, at build time."""
     problems = []
     if not static:
-        problems.append("the static step (train.samples_per_step > 0, or null on CUDA, with a grid or ngp model "
+        problems.append("the static step (step.samples_per_step > 0, or null on CUDA, with a grid or ngp model "
                         "the static step covers)")
     if world_size > 1:
         problems.append(f"one process (world size {world_size}: a gradient all-reduce inside a graph is not supported)")
@@ -61,7 +61,7 @@ def check_graphable(static: bool, world_size: int, compiled: bool) -> None:
         problems.append("model.compile=false (the graph records the eager operators; model.compile_mode="
                         "reduce-overhead is torch.compile's own CUDA-graph route)")
     if problems:
-        raise ValueError("train.cuda_graph=true needs " + "; ".join(problems))
+        raise ValueError("step.cuda_graph=true needs " + "; ".join(problems))
 
 
 @dataclass
@@ -263,7 +263,7 @@ class GraphedStep:
         regulariser gradients, the optimizer's step. No host read, no allocation the next step needs."""
         model, b = self.model, self._buffers
         device = b["u"].device
-        with bf16_autocast(self.step.cfg.bf16, device, cache_enabled=False):
+        with bf16_autocast(self.step.bf16, device, cache_enabled=False):
             out, stats = self.step.budget.render_drawn(model, batch.rays, b["u"], background)
         error = ray_error(out, batch.rgb, batch.valid)
         (error.sse / b["divisor"]).backward()
@@ -287,7 +287,7 @@ class GraphedStep:
         self.graph, self._outputs, self._stats = graph, (out, error), stats
         optimizer.zero_grad(set_to_none=True)  # the graph keeps its gradient buffers (its pool)
         self.captures += 1
-        log.info("train.cuda_graph: step recorded as one CUDA graph (capture %d; %d rays, %d sample slots)",
+        log.info("step.cuda_graph: step recorded as one CUDA graph (capture %d; %d rays, %d sample slots)",
                  self.captures, len(batch.rays), self.step.budget.capacity)
 
     def metrics(self) -> dict[str, float]:

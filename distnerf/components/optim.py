@@ -11,7 +11,7 @@ from torch.optim.adam import adam as adam_update
 from ..distributed import accepts
 from ..model.base import RadianceModel
 from ..config_check import section
-from ..schema import TrainLoopConfig
+from ..schema import OptimConfig
 from .schedule import Clock, lr_factor
 
 
@@ -83,13 +83,13 @@ def _coalesced(grad: torch.Tensor) -> torch.Tensor:
 def build_optimizer(model: RadianceModel, cfg: Mapping, tensor_lr: bool = False) -> torch.optim.Optimizer:
     """:class:`LazyAdam` over ``model.param_groups(cfg.lr)``; each group remembers its base lr.
 
-    ``cfg``: the ``train`` config (``lr``, ``betas``, ``eps``, ``fused``; defaults: :class:`TrainLoopConfig`).
+    ``cfg``: the ``optim`` config (``lr``, ``betas``, ``eps``, ``fused``; defaults: :class:`OptimConfig`).
     ``tensor_lr``: for a compiled ``step`` (:class:`~.step.TrainStep` under ``model.compile``): each group's
     learning rate a 0-dim float32 tensor, changed in place by :func:`set_lr`, so the compiled step sees one value
     that changes, not a new constant each step (which would recompile it: PyTorch's compiled-optimizer recipe);
     ``capturable`` and not ``fused`` (below).
     """
-    cfg = section(TrainLoopConfig, cfg)
+    cfg = section(OptimConfig, cfg)
     groups = model.param_groups(float(cfg["lr"]))
     for g in groups:
         g["base_lr"] = g["lr"]
@@ -134,10 +134,10 @@ def rebuild_optimizer(old: torch.optim.Optimizer, model: RadianceModel, cfg: Map
     return new
 
 
-def set_lr(optimizer: torch.optim.Optimizer, clock: Clock | int, cfg: Mapping) -> float:
-    """Apply the schedule's learning rate at ``clock`` (:func:`.schedule.lr_factor`; an int: the
-    step, no budget); returns the factor."""
-    factor = lr_factor(clock, cfg)
+def set_lr(optimizer: torch.optim.Optimizer, clock: Clock | int, cfg: Mapping, train: Mapping | None = None) -> float:
+    """Apply the schedule's learning rate at ``clock`` (:func:`.schedule.lr_factor` of the ``optim`` config
+    ``cfg`` over the run's ``train`` config; an int: the step, no budget); returns the factor."""
+    factor = lr_factor(clock, cfg, train)
     for g in optimizer.param_groups:
         if torch.is_tensor(g["lr"]) and g["lr"].device == _device_of(g["params"]):
             g["lr"].fill_(g["base_lr"] * factor)  # build_optimizer(tensor_lr=True): in place, the same tensor

@@ -1,4 +1,4 @@
-"""The sample budget of a static training step (``train.samples_per_step``): its state, its rule, its report.
+"""The sample budget of a static training step (``step.samples_per_step``): its state, its rule, its report.
 
 A static step (:mod:`distnerf.model.marched_static`) renders the batch's R rays into P fixed sample
 slots. Instant-NGP and nerfacc keep about 2^18 samples a step; here, as there, the number of rays
@@ -33,7 +33,7 @@ from ..model.marched_static import check_static, field_fn_of, static_problems, s
 from ..renderer.output import RenderOutput
 from ..renderer.static import interval_slots
 
-AUTO_SAMPLES = 1 << 18  # train.samples_per_step=null on CUDA (Instant-NGP's and nerfacc's budget)
+AUTO_SAMPLES = 1 << 18  # step.samples_per_step=null on CUDA (Instant-NGP's and nerfacc's budget)
 STATIC_RAYS_PER_RANK = 1 << 14
 """``train.rays_per_rank`` when it and ``train.global_rays`` are null and the static step runs (CUDA): the batch the
 budget marches from. At lego's final stage a ray needs about 10 samples, so 4096 rays fill about 16% of
@@ -42,7 +42,7 @@ HEADROOM = 0.9  # the fraction of the slots the rule aims at: about 1 overflowed
 
 
 def auto_budget_on(device: torch.device | str) -> bool:
-    """Whether ``train.samples_per_step`` null means the static step on ``device``: CUDA, where a step's
+    """Whether ``step.samples_per_step`` null means the static step on ``device``: CUDA, where a step's
     host reads stall the device (the CPU keeps the dynamic step, faster there: bench/throughput/README.md,
     "Which step the CPU takes"). The one place this choice is made (:func:`resolve_samples_per_step`,
     :func:`static_by_default`)."""
@@ -50,7 +50,7 @@ def auto_budget_on(device: torch.device | str) -> bool:
 
 
 def resolve_samples_per_step(value: int | None, model, device: torch.device | None = None) -> int:
-    """``train.samples_per_step`` as an int: ``value``, or for null (auto) :data:`AUTO_SAMPLES` where the
+    """``step.samples_per_step`` as an int: ``value``, or for null (auto) :data:`AUTO_SAMPLES` where the
     training ``device`` (default: that of ``model``'s parameters) is CUDA and the static step covers
     ``model`` (:func:`~distnerf.model.marched_static.check_static`), else 0 (the dynamic step)."""
     if value is not None:
@@ -69,10 +69,10 @@ def resolve_samples_per_step(value: int | None, model, device: torch.device | No
 
 def static_by_default(cfg, device: torch.device | str) -> bool:
     """Whether a run of the validated config ``cfg`` on ``device`` takes the static step with the automatic
-    budget (``train.samples_per_step`` null) before any model is built: CUDA, and the model's options covered
+    budget (``step.samples_per_step`` null) before any model is built: CUDA, and the model's options covered
     (:func:`~distnerf.model.marched_static.static_problems`, the rule :func:`resolve_samples_per_step` applies
     to the built model; ``strategy=ss``'s region models are not covered)."""
-    if cfg.train.samples_per_step is not None or not auto_budget_on(device):
+    if cfg.step.samples_per_step is not None or not auto_budget_on(device):
         return False
     m = cfg.model
     if m.name not in ("grid", "ngp"):  # the marched models (schema.MarchedModelConfig): the keys below are theirs
@@ -95,7 +95,7 @@ class SampleBudget:
 
     def __init__(self, model, capacity: int, headroom: float = HEADROOM):
         if capacity < 1:
-            raise ValueError(f"train.samples_per_step: {capacity} slots (must be >= 1, or 0 for off)")
+            raise ValueError(f"step.samples_per_step: {capacity} slots (must be >= 1, or 0 for off)")
         check_static(model)
         self.capacity, self.headroom = int(capacity), float(headroom)
         self.active: torch.Tensor | None = None  # () int64 on the device: the rays the next step marches

@@ -1,7 +1,8 @@
 """Training schedules: the learning rate and the model's stage changes (grid upsampling), keyed
 to the step, or to the time budget when one is set.
 
-The rule (stated once; ``train`` config, :class:`distnerf.schema.TrainLoopConfig`):
+The rule (stated once; the ``optim`` config, :class:`distnerf.schema.OptimConfig`, over the run's length in the
+``train`` config, :class:`distnerf.schema.TrainLoopConfig`):
 
 * **No time budget** (``train.max_minutes = 0``): everything follows the step.
   ``lr(step) = lr * decay ** (step / decay_steps)`` after a linear warm-up of ``warmup_steps``
@@ -33,7 +34,7 @@ The rule (stated once; ``train`` config, :class:`distnerf.schema.TrainLoopConfig
   - the grid's stages follow the step (``model.upsample_steps``) by default: a stage must not
     begin before the coarse grid has carved the empty space, and that takes steps, not seconds.
     Measured (``bench/quality/budget.sh 2 25``, ``bench/quality/results/lego_budget/``): keying the stages to the
-    budget as well (``train.schedule_steps=1000``: stage ``i`` at step ``upsample_steps[i]`` or at
+    budget as well (``optim.schedule_steps=1000``: stage ``i`` at step ``upsample_steps[i]`` or at
     ``p >= upsample_steps[i] / schedule_steps``, whichever first; the stage clock
     ``max(step, floor(p * schedule_steps))``) moved lego's first stage to step ~30 of a 2-minute
     run, left 112 samples per ray where the step schedule had 35 and scored 19.0 dB on 25 views,
@@ -53,7 +54,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from ..config_check import section
-from ..schema import DEFAULT_MAX_STEPS, TrainLoopConfig
+from ..schema import DEFAULT_MAX_STEPS, OptimConfig, TrainLoopConfig
 
 
 @dataclass(frozen=True)
@@ -70,12 +71,12 @@ class Clock:
     budget_fraction: float | None = None
 
 
-def budgeted(cfg: Mapping) -> bool:
+def budgeted(cfg: Mapping | None) -> bool:
     """Whether ``cfg`` (the ``train`` config) sets a time budget (``max_minutes > 0``)."""
     return float(section(TrainLoopConfig, cfg).max_minutes) > 0
 
 
-def step_limit(cfg: Mapping) -> float:
+def step_limit(cfg: Mapping | None) -> float:
     """The step the loop stops at: ``max_steps``; when it is null, 1000 without a time budget
     and no limit (``inf``) with one (the budget stops the run)."""
     cfg = section(TrainLoopConfig, cfg)
@@ -84,8 +85,9 @@ def step_limit(cfg: Mapping) -> float:
     return math.inf if budgeted(cfg) else DEFAULT_MAX_STEPS
 
 
-def lr_factor(clock: Clock | int, cfg: Mapping) -> float:
-    """Multiplier of every group's base learning rate at ``clock`` (an int: the step, no budget).
+def lr_factor(clock: Clock | int, cfg: Mapping, train: Mapping | None = None) -> float:
+    """Multiplier of every group's base learning rate at ``clock`` (an int: the step, no budget): ``cfg`` the
+    ``optim`` config, ``train`` the ``train`` config (the run's length; None: the schema's defaults).
 
     ``decay ** (step / decay_steps)`` without a budget, ``decay ** (max(p - decay_start, 0) /
     (1 - decay_start))`` with one (and without one when ``decay_steps`` is null, with
@@ -93,11 +95,11 @@ def lr_factor(clock: Clock | int, cfg: Mapping) -> float:
     linear warm-up ``(step + 1) / warmup_steps`` during the first ``warmup_steps`` steps.
     """
     clock = clock if isinstance(clock, Clock) else Clock(int(clock))
-    cfg = section(TrainLoopConfig, cfg)
+    cfg = section(OptimConfig, cfg)
     if clock.budget_fraction is None and cfg.decay_steps is not None:
         factor = cfg.decay ** (clock.step / cfg.decay_steps)
     else:  # a budget, or the steps' own fraction of the run (decay_steps null)
-        p = clock.budget_fraction if clock.budget_fraction is not None else clock.step / step_limit(cfg)
+        p = clock.budget_fraction if clock.budget_fraction is not None else clock.step / step_limit(train)
         start = float(cfg.decay_start)
         p = min(max(p, 0.0), 1.0)
         factor = cfg.decay ** (max(p - start, 0.0) / (1.0 - start))
@@ -108,11 +110,11 @@ def lr_factor(clock: Clock | int, cfg: Mapping) -> float:
 
 def stage_step(clock: Clock | int, cfg: Mapping) -> int:
     """The step the model's stage changes read (``model.upsample_steps`` are compared with it):
-    the step without a budget, ``max(step, floor(p * schedule_steps))`` with one."""
+    the step without a budget, ``max(step, floor(p * schedule_steps))`` with one (``cfg``: the ``optim`` config)."""
     clock = clock if isinstance(clock, Clock) else Clock(int(clock))
     if clock.budget_fraction is None:
         return clock.step
-    cfg = section(TrainLoopConfig, cfg)
+    cfg = section(OptimConfig, cfg)
     if cfg.schedule_steps is None:  # the default: stages by step under a budget too
         return clock.step
     return max(clock.step, math.floor(max(clock.budget_fraction, 0.0) * cfg.schedule_steps))

@@ -20,7 +20,7 @@ import torch
 from ..model.base import RadianceModel
 from ..renderer.output import RenderOutput
 from ..config_check import section
-from ..schema import TrainLoopConfig
+from ..schema import OptimConfig, TrainLoopConfig
 from .loss import RayError, ray_error
 from .optim import build_optimizer, rebuild_optimizer, set_lr
 from .regularizer import add_regularizer_grads_
@@ -31,7 +31,7 @@ Phase = Callable[[str], ContextManager]
 
 
 def records_graph(device: torch.device | str) -> bool:
-    """Whether ``train.cuda_graph`` records the static step as a CUDA graph and replays it on ``device``: CUDA.
+    """Whether ``step.cuda_graph`` records the static step as a CUDA graph and replays it on ``device``: CUDA.
     Elsewhere :class:`~.graphed_step.GraphedStep` runs the same body uncaptured on the same buffers, and the
     optimizer keeps float learning rates (the CPU's Adam cannot be ``capturable``). The one place the graph
     path is chosen (the step's learning rates, the graphed step, the trainer's log line); a device fact, so
@@ -45,7 +45,7 @@ def no_phase(name: str) -> ContextManager:
 
 
 def bf16_autocast(enabled: bool, device: torch.device, cache_enabled: bool = True) -> ContextManager:
-    """``train.bf16``: the training render under torch's bf16 autocast on ``device``'s type, CUDA or the CPU
+    """``step.bf16``: the training render under torch's bf16 autocast on ``device``'s type, CUDA or the CPU
     (the operators autocast lists, matrix products among them, run in bfloat16; the loss, the backward's
     accumulation into float32 parameters and the optimizer stay float32). ``cache_enabled=False`` inside a
     CUDA graph's body (PyTorch: autocast's weight cache must not outlive a capture). The one place the step
@@ -63,7 +63,7 @@ def render_batch(module: torch.nn.Module, batch, budget: SampleBudget | None = N
             (int: the stratified-sampling stream of this batch).
         budget: the static step's sample budget, passed to the model's forward (P fixed sample slots), or None:
             the dynamic render (the model's forward is called without it).
-        bf16: ``train.bf16`` (:func:`bf16_autocast`).
+        bf16: ``step.bf16`` (:func:`bf16_autocast`).
     Returns:
         (the model's outputs, their :class:`~.loss.RayError`: ``sse``, the scalar float32 summed error over valid
         rays, and the per-row error).
@@ -82,9 +82,11 @@ class TrainStep:
 
     Args:
         model: the (unwrapped) radiance model; its ``param_groups`` give the optimizer groups.
-        optim_cfg: ``train`` config: ``lr``, the schedule (``decay``, ``decay_steps``, ``warmup_steps``,
-            ``max_minutes``, ``schedule_steps``: :mod:`.schedule`), ``eps``, ``fused`` (:mod:`.optim`) and
-            ``bf16`` (``samples_per_step`` is read by the builder, not here).
+        optim_cfg: the ``optim`` config: ``lr``, the schedule (``decay``, ``decay_steps``, ``warmup_steps``,
+            ``schedule_steps``: :mod:`.schedule`), ``betas``, ``eps``, ``fused`` (:mod:`.optim`).
+        train_cfg: the ``train`` config: the run's length the schedule reads (``max_steps``, ``max_minutes``);
+            None: the schema's defaults.
+        bf16: ``step.bf16`` (the step's other keys are read by the builder, not here).
         phase: ``phase(name)`` context manager around ``forward``, ``backward``, ``regularizer`` and
             ``optimizer`` (the trainer's step breakdown and its phase hooks); default: nothing.
         budget: the static step's sample budget (:mod:`.sample_budget`), or None: the dynamic step.
@@ -97,13 +99,14 @@ class TrainStep:
             (``inductor``; the tests' ``aot_eager``).
     """
 
-    def __init__(self, model: RadianceModel, optim_cfg, phase: Phase = no_phase, budget: SampleBudget | None = None,
-                 compile_optimizer: bool = False, tensor_lr: bool = False, compile_mode: str | None = None,
-                 compile_backend: str = "inductor"):
-        self.model, self.cfg, self.phase, self.budget = model, section(TrainLoopConfig, optim_cfg), phase, budget
+    def __init__(self, model: RadianceModel, optim_cfg, train_cfg=None, *, bf16: bool = False,
+                 phase: Phase = no_phase, budget: SampleBudget | None = None, compile_optimizer: bool = False,
+                 tensor_lr: bool = False, compile_mode: str | None = None, compile_backend: str = "inductor"):
+        self.model, self.cfg, self.phase, self.budget = model, section(OptimConfig, optim_cfg), phase, budget
+        self.train_cfg, self.bf16 = section(TrainLoopConfig, train_cfg), bool(bf16)
         self.compiled_optimizer, self.tensor_lr = bool(compile_optimizer), bool(tensor_lr or compile_optimizer)
         self._compile = (compile_mode, compile_backend)
-        self.optimizer = build_optimizer(model, optim_cfg, tensor_lr=self.tensor_lr)
+        self.optimizer = build_optimizer(model, self.cfg, tensor_lr=self.tensor_lr)
         self._optimizer_step = self._compiled_step()
 
     def _compiled_step(self):
@@ -134,12 +137,12 @@ class TrainStep:
             True when the model replaced parameter tensors (the optimizer was rebuilt, keeping
             the state of unchanged tensors; a data-parallel wrapper must be rebuilt too).
         """
-        clock = Clock(step, budget_fraction if budgeted(self.cfg) else None)
+        clock = Clock(step, budget_fraction if budgeted(self.train_cfg) else None)
         replaced = bool(self.model.update_state(step, stage_step(clock, self.cfg)))
         if replaced:
             self.optimizer = rebuild_optimizer(self.optimizer, self.model, self.cfg, tensor_lr=self.tensor_lr)
             self._optimizer_step = self._compiled_step()
-        set_lr(self.optimizer, clock, self.cfg)
+        set_lr(self.optimizer, clock, self.cfg, self.train_cfg)
         return replaced
 
     def collapsed(self) -> list[str]:
@@ -160,7 +163,7 @@ class TrainStep:
             (outputs of the model, its :class:`~.loss.RayError`: ``sse``, the scalar float32 summed
             error over valid rays the caller normalises for :meth:`update`, and the per-row error).
         """
-        return render_batch(module, batch, self.budget, self.cfg.bf16)
+        return render_batch(module, batch, self.budget, self.bf16)
 
     def run(self, module: torch.nn.Module, batch, step: int, normalizer: Callable, agree: Callable,
             after_backward: Callable) -> tuple:

@@ -3,14 +3,14 @@
 Five paths from four switches, decided here once, at build time:
 
 ============================  ==============================  =================================================
-``train.samples_per_step``    ``model.compile``               step
+``step.samples_per_step``    ``model.compile``               step
 ============================  ==============================  =================================================
 0 (null on the CPU)           false                           dynamic eager (:class:`~.step.TrainStep`, no budget)
 0 (null on the CPU)           true                            dynamic, the model compiled in place
 > 0 (null on CUDA: 2^18)      false                           static eager (:class:`~.step.TrainStep` with a
                                                               :class:`~.sample_budget.SampleBudget`)
 > 0 (null on CUDA: 2^18)      true                            static, its render compiled ``fullgraph=True``
-> 0, ``train.cuda_graph``     false                           the whole static step replayed as a CUDA graph
+> 0, ``step.cuda_graph``     false                           the whole static step replayed as a CUDA graph
                                                               (:class:`~.graphed_step.GraphedStep`)
 ============================  ==============================  =================================================
 
@@ -24,7 +24,7 @@ import torch
 
 from ..config_check import ConfigError, section
 from ..model.base import RadianceModel
-from ..schema import TrainLoopConfig
+from ..schema import StepConfig
 from .graphed_step import GraphedStep, check_graphable
 from .sample_budget import SampleBudget, resolve_samples_per_step
 from .step import Phase, TrainStep, no_phase, records_graph
@@ -39,31 +39,33 @@ def use_dense_gradients(model: torch.nn.Module) -> None:
             module.sparse_grad = False
 
 
-def build_step(model: RadianceModel, train_cfg, device: torch.device | str, world_size: int = 1,
+def build_step(model: RadianceModel, step_cfg, device: torch.device | str, world_size: int = 1,
                compile: bool = False, compile_mode: str | None = None, phase: Phase = no_phase,
-               dense_gradients: bool = False, compile_backend: str = "inductor") -> TrainStep | GraphedStep:
+               dense_gradients: bool = False, compile_backend: str = "inductor", optim_cfg=None,
+               train_cfg=None) -> TrainStep | GraphedStep:
     """The training step of ``model`` on ``device`` (the module docstring's table).
 
-    ``train.samples_per_step`` is resolved here (:func:`~.sample_budget.resolve_samples_per_step`, with the
+    ``step.samples_per_step`` is resolved here (:func:`~.sample_budget.resolve_samples_per_step`, with the
     training device), and ``model.sparse_grad`` is turned off here, on ``model`` and every radiance model in it,
     where the gradients must be dense: ``dense_gradients`` (the strategy's wrapper all-reduces dense buckets:
-    :meth:`~distnerf.strategy.base.Strategy.dense_gradients`) or ``train.cuda_graph`` (a sparse gradient's sizes
+    :meth:`~distnerf.strategy.base.Strategy.dense_gradients`) or ``step.cuda_graph`` (a sparse gradient's sizes
     depend on the data: not recordable). ``model.compile`` compiles the dynamic step's model in place (a strategy's
     re-wrap keeps it), or the static step's render (``fullgraph=True``) and its optimizer's step.
 
     Args:
         model: the unwrapped radiance model, on ``device``.
-        train_cfg: the ``train`` config (:class:`~distnerf.schema.TrainLoopConfig`).
+        step_cfg: the ``step`` config (:class:`~distnerf.schema.StepConfig`).
         device: the training device; world_size: the processes training together.
         compile, compile_mode: ``model.compile`` and ``model.compile_mode``.
         phase: the step's phase context (the trainer's timer and hooks).
         dense_gradients: the strategy needs dense gradients.
         compile_backend: torch.compile's backend (``inductor``; the tests' ``aot_eager``).
+        optim_cfg, train_cfg: the ``optim`` and ``train`` configs (:class:`~.step.TrainStep`; None: the defaults).
     Raises:
-        ConfigError (a ValueError): ``train.samples_per_step`` > 0 with a model the static step does not cover;
-            ``train.cuda_graph=true`` without the static step, with ``world_size`` > 1 or ``model.compile=true``.
+        ConfigError (a ValueError): ``step.samples_per_step`` > 0 with a model the static step does not cover;
+            ``step.cuda_graph=true`` without the static step, with ``world_size`` > 1 or ``model.compile=true``.
     """
-    cfg = section(TrainLoopConfig, train_cfg)
+    cfg = section(StepConfig, step_cfg)
     samples = resolve_samples_per_step(cfg.samples_per_step, model, device)
     try:
         if cfg.cuda_graph:
@@ -83,5 +85,7 @@ def build_step(model: RadianceModel, train_cfg, device: torch.device | str, worl
     # lr tensors for a step that is recorded: compiled, or a CUDA graph (on the CPU the graph's body runs
     # uncaptured and reads the floats: the CPU's Adam cannot be capturable, a tensor lr would be read there)
     tensor_lr = compile_optimizer or (bool(cfg.cuda_graph) and records_graph(device))
-    step = TrainStep(model, cfg, phase, budget, compile_optimizer, tensor_lr, compile_mode, compile_backend)
-    return GraphedStep(step, probe_every=cfg.graph_probe_every) if cfg.cuda_graph else step
+    step = TrainStep(model, optim_cfg, train_cfg, bf16=cfg.bf16, phase=phase, budget=budget,
+                     compile_optimizer=compile_optimizer, tensor_lr=tensor_lr, compile_mode=compile_mode,
+                     compile_backend=compile_backend)
+    return GraphedStep(step, probe_every=cfg.probe_every) if cfg.cuda_graph else step

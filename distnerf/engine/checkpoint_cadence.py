@@ -2,9 +2,9 @@
 
 The file names and the manifest are :mod:`distnerf.checkpoint`'s; the strategy writes
 and reads the model files (``model.pt`` under ``ddp``, one file per region under
-``ss``); this module owns the cadence (``train.ckpt_every``, ``train.ckpt_every_minutes``,
-``train.ckpt_minutes``, ``train.keep_checkpoints``, the final save), the per-rank RNG and
-sampler state, and the background write (``train.ckpt_async``).
+``ss``); this module owns the cadence (``checkpoints.every``, ``checkpoints.every_minutes``,
+``checkpoints.at_minutes``, ``checkpoints.keep``, the final save), the per-rank RNG and
+sampler state, and the background write (``checkpoints.background``).
 
 Off the critical path. A periodic checkpoint costs the loop one copy of the state to the host
 (parameters, optimizer moments, RNG and sampler state: :func:`host_copy`); a background thread
@@ -30,8 +30,10 @@ from pathlib import Path
 import torch
 
 from .. import checkpoint as ckpt
+from ..config_check import section
 from ..fileio import CheckpointWriteError, atomic_torch_save
 from .. import distributed as D
+from ..schema import CheckpointsConfig
 
 log = logging.getLogger("distnerf")
 
@@ -53,30 +55,30 @@ class Checkpointer:
 
     Args:
         root: ``RUN/checkpoints``.
-        train_cfg: the ``train`` config (``ckpt_every``: steps between checkpoints, 0 only a
-            final one, -1 none; ``ckpt_every_minutes``: a checkpoint every this many minutes of
-            training time, 0 off; ``ckpt_minutes``: extra checkpoints at these training-time
-            marks; ``keep_checkpoints``; ``ckpt_async``: periodic saves written in the background).
+        cfg: the ``checkpoints`` config (``every``: steps between checkpoints, 0 only a
+            final one, -1 none; ``every_minutes``: a checkpoint every this many minutes of
+            training time, 0 off; ``at_minutes``: extra checkpoints at these training-time
+            marks; ``keep``; ``background``: periodic saves written in the background).
         strategy: writes and reads the model files, names the main rank, holds the barrier.
         hashes: config hashes recorded in the manifest; resume refuses a checkpoint whose
             hashes differ (:func:`distnerf.checkpoint.check_compatible`).
     """
 
-    def __init__(self, root: Path, train_cfg, strategy, hashes: dict):
-        self.root, self.cfg, self.strategy, self.hashes = Path(root), train_cfg, strategy, hashes
+    def __init__(self, root: Path, cfg, strategy, hashes: dict):
+        self.root, self.cfg, self.strategy, self.hashes = Path(root), section(CheckpointsConfig, cfg), strategy, hashes
         self.env = strategy.env
         self.marks: list[float] = []  # training-time marks (s) still ahead
-        self.period = 60.0 * float(train_cfg.ckpt_every_minutes)  # s of training time; 0: off
+        self.period = 60.0 * float(self.cfg.every_minutes)  # s of training time; 0: off
         self.next_periodic = math.inf
         self._pending: tuple[threading.Thread, dict] | None = None
         # the background commit's collectives run on a group of their own (collective: every rank builds
         # its Checkpointer at the same point of set-up)
-        self.commit_env = D.new_host_group(self.env) if train_cfg.ckpt_async else self.env
+        self.commit_env = D.new_host_group(self.env) if self.cfg.background else self.env
 
     def start(self, train_seconds: float) -> None:
         """Arm the time marks still ahead of ``train_seconds`` (a resumed run skips those passed) and
-        the periodic cadence's next multiple of ``ckpt_every_minutes``."""
-        self.marks = [m for m in sorted(60.0 * float(m) for m in self.cfg.ckpt_minutes) if m > train_seconds]
+        the periodic cadence's next multiple of ``every_minutes``."""
+        self.marks = [m for m in sorted(60.0 * float(m) for m in self.cfg.at_minutes) if m > train_seconds]
         if self.period > 0:
             self.next_periodic = (math.floor(train_seconds / self.period) + 1) * self.period
 
@@ -84,7 +86,7 @@ class Checkpointer:
         return min(self.marks[0] if self.marks else math.inf, self.next_periodic)
 
     def mark_passed(self, train_seconds: float) -> bool:
-        """Whether this rank's training time passed the next mark or multiple of ``ckpt_every_minutes``
+        """Whether this rank's training time passed the next mark or multiple of ``every_minutes``
         (a per-step flag all ranks agree on)."""
         return train_seconds >= self._next_due()
 
@@ -103,12 +105,12 @@ class Checkpointer:
                 return
 
     def due(self, step: int) -> bool:
-        """Whether the ``ckpt_every`` cadence saves after ``step`` steps."""
-        return self.cfg.ckpt_every > 0 and step % self.cfg.ckpt_every == 0
+        """Whether the ``every`` cadence saves after ``step`` steps."""
+        return self.cfg.every > 0 and step % self.cfg.every == 0
 
     def final_wanted(self, stop_reason: str) -> bool:
-        """A final checkpoint, unless ``ckpt_every=-1``; always after a stop signal."""
-        return self.cfg.ckpt_every >= 0 or stop_reason == "signal"
+        """A final checkpoint, unless ``every=-1``; always after a stop signal."""
+        return self.cfg.every >= 0 or stop_reason == "signal"
 
     def save(self, step: int, train_seconds: float, model, optimizer, sampler, budget_state: dict,
              at_mark: bool = False, background: bool = False) -> Path:
@@ -118,7 +120,7 @@ class Checkpointer:
         ``at_mark``: this save answers a time mark (the mark is consumed). ``budget_state``: the
         time budget's clock (:meth:`distnerf.components.schedule.BudgetClock.state_dict`:
         ``budget_fraction``, ``budget_minutes``), saved in the trainer state and restored on resume.
-        ``background`` (with ``train.ckpt_async``): return after the host copy; the files are written
+        ``background`` (with ``checkpoints.background``): return after the host copy; the files are written
         and committed by a thread (module docstring), and the directory is committed only later.
 
         Raises:
@@ -142,7 +144,7 @@ class Checkpointer:
         except OSError as err:
             failed = str(err)
         job = {"dir": d, "step": step, "files": files, "failed": failed, "error": None}
-        if background and self.cfg.ckpt_async:
+        if background and self.cfg.background:
             thread = threading.Thread(target=self._write_and_commit, args=(job,), name=f"checkpoint-{step}",
                                       daemon=True)  # a dying process is not held by it: its directory stays uncommitted
             thread.start()
@@ -219,7 +221,7 @@ class Checkpointer:
                 log.error("%s (training goes on until the next checkpoint, where the run stops)", job["error"])
             return
         if self.env.is_main:
-            ckpt.prune(self.root, self.cfg.keep_checkpoints)
+            ckpt.prune(self.root, self.cfg.keep)
 
     # ----------------------------------------------------------------- resume
     def find_resume(self, resume: bool) -> Path | None:

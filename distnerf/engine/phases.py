@@ -19,7 +19,7 @@ PhaseHook = Callable[[str], ContextManager]
 PHASES = ("input_wait", "copy", "model_update", "forward", "graph", "agree", "backward", "regularizer", "optimizer",
           "step_sync", "end_step", "after_step")
 """The phases of :meth:`~.trainer.Trainer.step_once`, in the order a step enters them (``graph``: a replayed CUDA graph,
-``train.cuda_graph``, instead of ``forward`` ... ``optimizer``, and then ``agree`` comes after it). Timed by the
+``step.cuda_graph``, instead of ``forward`` ... ``optimizer``, and then ``agree`` comes after it). Timed by the
 step breakdown: ``input_wait`` ... ``optimizer`` (and ``graph``) and ``step_sync``. Not timed: ``agree`` (the step
 agreement launched), ``end_step`` (the profiler's end of the step) and ``after_step`` (the logs, validation,
 checkpoint, the live viewer: outside the step's time)."""

@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 
 from .. import checkpoint as ckpt
 from ..model import build_model
-from ..config_check import ConfigError, validate
+from ..config_check import ConfigError, refuse_moved_keys, upgrade_config, validate
 from ..schema import RenderConfig
 
 
@@ -31,7 +31,9 @@ def load_run_config(argv: list[str], prog: str = "distnerf.render"):
     if not path.exists():
         raise FileNotFoundError(f"{path}: not a distnerf run directory (no config.yaml)")
     try:
-        cfg = validate(OmegaConf.merge(OmegaConf.load(path), cli), root=RenderConfig)
+        refuse_moved_keys(argv)
+        # a run directory from before the train section was split by concern: its keys moved first
+        cfg = validate(OmegaConf.merge(upgrade_config(OmegaConf.load(path)), cli), root=RenderConfig)
     except ConfigError as err:
         raise ConfigError(f"{path} with {' '.join(argv)}: {err}") from None
     return cfg, Path(run_dir).resolve()

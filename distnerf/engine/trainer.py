@@ -89,12 +89,12 @@ class Trainer:
         self.stop = stop if stop is not None else D.StopRequest()
         # observers of every step's phases (phases.PHASES), in the loop's thread: phase's docstring
         self.phase_hooks: list[PhaseHook] = []
-        self._bar = None  # fit's progress bar (the main rank's, train.progress)
+        self._bar = None  # fit's progress bar (the main rank's, monitor.progress)
         self.device = self.env.device
         D.seed_everything(cfg.seed)  # identical model initialisation on every rank
         # sampler.cache_dir: pixels decoded image by image into a memory-mapped cache, never all in RAM
         self.train_scene = load_scene(cfg.dataset, "train", pixels=pixel_source(cfg.sampler))
-        for split in (["test"] if cfg.eval.enabled else []) + (["val"] if cfg.train.val_every else []):
+        for split in (["test"] if cfg.eval.enabled else []) + (["val"] if cfg.monitor.val_every else []):
             # a missing or wrong-size evaluation image fails now, not after training (files and headers
             # only: the pixels are decoded when the split is evaluated)
             load_scene(cfg.dataset, split, pixels=undecoded)
@@ -122,7 +122,7 @@ class Trainer:
         # the data as found (dataset.root is not hashed: moved data resumes, the same data only)
         scene = self.train_scene
         hashes["data"] = ckpt.data_hash(scene.image_paths, scene.source, (scene.height, scene.width))
-        self.checkpointer = Checkpointer(self.run_dir / "checkpoints", cfg.train, strategy, hashes)
+        self.checkpointer = Checkpointer(self.run_dir / "checkpoints", cfg.checkpoints, strategy, hashes)
         self.step, self.train_seconds = 0, 0.0
         self.budget_clock = BudgetClock(cfg.train)  # the schedule's p, agreed across ranks (None: no budget)
         resume_from = self.checkpointer.find_resume(cfg.resume)
@@ -150,11 +150,11 @@ class Trainer:
             self.logger.log({"step": self.step, "event": "resumed", "checkpoint": resume_from.name,
                              "torchrun_restart": self.env.restart_count})
         if self.env.is_main:
-            log.info("schedule: %s", cfg.train.schedule)
+            log.info("schedule: %s", cfg.optim.schedule)
             log.info("global batch %d rays, %s: %s; lr %.3g (per-group multipliers from the model), not scaled "
                      "with the global batch: the loss is its mean (bench/scaling/README.md measures W = 1, 2, 4)",
                      self.global_rays, describe_batch_rule(cfg.train), strategy.describe_batch(self.global_rays),
-                     cfg.train.lr)
+                     cfg.optim.lr)
 
     def activity(self) -> tuple[int, str, float]:
         """(step, phase last entered, its wall-clock start): what this rank is doing
@@ -168,7 +168,7 @@ class Trainer:
     def save_checkpoint(self, at_mark: bool = False, background: bool = False) -> Path:
         """Write ``step_N/`` for the current step (collective; :meth:`Checkpointer.save`), after the
         strategy has checked the exchange that made these parameters (:meth:`Strategy.check_exchange`).
-        ``background``: the periodic saves (with ``train.ckpt_async``), committed by a thread later."""
+        ``background``: the periodic saves (with ``checkpoints.background``), committed by a thread later."""
         self.strategy.check_exchange()
         return self.checkpointer.save(self.step, self.train_seconds, self.model, self.optimizer, self.sampler,
                                       self.budget_clock.state_dict(self.step), at_mark, background)
@@ -196,8 +196,9 @@ class Trainer:
     def _build_step(self):
         """The step of the path the config chooses (:func:`~distnerf.components.step_path.build_step`)."""
         model_cfg = self.cfg.model
-        return build_step(self.model, self.cfg.train, self.device, self.env.world_size, bool(model_cfg.compile),
-                          model_cfg.compile_mode, self.phase, self.strategy.dense_gradients())
+        return build_step(self.model, self.cfg.step, self.device, self.env.world_size, bool(model_cfg.compile),
+                          model_cfg.compile_mode, self.phase, self.strategy.dense_gradients(),
+                          optim_cfg=self.cfg.optim, train_cfg=self.cfg.train)
 
     def start_from(self, ckpt_dir: Path) -> int:
         """Continue from a checkpoint's model weights only (``ckpt_dir``: a ``step_N/`` directory of a run of the
@@ -213,14 +214,14 @@ class Trainer:
         return self.step
 
     def _log_step_path(self) -> None:
-        """``train.cuda_graph``: the main rank logs how the graphed step runs on this device."""
-        if not self.cfg.train.cuda_graph or not self.env.is_main:
+        """``step.cuda_graph``: the main rank logs how the graphed step runs on this device."""
+        if not self.cfg.step.cuda_graph or not self.env.is_main:
             return
         how = ("is recorded as one CUDA graph once per grid stage (after %d eager steps) and replayed" %
                self.train_step.warmup if records_graph(self.device) else
                "runs uncaptured on the graph's fixed buffers (the CPU has no CUDA graphs: a check, not faster)")
-        log.info("train.cuda_graph: the whole step %s; an eager probe step every %s steps", how,
-                 self.cfg.train.graph_probe_every or "no")
+        log.info("step.cuda_graph: the whole step %s; an eager probe step every %s steps", how,
+                 self.cfg.step.probe_every or "no")
 
     # ----------------------------------------------------------------- loop
     def phase(self, name: str, timed: bool = True) -> ContextManager:
@@ -355,7 +356,7 @@ class Trainer:
         """One step of the loop (:meth:`fit`'s body): the step (:meth:`_run_step`), its stops (a non-finite loss or an
         emptied occupancy grid on any rank raise, after closing the trainer), ``self.step`` advanced, the profiler's
         end of the step; then, outside the step's time (the ``after_step`` phase), the metrics row every
-        ``train.log_every`` steps, validation, a checkpoint when due, the live viewer. Every phase is observable
+        ``monitor.log_every`` steps, validation, a checkpoint when due, the live viewer. Every phase is observable
         through :attr:`phase_hooks` (:meth:`phase`).
 
         Returns:
@@ -386,16 +387,16 @@ class Trainer:
     def _after_step(self, out, batch, error: RayError, agreed: StepAgreement, step_seconds: float) -> None:
         """Between steps, in this thread: the metrics row, validation, a checkpoint, the live viewer."""
         total, bar = agreed.total, self._bar
-        if self.step % self.cfg.train.log_every == 0 or self.step == self.max_steps:
+        if self.step % self.cfg.monitor.log_every == 0 or self.step == self.max_steps:
             self._log_step(out, batch, error, total.valid_rays, agreed.mine.valid_rays, step_seconds, bar)
         if bar is not None:
             bar.update(1)
-        val_every = self.cfg.train.val_every
+        val_every = self.cfg.monitor.val_every
         if val_every and self.step % val_every == 0:
             self.timer.mark("evaluate")  # outside the step: named for hang reports, not timed
             self._settle_nonfinite()
             self.evaluate_val()
-        # some rank passed a time mark (everyone saves at this step), or the ckpt_every cadence
+        # some rank passed a time mark (everyone saves at this step), or the checkpoints.every cadence
         if total.at_mark or self.checkpointer.due(self.step):
             self.timer.mark("checkpoint")  # its barrier waits for every rank
             self._settle_nonfinite()
@@ -424,7 +425,7 @@ class Trainer:
         msg = (f"training collapsed at step {self.step} on {int(ranks)} rank(s)"
                f"{' (here: ' + ', '.join(mine) + ' is empty)' if mine else ''}: every occupancy cell fell below "
                f"model.occupancy_threshold, so no sample is marched any more. Likely cause: a learning rate too "
-               f"high for this model (train.lr={self.cfg.train.lr}) or a too-high occupancy_threshold; "
+               f"high for this model (optim.lr={self.cfg.optim.lr}) or a too-high occupancy_threshold; "
                f"stopping without saving")
         self._stop_without_saving(TrainingCollapse(msg), {"event": "occupancy_collapse", "parts": mine})
 
@@ -466,8 +467,8 @@ class Trainer:
         return {"step": self.step, "stop_reason": stop_reason, **metrics}
 
     def _progress_bar(self, max_steps: float):
-        """The main rank's tqdm bar of the steps (``train.progress``), else None."""
-        if not self.env.is_main or not self.cfg.train.progress:
+        """The main rank's tqdm bar of the steps (``monitor.progress``), else None."""
+        if not self.env.is_main or not self.cfg.monitor.progress:
             return None
         from tqdm import tqdm
 
@@ -486,7 +487,7 @@ class Trainer:
                "train_seconds": self.train_seconds,
                **({} if self.budget_clock.fraction is None else {"budget_fraction": self.budget_clock.fraction}),
                **{f"time_{k}": v for k, v in self.timer.pop().items()}, **self.strategy.comm_stats(),
-               **self.timer.recent_figures(self.cfg.train.log_every), **self.train_step.metrics()}
+               **self.timer.recent_figures(self.cfg.monitor.log_every), **self.train_step.metrics()}
         for key, name in (("num_density_samples", "density_samples_per_ray"),
                           ("num_colour_samples", "colour_samples_per_ray")):
             count = getattr(out, key)
@@ -497,7 +498,7 @@ class Trainer:
             row["grid_resolution"] = grid_res
         if self.env.has_peers:  # every rank's own figures, gathered to one row (rank imbalance in one W&B run)
             self.timer.mark("step_sync")  # a collective between steps: what a hang report names while it waits
-            mine = {**self.timer.rank_figures(self.cfg.train.log_every), "peak_rss_mb": peak_rss_mb(),
+            mine = {**self.timer.rank_figures(self.cfg.monitor.log_every), "peak_rss_mb": peak_rss_mb(),
                     "rays_per_s": float(local_valid) / max(step_seconds, 1e-9),
                     "samples_per_ray": row["samples_per_ray"]}
             assert set(mine) <= set(RANK_FIGURES), sorted(set(mine) - set(RANK_FIGURES))
@@ -516,11 +517,11 @@ class Trainer:
         return self.cfg.logger.wandb.mode != "disabled" and self.cfg.logger.wandb.log_images
 
     def evaluate_val(self) -> None:
-        """Mean PSNR over ``train.val_views`` views of the validation split, logged (``val_psnr``);
+        """Mean PSNR over ``monitor.val_views`` views of the validation split, logged (``val_psnr``);
         with W&B images, their panels."""
         start = time.perf_counter()
         out_dir = self.run_dir / "val" / f"step_{self.step:08d}" if self._image_panels else None
-        res = make_eval_split(self.cfg, self.model, self.strategy)("val", self.cfg.train.val_views, 1, out_dir, None)
+        res = make_eval_split(self.cfg, self.model, self.strategy)("val", self.cfg.monitor.val_views, 1, out_dir, None)
         psnrs = [r["psnr"] for r in res["rows"]]
         self.logger.log({"step": self.step, "val_psnr": sum(psnrs) / len(psnrs),
                          "val_seconds": time.perf_counter() - start})

@@ -1,6 +1,6 @@
 """The static training render of a marched model: fixed shapes within a grid stage, no host read.
 
-Legend: R rays (the batch: the ray capacity), P sample slots (``train.samples_per_step``), K
+Legend: R rays (the batch: the ray capacity), P sample slots (``step.samples_per_step``), K
 candidate intervals per ray.
 
 :func:`static_render` is :meth:`~distnerf.model.marched.MarchingModel.forward` in training (one
@@ -43,11 +43,11 @@ def check_static(model) -> None:
     ``model.opaque_floor``, rendered in one pass (``model.train_round_steps=0``,
     ``model.train_termination=false``), without a focus box (``strategy=ss``'s sub-models: untried)."""
     if not hasattr(model, "occupancy") or not hasattr(model, "field_query"):
-        raise ValueError(f"train.samples_per_step needs a marched model (grid, ngp), not {type(model).__name__}")
+        raise ValueError(f"step.samples_per_step needs a marched model (grid, ngp), not {type(model).__name__}")
     problems = static_problems(True, model.contraction_aabb is not None, model.opaque_floor,
                                model.train_round_steps, model.train_termination, getattr(model, "focus", None) is not None)
     if problems:
-        raise ValueError(f"train.samples_per_step: the static step does not cover {', '.join(problems)}")
+        raise ValueError(f"step.samples_per_step: the static step does not cover {', '.join(problems)}")
 
 
 def field_fn_of(model, image_ids: torch.Tensor | None):

@@ -65,7 +65,7 @@ log = logging.getLogger("distnerf")
 
 PHASES = ("input_wait", "copy", "model_update", "graph", "forward", "backward", "exposed_comm", "regularizer",
           "optimizer", "step_sync", "checkpoint")  # the order a step passes them: the agreement is read after the
-# update; `graph`: a replayed CUDA graph of the whole step (train.cuda_graph), opaque inside
+# update; `graph`: a replayed CUDA graph of the whole step (step.cuda_graph), opaque inside
 MODEL_PHASES = ("forward", "backward", "regularizer", "optimizer")  # inside a `graph` replay: None (not measured)
 FIGURES = ("rays_per_s", "samples_per_ray", "field_evals", "forward_ns_per_sample", "comm_bytes", "comm_total_s",
            "comm_hidden_s", "bus_bandwidth_gbps", "peak_memory_mb")

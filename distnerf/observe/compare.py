@@ -14,13 +14,15 @@ import json
 from pathlib import Path
 
 import yaml
+from omegaconf import OmegaConf
 
+from ..config_check import upgrade_config
 from .breakdown import PHASES
 from .run_report import build_report
 
-# keys that never change what is measured (bookkeeping, output locations, console; train.schedule is a
+# keys that never change what is measured (bookkeeping, output locations, console; optim.schedule is a
 # description derived from keys compared on their own)
-IGNORED = ("run_dir", "resume", "train.progress", "logger.", "dataset.cache_dir", "train.schedule")
+IGNORED = ("run_dir", "resume", "monitor.progress", "logger.", "dataset.cache_dir", "optim.schedule")
 ABSENT = "<absent>"
 
 
@@ -54,7 +56,8 @@ def load_settings(run_dir: Path) -> dict:
     for p in (cfg_path, env_path):
         if not p.exists():
             raise FileNotFoundError(f"{p}: missing (compare needs a distnerf run directory with profiling)")
-    settings = flatten(yaml.safe_load(cfg_path.read_text()) or {})
+    # a run from before the train section's split by concern: its keys under their new names
+    settings = flatten(OmegaConf.to_container(upgrade_config(yaml.safe_load(cfg_path.read_text()) or {})))
     settings.update({f"env.{k}": v for k, v in json.loads(env_path.read_text()).items()})
     return settings
 

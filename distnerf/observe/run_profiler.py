@@ -208,13 +208,13 @@ def log_profile_summaries(summaries: list[dict], logger, step: int) -> None:
                  100 * s["summary"]["unattributed_share"]["p95"])
     for s in summaries:
         keys = s["summary"].get("keys", {})
-        if "graph" in keys:  # train.cuda_graph: a replay is one opaque phase; the phases come from eager steps
+        if "graph" in keys:  # step.cuda_graph: a replay is one opaque phase; the phases come from eager steps
             eager = keys.get("forward", {}).get("steps", 0)
             median = lambda k: 1e3 * keys.get(k, {}).get("median", float("nan"))  # noqa: E731
-            log.info("profile rank %d: %d step(s) in phase `graph` (train.cuda_graph: a CUDA graph's replay, on the "
+            log.info("profile rank %d: %d step(s) in phase `graph` (step.cuda_graph: a CUDA graph's replay, on the "
                      "CPU its body uncaptured; median %.1f ms, opaque inside); forward / backward / optimizer medians "
                      "%.1f / %.1f / %.1f ms are those of the %d eager step(s) (warm-up before each capture, a probe "
-                     "every train.graph_probe_every steps)", s["rank"], keys["graph"]["steps"], median("graph"),
+                     "every step.probe_every steps)", s["rank"], keys["graph"]["steps"], median("graph"),
                      median("forward"), median("backward"), median("optimizer"), eager)
         if s.get("compile"):
             c = s["compile"]

@@ -1,7 +1,7 @@
 """Fixed-capacity packed samples: the march and the render of a static training step.
 
 Legend: R rays (the step's fixed ray capacity), K candidate intervals per ray (a Python number
-fixed per grid stage), P the sample capacity (``train.samples_per_step``, fixed for the run).
+fixed per grid stage), P the sample capacity (``step.samples_per_step``, fixed for the run).
 
 The dynamic march (:func:`~distnerf.renderer.occupancy.march`) reads the number of samples from
 the device (``nonzero``) and the colour threshold reads the number of coloured samples: two host

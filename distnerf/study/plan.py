@@ -255,6 +255,6 @@ def override_settings(overrides) -> dict:
 def override_changes(before, now) -> dict:
     """``{key: [value before, value now]}`` (``None``: not set) where two override lists set a key
     differently; keys that never change what a run measures (:func:`distnerf.observe.compare.ignored`:
-    the W&B run's names, ``run_dir``, ``train.progress``, ...) are left out."""
+    the W&B run's names, ``run_dir``, ``monitor.progress``, ...) are left out."""
     a, b = override_settings(before), override_settings(now)
     return {k: [a.get(k), b.get(k)] for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k) and not ignored(k)}

@@ -42,6 +42,7 @@ import time
 from pathlib import Path
 
 from .. import checkpoint as ckpt
+from ..config_check import upgrade_overrides
 from ..fileio import atomic_write_text
 from .plan import Cell, override_changes
 
@@ -182,19 +183,21 @@ def _set_aside(study_dir: Path, run_dir: Path, folder: str = "attempts") -> Path
 def recorded_overrides(record: dict) -> list[str] | None:
     """The training overrides a cell's record says it ran with: ``overrides``, or for a record
     written before that key, its launch command's arguments after ``--`` (local) or after the
-    sbatch script (Slurm); None when the record names neither."""
+    sbatch script (Slurm); None when the record names neither. Keys that left the ``train`` section
+    are named by their new key (:func:`~distnerf.config_check.upgrade_overrides`: a cell that ran with
+    ``train.lr=X`` ran with ``optim.lr=X``, not with other settings)."""
     if "overrides" in record:
-        return list(record["overrides"])
+        return upgrade_overrides(record["overrides"])
     command = record.get("command") or []
     start = next((i + 1 for i, arg in enumerate(command) if arg == "--" or arg.endswith("slurm_train.sbatch")), None)
-    return None if start is None else list(command[start:])
+    return None if start is None else upgrade_overrides(command[start:])
 
 
 def changed_settings(record: dict | None, cell: Cell) -> dict:
     """``{key: [value it ran with, value planned now]}`` where a cell's recorded overrides differ
     from the study's plan for it (a study config edited since: its ``fixed``, ``levels``, ``seed``);
     empty when they agree or the record names no overrides. Keys that never change what a run
-    measures (W&B names, ``train.progress``) are not compared (:func:`distnerf.study.plan.override_changes`)."""
+    measures (W&B names, ``monitor.progress``) are not compared (:func:`distnerf.study.plan.override_changes`)."""
     ran = recorded_overrides(record) if record else None
     return {} if ran is None else override_changes(ran, cell.overrides)
 
@@ -288,7 +291,7 @@ def run_local(cfg, study_dir: Path, cells: list[Cell], log=print) -> dict:
         quiet = wait_for_quiet(cfg.load, log) if cell.timed else {"load": machine_load(), "waited_s": 0.0,
                                                                   "contended": False, "max_load": None}
         command = ["bash", str(REPO / "launch" / "torchrun_local.sh"), str(cell.world_size), str(run_dir), "--",
-                   *cell.overrides, "train.progress=false"]
+                   *cell.overrides, "monitor.progress=false"]
         earlier = read_record(run_dir) if run_dir.exists() else None  # plan_actions kept it: a resume
         record = {"cell": cell.id, "key": cell.key, "values": cell.values, "repeat": cell.repeat,
                   "overrides": list(cell.overrides), "status": "running", "launcher": "local", "command": command, "timed": cell.timed,
@@ -353,7 +356,7 @@ def run_slurm(cfg, study_dir: Path, cells: list[Cell], log=print) -> dict:
         command = ["sbatch", "--parsable", f"--job-name={name}", "--dependency=singleton", "--ntasks-per-node=1",
                    "--no-requeue", f"--output={run_dir / 'launch.log'}", *resources, *cfg.slurm.options,
                    "--export=" + ",".join(["ALL"] + [f"{k}={v}" for k, v in exports.items()]),
-                   str(REPO / "launch" / "slurm_train.sbatch"), *cell.overrides, "train.progress=false"]
+                   str(REPO / "launch" / "slurm_train.sbatch"), *cell.overrides, "monitor.progress=false"]
         job = _slurm(command, env).strip().split(";")[0]
         jobs[cell.id] = (cell, job)
         write_record(run_dir, {"cell": cell.id, "key": cell.key, "values": cell.values, "repeat": cell.repeat,

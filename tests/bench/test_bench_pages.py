@@ -150,7 +150,7 @@ EXEMPT = [
      "a study's parameter budget per rank (model.max_params, 31 k-1 M), a setting"),
     ("*", r"(?<![\d-])(?<!\d )(?:100|200|600|2000|3000|12 000) steps", "a run's or study's length (train.max_steps), a setting"),
     ("*", r"(?:at |, )(?:2|10) minutes", "a run's training-time budget (train.max_minutes), a setting"),
-    ("*", r"last 20%", "the cool-down share (train.decay_start=0.8) and the plateau check's window, settings"),
+    ("*", r"last 20%", "the cool-down share (optim.decay_start=0.8) and the plateau check's window, settings"),
     ("README.md", r"\d+ MB for 2\.\d\.\d", "PyPI's wheel sizes, not this project's"),
     ("*", r"suite's 30 minutes|polled every 2 s|at least 92%|\+ 10% of its|15% tolerance|, 1000 steps\.|a 4x coarser",
      "settings and defaults: the suite's time limit, the viewer's poll period and share, the box margin, "

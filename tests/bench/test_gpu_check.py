@@ -59,7 +59,7 @@ def test_gpu_check_cpu_mode_runs_every_section_of_every_run(tmp_path):
         ("eager", 1024), ("graphed", 1024), ("graph", 1024), ("eager", 4096), ("compiled", 1024)]
     for c in (first[0], first[2], rest[0]):
         assert c["status"] == "ok" and c["rays_per_s"] > 0 and c["process_s"] > 0 and os.path.exists(c["log"]), c
-    assert "train.cuda_graph=true" in first[2]["overrides"], first[2]
+    assert "step.cuda_graph=true" in first[2]["overrides"], first[2]
     assert all(c["status"].startswith("skipped: needs CUDA") for c in (first[1], rest[1]))
     for name, steps in (("lego_1min", 20), ("lego_2min", 8), ("lego_5min", 8)):
         quality = sections[name]

@@ -113,12 +113,12 @@ def test_a_bound_that_does_not_hold_is_raised_on_every_rank_even_across_a_rewrap
         assert res["error"] and "exceeded their fixed capacity" in res["error"], res
 
 
-TINY = ["experiment=smoke", "train.progress=false", "eval.enabled=false", "train.ckpt_every=0",
+TINY = ["experiment=smoke", "monitor.progress=false", "eval.enabled=false", "checkpoints.every=0",
         "train.max_steps=6"]
 
 
 STOPS = {  # mode (W.trainer_worker): the run's strategy and cadence
-    "nan": ["strategy=ddp", "train.ckpt_every=2"],
+    "nan": ["strategy=ddp", "checkpoints.every=2"],
     "budget_nan": ["strategy=ss", "strategy.num_regions=2"],
 }
 

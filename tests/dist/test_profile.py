@@ -20,7 +20,7 @@ from tests.conftest import run_cli, torchrun
 # the breakdown is checked against the trace's clock to 0.5 ms: no other test's processes beside it
 pytestmark = pytest.mark.exclusive
 
-COMMON = ["experiment=smoke", "device=cpu", "train.progress=false", "train.ckpt_every=-1", "sampler=sync", "train.log_every=4",
+COMMON = ["experiment=smoke", "device=cpu", "monitor.progress=false", "checkpoints.every=-1", "sampler=sync", "monitor.log_every=4",
           "eval.num_views=1"]
 # batches large enough that one OS time slice (~4 ms, the machine is shared) is not 5% of a step
 TRACE_RUN = ["train.max_steps=14", "train.global_rays=4096", "model.color=mlp", "strategy.sparse_min_numel=null", "strategy.bucket_cap_mb=1",
@@ -45,7 +45,7 @@ def profiled_runs(tmp_path_factory, synthetic_cache):
     base = [sys.executable, "-m", "distnerf.train", *COMMON, "train.max_steps=10", "train.global_rays=2048",
             "profiler.nvtx=true", cache]
     run_cli(base + [f"run_dir={single}"])
-    run_cli(base + [f"run_dir={single_b}", "train.lr=2e-3", "eval.enabled=false"])
+    run_cli(base + [f"run_dir={single_b}", "optim.lr=2e-3", "eval.enabled=false"])
     report = run_cli([sys.executable, "-m", "distnerf.profile", "report", str(ddp)])
     return {"ddp": ddp, "single": single, "single_b": single_b, "train_log": proc.stderr, "report": report}
 
@@ -162,12 +162,12 @@ def test_cpu_overlap_of_2rank_run_is_computed(profiled_runs):
 def test_compare_refuses_undeclared_difference(profiled_runs):
     a, b = str(profiled_runs["single"]), str(profiled_runs["single_b"])
     cmd = [sys.executable, "-m", "distnerf.profile", "compare", a, b]
-    with pytest.raises(AssertionError, match="train.lr: 0.001 vs 0.002"):
+    with pytest.raises(AssertionError, match="optim.lr: 0.001 vs 0.002"):
         run_cli(cmd)
-    out = run_cli(cmd + ["--vary", "train.lr", "--vary", "eval.enabled"]).stdout
+    out = run_cli(cmd + ["--vary", "optim.lr", "--vary", "eval.enabled"]).stdout
     assert "| step_s |" in out and "| forward |" in out and "WARNING" not in out
     forced = run_cli(cmd + ["--force"])
-    assert "WARNING" in forced.stdout and "train.lr" in forced.stdout
+    assert "WARNING" in forced.stdout and "optim.lr" in forced.stdout
 
 
 def test_compare_refuses_runs_on_another_world_size(profiled_runs):

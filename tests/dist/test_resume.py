@@ -4,7 +4,9 @@
 resolution changes before and after the resume point, and an uncommitted (torn)
 newer checkpoint must be ignored. Runs use the pipelined sampler with 2 workers per
 rank (its state, the next step, is in the rank files); ``sampler=sync`` must train
-the same model bit for bit.
+the same model bit for bit. Both run directories hold a ``config.yaml`` in the layout from before the
+``train`` section was split by concern when they are resumed and re-rendered: old run directories still
+resume and render.
 """
 from __future__ import annotations
 
@@ -15,13 +17,14 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from distnerf import checkpoint as ckpt
 from distnerf.observe.logger import read_metrics_log
 from tests.conftest import run_cli, torchrun
 
 N = 4
-COMMON = ["experiment=smoke", "device=cpu", "train.progress=false", "train.ckpt_every=0", "train.log_every=1",
+COMMON = ["experiment=smoke", "device=cpu", "monitor.progress=false", "checkpoints.every=0", "monitor.log_every=1",
           "model.resolutions=[24,32,40]", "model.upsample_steps=[2,5]", "model.occupancy_every=3",
           "sampler=pipelined", "sampler.num_workers=2", "sampler.prefetch=3"]
 
@@ -29,6 +32,25 @@ COMMON = ["experiment=smoke", "device=cpu", "train.progress=false", "train.ckpt_
 def launch(nproc: int, run_dir: Path, cache: Path, extra: list[str]):
     base = [sys.executable, "-m", "distnerf.train"] if nproc == 1 else torchrun(nproc) + ["-m", "distnerf.train"]
     return run_cli(base + COMMON + [f"run_dir={run_dir}", f"dataset.cache_dir={cache}"] + extra)
+
+
+# the keys that were renamed when they left train (the others kept their names)
+OLD_NAMES = {"step.probe_every": "graph_probe_every", "checkpoints.every": "ckpt_every",
+             "checkpoints.every_minutes": "ckpt_every_minutes", "checkpoints.at_minutes": "ckpt_minutes",
+             "checkpoints.keep": "keep_checkpoints", "checkpoints.background": "ckpt_async"}
+OLD_LAYOUT = Path(__file__).resolve().parents[1] / "fixtures" / "config_before_sections.yaml"
+
+
+def as_written_before_the_sections(run_dir: Path) -> None:
+    """Rewrite ``run_dir/config.yaml`` as the code before the sections wrote it: every key of ``optim``,
+    ``step``, ``checkpoints`` and ``monitor`` back in ``train``, under its old name (the fixture, a config the
+    old code wrote, has exactly these train keys)."""
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    for section in ("optim", "step", "checkpoints", "monitor"):
+        for key, value in cfg.pop(section).items():
+            cfg["train"][OLD_NAMES.get(f"{section}.{key}", key)] = value
+    assert set(cfg["train"]) == set(yaml.safe_load(OLD_LAYOUT.read_text())["train"])
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg))
 
 
 def final_state(run_dir: Path) -> dict:
@@ -43,6 +65,8 @@ def resume_runs(request, tmp_path_factory, synthetic_cache):
     straight, resumed = root / "straight", root / "resumed"
     launch(nproc, straight, synthetic_cache, [f"train.max_steps={2 * N}", "eval.num_views=2"])
     launch(nproc, resumed, synthetic_cache, [f"train.max_steps={N}", "eval.enabled=false"])
+    as_written_before_the_sections(straight)  # re-rendered below (test_run_dir_has_one_config_log_metrics...)
+    as_written_before_the_sections(resumed)
     # a torn newer checkpoint: rank 0's files written, the other rank died before the manifest
     first = ckpt.latest(resumed / "checkpoints")
     torn = ckpt.step_dir(resumed / "checkpoints", N + 2)

@@ -18,8 +18,8 @@ from tests.conftest import run_cli, torchrun
 
 N = 3
 BUDGET = 500_000  # parameters per rank: each of a rank's 2 regions gets half
-COMMON = ["experiment=smoke", "device=cpu", "strategy=ss", "strategy.num_regions=4", "dataset.kind=city_small", "train.progress=false",
-          "train.ckpt_every=0", "train.log_every=1", "model.resolutions=[24,32]", "model.upsample_steps=[2]",
+COMMON = ["experiment=smoke", "device=cpu", "strategy=ss", "strategy.num_regions=4", "dataset.kind=city_small", "monitor.progress=false",
+          "checkpoints.every=0", "monitor.log_every=1", "model.resolutions=[24,32]", "model.upsample_steps=[2]",
           "model.occupancy_every=2", "strategy.context_resolution=12", "sampler=pipelined", "sampler.num_workers=1",
           f"model.max_params={BUDGET}"]
 
@@ -179,8 +179,8 @@ def test_resume_on_a_world_size_that_does_not_divide_the_regions_is_refused(ss_r
         strategy.prepare(None, tmp_path, 0, {"contraction": "none"})
 
 
-JOINT = [a for a in COMMON if not a.startswith(("train.ckpt_every=", "strategy.num_regions="))] + [
-    "strategy.num_regions=2", "strategy.training=joint", f"train.keep_checkpoints={N}"]
+JOINT = [a for a in COMMON if not a.startswith(("checkpoints.every=", "strategy.num_regions="))] + [
+    "strategy.num_regions=2", "strategy.training=joint", f"checkpoints.keep={N}"]
 
 
 @pytest.fixture(scope="session")
@@ -191,7 +191,7 @@ def joint_run(tmp_path_factory, synthetic_cache):
     run, elastic = root / "run", root / "elastic"
     run_cli(torchrun(2) + ["-m", "distnerf.train"] + JOINT + [
         f"run_dir={run}", f"dataset.cache_dir={synthetic_cache}", f"train.max_steps={N}", "eval.num_views=2",
-        "train.ckpt_every=1"])
+        "checkpoints.every=1"])
     # elastic: the 2-rank run's checkpoint of step 1, then 1 rank to step 2 (the upsampling), then 2 ranks to N
     shutil.copytree(run, elastic, ignore=shutil.ignore_patterns("test"))
     for later in range(2, N + 1):
@@ -199,7 +199,7 @@ def joint_run(tmp_path_factory, synthetic_cache):
     for ranks, steps in ((1, 2), (2, N)):
         launch = [sys.executable, "-m", "distnerf.train"] if ranks == 1 else torchrun(2) + ["-m", "distnerf.train"]
         run_cli(launch + JOINT + [f"run_dir={elastic}", f"dataset.cache_dir={synthetic_cache}", "resume=true",
-                                  f"train.max_steps={steps}", "eval.enabled=false", "train.ckpt_every=0"])
+                                  f"train.max_steps={steps}", "eval.enabled=false", "checkpoints.every=0"])
     return run
 
 
@@ -259,11 +259,11 @@ def test_routed_joint_training_trains_and_resumes_bit_exact(tmp_path, synthetic_
     rank's own ray stream and the routed exchange restart where they were)."""
     import shutil
 
-    routed = [a for a in JOINT if not a.startswith("train.keep_checkpoints=")] + ["strategy.joint_exchange=route"]
+    routed = [a for a in JOINT if not a.startswith("checkpoints.keep=")] + ["strategy.joint_exchange=route"]
     run, again = tmp_path / "run", tmp_path / "again"
     log = run_cli(torchrun(2) + ["-m", "distnerf.train"] + routed + [
         f"run_dir={run}", f"dataset.cache_dir={synthetic_cache}", f"train.max_steps={N}", "eval.enabled=false",
-        "train.ckpt_every=1", f"train.keep_checkpoints={N}"]).stderr
+        "checkpoints.every=1", f"checkpoints.keep={N}"]).stderr
     assert "each ray sent to the ranks whose regions it crosses" in log
     steps = [r for r in read_metrics_log(run) if "loss" in r]
     assert len(steps) == N and all(r["exchange_bytes"] > 0 and math.isfinite(r["loss"]) for r in steps), steps
@@ -272,5 +272,5 @@ def test_routed_joint_training_trains_and_resumes_bit_exact(tmp_path, synthetic_
         shutil.rmtree(ckpt.step_dir(again / "checkpoints", later))
     run_cli(torchrun(2) + ["-m", "distnerf.train"] + routed + [
         f"run_dir={again}", f"dataset.cache_dir={synthetic_cache}", "resume=true", f"train.max_steps={N}",
-        "eval.enabled=false", "train.ckpt_every=0"])
+        "eval.enabled=false", "checkpoints.every=0"])
     assert_regions_equal(ckpt.step_dir(run / "checkpoints", N), ckpt.latest(again / "checkpoints"), 2)

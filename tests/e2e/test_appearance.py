@@ -16,7 +16,7 @@ from distnerf.engine.evaluate import evaluate_views
 from distnerf.model import build_model
 from distnerf.sampler import SyncSampler
 from distnerf.config_check import section
-from distnerf.schema import TrainLoopConfig
+from distnerf.schema import OptimConfig
 from tests.conftest import run_cli
 
 GAIN_FLOOR_DB = 4.0  # affine over none on the training images; measured 6.10 dB (15.92 -> 22.02 dB)
@@ -35,7 +35,7 @@ def _fit(scene, appearance: str):
     torch.manual_seed(0)
     model = build_model({"name": "grid", "resolutions": [32], "upsample_steps": [], "appearance": appearance},
                         scene.aabb, scene.background, num_images=len(scene))
-    step_fn = TrainStep(model, section(TrainLoopConfig, lr=1e-3, fused=False, decay_steps=STEPS))
+    step_fn = TrainStep(model, section(OptimConfig, lr=1e-3, fused=False, decay_steps=STEPS))
     sampler = SyncSampler(scene, RAYS, 0, 0)  # rays carry their training image ids
     for step in range(STEPS):
         step_fn.prepare(step)
@@ -65,11 +65,11 @@ def test_affine_appearance_fits_per_image_gains(synthetic_cache):
 def test_cli_states_the_protocol_and_saves_the_table(tmp_path, synthetic_cache):
     """The whole path: pipelined workers carry image ids, the table is checkpointed, metrics.json says how
     test views got their code."""
-    run_cli([sys.executable, "-m", "distnerf.train", f"run_dir={tmp_path}", "train.progress=false",
+    run_cli([sys.executable, "-m", "distnerf.train", f"run_dir={tmp_path}", "monitor.progress=false",
              "logger.wandb.mode=disabled", "eval.lpips=false", f"dataset.cache_dir={synthetic_cache}",
              "dataset.resolution=32", "train.max_steps=20", "train.global_rays=512", "model.resolutions=[32]",
              "model.upsample_steps=[]", "model.appearance=affine", "eval.appearance=fit_left_half",
-             "eval.appearance_steps=4", "eval.num_views=1", "train.ckpt_every=0"])
+             "eval.appearance_steps=4", "eval.num_views=1", "checkpoints.every=0"])
     m = json.loads((tmp_path / "metrics.json").read_text())
     assert m["protocol"]["appearance"].startswith("fit_left_half") and "right half" in m["protocol"]["appearance"]
     assert "fit_loss" in m["per_view"][0]

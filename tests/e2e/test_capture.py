@@ -31,7 +31,7 @@ def tiny_city(tmp_path_factory):
 
 
 def _train(run_dir, *overrides):
-    run_cli([sys.executable, "-m", "distnerf.train", f"run_dir={run_dir}", "train.progress=false",
+    run_cli([sys.executable, "-m", "distnerf.train", f"run_dir={run_dir}", "monitor.progress=false",
              "logger.wandb.mode=disabled", "eval.lpips=false", *overrides], env={"OMP_NUM_THREADS": "2"})
     return json.loads((run_dir / "metrics.json").read_text())
 
@@ -40,7 +40,7 @@ def _train(run_dir, *overrides):
 def test_train_then_render_a_capture(tmp_path, tiny_city, fmt):
     run = tmp_path / "run"
     m = _train(run, "experiment=smoke", f"dataset={fmt}", f"dataset.root={tiny_city}", "train.max_steps=6",
-               "train.ckpt_every=0")
+               "checkpoints.every=0")
     transform = json.loads((run / "scene_transform.json").read_text())
     assert transform["source"] == fmt and len(transform["matrix"]) == 4
     assert m["protocol"]["scene_transform"] == transform  # renders are stated in the normalised frame
@@ -90,7 +90,7 @@ def test_city_small_colmap_learns(tmp_path):
     root = ensure_scene(tmp_path / "cache", kind="city_small")
     m = _train(tmp_path / "run", "dataset=colmap", f"dataset.root={root}", "train.max_steps=200",
                "train.global_rays=1024", "model.resolutions=[48,64]", "model.upsample_steps=[100]",
-               "train.ckpt_every=0")
+               "checkpoints.every=0")
     assert m["protocol"]["num_views"] == 8  # images 0, 8, ..., 56 of the 60 (LLFF holdout 8)
     assert m["psnr"] > CITY_SMALL_COLMAP_FLOOR, m["psnr"]
 
@@ -103,7 +103,7 @@ def test_a_missing_test_image_fails_before_training(tmp_path, tiny_city):
     (root / "images" / "img_0008.png").unlink()  # a test view (holdout 8: images 0, 8)
     run = tmp_path / "run"
     proc = subprocess.run([sys.executable, "-m", "distnerf.train", f"run_dir={run}", "experiment=smoke",
-                           "dataset=nerfstudio", f"dataset.root={root}", "train.progress=false"],
+                           "dataset=nerfstudio", f"dataset.root={root}", "monitor.progress=false"],
                           cwd=REPO, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"})
     assert proc.returncode != 0

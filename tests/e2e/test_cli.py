@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from distnerf import cli as C
-from distnerf.schema import RenderConfig, StudyConfig, TrainLoopConfig, ViewerConfig
+from distnerf.schema import OptimConfig, RenderConfig, StudyConfig, ViewerConfig
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = {"distnerf-train", "distnerf-render", "distnerf-export", "distnerf-view", "distnerf-profile",
@@ -60,7 +60,7 @@ def _default_row(name: str, default) -> str:
 
 
 HELP = {  # what each --help must show besides its usage and examples: (text, a key's row with its schema default)
-    "distnerf-train": ("model=grid", _default_row("train.lr", TrainLoopConfig.lr)),
+    "distnerf-train": ("model=grid", _default_row("optim.lr", OptimConfig.lr)),
     "distnerf-render": ("eval.num_views", _default_row("video_frames", RenderConfig.video_frames)),
     "distnerf-export": ("checkpoint", _default_row("out", "null")),
     "distnerf-view": ("viewer.max_resolution", _default_row("port", ViewerConfig.port)),
@@ -100,7 +100,9 @@ def bare_run(tmp_path_factory) -> Path:
 WRONG = [  # (script, arguments, what the error line names)
     ("distnerf-train", ["train.bogus=1"], "'train.bogus'"),
     ("distnerf-train", ["model=bogus"], "model/bogus' (options: grid, nerf, ngp)"),
-    ("distnerf-train", ["train.lr=-1"], "train.lr=-1.0 must be > 0"),
+    ("distnerf-train", ["optim.lr=-1"], "optim.lr=-1.0 must be > 0"),
+    ("distnerf-train", ["model=grid", "train.lr=0.01"], "train.lr moved to optim.lr"),  # the old layout, typed
+    ("distnerf-render", ["run_dir={run}", "train.ckpt_every=5"], "train.ckpt_every moved to checkpoints.every"),
     ("distnerf-render", [], "missing run_dir="),
     ("distnerf-render", ["run_dir={run}", "eval.bogus=1"], "config eval.bogus"),
     ("distnerf-render", ["run_dir={run}", "video=true"], "video takes a file path"),

@@ -18,10 +18,10 @@ from tests.conftest import REPO
 @pytest.mark.parametrize("model, refresh", [("grid", 8), ("ngp", 16)])
 def test_an_emptied_occupancy_grid_stops_the_run_naming_the_step(tmp_path, model, refresh):
     run = tmp_path / "run"
-    # ckpt_every=5: a checkpoint before the collapse is kept; none is written after it
+    # checkpoints.every=5: a checkpoint before the collapse is kept; none is written after it
     proc = subprocess.run([sys.executable, "-m", "distnerf.train", "experiment=smoke", f"model={model}",
                            "model.occupancy_threshold=0.999", f"model.occupancy_every={refresh}",
-                           "train.ckpt_every=5", "train.max_steps=40", f"run_dir={run}", "sampler=sync"],
+                           "checkpoints.every=5", "train.max_steps=40", f"run_dir={run}", "sampler=sync"],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0
     err = proc.stderr

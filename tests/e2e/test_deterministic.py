@@ -1,4 +1,4 @@
-"""``train.deterministic=true`` (torch.use_deterministic_algorithms; the CUDA path of the bit-exact
+"""``step.deterministic=true`` (torch.use_deterministic_algorithms; the CUDA path of the bit-exact
 claims): on the CPU every op of a training step has a deterministic kernel (none raises), and the
 trained model is bitwise the one of the default run, ddp and ss joint."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 
 from tests.conftest import REPO, run_cli, torchrun
 
-ARGS = ["experiment=smoke", "device=cpu", "dataset=synthetic", "dataset.resolution=24", "train.progress=false",
+ARGS = ["experiment=smoke", "device=cpu", "dataset=synthetic", "dataset.resolution=24", "monitor.progress=false",
         "train.max_steps=12", "eval.enabled=false"]
 
 
@@ -42,6 +42,6 @@ def test_deterministic_mode_runs_and_trains_the_same_model(tmp_path, launch, ext
     runs = {}
     for det in ("false", "true"):
         run_dir = tmp_path / det
-        run_cli([*launch, *ARGS, *extra, f"run_dir={run_dir}", f"train.deterministic={det}"], cwd=REPO, timeout=300)
+        run_cli([*launch, *ARGS, *extra, f"run_dir={run_dir}", f"step.deterministic={det}"], cwd=REPO, timeout=300)
         runs[det] = final_state(run_dir)
     assert any(runs["true"].values()) and same(runs["true"], runs["false"])

@@ -22,7 +22,7 @@ FERN_FLOOR = 19.5  # measured 20.99 dB at 252x189 (eval.downscale=2; 200 steps o
 
 def train(run_dir, *overrides):
     # one process on the 2-core machine: both cores (the floors were measured so)
-    run_cli([sys.executable, "-m", "distnerf.train", f"run_dir={run_dir}", "train.progress=false",
+    run_cli([sys.executable, "-m", "distnerf.train", f"run_dir={run_dir}", "monitor.progress=false",
              "logger.wandb.mode=disabled", "eval.lpips=false", *overrides], env={"OMP_NUM_THREADS": "2"})
     return json.loads((run_dir / "metrics.json").read_text())
 
@@ -30,7 +30,7 @@ def train(run_dir, *overrides):
 def test_builtin_scene_learns(tmp_path, synthetic_cache):
     m = train(tmp_path, f"dataset.cache_dir={synthetic_cache}", "dataset.resolution=64", "train.max_steps=200",
               "train.global_rays=2048", "model.resolutions=[48,64]", "model.upsample_steps=[100]",
-              "eval.num_views=4", "train.ckpt_every=0")
+              "eval.num_views=4", "checkpoints.every=0")
     assert m["psnr"] > BUILTIN_FLOOR, m["psnr"]
     assert m["protocol"]["num_views"] == 4 and m["protocol"]["resolution"] == [64, 64]
     assert m["lpips"] is None and m["lpips_reason"]
@@ -41,7 +41,7 @@ def test_builtin_scene_learns(tmp_path, synthetic_cache):
 def test_lego_low_res_learns(tmp_path):
     m = train(tmp_path, "dataset=blender", f"dataset.root={LEGO}", "dataset.downscale=4", "train.max_steps=200",
               "train.global_rays=2048", "model.resolutions=[48,64]", "model.upsample_steps=[100]",
-              "eval.num_views=4", "train.ckpt_every=0")
+              "eval.num_views=4", "checkpoints.every=0")
     assert m["psnr"] > LEGO_FLOOR, m["psnr"]
 
 
@@ -50,6 +50,6 @@ def test_lego_low_res_learns(tmp_path):
 def test_fern_ndc_learns(tmp_path):
     m = train(tmp_path, "dataset=llff", f"dataset.root={FERN}", "train.max_steps=200", "train.global_rays=1024",
               "model.resolutions=[48,64]", "model.upsample_steps=[100]", "eval.downscale=2",
-              "train.ckpt_every=0")
+              "checkpoints.every=0")
     assert m["protocol"]["num_views"] == 3  # images 0, 8, 16
     assert m["psnr"] > FERN_FLOOR, m["psnr"]

@@ -10,8 +10,8 @@ from tests.conftest import run_cli
 
 def test_fly_through_and_orbit_videos_have_the_frames_asked_for(tmp_path, synthetic_cache):
     run = tmp_path / "run"
-    run_cli([sys.executable, "-m", "distnerf.train", "experiment=smoke", "train.progress=false", "train.max_steps=4",
-             "train.ckpt_every=0", "eval.enabled=false", "sampler=sync", f"run_dir={run}",
+    run_cli([sys.executable, "-m", "distnerf.train", "experiment=smoke", "monitor.progress=false", "train.max_steps=4",
+             "checkpoints.every=0", "eval.enabled=false", "sampler=sync", f"run_dir={run}",
              f"dataset.cache_dir={synthetic_cache}"])
     video = tmp_path / "videos" / "fly.gif"  # the folder is made
     proc = run_cli([sys.executable, "-m", "distnerf.render", f"run_dir={run}", "eval.num_views=1", f"video={video}",

@@ -176,14 +176,14 @@ def test_an_undeclared_difference_is_flagged(smoke, tmp_path):
     shutil.copytree(root, copy)
     cell = copy / "cells" / "ss_joint-pipelined-w2-builtin-s12-r0"
     cfg = yaml.safe_load((cell / "config.yaml").read_text())
-    cfg["train"]["lr"] = cfg["train"]["lr"] * 2
+    cfg["optim"]["lr"] = cfg["optim"]["lr"] * 2
     cfg["dataset"]["resolution"] = 32  # declared by the scene's level (dataset=synthetic), but one scene here
     (cell / "config.yaml").write_text(yaml.safe_dump(cfg))
     proc = study("report", copy, "--markdown")
     assert proc.returncode == 0, proc.stderr[-3000:]
     differs = json.loads((copy / "report" / "report.json").read_text())["tables"]["differs"]
-    assert [(d["cell"], d["key"]) for d in differs] == [(cell.name, "dataset.resolution"), (cell.name, "train.lr")]
-    assert "train.lr" in proc.stdout.split("## What differs")[1]
+    assert [(d["cell"], d["key"]) for d in differs] == [(cell.name, "dataset.resolution"), (cell.name, "optim.lr")]
+    assert "optim.lr" in proc.stdout.split("## What differs")[1]
 
 
 def test_a_failed_cell_is_reported_and_retried_only_when_asked(tmp_path):

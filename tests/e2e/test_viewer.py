@@ -56,7 +56,7 @@ STILL = 3 * SIZE  # the still frame of the no-move case: odd multiple of SIZE, l
 SHOT_DB = 30.0  # screenshot centre vs distnerf.render at STILL px
 LIVE_WINDOW_S = 3.0  # each of the two throughput windows of the live case
 LIVE_NOISE = 0.7  # the live case's allowance for a shared machine and the browser's own CPU
-COMMON = ["experiment=smoke", "train.progress=false", "sampler=sync", "eval.enabled=false", "device=cpu"]
+COMMON = ["experiment=smoke", "monitor.progress=false", "sampler=sync", "eval.enabled=false", "device=cpu"]
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
@@ -80,7 +80,7 @@ def runs(tmp_path_factory, synthetic_cache):
              "model.resolutions=[48,64]", "model.upsample_steps=[100]"],
             [f"run_dir={root / 'ss'}", "strategy=ss", "strategy.num_regions=2", "train.max_steps=30"]]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
-    procs = [subprocess.Popen([sys.executable, "-m", "distnerf.train", *COMMON, cache, "train.ckpt_every=0", *job],
+    procs = [subprocess.Popen([sys.executable, "-m", "distnerf.train", *COMMON, cache, "checkpoints.every=0", *job],
                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
              for job in jobs]  # both at once: one core each (the pixel cache is built once, under a lock)
     for proc, job in zip(procs, jobs):
@@ -443,8 +443,8 @@ def test_live_viewer_during_training(tmp_path, synthetic_cache, playwright):
 
     port, run = free_port(), tmp_path / "run"
     args = [sys.executable, "-m", "distnerf.train", *COMMON, f"run_dir={run}",
-            f"dataset.cache_dir={synthetic_cache}", "train.max_steps=100000", "train.ckpt_every=0",
-            "train.log_every=1", "viewer.enabled=true", f"viewer.port={port}", f"viewer.max_resolution={SIZE}"]
+            f"dataset.cache_dir={synthetic_cache}", "train.max_steps=100000", "checkpoints.every=0",
+            "monitor.log_every=1", "viewer.enabled=true", f"viewer.port={port}", f"viewer.max_resolution={SIZE}"]
     proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"})
     browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
@@ -488,7 +488,7 @@ def test_live_fused_view_of_ss_under_torchrun(tmp_path, synthetic_cache, playwri
     port = free_port()
     args = [*torchrun(2), "-m", "distnerf.train", *COMMON, f"run_dir={tmp_path / 'run'}",
             f"dataset.cache_dir={synthetic_cache}", "strategy=ss", "strategy.num_regions=2",
-            "train.max_steps=100000", "train.ckpt_every=0", "viewer.enabled=true", f"viewer.port={port}",
+            "train.max_steps=100000", "checkpoints.every=0", "viewer.enabled=true", f"viewer.port={port}",
             f"viewer.max_resolution={SIZE}"]
     proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"},

@@ -28,8 +28,8 @@ def run(tmp_path_factory):
     trained, run_dir = tmp_path_factory.mktemp("wandb") / "trained", tmp_path_factory.mktemp("moved") / "run"
     env = {"WANDB_MODE": "offline"}
     run_cli([*torchrun(2), "-m", "distnerf.train", "experiment=smoke", "device=cpu", "dataset=synthetic", "dataset.resolution=24",
-             "strategy=ddp", "train.max_steps=10", "train.log_every=5", "train.val_every=5", "train.val_views=1",
-             "eval.num_views=2", "train.progress=false", "logger.wandb.mode=offline", f"run_dir={trained}"],
+             "strategy=ddp", "train.max_steps=10", "monitor.log_every=5", "monitor.val_every=5", "monitor.val_views=1",
+             "eval.num_views=2", "monitor.progress=false", "logger.wandb.mode=offline", f"run_dir={trained}"],
             env=env, timeout=300)
     shutil.move(trained, run_dir)  # the W&B run id came from the old path: render finds it in RUN/wandb
     run_cli([sys.executable, "-m", "distnerf.render", f"run_dir={run_dir}", f"video={run_dir / 'fly.gif'}",

@@ -103,7 +103,7 @@ ALLOWED: tuple[Allowed, ...] = (
     Allowed("distnerf/renderer/occupancy.py::_strides", _H2D, "once per stage",
             "the occupancy grid's three strides (`torch.tensor`), made once per grid size and kept"),
     Allowed("distnerf/components/optim.py::build_optimizer", _H2D, "once per stage",
-            "a group's learning rate made a 0-dim device tensor (`train.cuda_graph`), when the optimizer is (re)built"),
+            "a group's learning rate made a 0-dim device tensor (`step.cuda_graph`), when the optimizer is (re)built"),
     Allowed("distnerf/components/optim.py::rebuild_optimizer", "aten._local_scalar_dense", "once per stage",
             "the old optimizer's device learning rate carried into the new one at a grid stage"),
     Allowed("distnerf/components/graphed_step.py::GraphedStep._capture", "torch.cuda.synchronize", "once per capture",

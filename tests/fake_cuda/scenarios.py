@@ -6,11 +6,11 @@ what it ran (steps, grid stages, captures, replays, chunks, the sampler, the bat
 and its events and problems (:func:`tests.fake_cuda.lane.problems`); ``error`` holds a scenario's traceback (a
 device mismatch raises). Scenarios (``NAME``; default all):
 
-* ``static``: the CUDA default training step: ``sampler=auto``, ``train.samples_per_step`` null (the static step
+* ``static``: the CUDA default training step: ``sampler=auto``, ``step.samples_per_step`` null (the static step
   and its 2^18-slot budget), the batch the entry point sets (``STATIC_RAYS_PER_RANK``); steps across an occupancy
   refresh and a grid stage.
 * ``static_ngp``: the same step with ``model=ngp`` (the other model the static step covers), a few steps.
-* ``graphed``: ``train.cuda_graph`` and ``train.bf16``: warm-up, capture, replays across an occupancy refresh and a
+* ``graphed``: ``step.cuda_graph`` and ``step.bf16``: warm-up, capture, replays across an occupancy refresh and a
   grid stage (captured again), capturable Adam with 0-dim device learning rates, a probe step.
 * ``evaluation``: one whole test view rendered in chunks by the trained graphed model (``render_image``: evaluation's
   march in fixed rounds).
@@ -181,9 +181,9 @@ def main(argv: list[str]) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="fake_cuda_"))
     graphed_trainer = None
     plan = [("static", [], STATIC_STEPS, None), ("static_ngp", ["model=ngp"], NGP_STEPS, None),
-            ("graphed", ["train.cuda_graph=true", "train.bf16=true", "train.graph_probe_every=7", "model.color=mlp"],
+            ("graphed", ["step.cuda_graph=true", "step.bf16=true", "step.probe_every=7", "model.color=mlp"],
              GRAPHED_STEPS, None),
-            ("injected", ["train.cuda_graph=true", "train.graph_probe_every=0"], INJECTED_STEPS, _inject)]
+            ("injected", ["step.cuda_graph=true", "step.probe_every=0"], INJECTED_STEPS, _inject)]
     with lane:
         for name, overrides, steps, inject in plan:
             if name not in wanted and not (name == "graphed" and "evaluation" in wanted):

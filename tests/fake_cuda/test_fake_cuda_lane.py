@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 SCENARIOS = Path(__file__).with_name("scenarios.py")
 DOC = REPO / "docs" / "cuda_nccl.md"
 TIMEOUT_S = 240
-AUTO_SAMPLES = 1 << 18  # the static step's slots with train.samples_per_step null on CUDA (sample_budget.AUTO_SAMPLES)
+AUTO_SAMPLES = 1 << 18  # the static step's slots with step.samples_per_step null on CUDA (sample_budget.AUTO_SAMPLES)
 
 
 @pytest.fixture(scope="module")

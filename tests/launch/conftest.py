@@ -21,7 +21,7 @@ from distnerf.observe.logger import read_metrics_log
 from tests.conftest import REPO, free_port
 
 # a short 2-rank run: 40 steps, a checkpoint every 10, 1 test view, no LPIPS
-SMOKE = ["experiment=smoke", "device=cpu", "train.progress=false", "train.log_every=1", "train.ckpt_every=10",
+SMOKE = ["experiment=smoke", "device=cpu", "monitor.progress=false", "monitor.log_every=1", "checkpoints.every=10",
          "train.max_steps=40", "eval.num_views=1", "sampler.num_workers=2"]
 RUN_ENV = {"OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
 

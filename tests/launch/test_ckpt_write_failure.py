@@ -13,8 +13,8 @@ import sys
 from distnerf import checkpoint as ckpt
 from tests.conftest import REPO, run_cli
 
-ARGS = ["experiment=smoke", "dataset=synthetic", "dataset.resolution=24", "train.progress=false",
-        "eval.enabled=false", "train.ckpt_every=10"]
+ARGS = ["experiment=smoke", "dataset=synthetic", "dataset.resolution=24", "monitor.progress=false",
+        "eval.enabled=false", "checkpoints.every=10"]
 
 
 def limited(max_bytes: int):
@@ -51,7 +51,7 @@ def test_a_failed_checkpoint_write_stops_the_run_and_loses_nothing(tmp_path):
 
 def test_a_failed_pixel_cache_write_is_named_and_never_mapped(tmp_path):
     cache = tmp_path / "cache"
-    common = [*ARGS, f"sampler.cache_dir={cache}", "train.max_steps=2", "train.ckpt_every=0"]
+    common = [*ARGS, f"sampler.cache_dir={cache}", "train.max_steps=2", "checkpoints.every=0"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
     proc = subprocess.run([sys.executable, "-m", "distnerf.train", *common, f"run_dir={tmp_path / 'a'}"], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=300, preexec_fn=limited(20_000))

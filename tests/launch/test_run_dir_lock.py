@@ -10,14 +10,14 @@ import time
 
 from tests.conftest import REPO, run_cli
 
-ARGS = ["experiment=smoke", "dataset=synthetic", "dataset.resolution=24", "train.progress=false"]
+ARGS = ["experiment=smoke", "dataset=synthetic", "dataset.resolution=24", "monitor.progress=false"]
 
 
 def test_a_second_run_is_refused_and_a_killed_runs_directory_is_free(tmp_path):
     run_dir = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
     first = subprocess.Popen([sys.executable, "-m", "distnerf.train", *ARGS, f"run_dir={run_dir}",
-                              "train.max_steps=100000", "train.ckpt_every=5"], cwd=REPO, env=env,
+                              "train.max_steps=100000", "checkpoints.every=5"], cwd=REPO, env=env,
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         lock = run_dir / ".train.lock"

@@ -18,8 +18,8 @@ def test_two_ranks_train_from_one_cache_built_once(tmp_path, synthetic_cache):
     cache_dir = tmp_path / "pixels"
     args = torchrun(2) + ["-m", "distnerf.train", "experiment=smoke", "device=cpu", f"run_dir={tmp_path / 'run'}",
                           f"dataset.cache_dir={synthetic_cache}", "sampler=pipelined", "sampler.num_workers=1",
-                          f"sampler.cache_dir={cache_dir}", "train.max_steps=2", "train.ckpt_every=0",
-                          "train.progress=false", "eval.enabled=false"]
+                          f"sampler.cache_dir={cache_dir}", "train.max_steps=2", "checkpoints.every=0",
+                          "monitor.progress=false", "eval.enabled=false"]
     proc = run_cli(args)
     log = proc.stdout + proc.stderr
     assert log.count("building the pixel cache") <= 1, log[-3000:]  # (only rank 0 logs INFO)

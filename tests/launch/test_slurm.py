@@ -34,7 +34,7 @@ SCRIPTS = ("slurm_train.sbatch", "slurm_multinode.sbatch", "slurm_render.sbatch"
 def preempted(slurm, tmp_path_factory):
     root = tmp_path_factory.mktemp("slurm_train")
     run, out = root / "run", root / "train.out"
-    job = slurm.sbatch("slurm_train.sbatch", [*SMOKE, "train.max_steps=60", "train.ckpt_every=20"],
+    job = slurm.sbatch("slurm_train.sbatch", [*SMOKE, "train.max_steps=60", "checkpoints.every=20"],
                        [*CPU_JOB, "--signal=B:USR2@30", f"--output={out}"],
                        {"NPROC": "2", "RUN_DIR": str(run), "PREEMPT_SIGNAL": "USR2"})
     wait_for(lambda: last_step(run) >= 12, 240, f"step 12 of job {job} ({out})")
@@ -78,7 +78,7 @@ def test_multinode_script_on_one_node_preempted_requeued_then_cancelled(slurm, t
     """srun forwards the warning to the agent, the agent to its ranks; the requeued job resumes;
     a plain scancel (SIGTERM) of the resumed job ends in a checkpoint too, without a requeue."""
     run, out = tmp_path / "run", tmp_path / "mn.out"
-    job = slurm.sbatch("slurm_multinode.sbatch", [*SMOKE, "train.max_steps=100000", "train.ckpt_every=1000"],
+    job = slurm.sbatch("slurm_multinode.sbatch", [*SMOKE, "train.max_steps=100000", "checkpoints.every=1000"],
                        ["--nodes=1", *CPU_JOB, f"--output={out}"],
                        {"NPROC": "2", "RUN_DIR": str(run), "RDZV_PORT": str(free_port())})
     wait_for(lambda: last_step(run) >= 8, 240, f"step 8 of job {job} ({out})")

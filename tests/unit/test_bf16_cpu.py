@@ -1,4 +1,4 @@
-"""``train.bf16`` for real on the CPU (issue 62 item 2): the static step and the CUDA graph's body run under
+"""``step.bf16`` for real on the CPU (issue 62 item 2): the static step and the CUDA graph's body run under
 torch's CPU bf16 autocast (:func:`distnerf.components.step.bf16_autocast`), so the dtype mistakes that fake
 CUDA tensors cannot see (a bfloat16 tensor meeting a float32 one where no autocast rule casts it, a bfloat16
 gradient reaching a float32 table) fail here. Reference: the same step in float32, same model, same batch.
@@ -18,7 +18,7 @@ from tests import trainers
 from tests.conftest import step_sse
 
 STATIC = ["model=grid", "model.color=mlp", "model.train_termination=false", "model.train_round_steps=0",
-          "train.global_rays=128", "train.samples_per_step=32768", "model.sparse_grad=false"]
+          "train.global_rays=128", "step.samples_per_step=32768", "model.sparse_grad=false"]
 STEPS = 3
 
 
@@ -92,7 +92,7 @@ def _compare(fp32, bf16) -> None:
 
 def test_static_step_under_cpu_bf16_autocast_follows_float32(tmp_path):
     fp32 = _train(tmp_path / "fp32", [])
-    bf16 = _train(tmp_path / "bf16", ["train.bf16=true"])
+    bf16 = _train(tmp_path / "bf16", ["step.bf16=true"])
     assert not fp32[2]["bf16_ops"] and {"addmm", "mm"} & bf16[2]["bf16_ops"]  # the MLP's products in bf16
     _compare(fp32, bf16)
 
@@ -100,10 +100,10 @@ def test_static_step_under_cpu_bf16_autocast_follows_float32(tmp_path):
 def test_graph_body_under_cpu_bf16_autocast_follows_float32(tmp_path):
     """The graphed step: its warm-up steps are the eager step's (above), then every step runs the graph's body
     (uncaptured on the CPU); the gradients compared are those of the body's first step."""
-    graph = ["train.cuda_graph=true", "train.graph_probe_every=0"]
+    graph = ["step.cuda_graph=true", "step.probe_every=0"]
     steps = 6  # 3 warm-up steps (GraphedStep's default), then 3 through the body
     fp32 = _train(tmp_path / "fp32", graph, steps, body_grads=True)
-    bf16 = _train(tmp_path / "bf16", [*graph, "train.bf16=true"], steps, body_grads=True)
+    bf16 = _train(tmp_path / "bf16", [*graph, "step.bf16=true"], steps, body_grads=True)
     assert bf16[2]["body"] == fp32[2]["body"] == 3
     assert not fp32[2]["bf16_ops"] and {"addmm", "mm"} & bf16[2]["bf16_ops"]
     _compare(fp32, bf16)

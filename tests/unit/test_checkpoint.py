@@ -227,8 +227,7 @@ class Sampler:
 
 
 def checkpointer(root, every_minutes=0.0, marks=(), keep=5):
-    cfg = SimpleNamespace(ckpt_every=10, ckpt_every_minutes=every_minutes, ckpt_minutes=list(marks),
-                          keep_checkpoints=keep, ckpt_async=True)
+    cfg = {"every": 10, "every_minutes": every_minutes, "at_minutes": list(marks), "keep": keep, "background": True}
     return Checkpointer(root, cfg, build_strategy({"name": "ddp"}, DistEnv()), {"model": "m"})
 
 

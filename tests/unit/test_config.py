@@ -83,7 +83,7 @@ def test_defaults_are_written_once_in_the_schema():
     ("strategy.compression=fp61", r"config strategy.compression='fp61' is not one of \['none', 'fp16', 'bf16'\]"),
     ("model.color=rgb", r"config model.color='rgb' is not one of \['sh', 'mlp'\]"),
     ("train.max_steps=0", r"config train.max_steps=0 must be > 0"),
-    ("train.ckpt_every=-2", r"config train.ckpt_every=-2 must be >= -1"),
+    ("checkpoints.every=-2", r"config checkpoints.every=-2 must be >= -1"),
     ("model.termination=2", r"config model.termination=2.0 must be <= 1"),
     # a list that grows with the code is read from the schema (adding a policy must not break this test)
     ("sampler.policy=random", r"config sampler.policy='random' is not one of "
@@ -247,7 +247,7 @@ def test_a_training_run_validates_its_config_once_and_derives_the_rest(tmp_path,
     monkeypatch.setattr(config_check, "_merge_section", spy("section_merge", config_check._merge_section))
     cfg = compose_train(["experiment=smoke", "sampler=sync", "strategy=ss", "strategy.num_regions=2",
                          "strategy.training=joint", "strategy.context_resolution=8", "model.max_params=100000",
-                         "model.tv_weight=0.001", "train.max_steps=2", "train.ckpt_every=-1", "train.progress=false",
+                         "model.tv_weight=0.001", "train.max_steps=2", "checkpoints.every=-1", "monitor.progress=false",
                          "eval.enabled=false", "profiler.telemetry=false", f"dataset.cache_dir={synthetic_cache}",
                          f"run_dir={tmp_path / 'run'}"])
     logger = logging.getLogger("distnerf")  # run() installs its handlers: restored for the tests after this one
@@ -270,3 +270,50 @@ def test_a_training_run_validates_its_config_once_and_derives_the_rest(tmp_path,
     assert all(b["whole_model_max_params"] == 100000 >= b["whole_model_parameters"] == whole for b in budgets)
     # the shards hold the whole model's tables once, but for a duplicated face plane (its appearance: apart)
     assert whole * 0.95 < sum(b["final_parameters"] for b in budgets) < whole * 1.15
+
+
+# ----------------------------------------------------------------------------- sections by concern
+OLD_LAYOUT = CONF.parent / "tests" / "fixtures" / "config_before_sections.yaml"
+
+
+def test_train_holds_the_batch_and_the_run_s_length_only():
+    """The issue's target: ``train`` at most 10 keys; every other step setting in its own section."""
+    assert [f.name for f in dataclasses.fields(schema.TrainLoopConfig)] == [
+        "rays_per_rank", "global_rays", "max_steps", "max_minutes"]
+    sections = {"optim": schema.OptimConfig, "step": schema.StepConfig, "checkpoints": schema.CheckpointsConfig,
+                "monitor": schema.MonitorConfig}
+    for new in config_check.MOVED_TRAIN_KEYS.values():  # every moved key has a field where the map says
+        group, key = new.split(".")
+        assert key in {f.name for f in dataclasses.fields(sections[group])}, new
+
+
+def test_a_run_directory_from_before_the_sections_loads_with_its_values_moved(tmp_path):
+    """A config.yaml the old code wrote (the fixture: every old train key, four of them off their defaults) is
+    read by render, export and view (load_run_config): every old key lands in its section with its value."""
+    from distnerf.engine.runs import load_run_config
+
+    old = yaml.safe_load(OLD_LAYOUT.read_text())
+    assert {"lr", "ckpt_every", "graph_probe_every", "ckpt_async", "log_every"} <= set(old["train"])
+    (tmp_path / "config.yaml").write_text(OLD_LAYOUT.read_text())
+    cfg, _ = load_run_config([f"run_dir={tmp_path}", "eval.num_views=1"])
+    assert list(cfg.train) == ["rays_per_rank", "global_rays", "max_steps", "max_minutes"]
+    assert (cfg.train.global_rays, cfg.train.max_steps) == (512, 20)
+    assert cfg.optim.lr == 0.02 and cfg.checkpoints.every == 7 and cfg.step.probe_every == 9
+    assert cfg.checkpoints.background is False and cfg.monitor.log_every == 5 and cfg.eval.num_views == 1
+    assert cfg.optim.schedule == old["train"]["schedule"]  # the saved (resolved) rule, kept
+    # the converter alone: every old key moved, nothing else touched; a config in the new layout unchanged
+    new = config_check.upgrade_config(old)
+    assert OmegaConf.to_container(new.train) == {k: old["train"][k] for k in cfg.train}
+    assert config_check.upgrade_config(new) == new
+
+
+def test_an_old_train_key_is_refused_naming_its_new_key():
+    """A user types train.lr=... (the old layout): an error naming optim.lr, not Hydra's 'not in TrainLoopConfig'."""
+    with pytest.raises(config_check.ConfigError, match=r"train\.lr moved to optim\.lr.*optim\.lr=0\.1"):
+        config_check.refuse_moved_keys(["model=grid", "train.lr=0.1"])
+    with pytest.raises(config_check.ConfigError, match=r"train\.ckpt_async moved to checkpoints\.background"):
+        config_check.refuse_moved_keys(["+train.ckpt_async=false"])
+    config_check.refuse_moved_keys(["train.max_steps=3", "optim.lr=0.1", "eval.lr=1"])  # keys that did not move
+    # a study cell recorded before the split ran with the settings its plan names now
+    assert config_check.upgrade_overrides(["train.lr=1", "+train.ckpt_every=3", "train.max_steps=5", "seed=2"]) == [
+        "optim.lr=1", "+checkpoints.every=3", "train.max_steps=5", "seed=2"]

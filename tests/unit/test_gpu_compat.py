@@ -44,11 +44,11 @@ def test_the_optimizer_is_built_without_fused_where_adam_lacks_it(monkeypatch):
     from distnerf.components import optim
     from distnerf.model.grid import GridModel
     from distnerf.config_check import section
-    from distnerf.schema import GridModelConfig, TrainLoopConfig
+    from distnerf.schema import GridModelConfig, OptimConfig
 
     model = GridModel(torch.tensor([[-1.0] * 3, [1.0] * 3]), torch.ones(3),
                       section(GridModelConfig, {"resolutions": [8], "upsample_steps": []}))
-    cfg = section(TrainLoopConfig, {"fused": True})
+    cfg = section(OptimConfig, {"fused": True})
     assert optim.build_optimizer(model, cfg).defaults.get("fused") is True
     monkeypatch.setattr(optim, "accepts", lambda fn, kw: False)  # an Adam whose signature has no `fused`
     assert not optim.build_optimizer(model, cfg).defaults.get("fused")

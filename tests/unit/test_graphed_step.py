@@ -1,4 +1,4 @@
-"""The whole static step replayed as one CUDA graph per grid stage (train.cuda_graph, issue 49 item 5).
+"""The whole static step replayed as one CUDA graph per grid stage (step.cuda_graph, issue 49 item 5).
 
 On the CPU the graph's body runs uncaptured on the graph's fixed buffers: it must train as the eager static
 step does on the same batches (losses and tables), read nothing from the device, and read every tensor from
@@ -23,7 +23,7 @@ from tests.conftest import step_sse
 
 STATIC = ["model=grid", "model.train_termination=false", "model.train_round_steps=0",
           ]
-CPU = ["train.global_rays=128", "train.samples_per_step=32768"]
+CPU = ["train.global_rays=128", "step.samples_per_step=32768"]
 STEPS = 24  # past the smoke grid's stage change (step 10) and two occupancy refreshes (every 8 steps)
 
 
@@ -88,7 +88,7 @@ def _train(tmp_path, overrides, steps=STEPS, watch=False, device="cpu", never_re
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     eager = _train(tmp_path_factory.mktemp("eager"), [*CPU, "model.sparse_grad=false"], steps=STEPS + 2)
-    graphed = _train(tmp_path_factory.mktemp("graphed"), [*CPU, "train.cuda_graph=true", "train.graph_probe_every=7"],
+    graphed = _train(tmp_path_factory.mktemp("graphed"), [*CPU, "step.cuda_graph=true", "step.probe_every=7"],
                      steps=STEPS + 2, watch=True)
     return eager, graphed
 
@@ -134,8 +134,8 @@ def test_graphed_step_refuses_without_a_budget(tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (a lent GPU runs it: issue 49 item 5)")
 def test_cuda_graph_replays_the_whole_step_as_the_eager_step(tmp_path):
     """On a GPU: the recorded graph (one per grid stage) trains as the eager static step on the same batches."""
-    cuda = ["device=cuda", "train.global_rays=4096", "train.samples_per_step=65536", "train.cuda_graph=true",
-            "train.graph_probe_every=0"]
+    cuda = ["device=cuda", "train.global_rays=4096", "step.samples_per_step=65536", "step.cuda_graph=true",
+            "step.probe_every=0"]
     # the reference: the same step, same buffers, same capturable Adam, never recorded
     losses, tables, _, _, eager = _train(tmp_path / "eager", cuda, device="cuda", never_record=True)
     g_losses, g_tables, _, _, graphed = _train(tmp_path / "graphed", cuda, device="cuda")

@@ -47,7 +47,7 @@ def test_a_non_finite_loss_stops_the_run_and_no_checkpoint_holds_its_parameters(
     monkeypatch.setattr(step_mod, "ray_error", poisoned)
     from tests import trainers
 
-    trainer, env = trainers.build_trainer([f"train.ckpt_every={ckpt_every}", "train.max_steps=12"], tmp_path / "run")
+    trainer, env = trainers.build_trainer([f"checkpoints.every={ckpt_every}", "train.max_steps=12"], tmp_path / "run")
     try:
         with pytest.raises(NonFiniteLoss, match=f"non-finite loss at step {poisoned_step} on 1 rank"):
             trainer.fit()

@@ -24,8 +24,8 @@ CONF = Path(__file__).resolve().parents[2] / "conf"
 def test_a_finished_live_run_says_finished_before_its_viewer_closes(tmp_path, synthetic_cache):
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = validate(compose("train", overrides=[
-            "experiment=smoke", "sampler=sync", "train.max_steps=6", "train.log_every=1000", "train.ckpt_every=-1",
-            "train.progress=false", "eval.enabled=false", "profiler.telemetry=false", f"run_dir={tmp_path}",
+            "experiment=smoke", "sampler=sync", "train.max_steps=6", "monitor.log_every=1000", "checkpoints.every=-1",
+            "monitor.progress=false", "eval.enabled=false", "profiler.telemetry=false", f"run_dir={tmp_path}",
             f"dataset.cache_dir={synthetic_cache}", "viewer.enabled=true", f"viewer.port={free_port()}"]))
     env = D.init_distributed("cpu", timeout_s=cfg.dist_timeout_s, setup_timeout_s=cfg.dist_setup_timeout_s)
     trainer = Trainer(cfg, build_strategy(cfg.strategy, env), tmp_path)

@@ -129,12 +129,12 @@ def test_telemetry_on_cpu_samples_the_process_and_no_nvml():
 
 
 def test_setting_differences_declared_and_undeclared():
-    a = flatten({"train": {"lr": 1e-3, "max_steps": 10}, "run_dir": "/a", "env": {"torch_threads": 1}})
-    b = flatten({"train": {"lr": 2e-3, "max_steps": 10}, "run_dir": "/b", "env": {"torch_threads": 2}})
-    declared, undeclared = setting_differences(a, b, ["train.lr"])
-    assert declared == [("train.lr", 1e-3, 2e-3)]
+    a = flatten({"optim": {"lr": 1e-3}, "train": {"max_steps": 10}, "run_dir": "/a", "env": {"torch_threads": 1}})
+    b = flatten({"optim": {"lr": 2e-3}, "train": {"max_steps": 10}, "run_dir": "/b", "env": {"torch_threads": 2}})
+    declared, undeclared = setting_differences(a, b, ["optim.lr"])
+    assert declared == [("optim.lr", 1e-3, 2e-3)]
     assert undeclared == [("env.torch_threads", 1, 2)]  # run_dir is bookkeeping
-    declared, undeclared = setting_differences(a, b, ["train", "env"])
+    declared, undeclared = setting_differences(a, b, ["optim", "env"])
     assert not undeclared and len(declared) == 2
 
 
@@ -168,11 +168,11 @@ def test_step_records_stay_within_their_bound_as_a_systematic_sample():
 def test_a_key_added_later_at_its_default_is_no_difference():
     """A run written before a key existed lacks it: no difference where the other run holds the
     schema's default (GridModelConfig: min_altitude None, shell_alpha_init False); a real value
-    still differs, and the derived train.schedule is never compared."""
+    still differs, and the derived optim.schedule is never compared."""
     from distnerf.observe.compare import setting_differences
 
-    old = {"model.name": "grid", "model.resolutions": [64, 128], "train.schedule": "steps (stop at step 100)"}
-    new = {**old, "model.min_altitude": None, "model.shell_alpha_init": False, "train.schedule": "steps (other)"}
+    old = {"model.name": "grid", "model.resolutions": [64, 128], "optim.schedule": "steps (stop at step 100)"}
+    new = {**old, "model.min_altitude": None, "model.shell_alpha_init": False, "optim.schedule": "steps (other)"}
     assert setting_differences(old, new, []) == ([], [])
     assert setting_differences(new, old, []) == ([], [])
     changed = {**new, "model.shell_alpha_init": True}

@@ -11,75 +11,79 @@ import torch
 from distnerf.components.schedule import Clock, lr_factor, stage_step, step_limit
 from distnerf.model.grid import GridModel
 from distnerf.config_check import describe_schedule
-from distnerf.schema import DEFAULT_MAX_STEPS, TrainLoopConfig
+from distnerf.schema import DEFAULT_MAX_STEPS, OptimConfig, TrainLoopConfig
 AABB = torch.tensor([[-1.0, -1.0, -1.0], [1.0, 1.0, 1.0]])
 
 
-def _train(**kw) -> dict:
-    return {**TrainLoopConfig().__dict__, **kw}
+def _train(**kw) -> tuple[dict, dict]:
+    """(the ``optim`` section, the ``train`` section) with ``kw`` set in the one declaring each key."""
+    optim, train = dict(OptimConfig().__dict__), dict(TrainLoopConfig().__dict__)
+    for key, value in kw.items():
+        (optim if key in optim else train)[key] = value
+    return optim, train
 
 
 def test_without_a_budget_the_learning_rate_follows_the_step():
     cfg = _train(decay=0.1, decay_steps=1500.0, warmup_steps=0)
-    assert lr_factor(0, cfg) == pytest.approx(1.0)
-    assert lr_factor(1500, cfg) == pytest.approx(0.1)
-    assert lr_factor(750, cfg) == pytest.approx(0.1 ** 0.5)
+    assert lr_factor(0, *cfg) == pytest.approx(1.0)
+    assert lr_factor(1500, *cfg) == pytest.approx(0.1)
+    assert lr_factor(750, *cfg) == pytest.approx(0.1 ** 0.5)
     # a budget fraction passed without max_minutes is not read: the clock says "no budget"
-    assert lr_factor(Clock(1500, None), cfg) == pytest.approx(0.1)
+    assert lr_factor(Clock(1500, None), *cfg) == pytest.approx(0.1)
 
 
 def test_with_a_budget_the_learning_rate_falls_by_decay_over_the_budget_whatever_the_steps():
     cfg = _train(decay=0.1, decay_steps=1500.0, warmup_steps=0, max_minutes=10.0, decay_start=0.0)
-    assert lr_factor(Clock(4570, 0.0), cfg) == pytest.approx(1.0)
-    assert lr_factor(Clock(100, 0.5), cfg) == pytest.approx(0.1 ** 0.5)
-    assert lr_factor(Clock(9000, 1.0), cfg) == pytest.approx(0.1)
-    assert lr_factor(Clock(9001, 1.3), cfg) == pytest.approx(0.1)  # the stopping step: clamped at 1
+    assert lr_factor(Clock(4570, 0.0), *cfg) == pytest.approx(1.0)
+    assert lr_factor(Clock(100, 0.5), *cfg) == pytest.approx(0.1 ** 0.5)
+    assert lr_factor(Clock(9000, 1.0), *cfg) == pytest.approx(0.1)
+    assert lr_factor(Clock(9001, 1.3), *cfg) == pytest.approx(0.1)  # the stopping step: clamped at 1
 
 
 def test_with_a_decay_start_the_learning_rate_holds_then_falls_by_decay_over_the_rest_of_the_budget():
     cfg = _train(decay=0.1, decay_steps=1500.0, warmup_steps=0, max_minutes=2.0, decay_start=0.8)
-    assert lr_factor(Clock(10, 0.0), cfg) == 1.0
-    assert lr_factor(Clock(500, 0.8), cfg) == 1.0  # the decay begins at p = 0.8
-    assert lr_factor(Clock(600, 0.9), cfg) == pytest.approx(0.1 ** 0.5)  # half of the last fifth
-    assert lr_factor(Clock(700, 1.0), cfg) == pytest.approx(0.1)
-    assert lr_factor(Clock(701, 1.2), cfg) == pytest.approx(0.1)
-    assert TrainLoopConfig().decay_start == 0.8  # the default (components/schedule.py: the measurement)
+    assert lr_factor(Clock(10, 0.0), *cfg) == 1.0
+    assert lr_factor(Clock(500, 0.8), *cfg) == 1.0  # the decay begins at p = 0.8
+    assert lr_factor(Clock(600, 0.9), *cfg) == pytest.approx(0.1 ** 0.5)  # half of the last fifth
+    assert lr_factor(Clock(700, 1.0), *cfg) == pytest.approx(0.1)
+    assert lr_factor(Clock(701, 1.2), *cfg) == pytest.approx(0.1)
+    assert OptimConfig().decay_start == 0.8  # the default (components/schedule.py: the measurement)
 
 
 def test_with_decay_steps_null_the_steps_follow_the_budgets_rule_over_max_steps():
     cfg = _train(decay=0.1, decay_steps=None, warmup_steps=0, max_steps=3000, decay_start=0.8)
-    assert lr_factor(0, cfg) == 1.0
-    assert lr_factor(2400, cfg) == 1.0  # constant through 80% of the steps
-    assert lr_factor(2700, cfg) == pytest.approx(0.1 ** 0.5)  # half of the last fifth
-    assert lr_factor(3000, cfg) == pytest.approx(0.1)
+    assert lr_factor(0, *cfg) == 1.0
+    assert lr_factor(2400, *cfg) == 1.0  # constant through 80% of the steps
+    assert lr_factor(2700, *cfg) == pytest.approx(0.1 ** 0.5)  # half of the last fifth
+    assert lr_factor(3000, *cfg) == pytest.approx(0.1)
     # decay_start 0: over the whole run; max_steps null: the 1000-step default run
-    assert lr_factor(500, _train(decay=0.1, decay_steps=None, warmup_steps=0, decay_start=0.0)) == pytest.approx(
+    assert lr_factor(500, *_train(decay=0.1, decay_steps=None, warmup_steps=0, decay_start=0.0)) == pytest.approx(
         0.1 ** 0.5)
     # a budget keeps its own fraction: decay_steps null changes nothing there
     budget = _train(decay=0.1, decay_steps=None, warmup_steps=0, max_minutes=2.0, max_steps=3000, decay_start=0.8)
-    assert lr_factor(Clock(2900, 0.5), budget) == 1.0
+    assert lr_factor(Clock(2900, 0.5), *budget) == 1.0
     text = describe_schedule(3000, 0, 0.1, None, 0, None, decay_start=0.8)
     assert "lr constant until step 2400, then x 0.1 ** ((step / 3000 - 0.8) / 0.2)" in text
 
 def test_warm_up_counts_steps_in_both_schedules():
     for cfg, clock in ((_train(warmup_steps=10, decay_steps=1e12), 4),
                        (_train(warmup_steps=10, max_minutes=1.0), Clock(4, 0.0))):
-        assert lr_factor(clock, cfg) == pytest.approx(5 / 10)
+        assert lr_factor(clock, *cfg) == pytest.approx(5 / 10)
 
 
 def test_stage_clock_is_the_step_or_the_budget_fraction_times_schedule_steps_whichever_is_later():
     cfg = _train(max_minutes=2.0, schedule_steps=1000.0)
-    assert stage_step(Clock(50, None), cfg) == 50
-    assert stage_step(Clock(50, 0.25), cfg) == 250  # a slow run: p leads
-    assert stage_step(Clock(700, 0.25), cfg) == 700  # a fast run: the step leads
-    assert stage_step(Clock(3, 0.2009), cfg) == 200  # floor(200.9)
-    assert stage_step(Clock(50, 0.25), _train(max_minutes=2.0)) == 50  # the default: stages by step
+    assert stage_step(Clock(50, None), cfg[0]) == 50
+    assert stage_step(Clock(50, 0.25), cfg[0]) == 250  # a slow run: p leads
+    assert stage_step(Clock(700, 0.25), cfg[0]) == 700  # a fast run: the step leads
+    assert stage_step(Clock(3, 0.2009), cfg[0]) == 200  # floor(200.9)
+    assert stage_step(Clock(50, 0.25), _train(max_minutes=2.0)[0]) == 50  # the default: stages by step
 
 
 def test_step_limit():
-    assert step_limit(_train(max_steps=None)) == DEFAULT_MAX_STEPS
-    assert step_limit(_train(max_steps=None, max_minutes=5.0)) == math.inf
-    assert step_limit(_train(max_steps=30, max_minutes=5.0)) == 30
+    assert step_limit(_train(max_steps=None)[1]) == DEFAULT_MAX_STEPS
+    assert step_limit(_train(max_steps=None, max_minutes=5.0)[1]) == math.inf
+    assert step_limit(_train(max_steps=30, max_minutes=5.0)[1]) == 30
 
 
 def test_grid_moves_one_stage_per_call_from_the_stage_clock_and_refreshes_occupancy_by_step():
@@ -116,9 +120,9 @@ def test_a_resumed_time_budgeted_run_continues_the_uninterrupted_one_bit_exactly
 
     from tests import trainers
 
-    overrides = ["model=grid", "sampler=sync", "train.max_minutes=1", "train.warmup_steps=0",
-                 "model.resolutions=[8,12,16]", "model.upsample_steps=[200,600]", "train.schedule_steps=1000",
-                 "train.decay_start=0.3"]
+    overrides = ["model=grid", "sampler=sync", "train.max_minutes=1", "optim.warmup_steps=0",
+                 "model.resolutions=[8,12,16]", "model.upsample_steps=[200,600]", "optim.schedule_steps=1000",
+                 "optim.decay_start=0.3"]
 
     def steps(trainer, until, lrs):
         while trainer.step < until:
@@ -169,20 +173,20 @@ def test_the_budget_clock_saves_the_fraction_its_step_read_and_a_resume_rescales
     """BudgetClock (components/schedule.py), by hand: 2 minutes of budget, so 30 s is p = 0.25."""
     from distnerf.components.schedule import BudgetClock
 
-    clock = BudgetClock(_train(max_minutes=2.0))
+    clock = BudgetClock(_train(max_minutes=2.0)[1])
     assert clock.fraction == 0.0
     clock.agree(30.0)
     assert clock.read(5) == 0.25  # step 5's schedule reads the fraction agreed at step 4's end
     clock.agree(60.0)  # step 5's agreement: p = 0.5, read by step 6
     assert clock.state_dict(5) == {"budget_fraction": 0.25, "budget_minutes": 2.0}  # saved inside step 5
     assert clock.state_dict(6) == {"budget_fraction": 0.5, "budget_minutes": 2.0}  # saved after it
-    resumed = BudgetClock(_train(max_minutes=1.0))  # the budget halved: the same seconds are twice the fraction
+    resumed = BudgetClock(_train(max_minutes=1.0)[1])  # the budget halved: the same seconds are twice the fraction
     resumed.load_state_dict(clock.state_dict(6), train_seconds=60.0)
     assert resumed.fraction == 1.0
-    from_steps = BudgetClock(_train(max_minutes=4.0))  # from a run without a budget: its training seconds
+    from_steps = BudgetClock(_train(max_minutes=4.0)[1])  # from a run without a budget: its training seconds
     from_steps.load_state_dict({"budget_fraction": None, "budget_minutes": 0.0}, train_seconds=48.0)
     assert from_steps.fraction == pytest.approx(0.2)
-    unbudgeted = BudgetClock(_train(max_minutes=0.0))
+    unbudgeted = BudgetClock(_train(max_minutes=0.0)[1])
     unbudgeted.agree(30.0)
     unbudgeted.load_state_dict({"budget_fraction": 0.5, "budget_minutes": 2.0}, train_seconds=60.0)
     assert unbudgeted.read(3) is None and unbudgeted.state_dict(3) == {"budget_fraction": None, "budget_minutes": 0.0}

@@ -1,4 +1,4 @@
-"""The static training step (train.samples_per_step, issue 49 item 2): the same loss and table gradients
+"""The static training step (step.samples_per_step, issue 49 item 2): the same loss and table gradients
 as the dynamic step on the same rays, no host sync (refresh steps included), overflow counted and
 left out of the loss."""
 from __future__ import annotations
@@ -19,11 +19,11 @@ BIG = 1 << 15  # slots: more than 128 smoke rays need (about 60 samples a ray)
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """The smoke grid trained by the static step (train.samples_per_step) past its upsampling (step 10) and an
+    """The smoke grid trained by the static step (step.samples_per_step) past its upsampling (step 10) and an
     occupancy refresh (every 8 steps); ``trainer.train_step.budget`` is its budget."""
     torch.manual_seed(0)
     trainer, env = trainers.build_trainer(["model=grid", "model.train_termination=false", "model.train_round_steps=0",
-                                        f"train.samples_per_step={BIG}", "train.global_rays=128"], tmp_path_factory.mktemp("static") / "run")
+                                        f"step.samples_per_step={BIG}", "train.global_rays=128"], tmp_path_factory.mktemp("static") / "run")
     try:
         while trainer.step < 17:
             trainers.run_step(trainer)
@@ -47,7 +47,7 @@ def _loss_and_grads(trainer, batch, budget):
 def test_static_equals_dynamic_loss_and_gradients(trained, distortion):
     model = trained.model
     model.distortion_loss_weight = distortion  # mip-NeRF 360's loss on the weights: the padding adds nothing to it
-    assert trained.train_step.budget.capacity == BIG == model.sample_capacity  # train.samples_per_step set it
+    assert trained.train_step.budget.capacity == BIG == model.sample_capacity  # step.samples_per_step set it
     batch = trained.sampler.to_device(trained.sampler.host_batch(trained.step))
     assert not model.occupancy.binary.all() and model.occupancy.binary.any()  # a refreshed grid: real skipping
     with sync_free_paths(True):  # dense table gradients in both (the sparse rows are the CPU's form of the same)
@@ -217,13 +217,13 @@ def test_compaction_pads_with_the_fill_value(static):
 
 @pytest.mark.cuda
 def test_auto_budget_is_on_for_cuda_only(trained):
-    """train.samples_per_step=null (the default): 2^18 slots on CUDA where the static step covers the model,
+    """step.samples_per_step=null (the default): 2^18 slots on CUDA where the static step covers the model,
     the dynamic step on the CPU (the suite's default path unchanged) and for a model it does not cover."""
     from distnerf.components.sample_budget import resolve_samples_per_step
-    from distnerf.schema import TrainLoopConfig
+    from distnerf.schema import StepConfig
 
     model = trained.model
-    assert TrainLoopConfig().samples_per_step is None
+    assert StepConfig().samples_per_step is None
     assert resolve_samples_per_step(None, model) == 0  # the CPU
     assert resolve_samples_per_step(None, model, torch.device("cuda")) == 1 << 18
     assert resolve_samples_per_step(7, model, torch.device("cpu")) == 7
@@ -237,7 +237,7 @@ def test_auto_budget_is_on_for_cuda_only(trained):
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (a lent GPU runs it: issue 49 item 5)")
 def test_static_step_on_cuda_never_synchronises_and_replays_as_a_graph(tmp_path):
-    """On a GPU: the default (train.samples_per_step=null) takes the static step; its forward and backward
+    """On a GPU: the default (step.samples_per_step=null) takes the static step; its forward and backward
     under ``torch.cuda.set_sync_debug_mode("error")`` (a host sync raises), then its render compiled with the
     ``cudagraphs`` backend (each step a CUDA graph replay) over steps of one grid stage, no recompile."""
     from hydra import compose, initialize_config_dir
@@ -302,7 +302,7 @@ def test_the_optimizer_compiled_on_its_own_steps_as_eager_with_no_recompile():
     with torch.no_grad():
         model.density.normal_(0.0, 2.0)
     twin = copy.deepcopy(model)
-    cfg = {"samples_per_step": 4096, "decay": 0.01, "decay_steps": 20}  # the rate changes at every step
+    optim = {"decay": 0.01, "decay_steps": 20}  # the rate changes at every step
     gen = torch.Generator().manual_seed(1)
     origins = torch.randn(256, 3, generator=gen) * 0.1 + torch.tensor([0.0, 0.0, -3.0])
     directions = torch.nn.functional.normalize(torch.tensor([0.0, 0.0, 1.0]) + 0.2 * torch.randn(256, 3, generator=gen), dim=-1)
@@ -312,7 +312,8 @@ def test_the_optimizer_compiled_on_its_own_steps_as_eager_with_no_recompile():
     counters.clear()
     try:
         with sync_free_paths(True):  # the CUDA paths (dense table gradients)
-            compiled = build_step(model, cfg, "cpu", compile=True, compile_backend="aot_eager")
+            compiled = build_step(model, {"samples_per_step": 4096}, "cpu", compile=True, compile_backend="aot_eager",
+                                  optim_cfg=optim)
             assert compiled.compiled_optimizer and torch.is_tensor(compiled.optimizer.param_groups[0]["lr"])
             rates = []
             for step in range(1, 5):
@@ -324,13 +325,13 @@ def test_the_optimizer_compiled_on_its_own_steps_as_eager_with_no_recompile():
         assert len(set(rates)) == 4, rates
         assert counters["stats"]["unique_graphs"] >= 2, dict(counters["stats"])  # the render and the optimizer
         # the optimizer alone, compiled against eager, on the same gradients and rates
-        eager_opt = build_optimizer(twin, cfg)
+        eager_opt = build_optimizer(twin, optim)
         twin_compiled = copy.deepcopy(twin)
-        compiled_opt = build_optimizer(twin_compiled, cfg, tensor_lr=True)
+        compiled_opt = build_optimizer(twin_compiled, optim, tensor_lr=True)
         step_fn = torch.compile(compiled_opt.step, backend="aot_eager")
         untrained = copy.deepcopy(twin)
         for step in range(1, 5):
-            set_lr(eager_opt, step, cfg), set_lr(compiled_opt, step, cfg)
+            set_lr(eager_opt, step, optim), set_lr(compiled_opt, step, optim)
             for p, q in zip(twin.parameters(), twin_compiled.parameters()):
                 p.grad = torch.randn(p.shape, generator=gen)
                 q.grad = p.grad.clone()
@@ -371,5 +372,5 @@ def test_the_static_batch_default_follows_the_models_own_rule(overrides):
     assert static_by_default(cfg, "cuda") == by_model, OmegaConf.to_container(cfg.model)
     assert by_model == (overrides in ([], ["model=ngp"], ["model.opaque_floor=true"]))  # no min_altitude: no floor
     assert not static_by_default(cfg, "cpu")
-    explicit = derive(cfg, train=derive(cfg.train, samples_per_step=1 << 16))
+    explicit = derive(cfg, step=derive(cfg.step, samples_per_step=1 << 16))
     assert not static_by_default(explicit, "cuda")  # set by the user: the batch default is not the budget's

@@ -32,13 +32,13 @@ def _grid(**options) -> GridModel:
 
 
 @pytest.mark.parametrize("model, cfg, world_size, compile, key", [
-    ("grid", {"cuda_graph": True, "samples_per_step": 0}, 1, False, r"train\.cuda_graph=true needs the static step"),
-    ("grid", {"cuda_graph": True}, 1, False, r"train\.cuda_graph=true needs the static step"),  # null: 0 off CUDA
-    ("grid", {"cuda_graph": True, "samples_per_step": 4096}, 2, False, r"train\.cuda_graph=true needs one process"),
+    ("grid", {"cuda_graph": True, "samples_per_step": 0}, 1, False, r"step\.cuda_graph=true needs the static step"),
+    ("grid", {"cuda_graph": True}, 1, False, r"step\.cuda_graph=true needs the static step"),  # null: 0 off CUDA
+    ("grid", {"cuda_graph": True, "samples_per_step": 4096}, 2, False, r"step\.cuda_graph=true needs one process"),
     ("grid", {"cuda_graph": True, "samples_per_step": 4096}, 1, True,
-     r"train\.cuda_graph=true needs model\.compile=false"),
-    ("nerf", {"samples_per_step": 4096}, 1, False, r"train\.samples_per_step needs a marched model"),
-    ("grid_rounds", {"samples_per_step": 4096}, 1, False, r"train\.samples_per_step: the static step does not cover"),
+     r"step\.cuda_graph=true needs model\.compile=false"),
+    ("nerf", {"samples_per_step": 4096}, 1, False, r"step\.samples_per_step needs a marched model"),
+    ("grid_rounds", {"samples_per_step": 4096}, 1, False, r"step\.samples_per_step: the static step does not cover"),
 ])
 def test_every_invalid_step_combination_is_refused_at_build_time_naming_its_key(model, cfg, world_size, compile, key):
     built = {"grid": _grid, "grid_rounds": lambda: _grid(train_round_steps=4),
@@ -84,11 +84,11 @@ def test_sparse_grad_is_switched_off_by_the_step_builder_only():
 
 
 def test_a_refused_step_fails_the_trainer_before_any_step(tmp_path):
-    with pytest.raises(ConfigError, match=r"train\.cuda_graph=true needs the static step"):
-        trainers.build_trainer(["model=grid", "train.cuda_graph=true", "train.samples_per_step=0"], tmp_path / "run")
+    with pytest.raises(ConfigError, match=r"step\.cuda_graph=true needs the static step"):
+        trainers.build_trainer(["model=grid", "step.cuda_graph=true", "step.samples_per_step=0"], tmp_path / "run")
 
 
-STEPS = ["model=grid", "train.log_every=1", "train.max_steps=6"]
+STEPS = ["model=grid", "monitor.log_every=1", "train.max_steps=6"]
 
 
 def _losses(run_dir: Path) -> list[tuple[int, float]]:

@@ -20,8 +20,8 @@ CONF = Path(__file__).resolve().parents[2] / "conf"
 def test_train_seconds_equals_the_wall_time_of_the_steps_within_2_percent(tmp_path, synthetic_cache):
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = validate(compose("train", overrides=[
-            "experiment=smoke", "sampler=sync", "train.max_steps=40", "train.log_every=1000", "train.ckpt_every=-1",
-            "train.progress=false", "eval.enabled=false", "profiler.telemetry=false", f"run_dir={tmp_path}",
+            "experiment=smoke", "sampler=sync", "train.max_steps=40", "monitor.log_every=1000", "checkpoints.every=-1",
+            "monitor.progress=false", "eval.enabled=false", "profiler.telemetry=false", f"run_dir={tmp_path}",
             f"dataset.cache_dir={synthetic_cache}"]))
     env = D.init_distributed("cpu", timeout_s=cfg.dist_timeout_s, setup_timeout_s=cfg.dist_setup_timeout_s)
     trainer = Trainer(cfg, build_strategy(cfg.strategy, env), tmp_path)

@@ -54,7 +54,7 @@ def test_two_cells_may_differ_only_in_the_settings_of_the_axes_they_differ_on():
 
 
 def test_override_changes_name_each_key_set_otherwise():
-    before = ["experiment=smoke", "dataset.resolution=24", "seed=0", "logger.wandb.group=study-a", "train.progress=false"]
+    before = ["experiment=smoke", "dataset.resolution=24", "seed=0", "logger.wandb.group=study-a", "monitor.progress=false"]
     now = ["experiment=smoke", "dataset.resolution=16", "dataset.resolution=32", "+model.x=1", "seed=0",
            "logger.wandb.group=study-b"]
     assert plan.override_changes(before, now) == {"dataset.resolution": ["24", "32"], "model.x": [None, "1"]}
