@@ -6,7 +6,7 @@ Two kinds of command line:
 
 * ``key=value`` overrides (``train``, ``render``, ``export``, ``view``): an :class:`Entry` per
   program. Its keys come from the schemas (:func:`schema_keys`: the default, the allowed values and the
-  comment written beside each field in :mod:`distnerf.schema`), so the help never restates a default.
+  ``help`` metadata of each field in :mod:`distnerf.schema`), so the help never restates a default.
 * ``argparse`` (``profile``, ``study``, the scene generator): :func:`argument_parser`, whose errors
   are one line too (argparse's own print the usage before them).
 
@@ -17,16 +17,12 @@ each is also ``python -m distnerf.NAME`` (the scene generator: ``python -m distn
 from __future__ import annotations
 
 import argparse
-import ast
 import contextlib
 import dataclasses
-import inspect
 import io
 import re
 import sys
-import tokenize
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Iterator, NoReturn, Sequence
 
@@ -45,45 +41,6 @@ class Key:
 
 
 # ----------------------------------------------------------------------------- keys from the schemas
-@lru_cache(maxsize=None)
-def _field_comments(path: str) -> dict[tuple[str, str], str]:
-    """{(class name, field name): the comment of that field} of the Python source at ``path``.
-
-    A field's comment is the one at the end of its line, with the comment-only lines below it
-    indented deeper than the field (its continuation), or else the comment-only lines just above it
-    (not the previous field's continuation).
-    """
-    source = Path(path).read_text()
-    comments: dict[int, tuple[int, str, bool]] = {}  # line -> (column, text, alone on its line)
-    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-        if tok.type == tokenize.COMMENT:
-            alone = not tok.line[:tok.start[1]].strip()
-            comments[tok.start[0]] = (tok.start[1], tok.string.lstrip("#").strip(), alone)
-    found, taken = {}, set()
-    for node in ast.walk(ast.parse(source)):
-        if not isinstance(node, ast.ClassDef):
-            continue
-        for item in node.body:
-            if not (isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)):
-                continue
-            lines = []
-            end = comments.get(item.end_lineno)
-            if end and not end[2]:
-                lines.append(end[1])
-                below = item.end_lineno + 1
-                while below in comments and comments[below][2] and comments[below][0] > item.col_offset:
-                    lines.append(comments[below][1])
-                    taken.add(below)
-                    below += 1
-            else:
-                above = item.lineno - 1
-                while above in comments and comments[above][2] and above not in taken:
-                    lines.insert(0, comments[above][1])
-                    above -= 1
-            found[(node.name, item.target.id)] = " ".join(lines)
-    return found
-
-
 def _one_line(text: str) -> str:
     """``text``'s first sentence, at most :data:`MEANING_CHARS` characters."""
     end = re.search(r"\.\s+(?=[A-Z])", text)  # not "e.g. x", "(Eq. 15)"
@@ -92,11 +49,12 @@ def _one_line(text: str) -> str:
 
 
 def _comment(schema: type, name: str) -> str:
-    """The one-line meaning of ``schema``'s field ``name``: the comment where it is declared."""
-    for cls in schema.__mro__:  # the class that declares the field (a subclass may restate it)
+    """The one-line meaning of ``schema``'s field ``name``: its ``help`` metadata (:mod:`distnerf.schema`'s
+    helpers), from the class that declares it with one (a subclass may restate the default alone)."""
+    for cls in schema.__mro__:
         if not dataclasses.is_dataclass(cls) or name not in cls.__dict__.get("__annotations__", {}):
             continue
-        text = _field_comments(inspect.getsourcefile(cls)).get((cls.__name__, name), "")
+        text = next(f for f in dataclasses.fields(cls) if f.name == name).metadata.get("help", "")
         if text:
             return _one_line(text)
     return ""
@@ -121,7 +79,7 @@ def schema_keys(schema: type, prefix: str = "", only: Sequence[str] | None = Non
         only: these fields (in this order), else all of them, in declaration order; a field typed
             ``Any`` without a default (a Hydra group: ``dataset``, ...) is left out.
     Returns:
-        One :class:`Key` per leaf: its default and the comment beside it (after its allowed values).
+        One :class:`Key` per leaf: its default and its ``help`` (after its allowed values).
     """
     fields = {f.name: f for f in dataclasses.fields(schema)}
     names = list(only) if only is not None else list(fields)

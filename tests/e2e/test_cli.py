@@ -8,11 +8,9 @@ set); two subprocesses prove the real ``python -m`` command lines.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import re
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -124,39 +122,36 @@ def test_a_wrong_argument_is_one_line_exit_2(script, args, named, bare_run, monk
     assert "Traceback" not in out + err
 
 
-def test_schema_keys_read_each_fields_comment(tmp_path, monkeypatch):
-    """A field's meaning: the comment beside it with its continuation, else the block above it (not the
-    previous field's continuation); the first sentence; allowed values first; nested sections last."""
-    source = textwrap.dedent('''
-        from dataclasses import dataclass, field
-        from distnerf.schema import choice, positive
+def test_schema_keys_read_each_fields_help():
+    """A field's meaning: its ``help`` metadata (the schema helpers' ``help=``, :func:`~distnerf.schema.doc`),
+    cut at its first sentence; allowed values first; a subclass restating a default keeps its base's help;
+    nested sections last; no help, no meaning."""
+    from dataclasses import dataclass, field
+    from distnerf.schema import choice, doc, items, positive
 
-        @dataclass
-        class Inner:
-            depth: int = 3  # how deep
+    @dataclass
+    class Inner:
+        depth: int = doc(3, "how deep")
 
-        @dataclass
-        class Probe:
-            inner: Inner = field(default_factory=Inner)
-            # the block above
-            # spans two lines. A second sentence.
-            alpha: float = positive(0.5)
-            beta: str = choice("x", "y")  # beside it, then
-                                          # its continuation
-            gamma: int = 1
-            delta: list = field(default_factory=lambda: [1, 2])  # e.g. two (Eq. 3) items
-        ''')
-    path = tmp_path / "probe_schema.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location("probe_schema", path)
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "probe_schema", module)
-    spec.loader.exec_module(module)
-    keys = C.schema_keys(module.Probe, "p.")
-    assert keys == [C.Key("p.alpha", "0.5", "the block above spans two lines."),
-                    C.Key("p.beta", "x", "one of x|y; beside it, then its continuation"),
-                    C.Key("p.gamma", "1", ""),
+    @dataclass
+    class Base:
+        gamma: int = doc(1, "the base's meaning")
+
+    @dataclass
+    class Probe(Base):
+        inner: Inner = field(default_factory=Inner)
+        alpha: float = positive(0.5, help="spans two sentences. A second one, cut.")
+        beta: str = choice("x", "y", help="beside it (e.g. x)")
+        gamma: int = 2
+        delta: list = items([1, 2], help="e.g. two (Eq. 3) items")
+        epsilon: int = 0
+
+    keys = C.schema_keys(Probe, "p.")
+    assert keys == [C.Key("p.gamma", "2", "the base's meaning"),
+                    C.Key("p.alpha", "0.5", "spans two sentences."),
+                    C.Key("p.beta", "x", "one of x|y; beside it (e.g. x)"),
                     C.Key("p.delta", "[1, 2]", "e.g. two (Eq. 3) items"),
+                    C.Key("p.epsilon", "0", ""),
                     C.Key("p.inner.depth", "3", "how deep")]
 
 
