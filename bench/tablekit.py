@@ -137,8 +137,24 @@ def commit_text(meta: dict) -> str:
     return f"commit {commit}" + (" with local changes" if meta.get("git_dirty") else "")
 
 
+def shown_command(command):
+    """A recorded command as a page shows it: a ``train.*`` key that has since moved to its own section
+    (:data:`distnerf.config_check.MOVED_TRAIN_KEYS`: ``train.lr`` is ``optim.lr``) under its new name, so the
+    page's command runs on the current code (tests/bench/test_page_commands.py); the JSON keeps the command as
+    it ran (its commit says when)."""
+    import re
+
+    from distnerf.config_check import MOVED_TRAIN_KEYS
+
+    if not isinstance(command, str):
+        return command
+    return re.sub(r"(?<![\w.])train\.(\w+)(?==)",
+                  lambda m: MOVED_TRAIN_KEYS.get(m.group(1), m.group(0)), command)
+
+
 def source_lines(res: Results) -> list[str]:
-    """One line per command: the files it wrote that the table used, command, date, commit, load."""
+    """One line per command: the files it wrote that the table used, command (:func:`shown_command`), date,
+    commit, load."""
     groups: dict[str, tuple[dict, list[str]]] = {}
     for rel in res.used:
         meta = res.meta(rel)
@@ -148,7 +164,7 @@ def source_lines(res: Results) -> list[str]:
     for meta, files in groups.values():
         names = ", ".join(f"`{res.shown(f)}`" for f in files)
         date = meta.get("date") or str(meta.get("finished", ""))[:10] or "date not recorded"
-        lines.append(f"- *Source:* {names} — `{meta.get('command', 'command not recorded')}`; {date}, "
+        lines.append(f"- *Source:* {names} — `{shown_command(meta.get('command', 'command not recorded'))}`; {date}, "
                      f"{commit_text(meta)}; {load_text(meta)}.")
     return lines
 
