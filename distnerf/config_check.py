@@ -296,6 +296,21 @@ def validate(cfg, root: type = TrainConfig) -> DictConfig:
     return merged
 
 
+def typed(schema: type, cfg) -> DictConfig:
+    """``cfg`` itself when it is a validated ``schema`` node (the run config's section, or one built by
+    :func:`section`): what a builder that takes a typed node checks, so that it neither merges nor restates a
+    default.
+
+    Raises:
+        TypeError: anything else (a dict, None, a partial mapping), naming the section expected.
+    """
+    if isinstance(cfg, DictConfig) and OmegaConf.get_type(cfg) is schema:
+        return cfg
+    name = PREFIX.get(schema, schema.__name__).rstrip(".")
+    raise TypeError(f"expected the validated {name} section (a {schema.__name__} node: the run config's "
+                    f"cfg.{name}, or config_check.section({schema.__name__}, ...)), not {type(cfg).__name__}")
+
+
 def section(schema: type | str, cfg=None, **overrides) -> DictConfig:
     """One group's config, validated: ``cfg`` (a mapping, possibly partial, or None) and
     ``overrides`` merged into ``schema`` (a dataclass, or a group name of :data:`GROUPS`

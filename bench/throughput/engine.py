@@ -94,7 +94,15 @@ def worker(args: dict) -> None:
         except ImportError:  # the baseline's checkout (bb24e52) has it in engine/
             from distnerf.engine.optim import build_optimizer
         model.train()
-        opt = build_optimizer(model, {"lr": 1e-3, "fused": True, "eps": 1e-15})
+        optim_cfg = {"lr": 1e-3, "fused": True, "eps": 1e-15}
+        try:  # the optim section, a typed node (the baseline's checkout took the dict)
+            from distnerf.config_check import section
+            from distnerf.schema import OptimConfig
+
+            optim_cfg = section(OptimConfig, optim_cfg)
+        except ImportError:
+            pass
+        opt = build_optimizer(model, optim_cfg)
         g = torch.Generator().manual_seed(0)
         times = []
         warmup = args.get("warmup", 2)

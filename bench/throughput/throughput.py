@@ -28,6 +28,8 @@ from distnerf.sampler import SyncSampler
 
 from distnerf.components.loss import photometric_sse
 from distnerf.components.optim import build_optimizer
+from distnerf.config_check import section
+from distnerf.schema import OptimConfig
 from distnerf.components.regularizer import add_regularizer_grads_
 
 NERF_FLOPS_PER_SAMPLE = 3.56e6  # forward+backward, per trained sample (issue figure)
@@ -127,7 +129,7 @@ def main():
         model = build_model(cfg, scene.aabb, scene.background).to(device).train()
         rays = args.nerf_rays if name == "nerf" else args.rays
         sampler = SyncSampler(scene, rays, 0, 0)
-        optimizer = build_optimizer(model, {"lr": 5e-4 if name == "nerf" else 1e-3})
+        optimizer = build_optimizer(model, section(OptimConfig, lr=5e-4 if name == "nerf" else 1e-3))
         warmup = 2 if name == "nerf" else args.warmup
         times, samples = time_steps(model, sampler, optimizer, device, warmup, args.repeats)
         med = statistics.median(times)

@@ -3,14 +3,14 @@ updates for parameters with sparse gradients.
 """
 from __future__ import annotations
 
-from typing import Mapping
 
 import torch
+from omegaconf import DictConfig
 from torch.optim.adam import adam as adam_update
 
 from ..distributed import accepts
 from ..model.base import RadianceModel
-from ..config_check import section
+from ..config_check import typed
 from ..schema import OptimConfig
 from .schedule import Clock, lr_factor
 
@@ -80,16 +80,16 @@ def _coalesced(grad: torch.Tensor) -> torch.Tensor:
     return grad.coalesce()
 
 
-def build_optimizer(model: RadianceModel, cfg: Mapping, tensor_lr: bool = False) -> torch.optim.Optimizer:
+def build_optimizer(model: RadianceModel, cfg: DictConfig, tensor_lr: bool = False) -> torch.optim.Optimizer:
     """:class:`LazyAdam` over ``model.param_groups(cfg.lr)``; each group remembers its base lr.
 
-    ``cfg``: the ``optim`` config (``lr``, ``betas``, ``eps``, ``fused``; defaults: :class:`OptimConfig`).
+    ``cfg``: the ``optim`` section, a typed node (``lr``, ``betas``, ``eps``, ``fused``: :class:`OptimConfig`).
     ``tensor_lr``: for a compiled ``step`` (:class:`~.step.TrainStep` under ``model.compile``): each group's
     learning rate a 0-dim float32 tensor, changed in place by :func:`set_lr`, so the compiled step sees one value
     that changes, not a new constant each step (which would recompile it: PyTorch's compiled-optimizer recipe);
     ``capturable`` and not ``fused`` (below).
     """
-    cfg = section(OptimConfig, cfg)
+    cfg = typed(OptimConfig, cfg)
     groups = model.param_groups(float(cfg["lr"]))
     for g in groups:
         g["base_lr"] = g["lr"]
@@ -114,7 +114,7 @@ def _device_of(params) -> torch.device:
     return params[0].device if params else torch.device("cpu")
 
 
-def rebuild_optimizer(old: torch.optim.Optimizer, model: RadianceModel, cfg: Mapping,
+def rebuild_optimizer(old: torch.optim.Optimizer, model: RadianceModel, cfg: DictConfig,
                       tensor_lr: bool = False) -> torch.optim.Optimizer:
     """A new optimizer for ``model`` after it replaced parameter tensors (``tensor_lr``: :func:`build_optimizer`).
 
@@ -134,9 +134,9 @@ def rebuild_optimizer(old: torch.optim.Optimizer, model: RadianceModel, cfg: Map
     return new
 
 
-def set_lr(optimizer: torch.optim.Optimizer, clock: Clock | int, cfg: Mapping, train: Mapping | None = None) -> float:
-    """Apply the schedule's learning rate at ``clock`` (:func:`.schedule.lr_factor` of the ``optim`` config
-    ``cfg`` over the run's ``train`` config; an int: the step, no budget); returns the factor."""
+def set_lr(optimizer: torch.optim.Optimizer, clock: Clock | int, cfg: DictConfig, train: DictConfig) -> float:
+    """Apply the schedule's learning rate at ``clock`` (:func:`.schedule.lr_factor` of the ``optim`` section
+    ``cfg`` over the run's ``train`` section, typed nodes; an int: the step, no budget); returns the factor."""
     factor = lr_factor(clock, cfg, train)
     for g in optimizer.param_groups:
         if torch.is_tensor(g["lr"]) and g["lr"].device == _device_of(g["params"]):

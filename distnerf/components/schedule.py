@@ -53,7 +53,9 @@ import math
 from dataclasses import dataclass
 from typing import Mapping
 
-from ..config_check import section
+from omegaconf import DictConfig
+
+from ..config_check import typed
 from ..schema import DEFAULT_MAX_STEPS, OptimConfig, TrainLoopConfig
 
 
@@ -71,23 +73,23 @@ class Clock:
     budget_fraction: float | None = None
 
 
-def budgeted(cfg: Mapping | None) -> bool:
-    """Whether ``cfg`` (the ``train`` config) sets a time budget (``max_minutes > 0``)."""
-    return float(section(TrainLoopConfig, cfg).max_minutes) > 0
+def budgeted(cfg: DictConfig) -> bool:
+    """Whether ``cfg`` (the ``train`` section, a typed node) sets a time budget (``max_minutes > 0``)."""
+    return float(typed(TrainLoopConfig, cfg).max_minutes) > 0
 
 
-def step_limit(cfg: Mapping | None) -> float:
-    """The step the loop stops at: ``max_steps``; when it is null, 1000 without a time budget
-    and no limit (``inf``) with one (the budget stops the run)."""
-    cfg = section(TrainLoopConfig, cfg)
+def step_limit(cfg: DictConfig) -> float:
+    """The step the loop stops at (``cfg``: the ``train`` section): ``max_steps``; when it is null, 1000 without a
+    time budget and no limit (``inf``) with one (the budget stops the run)."""
+    cfg = typed(TrainLoopConfig, cfg)
     if cfg.max_steps is not None:
         return int(cfg.max_steps)
     return math.inf if budgeted(cfg) else DEFAULT_MAX_STEPS
 
 
-def lr_factor(clock: Clock | int, cfg: Mapping, train: Mapping | None = None) -> float:
+def lr_factor(clock: Clock | int, cfg: DictConfig, train: DictConfig) -> float:
     """Multiplier of every group's base learning rate at ``clock`` (an int: the step, no budget): ``cfg`` the
-    ``optim`` config, ``train`` the ``train`` config (the run's length; None: the schema's defaults).
+    ``optim`` section, ``train`` the ``train`` section (the run's length), both typed nodes.
 
     ``decay ** (step / decay_steps)`` without a budget, ``decay ** (max(p - decay_start, 0) /
     (1 - decay_start))`` with one (and without one when ``decay_steps`` is null, with
@@ -95,7 +97,7 @@ def lr_factor(clock: Clock | int, cfg: Mapping, train: Mapping | None = None) ->
     linear warm-up ``(step + 1) / warmup_steps`` during the first ``warmup_steps`` steps.
     """
     clock = clock if isinstance(clock, Clock) else Clock(int(clock))
-    cfg = section(OptimConfig, cfg)
+    cfg = typed(OptimConfig, cfg)
     if clock.budget_fraction is None and cfg.decay_steps is not None:
         factor = cfg.decay ** (clock.step / cfg.decay_steps)
     else:  # a budget, or the steps' own fraction of the run (decay_steps null)
@@ -108,13 +110,13 @@ def lr_factor(clock: Clock | int, cfg: Mapping, train: Mapping | None = None) ->
     return factor
 
 
-def stage_step(clock: Clock | int, cfg: Mapping) -> int:
+def stage_step(clock: Clock | int, cfg: DictConfig) -> int:
     """The step the model's stage changes read (``model.upsample_steps`` are compared with it):
     the step without a budget, ``max(step, floor(p * schedule_steps))`` with one (``cfg``: the ``optim`` config)."""
     clock = clock if isinstance(clock, Clock) else Clock(int(clock))
     if clock.budget_fraction is None:
         return clock.step
-    cfg = section(OptimConfig, cfg)
+    cfg = typed(OptimConfig, cfg)
     if cfg.schedule_steps is None:  # the default: stages by step under a budget too
         return clock.step
     return max(clock.step, math.floor(max(clock.budget_fraction, 0.0) * cfg.schedule_steps))
@@ -126,13 +128,13 @@ class BudgetClock:
     checkpoints (``budget_fraction``, ``budget_minutes``) and restored on resume.
 
     Args:
-        cfg: the ``train`` config (``max_minutes``).
+        cfg: the ``train`` section, a typed node (``max_minutes``).
     Attributes:
         fraction: the latest agreed ``p`` (float >= 0), None without a budget.
     """
 
-    def __init__(self, cfg: Mapping):
-        self.cfg = section(TrainLoopConfig, cfg)
+    def __init__(self, cfg: DictConfig):
+        self.cfg = typed(TrainLoopConfig, cfg)
         self.fraction: float | None = 0.0 if budgeted(self.cfg) else None
         self._read: tuple[int, float | None] = (-1, None)  # (step, the fraction its schedule read)
 

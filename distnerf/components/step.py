@@ -19,7 +19,7 @@ import torch
 
 from ..model.base import RadianceModel
 from ..renderer.output import RenderOutput
-from ..config_check import section
+from ..config_check import typed
 from ..schema import OptimConfig, TrainLoopConfig
 from .loss import RayError, ray_error
 from .optim import build_optimizer, rebuild_optimizer, set_lr
@@ -82,10 +82,10 @@ class TrainStep:
 
     Args:
         model: the (unwrapped) radiance model; its ``param_groups`` give the optimizer groups.
-        optim_cfg: the ``optim`` config: ``lr``, the schedule (``decay``, ``decay_steps``, ``warmup_steps``,
-            ``schedule_steps``: :mod:`.schedule`), ``betas``, ``eps``, ``fused`` (:mod:`.optim`).
-        train_cfg: the ``train`` config: the run's length the schedule reads (``max_steps``, ``max_minutes``);
-            None: the schema's defaults.
+        optim_cfg: the ``optim`` section (a typed node): ``lr``, the schedule (``decay``, ``decay_steps``,
+            ``warmup_steps``, ``schedule_steps``: :mod:`.schedule`), ``betas``, ``eps``, ``fused`` (:mod:`.optim`).
+        train_cfg: the ``train`` section (a typed node): the run's length the schedule reads (``max_steps``,
+            ``max_minutes``).
         bf16: ``step.bf16`` (the step's other keys are read by the builder, not here).
         phase: ``phase(name)`` context manager around ``forward``, ``backward``, ``regularizer`` and
             ``optimizer`` (the trainer's step breakdown and its phase hooks); default: nothing.
@@ -99,11 +99,11 @@ class TrainStep:
             (``inductor``; the tests' ``aot_eager``).
     """
 
-    def __init__(self, model: RadianceModel, optim_cfg, train_cfg=None, *, bf16: bool = False,
+    def __init__(self, model: RadianceModel, optim_cfg, train_cfg, *, bf16: bool = False,
                  phase: Phase = no_phase, budget: SampleBudget | None = None, compile_optimizer: bool = False,
                  tensor_lr: bool = False, compile_mode: str | None = None, compile_backend: str = "inductor"):
-        self.model, self.cfg, self.phase, self.budget = model, section(OptimConfig, optim_cfg), phase, budget
-        self.train_cfg, self.bf16 = section(TrainLoopConfig, train_cfg), bool(bf16)
+        self.model, self.cfg, self.phase, self.budget = model, typed(OptimConfig, optim_cfg), phase, budget
+        self.train_cfg, self.bf16 = typed(TrainLoopConfig, train_cfg), bool(bf16)
         self.compiled_optimizer, self.tensor_lr = bool(compile_optimizer), bool(tensor_lr or compile_optimizer)
         self._compile = (compile_mode, compile_backend)
         self.optimizer = build_optimizer(model, self.cfg, tensor_lr=self.tensor_lr)

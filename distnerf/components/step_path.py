@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from ..config_check import ConfigError, section
+from ..config_check import ConfigError, typed
 from ..model.base import RadianceModel
 from ..schema import StepConfig
 from .graphed_step import GraphedStep, check_graphable
@@ -41,8 +41,8 @@ def use_dense_gradients(model: torch.nn.Module) -> None:
 
 def build_step(model: RadianceModel, step_cfg, device: torch.device | str, world_size: int = 1,
                compile: bool = False, compile_mode: str | None = None, phase: Phase = no_phase,
-               dense_gradients: bool = False, compile_backend: str = "inductor", optim_cfg=None,
-               train_cfg=None) -> TrainStep | GraphedStep:
+               dense_gradients: bool = False, compile_backend: str = "inductor", *, optim_cfg,
+               train_cfg) -> TrainStep | GraphedStep:
     """The training step of ``model`` on ``device`` (the module docstring's table).
 
     ``step.samples_per_step`` is resolved here (:func:`~.sample_budget.resolve_samples_per_step`, with the
@@ -54,18 +54,18 @@ def build_step(model: RadianceModel, step_cfg, device: torch.device | str, world
 
     Args:
         model: the unwrapped radiance model, on ``device``.
-        step_cfg: the ``step`` config (:class:`~distnerf.schema.StepConfig`).
+        step_cfg: the ``step`` section, a typed node (:class:`~distnerf.schema.StepConfig`).
         device: the training device; world_size: the processes training together.
         compile, compile_mode: ``model.compile`` and ``model.compile_mode``.
         phase: the step's phase context (the trainer's timer and hooks).
         dense_gradients: the strategy needs dense gradients.
         compile_backend: torch.compile's backend (``inductor``; the tests' ``aot_eager``).
-        optim_cfg, train_cfg: the ``optim`` and ``train`` configs (:class:`~.step.TrainStep`; None: the defaults).
+        optim_cfg, train_cfg: the ``optim`` and ``train`` sections, typed nodes (:class:`~.step.TrainStep`).
     Raises:
         ConfigError (a ValueError): ``step.samples_per_step`` > 0 with a model the static step does not cover;
             ``step.cuda_graph=true`` without the static step, with ``world_size`` > 1 or ``model.compile=true``.
     """
-    cfg = section(StepConfig, step_cfg)
+    cfg = typed(StepConfig, step_cfg)
     samples = resolve_samples_per_step(cfg.samples_per_step, model, device)
     try:
         if cfg.cuda_graph:

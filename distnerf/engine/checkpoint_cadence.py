@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from .. import checkpoint as ckpt
-from ..config_check import section
+from ..config_check import typed
 from ..fileio import CheckpointWriteError, atomic_torch_save
 from .. import distributed as D
 from ..schema import CheckpointsConfig
@@ -55,7 +55,7 @@ class Checkpointer:
 
     Args:
         root: ``RUN/checkpoints``.
-        cfg: the ``checkpoints`` config (``every``: steps between checkpoints, 0 only a
+        cfg: the ``checkpoints`` section, a typed node (``every``: steps between checkpoints, 0 only a
             final one, -1 none; ``every_minutes``: a checkpoint every this many minutes of
             training time, 0 off; ``at_minutes``: extra checkpoints at these training-time
             marks; ``keep``; ``background``: periodic saves written in the background).
@@ -65,7 +65,7 @@ class Checkpointer:
     """
 
     def __init__(self, root: Path, cfg, strategy, hashes: dict):
-        self.root, self.cfg, self.strategy, self.hashes = Path(root), section(CheckpointsConfig, cfg), strategy, hashes
+        self.root, self.cfg, self.strategy, self.hashes = Path(root), typed(CheckpointsConfig, cfg), strategy, hashes
         self.env = strategy.env
         self.marks: list[float] = []  # training-time marks (s) still ahead
         self.period = 60.0 * float(self.cfg.every_minutes)  # s of training time; 0: off

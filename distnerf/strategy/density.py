@@ -11,7 +11,7 @@ from ..components.step_path import build_step
 from ..model import build_model
 from ..sampler import build_sampler
 from ..config_check import section
-from ..schema import GridModelConfig, OptimConfig
+from ..schema import GridModelConfig, OptimConfig, StepConfig, TrainLoopConfig
 
 
 def estimate_density(scene, model_cfg: dict, steps: int, resolution: int, rays_per_step: int, seed: int,
@@ -31,8 +31,8 @@ def estimate_density(scene, model_cfg: dict, steps: int, resolution: int, rays_p
     cfg = {**{k: v for k, v in dict(model_cfg).items() if k in grid_keys}, "name": "grid",
            "resolutions": [resolution], "upsample_steps": [], "max_params": None}
     model = build_model(cfg, scene.aabb, scene.background, num_images=len(scene)).to(device)
-    # a constant learning rate (decay 1)
-    train_step = build_step(model, None, device, optim_cfg=section(OptimConfig, lr=1e-3, decay=1.0, fused=False))
+    optim = section(OptimConfig, lr=1e-3, decay=1.0, fused=False)  # a constant learning rate (decay 1)
+    train_step = build_step(model, section(StepConfig), device, optim_cfg=optim, train_cfg=section(TrainLoopConfig))
     sampler = build_sampler({"name": "sync"}, scene, rays_per_step, seed, 1 << 20, device)
     sampler.start(0)
     for step in range(steps):

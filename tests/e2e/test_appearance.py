@@ -16,7 +16,7 @@ from distnerf.engine.evaluate import evaluate_views
 from distnerf.model import build_model
 from distnerf.sampler import SyncSampler
 from distnerf.config_check import section
-from distnerf.schema import OptimConfig
+from distnerf.schema import OptimConfig, TrainLoopConfig
 from tests.conftest import run_cli
 
 GAIN_FLOOR_DB = 4.0  # affine over none on the training images; measured 6.10 dB (15.92 -> 22.02 dB)
@@ -35,7 +35,7 @@ def _fit(scene, appearance: str):
     torch.manual_seed(0)
     model = build_model({"name": "grid", "resolutions": [32], "upsample_steps": [], "appearance": appearance},
                         scene.aabb, scene.background, num_images=len(scene))
-    step_fn = TrainStep(model, section(OptimConfig, lr=1e-3, fused=False, decay_steps=STEPS))
+    step_fn = TrainStep(model, section(OptimConfig, lr=1e-3, fused=False, decay_steps=STEPS), section(TrainLoopConfig))
     sampler = SyncSampler(scene, RAYS, 0, 0)  # rays carry their training image ids
     for step in range(STEPS):
         step_fn.prepare(step)

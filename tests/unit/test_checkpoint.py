@@ -215,7 +215,9 @@ from types import SimpleNamespace  # noqa: E402
 
 from distnerf.distributed import DistEnv  # noqa: E402
 from distnerf.engine import checkpoint_cadence  # noqa: E402
+from distnerf.config_check import section  # noqa: E402
 from distnerf.engine.checkpoint_cadence import Checkpointer  # noqa: E402
+from distnerf.schema import CheckpointsConfig  # noqa: E402
 from distnerf.fileio import CheckpointWriteError  # noqa: E402
 from distnerf.strategy import build_strategy  # noqa: E402
 from tests.conftest import REPO  # noqa: E402
@@ -227,7 +229,8 @@ class Sampler:
 
 
 def checkpointer(root, every_minutes=0.0, marks=(), keep=5):
-    cfg = {"every": 10, "every_minutes": every_minutes, "at_minutes": list(marks), "keep": keep, "background": True}
+    cfg = section(CheckpointsConfig, every=10, every_minutes=every_minutes, at_minutes=list(marks), keep=keep,
+                  background=True)
     return Checkpointer(root, cfg, build_strategy({"name": "ddp"}, DistEnv()), {"model": "m"})
 
 

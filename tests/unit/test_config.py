@@ -317,3 +317,20 @@ def test_an_old_train_key_is_refused_naming_its_new_key():
     # a study cell recorded before the split ran with the settings its plan names now
     assert config_check.upgrade_overrides(["train.lr=1", "+train.ckpt_every=3", "train.max_steps=5", "seed=2"]) == [
         "optim.lr=1", "+checkpoints.every=3", "train.max_steps=5", "seed=2"]
+
+
+def test_a_builder_of_the_step_takes_typed_sections_only():
+    """The schedule, the optimizer, the step and the checkpointer take the validated sections (typed nodes): a dict
+    or None is refused naming the section, never merged with the schema's defaults a second time."""
+    from distnerf.components.optim import build_optimizer
+    from distnerf.components.schedule import lr_factor, step_limit
+
+    optim = config_check.section(schema.OptimConfig, decay_steps=10.0)
+    train = config_check.section(schema.TrainLoopConfig)
+    assert lr_factor(10, optim, train) == pytest.approx(0.1) and step_limit(train) == schema.DEFAULT_MAX_STEPS
+    with pytest.raises(TypeError, match=r"the validated optim section .*OptimConfig.* not dict"):
+        lr_factor(10, {"decay_steps": 10.0}, train)
+    with pytest.raises(TypeError, match=r"the validated train section .* not NoneType"):
+        step_limit(None)
+    with pytest.raises(TypeError, match=r"the validated optim section"):
+        build_optimizer(None, config_check.section(schema.StepConfig))  # a typed node of another section

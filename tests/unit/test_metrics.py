@@ -9,8 +9,12 @@ import torch
 
 from distnerf.components.optim import build_optimizer, rebuild_optimizer, set_lr
 from distnerf.components.schedule import lr_factor
+from distnerf.config_check import section
 from distnerf.model.grid import GridModel
 from distnerf.observe.metrics import LPIPS, alexnet_lpips, psnr, ssim
+from distnerf.schema import OptimConfig, TrainLoopConfig
+
+TRAIN = section(TrainLoopConfig)  # the run's length: the defaults (the rates below are keyed to decay_steps)
 
 
 def _image(seed: int, h: int = 32, w: int = 40) -> torch.Tensor:
@@ -153,17 +157,17 @@ def test_lpips_matches_torchmetrics_for_the_same_alexnet(monkeypatch):
 
 # ----------------------------------------------------------------------------- optimizer
 def test_lr_factor_formula():
-    cfg = {"decay": 0.1, "decay_steps": 100}
-    assert lr_factor(0, cfg) == pytest.approx(1.0)
-    assert lr_factor(50, cfg) == pytest.approx(1 / math.sqrt(10))
-    assert lr_factor(100, cfg) == pytest.approx(0.1)
-    assert lr_factor(300, cfg) == pytest.approx(1e-3)
+    cfg = section(OptimConfig, decay=0.1, decay_steps=100)
+    assert lr_factor(0, cfg, TRAIN) == pytest.approx(1.0)
+    assert lr_factor(50, cfg, TRAIN) == pytest.approx(1 / math.sqrt(10))
+    assert lr_factor(100, cfg, TRAIN) == pytest.approx(0.1)
+    assert lr_factor(300, cfg, TRAIN) == pytest.approx(1e-3)
     # linear warm-up multiplies by (step + 1) / warmup for step < warmup
-    warm = {"decay": 0.5, "decay_steps": 10, "warmup_steps": 4}
-    assert lr_factor(0, warm) == pytest.approx(0.25)
-    assert lr_factor(2, warm) == pytest.approx(0.5 ** 0.2 * 0.75)
-    assert lr_factor(4, warm) == pytest.approx(0.5 ** 0.4)
-    assert lr_factor(20, warm) == pytest.approx(0.25)
+    warm = section(OptimConfig, decay=0.5, decay_steps=10, warmup_steps=4)
+    assert lr_factor(0, warm, TRAIN) == pytest.approx(0.25)
+    assert lr_factor(2, warm, TRAIN) == pytest.approx(0.5 ** 0.2 * 0.75)
+    assert lr_factor(4, warm, TRAIN) == pytest.approx(0.5 ** 0.4)
+    assert lr_factor(20, warm, TRAIN) == pytest.approx(0.25)
 
 
 def _grid_model() -> GridModel:
@@ -182,13 +186,13 @@ def _train_step(model, opt) -> None:
 
 def test_build_optimizer_groups_and_set_lr():
     model = _grid_model()
-    cfg = {"lr": 1e-3, "decay": 0.1, "decay_steps": 100}
+    cfg = section(OptimConfig, lr=1e-3, decay=0.1, decay_steps=100)
     opt = build_optimizer(model, cfg)
     assert isinstance(opt, torch.optim.Adam)
     names = [g["name"] for g in opt.param_groups]
     assert names == ["grid", "color_net"]
     assert [g["base_lr"] for g in opt.param_groups] == pytest.approx([0.1, 1e-3])
-    factor = set_lr(opt, 50, cfg)
+    factor = set_lr(opt, 50, cfg, TRAIN)
     assert factor == pytest.approx(1 / math.sqrt(10))
     assert [g["lr"] for g in opt.param_groups] == pytest.approx([0.1 * factor, 1e-3 * factor])
     assert opt.defaults["eps"] == pytest.approx(1e-15)
@@ -196,11 +200,11 @@ def test_build_optimizer_groups_and_set_lr():
 
 def test_rebuild_optimizer_keeps_state_of_unchanged_params():
     model = _grid_model()
-    cfg = {"lr": 1e-3, "decay": 0.1, "decay_steps": 100}
+    cfg = section(OptimConfig, lr=1e-3, decay=0.1, decay_steps=100)
     opt = build_optimizer(model, cfg)
     for _ in range(2):
         _train_step(model, opt)
-    set_lr(opt, 30, cfg)
+    set_lr(opt, 30, cfg, TRAIN)
     old_density, old_features = model.density, model.features
     mlp_params = list(model.color_net.parameters())
     kept = {p: {k: v.clone() if torch.is_tensor(v) else v for k, v in opt.state[p].items()}

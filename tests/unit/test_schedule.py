@@ -10,17 +10,17 @@ import torch
 
 from distnerf.components.schedule import Clock, lr_factor, stage_step, step_limit
 from distnerf.model.grid import GridModel
-from distnerf.config_check import describe_schedule
+from distnerf.config_check import describe_schedule, section
 from distnerf.schema import DEFAULT_MAX_STEPS, OptimConfig, TrainLoopConfig
 AABB = torch.tensor([[-1.0, -1.0, -1.0], [1.0, 1.0, 1.0]])
 
 
-def _train(**kw) -> tuple[dict, dict]:
-    """(the ``optim`` section, the ``train`` section) with ``kw`` set in the one declaring each key."""
-    optim, train = dict(OptimConfig().__dict__), dict(TrainLoopConfig().__dict__)
+def _train(**kw) -> tuple:
+    """(the ``optim`` section, the ``train`` section), typed nodes, with ``kw`` set in the one declaring each key."""
+    optim, train = {}, {}
     for key, value in kw.items():
-        (optim if key in optim else train)[key] = value
-    return optim, train
+        (optim if key in OptimConfig.__dataclass_fields__ else train)[key] = value
+    return section(OptimConfig, optim), section(TrainLoopConfig, train)
 
 
 def test_without_a_budget_the_learning_rate_follows_the_step():

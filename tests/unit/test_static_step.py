@@ -293,8 +293,10 @@ def test_the_optimizer_compiled_on_its_own_steps_as_eager_with_no_recompile():
 
     from distnerf.components.optim import build_optimizer, set_lr
     from distnerf.components.step_path import build_step
+    from distnerf.config_check import section
     from distnerf.data.rays import RayBundle
     from distnerf.model.grid import GridModel
+    from distnerf.schema import OptimConfig, StepConfig, TrainLoopConfig
 
     torch.manual_seed(0)
     aabb = torch.tensor([[-1.0, -1.0, -1.0], [1.0, 1.0, 1.0]])
@@ -302,7 +304,8 @@ def test_the_optimizer_compiled_on_its_own_steps_as_eager_with_no_recompile():
     with torch.no_grad():
         model.density.normal_(0.0, 2.0)
     twin = copy.deepcopy(model)
-    optim = {"decay": 0.01, "decay_steps": 20}  # the rate changes at every step
+    optim = section(OptimConfig, decay=0.01, decay_steps=20)  # the rate changes at every step
+    train = section(TrainLoopConfig)
     gen = torch.Generator().manual_seed(1)
     origins = torch.randn(256, 3, generator=gen) * 0.1 + torch.tensor([0.0, 0.0, -3.0])
     directions = torch.nn.functional.normalize(torch.tensor([0.0, 0.0, 1.0]) + 0.2 * torch.randn(256, 3, generator=gen), dim=-1)
@@ -312,8 +315,8 @@ def test_the_optimizer_compiled_on_its_own_steps_as_eager_with_no_recompile():
     counters.clear()
     try:
         with sync_free_paths(True):  # the CUDA paths (dense table gradients)
-            compiled = build_step(model, {"samples_per_step": 4096}, "cpu", compile=True, compile_backend="aot_eager",
-                                  optim_cfg=optim)
+            compiled = build_step(model, section(StepConfig, samples_per_step=4096), "cpu", compile=True,
+                                  compile_backend="aot_eager", optim_cfg=optim, train_cfg=train)
             assert compiled.compiled_optimizer and torch.is_tensor(compiled.optimizer.param_groups[0]["lr"])
             rates = []
             for step in range(1, 5):
@@ -331,7 +334,7 @@ def test_the_optimizer_compiled_on_its_own_steps_as_eager_with_no_recompile():
         step_fn = torch.compile(compiled_opt.step, backend="aot_eager")
         untrained = copy.deepcopy(twin)
         for step in range(1, 5):
-            set_lr(eager_opt, step, optim), set_lr(compiled_opt, step, optim)
+            set_lr(eager_opt, step, optim, train), set_lr(compiled_opt, step, optim, train)
             for p, q in zip(twin.parameters(), twin_compiled.parameters()):
                 p.grad = torch.randn(p.shape, generator=gen)
                 q.grad = p.grad.clone()

@@ -14,17 +14,25 @@ from distnerf import distributed as D
 from distnerf.components.graphed_step import GraphedStep
 from distnerf.components.step import TrainStep
 from distnerf.components.step_path import build_step
-from distnerf.config_check import ConfigError
+from distnerf.config_check import ConfigError, section
 from distnerf.distributed import DistEnv
 from distnerf.model.grid import GridModel
 from distnerf.model.nerf import NeRFModel
 from distnerf.observe.logger import read_metrics_log
+from distnerf.schema import OptimConfig, StepConfig, TrainLoopConfig
 from distnerf.strategy.base import Strategy
 from distnerf.strategy.ddp import DDPStrategy
 from tests import trainers
 
 AABB = torch.tensor([[-1.0, -1.0, -1.0], [1.0, 1.0, 1.0]])
 PACKAGE = Path(__file__).resolve().parents[2] / "distnerf"
+
+
+def _step(model, cfg: dict, **kwargs):
+    """:func:`build_step` with the ``step`` section ``cfg`` (a partial mapping made a typed node) and the defaults'
+    ``optim`` and ``train`` sections."""
+    return build_step(model, section(StepConfig, cfg), "cpu", optim_cfg=section(OptimConfig),
+                      train_cfg=section(TrainLoopConfig), **kwargs)
 
 
 def _grid(**options) -> GridModel:
@@ -44,13 +52,13 @@ def test_every_invalid_step_combination_is_refused_at_build_time_naming_its_key(
     built = {"grid": _grid, "grid_rounds": lambda: _grid(train_round_steps=4),
              "nerf": lambda: NeRFModel(AABB, torch.ones(3))}[model]()
     with pytest.raises(ConfigError, match=key):
-        build_step(built, cfg, "cpu", world_size=world_size, compile=compile)
+        _step(built, cfg, world_size=world_size, compile=compile)
 
 
 def test_each_valid_combination_builds_its_step_with_one_interface():
-    dynamic = build_step(_grid(), {}, "cpu")
-    static = build_step(_grid(), {"samples_per_step": 4096}, "cpu")
-    graphed = build_step(_grid(), {"samples_per_step": 4096, "cuda_graph": True}, "cpu")
+    dynamic = _step(_grid(), {})
+    static = _step(_grid(), {"samples_per_step": 4096})
+    graphed = _step(_grid(), {"samples_per_step": 4096, "cuda_graph": True})
     assert type(dynamic) is TrainStep and dynamic.budget is None  # null on the CPU: the dynamic step
     assert type(static) is TrainStep and static.budget.capacity == 4096
     assert type(graphed) is GraphedStep and graphed.budget.capacity == 4096
@@ -63,9 +71,9 @@ def test_each_valid_combination_builds_its_step_with_one_interface():
 def test_sparse_grad_is_switched_off_by_the_step_builder_only():
     kept, dense, graphed = _grid(), _grid(), _grid()
     assert kept.sparse_grad and dense.sparse_grad and graphed.sparse_grad  # model.sparse_grad's default
-    build_step(kept, {}, "cpu")
-    build_step(dense, {}, "cpu", dense_gradients=True)
-    build_step(graphed, {"samples_per_step": 4096, "cuda_graph": True}, "cpu")
+    _step(kept, {})
+    _step(dense, {}, dense_gradients=True)
+    _step(graphed, {"samples_per_step": 4096, "cuda_graph": True})
     assert kept.sparse_grad and not dense.sparse_grad and not graphed.sparse_grad
     # who asks for dense gradients: DDP with a peer and no sparse tables; nobody else
     peers = DistEnv(world_size=2, backend="gloo")
