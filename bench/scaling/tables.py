@@ -424,7 +424,7 @@ def study_aerial_curve(res: Results) -> list[str]:
 
 
 ARMS = {"one_model": "A one model", "sharded": "B joint, sharded", "per_region": "E joint, per region",
-        "ddp": "G ddp, A's model on W ranks"}
+        "ddp": "G ddp, A's model on W ranks"}  # the arms of conf/study/aerial_sharded*.yaml
 ADAM_BYTES = 16  # counted bytes per parameter under dense Adam: value, gradient, two moments (fp32)
 
 
@@ -490,13 +490,15 @@ def study_aerial_sharded(res: Results) -> list[str]:
     except (FileNotFoundError, ResultError):
         return out
     out.append("")
-    out += header("arm (400 steps)", "W", "all-reduce bytes a step", "exchange bytes a step", "step ms (median)",
+    out += header("arm (400 steps)", "W", "gradient all-reduce bytes a step", "segment all-gather bytes a step",
+                  "face planes' all-reduce bytes a step", "occupancy merges' bytes a step", "step ms (median)",
                   "parameters per rank", "peak RSS MiB per rank")
     for c in sorted((c for c in price["cells"] if c.get("status") == "done"),
                     key=lambda c: (c["values"]["world_size"], c["values"]["strategy"])):
         f, v = c["figures"], c["values"]
         out.append(row(ARMS[v["strategy"]], v["world_size"], kilo(f["allreduce_bytes_per_step"] or 0),
-                       kilo(f["exchange_bytes_per_step"] or 0), f"{1e3 * f['step_s_median']:.1f}",
+                       kilo(f["exchange_bytes_per_step"] or 0), kilo(f.get("face_bytes_per_step") or 0),
+                       kilo(f.get("occupancy_bytes_per_step") or 0), f"{1e3 * f['step_s_median']:.1f}",
                        kilo(f["parameters_per_rank"]), f"{f['peak_rss_mb']:.0f}"))
     return out
 

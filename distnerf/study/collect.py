@@ -33,7 +33,7 @@ def comm_totals(steps: list[dict]) -> dict:
     ``allreduce_s`` / ``exchange_s`` (gloo: the collective's duration) or ``allreduce_launch_s`` /
     ``exchange_launch_s`` (NCCL: the launch only). A key no row has is absent, never a 0."""
     comm = {k: sum(r.get(k, 0) or 0 for r in steps) for k in ("allreduce_bytes", "exchange_bytes", "allreduce_calls",
-                                                              "exchange_calls")}
+                                                              "exchange_calls", "face_bytes", "occupancy_bytes")}
     for k in ("allreduce_s", "exchange_s", "allreduce_launch_s", "exchange_launch_s"):
         if any(k in r for r in steps):
             comm[k] = sum(r.get(k, 0.0) for r in steps)
@@ -76,6 +76,9 @@ def cell_figures(run_dir: Path) -> dict:
         "comm_bytes_per_step_median": median("comm_bytes"),
         "allreduce_bytes_per_step": comm["allreduce_bytes"] / num_steps if num_steps else None,
         "exchange_bytes_per_step": comm["exchange_bytes"] / num_steps if num_steps else None,
+        # the sharded joint model's all-reduces: its face planes' gradients (every step), its occupancy merges
+        "face_bytes_per_step": comm["face_bytes"] / num_steps if num_steps else None,
+        "occupancy_bytes_per_step": comm["occupancy_bytes"] / num_steps if num_steps else None,
         # measured seconds only: a CUDA run writes the launch time (exchange_launch_s), never a 0 for the wait
         "exchange_s_per_step": comm["exchange_s"] / num_steps if num_steps and "exchange_s" in comm else None,
         "exchange_launch_s_per_step": (comm["exchange_launch_s"] / num_steps if num_steps and "exchange_launch_s"
