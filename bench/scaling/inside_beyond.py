@@ -19,7 +19,7 @@ from bench.common import start_meta, write_result
 
 
 def summarise(rows: list[dict]) -> dict:
-    """{cell key: {psnr / inside_psnr / beyond_psnr: [mean, sd over seeds], n}}."""
+    """{cell key: {psnr / inside_psnr / beyond_psnr: {mean, sd over seeds}, n}}."""
     groups: dict[str, list[dict]] = {}
     for r in rows:
         groups.setdefault(r["key"], []).append(r)
@@ -28,7 +28,8 @@ def summarise(rows: list[dict]) -> dict:
         out[key] = {"n": len(rs)}
         for k in ("psnr", "inside_psnr", "beyond_psnr"):
             vals = [r[k] for r in rs if r.get(k) is not None]
-            out[key][k] = [statistics.mean(vals), statistics.stdev(vals) if len(vals) > 1 else 0.0] if vals else None
+            out[key][k] = ({"mean": statistics.mean(vals), "sd": statistics.stdev(vals) if len(vals) > 1 else 0.0}
+                           if vals else None)
     return out
 
 
@@ -48,7 +49,7 @@ def main() -> None:
         raise SystemExit(f"inside_beyond: {exc}") from None
     report["summary"] = summarise(report["rows"])
     for key, s in report["summary"].items():
-        fmt = " ".join(f"{k} {v[0]:.2f} +- {v[1]:.2f}" if v else f"{k} -" for k, v in s.items() if k != "n")
+        fmt = " ".join(f"{k} {v['mean']:.2f} +- {v['sd']:.2f}" if v else f"{k} -" for k, v in s.items() if k != "n")
         print(f"{key} (n={s['n']}): {fmt}")
     write_result(args.out or args.study_dir / "inside_beyond.json", report, meta)
 
