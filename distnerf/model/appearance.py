@@ -79,6 +79,10 @@ class Appearance(nn.Module):
         """Width this adds to the colour network's input (D for ``embedding``, else 0)."""
         return self.table.shape[1] if self.kind == "embedding" else 0
 
+    def param_group(self, lr: float, name: str = "appearance") -> dict:
+        """The optimizer group of the table: the run's base ``lr`` x :data:`LR_SCALE`."""
+        return {"params": [self.table], "lr": lr * LR_SCALE, "name": name}
+
     def mean_code(self) -> torch.Tensor:
         """(D,) mean of the rows: the code of the ``mean`` evaluation protocol."""
         if self.table.shape[0] == 0:

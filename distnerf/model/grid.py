@@ -66,7 +66,7 @@ from ..host_buffers import sync_free
 from ..renderer.contraction import contracted_box, world_step_scale
 from ..renderer.occupancy import OccupancyGrid
 from ..schema import GridModelConfig
-from .appearance import LR_SCALE, build_appearance
+from .appearance import build_appearance
 from .grid_color import build_color_net, build_dir_encoding, feature_channels, shade, spherical_harmonics
 from .grid_occupancy import GridOccupancy, any_corner
 from .grid_schedule import GridSchedule
@@ -192,10 +192,9 @@ class GridModel(GridOccupancy, GridSchedule, MarchingModel):
         self.density_shift = math.log(math.expm1(-math.log(1.0 - cfg.alpha_init) / cfg.step_ratio))
         num_features = feature_channels(cfg.color, cfg.num_features, cfg.sh_degree)
         n = cfg.resolutions[0]
-        if self.shard is not None:  # the shard's slice of the lattice, at every stage (refused otherwise)
-            for r in cfg.resolutions:
-                lattice_slice(voxel_shape(r, box, cfg.cubic_voxels, self.multiple), box, self.shard)
-        vertices = math.prod(self._table_shape(n, box))
+        for r in cfg.resolutions:  # a shard: its slice of the lattice at every stage (refused otherwise)
+            self._lattice_at(r, box)
+        vertices = math.prod(self._lattice_at(n, box)[2])
         self.density = nn.Parameter(torch.zeros(vertices, 1))
         self.features = nn.Parameter(torch.zeros(vertices, num_features))
         self.dir_encoding = build_dir_encoding(cfg.viewdir_encoding, cfg.viewdir_frequencies, cfg.sh_degree)
@@ -251,13 +250,16 @@ class GridModel(GridOccupancy, GridSchedule, MarchingModel):
     def num_vertices(self, resolution: int) -> int:
         """Rows of the full-resolution tables at schedule resolution ``resolution`` on the
         current table box (the parameter budget's count, :mod:`.budget`)."""
-        return math.prod(self._table_shape(resolution, self._lattice_box()))
+        return math.prod(self._lattice_at(resolution, self._lattice_box())[2])
 
-    def _table_shape(self, resolution: int, lattice_box: torch.Tensor) -> tuple[int, int, int]:
-        """Vertices per axis of the full-resolution tables at ``resolution`` over ``lattice_box``: the
-        lattice's, or a shard's slice of it."""
+    def _lattice_at(self, resolution: int, lattice_box: torch.Tensor):
+        """(vertices per axis of the lattice over ``lattice_box`` at ``resolution``, the full-resolution tables'
+        first vertex on it, their vertices per axis): the whole lattice, or a shard's slice of it
+        (:func:`lattice_slice`, which refuses a shard box off the lattice's vertex planes)."""
         lattice = voxel_shape(resolution, lattice_box, self.cfg.cubic_voxels, self.multiple)
-        return lattice if self.shard is None else lattice_slice(lattice, lattice_box, self.shard)[1]
+        if self.shard is None:
+            return lattice, (0, 0, 0), lattice
+        return (lattice, *lattice_slice(lattice, lattice_box, self.shard))
 
     def _lattice_box(self) -> torch.Tensor:
         """(2, 3) box of the lattice the full-resolution tables lie on: ``grid_aabb`` for a shard (its
@@ -279,13 +281,12 @@ class GridModel(GridOccupancy, GridSchedule, MarchingModel):
         if self._geometry_key != key:
             box = self._lattice_box()
             n = int(self.grid_resolution)
-            lattice = voxel_shape(n, box, self.cfg.cubic_voxels, self.multiple)
+            lattice, first, shape = self._lattice_at(n, box)
             extent = (box[1] - box[0]).tolist()
             if len(set(lattice)) == 1:  # the smallest side over the count (this order of operations: the same step as ever)
                 step = self.cfg.step_ratio * min(extent) / (lattice[0] - 1)
             else:
                 step = self.cfg.step_ratio * min(e / (m - 1) for e, m in zip(extent, lattice))
-            first, shape = ((0, 0, 0), lattice) if self.shard is None else lattice_slice(lattice, box, self.shard)
             self._geometry_cache = (n, step, shape, (lattice, first))
             self._geometry_key = key
         return self._geometry_cache
@@ -295,8 +296,7 @@ class GridModel(GridOccupancy, GridSchedule, MarchingModel):
         (a shard's: its slice of the lattice's vertices, the same floats as the whole lattice's)."""
         box = self._lattice_box()
         lo, hi = box.tolist()  # host read (once per upsampling): the box's bounds
-        lattice = voxel_shape(resolution, box, self.cfg.cubic_voxels, self.multiple)
-        first, shape = ((0, 0, 0), lattice) if self.shard is None else lattice_slice(lattice, box, self.shard)
+        lattice, first, shape = self._lattice_at(resolution, box)
         axes = [torch.linspace(lo[i], hi[i], lattice[i], device=box.device)[first[i]:first[i] + shape[i]]
                 for i in range(3)]
         return torch.stack(torch.meshgrid(*axes, indexing="ij"), dim=-1).reshape(-1, 3)
@@ -356,7 +356,7 @@ class GridModel(GridOccupancy, GridSchedule, MarchingModel):
         if self.cfg.color == "mlp":
             groups.append({"params": list(self.color_net.parameters()), "lr": lr, "name": "color_net"})
         if self.appearance is not None:
-            groups.append({"params": [self.appearance.table], "lr": lr * LR_SCALE, "name": "appearance"})
+            groups.append(self.appearance.param_group(lr))
         return groups
 
     def regularized_tables(self) -> list[tuple[nn.Parameter, tuple[int, int, int], float]]:

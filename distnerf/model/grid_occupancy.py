@@ -117,6 +117,7 @@ class GridOccupancy:
         threshold = self.current_occupancy_threshold()
         shard = self.shard is not None
         if self.focus is None and len(set(lattice)) == 1:
+            voxels = tuple(slice(f, f + m - 1) for f, m in zip(first, shape))  # a shard's voxels on the lattice
             raw = self.density.detach().view(shape)
             self.occupancy.aabb.copy_(self.grid_aabb)  # the voxels' box (setting the cells refreshes the caches)
             raw_threshold = self.raw_threshold(threshold, step_size) if self.contraction_aabb is None else None
@@ -126,13 +127,13 @@ class GridOccupancy:
                 corner_max = F.max_pool3d(raw[None, None], 2, stride=1)[0, 0]
                 scale = self._step_scale(lattice[0] - 1)
                 if shard and torch.is_tensor(scale):
-                    scale = scale[tuple(slice(f, f + m - 1) for f, m in zip(first, shape))]
+                    scale = scale[voxels]
                 occupied = 1.0 - torch.exp(-self.densities(corner_max) * step_size * scale) > threshold
             if not shard:
                 self.occupancy.set_binary(occupied)
                 return
             evidence = torch.zeros((lattice[0] - 1,) * 3, dtype=torch.bool, device=raw.device)
-            evidence[tuple(slice(f, f + m - 1) for f, m in zip(first, shape))] = occupied
+            evidence[voxels] = occupied
             self._set_evidence(evidence, 0)
             return
         m = n if self.focus is not None else max(lattice) - 1

@@ -18,7 +18,7 @@ from ..renderer.contraction import contracted_box, world_step_scale
 from ..renderer.occupancy import OccupancyGrid, normalize_points
 from ..config_check import section
 from ..schema import NGPModelConfig
-from .appearance import LR_SCALE, build_appearance
+from .appearance import build_appearance
 from .encoding import HashEncoding, PositionalEncoding
 from .marched import MarchingModel
 
@@ -79,7 +79,7 @@ class NGPModel(MarchingModel):
                   {"params": list(self.density_net.parameters()) + list(self.color_net.parameters()),
                    "lr": lr, "name": "mlp"}]
         if self.appearance is not None:
-            groups.append({"params": [self.appearance.table], "lr": lr * LR_SCALE, "name": "appearance"})
+            groups.append(self.appearance.param_group(lr))
         return groups
 
     def _geometry(self, points: torch.Tensor, contracted: bool = False):

@@ -241,9 +241,10 @@ class JointRegionModels(RegionModels):
                 self._tie_plane(axis, plane, lattice)
 
     def _cuts(self, axis: int) -> list[int]:
-        """The lattice's vertex planes cut by the partition on ``axis`` (shard boxes' inner faces)."""
+        """The lattice's vertex planes cut by the partition on ``axis`` (shard boxes' inner faces): its cells on
+        the axis are the shards' ``model.lattice_multiple`` (:func:`~distnerf.strategy.ss.shard_layout`)."""
         lattice, _ = self.models[0].lattice
-        cells = len({round(float(b[0, axis]), 9) for b in self.partition.boxes})
+        cells = self.models[0].multiple[axis]
         return [i * (lattice[axis] - 1) // cells for i in range(1, cells)]
 
     @staticmethod
@@ -284,9 +285,7 @@ class JointRegionModels(RegionModels):
         """The regions' groups, then the shared appearance's (``shared/appearance``)."""
         groups = super().param_groups(lr)
         if self.appearance is not None:
-            from ..model.appearance import LR_SCALE
-
-            groups.append({"params": [self.appearance.table], "lr": lr * LR_SCALE, "name": "shared/appearance"})
+            groups.append(self.appearance.param_group(lr, "shared/appearance"))
         return groups
 
     def _appearance(self, out: RenderOutput, rays: RayBundle) -> RenderOutput:

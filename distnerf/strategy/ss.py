@@ -149,18 +149,23 @@ def regions_crossed(crossing: torch.Tensor) -> dict:
             "regions_crossed_share": {str(k + 1): float(v) for k, v in enumerate(shares.tolist())}}
 
 
-def load_shared(ckpt_dir: Path) -> dict:
+def read_shared(ckpt_dir: Path) -> dict | None:
     """The sharded joint model's shared state (``{"model": appearance state, "optimizer": its part}``), kept
-    in region 0's file.
+    in region 0's file, or None (a checkpoint of per-region sub-models, or of a model without appearance)."""
+    return ckpt.load_file(Path(ckpt_dir) / ckpt.region_file(0)).get("shared")
+
+
+def load_shared(ckpt_dir: Path) -> dict:
+    """:func:`read_shared`, required.
 
     Raises:
         CheckpointError: a checkpoint without it (saved by per-region sub-models).
     """
-    state = ckpt.load_file(Path(ckpt_dir) / ckpt.region_file(0))
-    if "shared" not in state:
+    shared = read_shared(ckpt_dir)
+    if shared is None:
         raise ckpt.CheckpointError(f"{ckpt_dir}: {ckpt.region_file(0)} holds no shared appearance: a checkpoint of "
                                    f"per-region sub-models; resume or render it with strategy.joint_model=per_region")
-    return state["shared"]
+    return shared
 
 
 class SSStrategy(Strategy):

@@ -11,7 +11,7 @@ from .. import distributed as D
 from .fusion import FusedRenderer
 from .partition import Partition, region_owner
 from .regions import JointRegionModels
-from .ss import SSStrategy
+from .ss import SSStrategy, read_shared
 
 
 def region_states(ckpt_dir: Path):
@@ -22,7 +22,7 @@ def region_states(ckpt_dir: Path):
 def shared_state(ckpt_dir: Path) -> dict | None:
     """The sharded joint model's shared appearance state from a committed ``ss`` checkpoint (region 0's file),
     or None (a checkpoint of per-region sub-models)."""
-    shared = ckpt.load_file(Path(ckpt_dir) / ckpt.region_file(0)).get("shared")
+    shared = read_shared(ckpt_dir)
     return None if shared is None else shared["model"]
 
 
