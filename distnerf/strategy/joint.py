@@ -114,7 +114,7 @@ def region_generator(generator: torch.Generator | None, region: int, device) -> 
 
 
 def render_segments(models, regions: list[int], boxes: torch.Tensor, rays: RayBundle, generator=None,
-                    jitter: torch.Tensor | None = None) -> dict:
+                    jitter: torch.Tensor | None = None, keep_samples: bool = False) -> dict:
     """Each sub-model renders its region's segment of every ray.
 
     Args:
@@ -127,7 +127,7 @@ def render_segments(models, regions: list[int], boxes: torch.Tensor, rays: RayBu
         coarse transmittance)], ``num_samples`` and per-region sample counts.
     """
     num_rays = len(rays)
-    segs, counts = [], []
+    segs, counts, kept = [], [], []
     u = jitter  # one jitter per ray for every marched segment: the ray's sample grid
     if u is None and generator is not None and any(m.training for m in models):
         u = torch.rand(rays.near.shape, generator=generator, device=rays.near.device, dtype=rays.near.dtype)
@@ -142,7 +142,10 @@ def render_segments(models, regions: list[int], boxes: torch.Tensor, rays: RayBu
                 out = model.render_segment(rays, t_in, t_out, anchor, None, step_size)
             segs.append(torch.cat([out.rgb, out.transmittance[:, None], out.depth[:, None]], dim=1))
             counts.append(int(out.num_samples))
+            kept.append((out.samples, out.weights))
             continue
+        if keep_samples:
+            raise ValueError(f"keep_samples: region {k}'s {type(model).__name__} does not march packed samples")
         idx = hit.nonzero().view(-1)
         clipped = RayBundle(rays.origins[idx], rays.directions[idx], rays.viewdirs[idx], t_in[idx], t_out[idx],
                             None if rays.image_ids is None else rays.image_ids[idx])
@@ -160,7 +163,10 @@ def render_segments(models, regions: list[int], boxes: torch.Tensor, rays: RayBu
             seg = seg.index_put((idx,), torch.cat(cols, dim=1).to(seg.dtype))
         segs.append(seg)
         counts.append(int(out.num_samples) if out is not None else 0)
-    return {"values": torch.stack(segs, dim=1), "num_samples": sum(counts), "samples_per_region": counts}
+    result = {"values": torch.stack(segs, dim=1), "num_samples": sum(counts), "samples_per_region": counts}
+    if keep_samples:
+        result["samples"] = kept
+    return result
 
 
 def composite_all(values: torch.Tensor, rays: RayBundle, boxes: torch.Tensor,

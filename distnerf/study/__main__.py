@@ -5,6 +5,7 @@ Examples::
     python -m distnerf.study run conf/study/smoke.yaml runs/study_smoke          # every unfinished cell
     python -m distnerf.study run conf/study/characterization.yaml runs/char --retry-failed
     python -m distnerf.study run conf/study/smoke.yaml runs/s --launcher slurm  # one sbatch job per cell
+    python -m distnerf.study run conf/study/aerial_sharded.yaml runs/a1 --repeats 1  # its first seed only
     python -m distnerf.study list conf/study/characterization.yaml               # the cells and their overrides
     python -m distnerf.study report runs/study_smoke                              # -> runs/study_smoke/report/
     python -m distnerf.study report runs/char --markdown                          # the tables on stdout too
@@ -59,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("study_dir", type=Path)
     run.add_argument("--retry-failed", action="store_true", help="run failed cells again")
     run.add_argument("--launcher", choices=("local", "slurm"), help="override the config's launcher")
+    run.add_argument("--repeats", type=int, metavar="N",
+                     help="run only the config's first N repeats (their seeds unchanged: a study's first seeds again, "
+                          "e.g. to keep their final checkpoints for a reading the report does not make)")
     wandb_help = "log the report to W&B in this mode (default: as the cells did, their logger.wandb.mode)"
     run.add_argument("--wandb", choices=("offline", "online", "disabled"), help=wandb_help)
     lst = sub.add_parser("list", help="print the cells of a study config")
@@ -105,6 +109,11 @@ def main(argv: list[str] | None = None) -> int:
             cfg = plan.load_study(args.config)
             if args.launcher:
                 cfg.launcher = args.launcher
+            if args.repeats is not None:
+                if args.repeats < 1:
+                    print(f"{parser.prog}: error: --repeats must be >= 1, got {args.repeats}", file=sys.stderr)
+                    return 2
+                cfg.repeats = min(args.repeats, cfg.repeats)
             cells = plan.expand(cfg)
             saved = args.study_dir / report.STUDY_FILE
             args.study_dir.mkdir(parents=True, exist_ok=True)

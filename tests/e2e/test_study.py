@@ -112,6 +112,20 @@ def test_smoke_study_runs_every_cell_and_reports_them(smoke):
     assert t["differs"] == []
 
 
+def test_the_touched_share_reads_every_finished_cell(smoke):
+    """distnerf.study.touched on real run directories (checkpoints, fusion loading, training rays): a
+    [touched, rows] pair per model (one for ddp, one per region for joint ss), the share their ratio."""
+    from distnerf.study.touched import study_touched
+
+    root, _ = smoke
+    rows = study_touched(root, batches=2, rays=128)["rows"]
+    assert len(rows) == 7
+    for r in rows:
+        regions = r["values"]["world_size"] if r["values"]["strategy"] == "ss_joint" else 1
+        assert len(r["per_model"]) == regions and all(0 < t <= v for t, v in r["per_model"]), r
+        assert r["share"] == pytest.approx(r["touched"] / r["vertices"]) and r["step"] == 12
+
+
 def test_report_figures_open_and_the_html_links_them(smoke):
     root, _ = smoke
     out = root / "report"
@@ -184,6 +198,23 @@ def test_an_undeclared_difference_is_flagged(smoke, tmp_path):
     differs = json.loads((copy / "report" / "report.json").read_text())["tables"]["differs"]
     assert [(d["cell"], d["key"]) for d in differs] == [(cell.name, "dataset.resolution"), (cell.name, "optim.lr")]
     assert "optim.lr" in proc.stdout.split("## What differs")[1]
+
+
+def test_repeats_runs_only_the_first_seeds(tmp_path):
+    from distnerf.study.__main__ import main as study_main
+
+    cfg = yaml.safe_load(SMOKE.read_text())
+    cfg.update(name="first", exclude=[], repeats=3, axes={"strategy": ["ddp"], "sampler": ["sync"], "world_size": [1],
+                                                          "budget": ["bad"]},
+               levels={"budget": {"bad": ["train.max_steps=0"]}})  # refused at once: a cell that fails fast
+    path, root = tmp_path / "first.yaml", tmp_path / "first"
+    path.write_text(yaml.safe_dump(cfg))
+    assert study_main(["run", str(path), str(root), "--repeats", "0"]) == 2
+    assert study_main(["run", str(path), str(root), "--repeats", "2"]) == 1  # the cells fail, as configured
+    assert sorted(p.name for p in (root / "cells").iterdir()) == ["ddp-sync-w1-bad-r0", "ddp-sync-w1-bad-r1"]
+    seeds = [[o for o in json.loads((root / "cells" / f"ddp-sync-w1-bad-r{r}" / "study_cell.json").read_text())
+              ["overrides"] if o.startswith("seed=")] for r in (0, 1)]
+    assert seeds == [["seed=0"], ["seed=1"]]  # the config's seeds of those repeats
 
 
 def test_a_failed_cell_is_reported_and_retried_only_when_asked(tmp_path):
