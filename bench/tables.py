@@ -4,12 +4,13 @@
     python -m bench.tables --check    # exit 1, with a diff, when a page is not what the JSON gives
         [--file PAGE ...] [--results bench]
 
-The pages: ``BENCHMARKS.md``, ``bench/README.md`` and every ``bench/**/README.md``. A table lives between
-the lines ``<!-- table:NAME -->`` and ``<!-- /table:NAME -->`` (each marker a line of its own);
-everything between the two markers is replaced by what ``TABLES[NAME]`` makes of the JSON: the Markdown
-table, a few figures computed from the same JSON, and one *Source* line per command that wrote the JSON
-(its files, the command, date, commit and the machine load before/after). Text outside the markers is
-left alone. An unknown NAME, an unpaired marker or a missing JSON file is an error (exit 2).
+The pages: ``BENCHMARKS.md`` and every Markdown page under ``bench/`` (``bench/**/*.md``: a question's
+``README.md`` and the pages it indexes; not its ``results/``). A table lives between the lines
+``<!-- table:NAME -->`` and ``<!-- /table:NAME -->`` (each marker a line of its own); everything between
+the two markers is replaced by what ``TABLES[NAME]`` makes of the JSON: the Markdown table, a few figures
+computed from the same JSON, and one *Source* line per command that wrote the JSON (its files, the
+command, date, commit and the machine load before/after). Text outside the markers is left alone. An
+unknown NAME, an unpaired marker or a missing JSON file is an error (exit 2).
 
 ``TABLES`` gathers the ``TABLES`` of every question's ``bench/<question>/tables.py`` (a folder of
 ``bench/`` that has one); a name two questions define is an error. Reading the JSON and the shared
@@ -50,8 +51,9 @@ TABLES = question_tables()
 
 
 def pages() -> list[Path]:
-    """The Markdown pages that may hold tables: BENCHMARKS.md and bench/**/README.md."""
-    return [ROOT / "BENCHMARKS.md", *sorted(BENCH.rglob("README.md"))]
+    """The Markdown pages that may hold tables: BENCHMARKS.md and bench/**/*.md, results folders aside."""
+    return [ROOT / "BENCHMARKS.md",
+            *sorted(p for p in BENCH.rglob("*.md") if "results" not in p.relative_to(BENCH).parts)]
 
 
 def render_block(name: str, results_root: Path) -> str:

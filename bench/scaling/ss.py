@@ -1,4 +1,4 @@
-"""Measure an ``ss`` run against a ``ddp`` run of the same data (BENCHMARKS.md, "Spatial segmentation").
+"""Measure an ``ss`` run against a ``ddp`` run of the same data (bench/scaling/characterisation.md, "`ss` fused render").
 
     python -m bench.scaling.ss runs/bench/wide_ss runs/bench/wide_ddp [--views 5] [--threads 1] [--out PATH]
 

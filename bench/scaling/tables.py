@@ -1,4 +1,5 @@
-"""The tables of ``bench/scaling/README.md``, made from ``bench/*/results`` JSON (run ``python -m bench.tables``)."""
+"""The tables of the scaling pages (``bench/scaling/*.md``), made from ``bench/*/results`` JSON (run
+``python -m bench.tables``)."""
 from __future__ import annotations
 
 import statistics
