@@ -1,4 +1,4 @@
-"""The export of trained runs to PLY, timed and pictured (bench/quality/README.md, "Export").
+"""The export of trained runs to PLY, timed and pictured (bench/quality/import_export.md, "Export").
 
     python -m bench.quality.export NAME=RUN_DIR [NAME=RUN_DIR ...] [--lattice 256] [--threshold 10]
         [--out bench/quality/results/export]

@@ -1,4 +1,4 @@
-"""The README main job in a fresh clone, timed (BENCHMARKS.md, "The README main job").
+"""The README main job in a fresh clone, timed (bench/quality/main_job.md, "The README main job").
 
     python -m bench.quality.main_job [--clone DIR] [--no-setup] [--rev REV] [--out bench/quality/results/main_job]
 

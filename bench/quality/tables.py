@@ -1,4 +1,5 @@
-"""The tables of ``bench/quality/README.md``, made from ``bench/*/results`` JSON (run ``python -m bench.tables``)."""
+"""The tables of the quality pages (``bench/quality/*.md``), made from ``bench/*/results`` JSON (run
+``python -m bench.tables``)."""
 from __future__ import annotations
 
 import statistics
