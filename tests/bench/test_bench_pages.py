@@ -1,6 +1,7 @@
-"""The benchmark pages: BENCHMARKS.md stays a short index whose rows link to headings that exist, and every
-results folder under bench/ is cited by a page (bench/**/*.md, docs/**/*.md or BENCHMARKS.md); README.md's and
-docs/'s links resolve; the figures of docs/when_to_pick_ss.md read the same in the files they cite."""
+"""The benchmark pages: BENCHMARKS.md stays a short index whose links each name a heading that exists, no
+page under bench/ grows past 500 lines, and every results folder under bench/ is cited by a page (bench/**/*.md,
+docs/**/*.md or BENCHMARKS.md); the links of README.md, docs/, BENCHMARKS.md and the bench pages resolve; the
+figures of docs/when_to_pick_ss.md read the same in the files they cite."""
 from __future__ import annotations
 
 import json
@@ -10,6 +11,7 @@ from pathlib import Path
 from tests.conftest import REPO
 
 INDEX = REPO / "BENCHMARKS.md"
+BENCH_PAGES = sorted(p for p in (REPO / "bench").rglob("*.md") if "results" not in p.relative_to(REPO / "bench").parts)
 LINK = re.compile(r"\]\(([^)#\s]+)(?:#([^)\s]+))?\)")
 
 
@@ -28,6 +30,8 @@ def anchors(page: Path) -> set[str]:
 def test_anchor_of_a_heading_with_code_and_punctuation():
     assert anchor("The README's lego line (issue 28)") == "the-readmes-lego-line-issue-28"
     assert anchor("`ss` fused render: 2 ranks") == "ss-fused-render-2-ranks"
+    assert anchor("What does each strategy cost? `python -m distnerf.study`") == (
+        "what-does-each-strategy-cost-python--m-distnerfstudy")
 
 
 def test_index_is_short_and_its_rows_link_to_existing_headings():
@@ -42,7 +46,24 @@ def test_index_is_short_and_its_rows_link_to_existing_headings():
         for target, frag in links:
             page = (INDEX.parent / target).resolve()
             assert page.is_file() and page.parent.parent == REPO / "bench", ln
-            assert not frag or frag in anchors(page), (frag, target)
+            assert frag and frag in anchors(page), (frag, target)  # a section, not the top of a page
+
+
+def test_every_link_of_the_index_names_a_heading():
+    """Issue 63: every link of BENCHMARKS.md, its rows' and its prose's, points at a heading of its page
+    (``page.md#anchor``), so that a section moved to another page breaks this test, not the reader's link."""
+    links = LINK.findall(INDEX.read_text())
+    assert links
+    unanchored = [target for target, frag in links if not frag]
+    wrong = [(target, frag) for target, frag in links if frag and frag not in anchors((INDEX.parent / target).resolve())]
+    assert not unanchored and not wrong, (unanchored, wrong)
+
+
+def test_benchmark_pages_stay_short():
+    """Issue 63: a page under bench/ holds at most 500 lines; a longer question is split by sub-question into
+    pages beside its README.md, which indexes them."""
+    long = {p.relative_to(REPO).as_posix(): n for p in BENCH_PAGES if (n := len(p.read_text().splitlines())) > 500}
+    assert len(BENCH_PAGES) >= 10 and not long, long
 
 
 def test_every_results_folder_is_cited_by_a_page():
@@ -77,12 +98,13 @@ def test_every_result_file_records_its_command_and_commit():
     assert not lacking
 
 
-def test_readme_and_docs_links_reach_files_and_headings():
-    """Every relative link of README.md and docs/*.md names a file that exists, and a fragment names a
-    heading of the page it points to (a bare ``(#fragment)``: of the page itself)."""
+def test_page_links_reach_files_and_headings():
+    """Every relative link of README.md, docs/*.md, BENCHMARKS.md and the bench pages (bench/**/*.md) names a
+    file that exists, and a fragment names a heading of the page it points to (a bare ``(#fragment)``: of the
+    page itself)."""
     own = re.compile(r"\]\(#([^)\s]+)\)")
     broken = []
-    for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+    for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), INDEX, *BENCH_PAGES]:
         text = page.read_text()
         for target, frag in LINK.findall(text):
             if target.startswith(("http://", "https://", "mailto:")):
