@@ -141,7 +141,7 @@ def global_batch(train, world_size: int) -> int:
     ``train.global_rays`` when set (strong scaling: the batch is fixed and each rank trains ``global_rays /
     world_size``), else ``world_size x train.rays_per_rank`` (weak scaling, the default: each rank keeps its
     batch, :data:`~distnerf.schema.DEFAULT_RAYS_PER_RANK` when null). The loss is the mean over the global batch
-    either way; the learning rate is not scaled with it (measured: bench/scaling/README.md, "Batches that
+    either way; the learning rate is not scaled with it (measured: bench/scaling/batches.md, "Batches that
     scale"). What "per rank" means under each strategy: :meth:`distnerf.strategy.base.Strategy.rays_per_rank`.
 
     Args:

@@ -8,7 +8,7 @@ other ranks of its node; and libgomp's threads spin at each barrier before they 
 beside them the time their own stalled thread needs; sleeping at every barrier instead costs a rank
 whose cores are its own about 16% of its step (each operator wakes the threads again). Measured:
 ``bench/reliability/README.md`` §"Runs that share their cores" (``python -m bench.reliability.shared_cores``)
-and ``bench/quality/README.md`` §"The CPU loop's speed".
+and ``bench/quality/main_job.md`` §"The CPU loop's speed".
 
 :func:`choose_wait` (before torch is imported) lets the OpenMP threads spin a bounded while when the
 node's cores are free at start-up and sleep at their barriers when other processes keep them busy;
@@ -37,7 +37,7 @@ CGROUP = Path("/sys/fs/cgroup")
 
 SPIN_COUNT = 30_000
 """``GOMP_SPINCOUNT`` of a rank whose cores are free at start-up: its threads spin about this many times at a
-barrier, then sleep. Measured (``bench/quality/README.md``, "The CPU loop's speed"; ``bench/reliability/README.md``,
+barrier, then sleep. Measured (``bench/quality/main_job.md``, "The CPU loop's speed"; ``bench/reliability/README.md``,
 "The OpenMP wait"): the README main job 16% faster than passive waiting, and faster than before passive
 waiting was introduced; 2.5-2.7x slower than alone when an un-niced process arrives on its cores later."""
 FREE_CORES_SLACK = 0.5

@@ -273,7 +273,7 @@ class DDPStrategyConfig(StrategyConfig):
     compression: str = choice("none", "fp16", "bf16", help="dtype gradients travel in")
     sparse_min_numel: Optional[int] = doc(1_000_000, "buckets this large travel as (index, value) pairs; null: dense")
     sparse_max_density: float = bounded(0.02, 0, 1, help=(
-        "... when at most this share of their entries is non-zero: the measured crossover (bench/scaling/README.md, "
+        "... when at most this share of their entries is non-zero: the measured crossover (bench/scaling/exchange.md, "
         "\"Exchange crossover\")"))
     sparse_mode: str = choice("auto", "counted", "bounded", help="auto: counted on CPU, bounded (no host sync) on CUDA")
     sparse_tables: bool = doc(False, (
@@ -458,7 +458,7 @@ class EvalConfig:
     num_views: Optional[int] = doc(None, "null: every test view; N: N evenly spaced views")
     downscale: int = positive(1)
     chunk: int = positive(16384, help=(
-        "rays rendered at once (16384 against 8192: bench/quality/README.md)"))
+        "rays rendered at once (16384 against 8192: bench/quality/lego.md)"))
     point_chunk: int = bounded(262144, 0, help=(
         "points per network call of no-grad evaluation (nerf: every MLP call; 0: no limit): bounds evaluation's "
         "memory (bench/memory/README.md)"))

@@ -75,7 +75,7 @@ def sharded(single: GridModel, contraction: str, num_regions: int, env: DistEnv 
         assert shard.shard is not None and shard.step_size() == single.step_size()
         load_slice(shard, single)
         models[k] = shard
-    joint = JointRegionModels(models, strategy.partition, BG.double(), env.distributed,
+    joint = JointRegionModels(models, strategy.partition, BG.double(), env,
                               appearance=strategy.shared_appearance(cfg, NUM_IMAGES).double())
     with torch.no_grad():
         joint.appearance.table.copy_(single.appearance.table)

@@ -193,7 +193,7 @@ def make_eval_split(cfg, model, strategy):
             if not renderer.keeps_timing:
                 timing = None  # not measured: None, never zeros
         rows = evaluate_views(renderer, scene, mine, cfg.eval.chunk, device,
-                              out_dir if strategy.writes_renders else None, lpips, cfg.eval.point_chunk, cfg.eval)
+                              out_dir if strategy.env.is_main or not strategy.renders_collectively else None, lpips, cfg.eval.point_chunk, cfg.eval)
         rows = gather_view_rows(strategy, rows)
         return {"scene": scene, "rows": rows, "fusion_timing": dict(timing) if timing is not None else None}
 
@@ -244,7 +244,7 @@ def evaluate_run(cfg, model, strategy, out_dir: Path, step: int, eval_split) -> 
         # ss: the fusion stage's seconds over this rank's views (routing_s, exchange_composite_s, total_s)
         "fusion_timing": res.get("fusion_timing"),
     }
-    if strategy.is_main:
+    if strategy.env.is_main:
         # strict JSON (no NaN/Infinity, which most parsers refuse): PSNR is capped, see observe.metrics.psnr
         (Path(out_dir) / "metrics.json").write_text(json.dumps(metrics, indent=1, allow_nan=False))
         log.info("test: PSNR %.2f dB, SSIM %.4f over %d views (%dx%d)", metrics["psnr"], metrics["ssim"],

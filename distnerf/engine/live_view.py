@@ -30,7 +30,7 @@ class LiveViewer:
 
     :meth:`after_step` is called by the trainer once per step, in the training loop's thread
     (the model is not being updated meanwhile: no locking). It renders the frames due with
-    the current model (``strategy.live_view_model``) as long as rendering has taken at most
+    the current model (``strategy.inference_model``) as long as rendering has taken at most
     ``viewer.max_render_share`` of the wall time since the viewer started (an estimate of the
     next frame's cost included), and re-renders a still view at most every
     :data:`LIVE_REFRESH_S` seconds. A frame has at most as many pixels as the measured render
@@ -48,7 +48,7 @@ class LiveViewer:
 
     Args:
         cfg: the run's config (``viewer``, ``eval.chunk``/``point_chunk``).
-        strategy: the run's strategy (its ``live_view_model``; ``ss``: its ``partition``).
+        strategy: the run's strategy (its ``inference_model``; ``ss``: its ``partition``).
         scene: the training split (frustums, thumbnails, the frame).
     """
 
@@ -102,7 +102,7 @@ class LiveViewer:
         count = self.server.frames_rendered
         # a frame no longer than LIVE_FRAME_S at the measured speed: training never stalls for a whole
         # full-size frame of an early (slow, still foggy) model
-        spent = self.server.render_pending(self.strategy.live_view_model(model), step, allowed, refresh,
+        spent = self.server.render_pending(self.strategy.inference_model(model), step, allowed, refresh,
                                            max_pixels=self.server.rays_per_s * LIVE_FRAME_S)
         self.render_s += spent
         if self.server.frames_rendered > count:
@@ -122,7 +122,7 @@ class LiveViewer:
         # collective: every rank learns the camera (None: nothing is due after all)
         D.broadcast_object(self.strategy.env, request)
         if request is not None:
-            out = self.server.render_view(self.strategy.live_view_model(model), request.cameras)
+            out = self.server.render_view(self.strategy.inference_model(model), request.cameras)
             self.server.push_frame(due[0], request, out, step, time.perf_counter() - begin)
             self.collective_frames += 1
         spent = time.perf_counter() - begin
@@ -173,7 +173,7 @@ class LiveFollower:
         begin = time.perf_counter()
         request = D.broadcast_object(self.strategy.env, None)  # collective: the main rank's camera
         if request is not None:
-            render_image(self.strategy.live_view_model(model), single_view(self.scene, request.cameras), 0,
+            render_image(self.strategy.inference_model(model), single_view(self.scene, request.cameras), 0,
                          self.cfg.eval.chunk, self.strategy.env.device, self.cfg.eval.point_chunk)
             self.frames += 1
         spent = time.perf_counter() - begin

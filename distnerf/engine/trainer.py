@@ -98,7 +98,7 @@ class Trainer:
             # a missing or wrong-size evaluation image fails now, not after training (files and headers
             # only: the pixels are decoded when the split is evaluated)
             load_scene(cfg.dataset, split, pixels=undecoded)
-        if strategy.is_main and self.train_scene.transform is not None:
+        if self.env.is_main and self.train_scene.transform is not None:
             (self.run_dir / ckpt.SCENE_TRANSFORM_FILE).write_text(json.dumps(self.train_scene.transform, indent=1))
         model_cfg = cfg.model  # validated at the entry point: passed down typed
         if self.train_scene.ndc and contracted(model_cfg):
@@ -107,9 +107,10 @@ class Trainer:
                               f"box; use model.contraction=none, or dataset.ndc=false with contraction")
         strategy.prepare(self.train_scene, self.run_dir, cfg.seed, model_cfg)  # ss: the partition
         self.global_rays = global_batch(cfg.train, self.env.world_size)  # W x train.rays_per_rank, or train.global_rays
-        self.rays_per_rank = strategy.rays_per_rank(self.global_rays)
+        sampling = strategy.sampling(self.train_scene, self.global_rays)
+        self.rays_per_rank, self.batch_description = sampling.rays, sampling.description
         self.sampler = build_sampler(cfg.sampler, self.train_scene, self.rays_per_rank, cfg.seed,
-                                     strategy.sampler_stream(), self.device, strategy.ray_filter(self.train_scene))
+                                     sampling.stream, self.device, sampling.ray_filter)
         # the loss's finiteness, read a step late (no host sync in the step): see agree()
         self._late_nonfinite, self._late_step = LateFlag(self.device), -1
         self._late_valid = LateFlag(self.device)  # a valid count on the device, for the logs (agree())
@@ -152,8 +153,8 @@ class Trainer:
         if self.env.is_main:
             log.info("schedule: %s", cfg.optim.schedule)
             log.info("global batch %d rays, %s: %s; lr %.3g (per-group multipliers from the model), not scaled "
-                     "with the global batch: the loss is its mean (bench/scaling/README.md measures W = 1, 2, 4)",
-                     self.global_rays, describe_batch_rule(cfg.train), strategy.describe_batch(self.global_rays),
+                     "with the global batch: the loss is its mean (bench/scaling/batches.md measures W = 1, 2, 4)",
+                     self.global_rays, describe_batch_rule(cfg.train), self.batch_description,
                      cfg.optim.lr)
 
     def activity(self) -> tuple[int, str, float]:

@@ -133,6 +133,25 @@ class LossNormalizer:
             torch._foreach_mul_(grads, self._factor / self._count.clamp(min=1.0))  # dense or sparse rows alike
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """How a rank draws its ray batches (:meth:`Strategy.sampling`).
+
+    Attributes:
+        stream: the random stream of its batches: a rank's own (its index), one shared by every rank, or a
+            tuple of streams (one block of the batch per stream, e.g. per region).
+        ray_filter: ``fn(rays) -> (R,) bool`` (picklable; a tuple of them, one per block) of the rays that count,
+            or None: every ray counts.
+        rays: the rays it draws a step.
+        description: how the global batch is spread over ranks, for the start-up log.
+    """
+
+    stream: int | tuple[int, ...]
+    ray_filter: object | None
+    rays: int
+    description: str
+
+
 class Strategy:
     """Base strategy (also the behaviour of a single process).
 
@@ -153,20 +172,16 @@ class Strategy:
         self.model: nn.Module | None = None
         self.wrapped: nn.Module | None = None
 
-    # -- roles --------------------------------------------------------------
-    @property
-    def is_main(self) -> bool:
-        """Whether this rank writes run-level files (config, logs, W&B, manifest)."""
-        return self.env.is_main
+    # -- the batch --------------------------------------------------------------
+    def sampling(self, scene, global_rays: int) -> Sampling:
+        """How this rank draws its share of a global batch of ``global_rays`` from the training split ``scene``:
+        its own stream (distinct per rank), :meth:`rays_per_rank` rays, every ray counting (no filter).
 
-    def sampler_stream(self) -> int:
-        """Random stream of this rank's ray batches (distinct per rank)."""
-        return self.env.rank
-
-    def ray_filter(self, scene):
-        """The ray filter hook of this rank's batches (``fn(rays) -> (R,) bool``, picklable),
-        e.g. the rays that cross this rank's region under ``ss``; ``None``: every ray counts."""
-        return None
+        Raises:
+            ValueError: as :meth:`rays_per_rank`.
+        """
+        rays = self.rays_per_rank(global_rays)
+        return Sampling(self.env.rank, None, rays, f"{self.env.world_size} ranks x {rays} rays")
 
     def rays_per_rank(self, global_rays: int) -> int:
         """This rank's sampler batch for a global batch of ``global_rays``
@@ -180,10 +195,6 @@ class Strategy:
             raise ValueError(f"train.global_rays={global_rays} is not divisible by the world size "
                              f"{self.env.world_size}")
         return global_rays // self.env.world_size
-
-    def describe_batch(self, global_rays: int) -> str:
-        """How the global batch is spread over ranks (for the start-up log)."""
-        return f"{self.env.world_size} ranks x {self.rays_per_rank(global_rays)} rays"
 
     # -- set-up and model -----------------------------------------------------
     def prepare(self, scene, run_dir, seed: int, model_cfg: dict) -> None:
@@ -228,9 +239,9 @@ class Strategy:
         summed = torch.tensor(mine, dtype=torch.float64)
         # a CPU tensor on CPU and CUDA runs alike: waiting for it waits for no device
         work = D.all_reduce_(summed, async_op=True) if self.env.has_peers else None
-        return PendingAgreement(StepStats(*mine), summed, work, self.finish_step_stats)
+        return PendingAgreement(StepStats(*mine), summed, work, self._finish_step_stats)
 
-    def finish_step_stats(self, mine: StepStats, total: StepStats) -> StepAgreement:
+    def _finish_step_stats(self, mine: StepStats, total: StepStats) -> StepAgreement:
         """The agreement from this rank's stats and their sums over ranks (``ss`` joint counts its
         shared rays once)."""
         return StepAgreement(total, mine)
@@ -309,14 +320,10 @@ class Strategy:
 
     # -- evaluation ------------------------------------------------------------
     def inference_model(self, model: nn.Module) -> nn.Module:
-        """The module that renders evaluation views (``ss``: the fusion stage)."""
+        """The module that renders evaluation views and the live viewer's frames between training steps
+        (``ss``: the fusion stage). Unless :attr:`renders_collectively`, only the main rank renders a live
+        frame, so it must run no collective then."""
         return model
-
-    def live_view_model(self, model: nn.Module) -> nn.Module:
-        """The module the live viewer renders with between training steps. Unless
-        :attr:`renders_collectively`, only the main rank renders, so it must run no collective.
-        Default: :meth:`inference_model`."""
-        return self.inference_model(model)
 
     @property
     def renders_collectively(self) -> bool:
@@ -329,11 +336,6 @@ class Strategy:
     def finish_gradients(self) -> None:
         """After the backward, before anything reads the gradients: complete gradient exchanges the strategy
         runs outside its wrapper (``ddp`` with ``strategy.sparse_tables``). Nothing by default."""
-
-    @property
-    def writes_renders(self) -> bool:
-        """Whether this rank writes the PNGs of the views it renders."""
-        return True
 
     def eval_views(self, num_views: int) -> list[int]:
         """This rank's share of ``num_views`` evaluation views: round robin, or every view when

@@ -64,15 +64,15 @@ class GatherSegments(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, local: torch.Tensor) -> torch.Tensor:
-        rank = D.rank()
+    def forward(ctx, local: torch.Tensor, rank: int) -> torch.Tensor:
+        """``rank``: this process's rank (its slice of the result)."""
         parts = D.all_gather(local)
         ctx.lo, ctx.hi = rank * local.shape[1], (rank + 1) * local.shape[1]
         return torch.cat(parts, dim=1)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        return grad[:, ctx.lo:ctx.hi].contiguous()
+        return grad[:, ctx.lo:ctx.hi].contiguous(), None
 
 
 class RouteValues(torch.autograd.Function):

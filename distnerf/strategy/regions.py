@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from .. import distributed as D
+from ..distributed import DistEnv
 from ..data.rays import RayBundle
 from ..host_buffers import sync_free
 from ..model.base import RadianceModel
@@ -174,7 +175,8 @@ class JointRegionModels(RegionModels):
     Args:
         models: region index -> sub-model (its box only, or a shard of one model; black background).
         partition: the run's partition. background: (3,) scene background.
-        distributed: exchange segments with the other ranks (else all K regions are here).
+        env: this process's :class:`~distnerf.distributed.DistEnv`: under torchrun (``env.distributed``) segments
+            are exchanged with the other ranks, each holding its regions; else all K regions are here.
         routed: training only, ``strategy.joint_exchange=route`` (:meth:`forward_routed`): each rank draws
             its own rays and sends each only to the ranks whose regions it crosses; else every rank holds
             the same rays and all-gathers its segments of all of them.
@@ -182,11 +184,12 @@ class JointRegionModels(RegionModels):
             ``affine``), or None.
     """
 
-    def __init__(self, models: dict[int, RadianceModel], partition: Partition, background, distributed: bool,
+    def __init__(self, models: dict[int, RadianceModel], partition: Partition, background, env: DistEnv,
                  routed: bool = False, appearance: nn.Module | None = None):
         super().__init__(models, partition, background)
         self.register_buffer("all_boxes", partition.extents().float())
-        self.distributed = distributed
+        distributed = self.distributed = env.distributed
+        self.rank, self.world_size = env.rank, env.world_size
         self.routed = routed and distributed
         self.exchange = {"seconds": 0.0, "bytes": 0, "calls": 0}
         self.appearance = appearance
@@ -309,7 +312,7 @@ class JointRegionModels(RegionModels):
             sent = values.numel() * values.element_size()
             start = time.perf_counter()
             marks = D.timing_event() if D.device_timed(values.device) else None  # on the device: the all-gather's span
-            values = GatherSegments.apply(values)
+            values = GatherSegments.apply(values, self.rank)
             if marks is not None:  # NCCL: the current stream waited on the collective
                 self.exchange.setdefault("events", []).append((marks, D.timing_event()))
             self.exchange["seconds"] += time.perf_counter() - start
@@ -339,7 +342,7 @@ class JointRegionModels(RegionModels):
             the composite of this rank's R rays (``num_samples``: samples this rank marched, for the rays
             it received).
         """
-        world, m = D.world_size(), len(self.regions)
+        world, m = self.world_size, len(self.regions)
         rays, floored = floored_rays(rays, self.unbounded, self.models[0].min_altitude)
         floored = floored if self.models[0].opaque_floor else None
         crosses = torch.isfinite(segment_entries(rays.origins, rays.directions, rays.near, rays.far, self.all_boxes))
@@ -370,7 +373,7 @@ class JointRegionModels(RegionModels):
         self.exchange["seconds"] += time.perf_counter() - start
         # what leaves this rank: its rays for the others (14 floats) and their values' gradients in the backward,
         # and the others' rays' values (m x C floats each way)
-        me = D.rank()
+        me = self.rank
         out_rows, in_rows = sum(send_counts) - send_counts[me], sum(recv_counts) - recv_counts[me]
         self.exchange["bytes"] += table.element_size() * (14 * out_rows + m * width * (in_rows + out_rows))
         self.exchange["calls"] += 1

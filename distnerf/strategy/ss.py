@@ -56,7 +56,7 @@ from ..components.optim import merge_optimizer_states, split_optimizer_state
 from ..config_check import derive, section
 from ..model.base import RadianceModel
 from ..seeds import LOAD_STREAM, SHARED_STREAM, region_seed
-from .base import LossNormalizer, StepAgreement, StepStats, Strategy
+from .base import LossNormalizer, Sampling, StepAgreement, StepStats, Strategy
 from .density import estimate_density
 from .fusion import FusedRenderer
 from .partition import (Partition, assign_regions, balanced_partition, empty_region_error, grid_partition,
@@ -296,19 +296,27 @@ class SSStrategy(Strategy):
     def my_regions(self) -> list[int]:
         return [k for k, r in enumerate(self.owner) if r == self.env.rank]
 
-    def sampler_stream(self) -> int | tuple[int, ...]:
-        """Joint: the shared stream (every rank the same rays); independent: one block per region
-        of this rank, each region's own stream (the region index)."""
+    def sampling(self, scene, global_rays: int) -> Sampling:
+        """Joint: the shared stream (every rank the same rays; routed: each rank its own, as ddp), every ray
+        counting; independent: one block per region of this rank, each region's own stream (the region
+        index), the rays crossing its enlarged region counting. Rays: :meth:`rays_per_rank`."""
+        rays = self.rays_per_rank(global_rays)
         if self.routed:  # joint, routed: each rank its own rays, as ddp
-            return self.env.rank
-        return SHARED_STREAM if self.joint else tuple(self.my_regions)
-
-    def ray_filter(self, scene):
+            return Sampling(self.env.rank, None, rays,
+                            f"{self.env.world_size} ranks x {rays} rays from each rank's own stream, each ray sent "
+                            f"to the ranks whose regions it crosses (strategy.joint_exchange=route)")
         if self.joint:
-            return None
+            return Sampling(SHARED_STREAM, None, rays,
+                            f"{global_rays} rays drawn once (one shared stream, {global_rays / self.env.world_size:g} "
+                            f"per rank), each rendered by the regions it crosses: each of {self.env.world_size} ranks "
+                            f"renders the segments of its {len(self.my_regions)} region(s) of all {global_rays}")
         boxes = self.partition.extents(enlarged=True)
-        return tuple(RegionRayFilter(boxes[k], to_infinity=self.partition.unbounded, min_altitude=self.min_altitude)
-                     for k in self.my_regions)
+        filters = tuple(RegionRayFilter(boxes[k], to_infinity=self.partition.unbounded, min_altitude=self.min_altitude)
+                        for k in self.my_regions)
+        return Sampling(tuple(self.my_regions), filters, rays,
+                        f"{self.env.world_size} ranks x {len(self.my_regions)} region(s) x "
+                        f"{global_rays // len(self.partition)} rays drawn from each region's own stream (those "
+                        f"crossing its enlarged region count)")
 
     def rays_per_rank(self, global_rays: int) -> int:
         """This rank's sampler batch for a global batch of ``global_rays`` = B
@@ -337,17 +345,6 @@ class SSStrategy(Strategy):
                              f"training=independent draws B / K rays per region)")
         return global_rays // num * len(self.my_regions)
 
-    def describe_batch(self, global_rays: int) -> str:
-        if self.routed:
-            return (f"{self.env.world_size} ranks x {global_rays // self.env.world_size} rays from each rank's own "
-                    f"stream, each ray sent to the ranks whose regions it crosses (strategy.joint_exchange=route)")
-        if self.joint:
-            return (f"{global_rays} rays drawn once (one shared stream, {global_rays / self.env.world_size:g} per "
-                    f"rank), each rendered by the regions it crosses: each of {self.env.world_size} ranks renders "
-                    f"the segments of its {len(self.my_regions)} region(s) of all {global_rays}")
-        return (f"{self.env.world_size} ranks x {len(self.my_regions)} region(s) x "
-                f"{global_rays // len(self.partition)} rays drawn from each region's own stream (those crossing its enlarged region count)")
-
     # -- model --------------------------------------------------------------------
     def build_model(self, model_cfg: dict, scene) -> RadianceModel:
         """This rank's regions' sub-models (:meth:`build_region_model`), joint or independent.
@@ -366,7 +363,7 @@ class SSStrategy(Strategy):
                 torch.manual_seed(region_seed(self.seed, k + 1))
                 models[k] = self.build_region_model(model_cfg, scene.aabb, scene.background, k, len(scene))
         if self.joint:
-            return JointRegionModels(models, self.partition, scene.background, self.env.distributed, self.routed,
+            return JointRegionModels(models, self.partition, scene.background, self.env, self.routed,
                                      self.shared_appearance(model_cfg, len(scene)))
         return RegionModels(models, self.partition, blocks=True)
 
@@ -404,7 +401,7 @@ class SSStrategy(Strategy):
         pairs, so K joint sub-models (one scene, one loss, equal budgets) at the full weight
         would regularise each vertex K times as hard as one model holding their vertices (two
         regions on one process lost 1.7 dB to it on the capacity study's scene, one model 1.0 dB;
-        bench/scaling/README.md). Independent sub-models are models of the whole scene each and
+        bench/scaling/capacity.md). Independent sub-models are models of the whole scene each and
         keep the weight.
         ``num_images``: rows of its own appearance table (all training images; 0 when a
         checkpoint's table is loaded into it)."""
@@ -475,7 +472,7 @@ class SSStrategy(Strategy):
         self.model = self.wrapped = model.to(self.env.device)  # no DDP: nothing is all-reduced
         return self.wrapped
 
-    def finish_step_stats(self, mine: StepStats, total: StepStats) -> StepAgreement:
+    def _finish_step_stats(self, mine: StepStats, total: StepStats) -> StepAgreement:
         """Joint: every rank holds the same rays, so they are counted once."""
         if self.joint and not self.routed:  # routed: each rank its own rays, summed as ddp's
             total.valid_rays = mine.valid_rays
@@ -586,11 +583,6 @@ class SSStrategy(Strategy):
             fusion = "segment"
         return self.fuse(dict(zip(model.regions, model.models)), fusion)
 
-    def live_view_model(self, model: RegionModels | JointRegionModels) -> nn.Module:
-        """The fusion stage, as in evaluation: under torchrun every rank takes part in every
-        live frame (:attr:`renders_collectively`)."""
-        return self.inference_model(model)
-
     @property
     def renders_collectively(self) -> bool:
         return self.env.distributed
@@ -600,10 +592,6 @@ class SSStrategy(Strategy):
         this rank's under torchrun) with this strategy's partition and fusion settings."""
         return FusedRenderer(self.partition, models, fusion, color_threshold=self.cfg.color_threshold,
                              blend_power=self.cfg.blend_power, distributed=self.env.distributed)
-
-    @property
-    def writes_renders(self) -> bool:
-        return self.env.is_main
 
 
 __all__ = ["SSStrategy", "SHARED_STREAM"]

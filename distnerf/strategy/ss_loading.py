@@ -66,5 +66,5 @@ def load_fused(partition_dict: dict, state, model_cfg: dict, strategy_cfg, aabb,
                                  "it under 'shared'): render it with its checkpoint, or strategy.joint_model=per_region")
             appearance.load_state_dict(shared)
         return JointRegionModels(models, partition, torch.as_tensor(background).float(),
-                                 env.distributed, appearance=appearance).to(env.device).eval()
+                                 env, appearance=appearance).to(env.device).eval()
     return strategy.fuse(models, fusion).to(env.device)

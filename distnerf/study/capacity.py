@@ -89,7 +89,7 @@ def lr_share(curve: list[tuple[float, float | None]], fraction: float = PLATEAU_
     A flat validation curve under a learning rate that has decayed to a few percent of its start
     is no evidence that the model holds all it can: it has stopped moving. On the built-in
     ``detail`` scene, cells whose last 20% gained < 0.1 dB at a share of 0.025 gained 2.4 dB more
-    when trained 4x longer with the schedule stretched (bench/scaling/README.md).
+    when trained 4x longer with the schedule stretched (bench/history/README.md, the table study_capacity_stretch).
 
     Args:
         curve: (step, lr) points of one run (its training log), any order; points without an lr skipped.

@@ -15,7 +15,7 @@ summarised by their median; ``n`` says how many):
   axes is the single model) and the fusion stage's routing / exchange + compositing shares,
   against the number of regions;
 * input: input-wait share per sampler, and the pipelined speedup over ``sync`` with its
-  ideal bound T/(T - S) and capacity bound (S + C)/max(S/W, C) (bench/scaling/README.md:
+  ideal bound T/(T - S) and capacity bound (S + C)/max(S/W, C) (bench/scaling/characterisation.md:
   S the sync cell's input wait, C = T - S its compute, W workers);
 * quality: test PSNR/SSIM at the budget and training PSNR against training time;
 * capacity (:mod:`distnerf.study.capacity`): the capacity curve (world-size-1 ``ddp`` test PSNR

@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from distnerf.distributed import DistEnv
 from distnerf.model.grid import GridModel
 from distnerf.strategy.partition import region_owner
 from distnerf.strategy.partition import grid_partition
@@ -46,7 +47,8 @@ def joint_worker(rank: int, world_size: int, port: int, num_regions: int, out_di
         dist.init_process_group("gloo")
         owners = region_owner(num_regions, world_size)
         part, models = region_models(num_regions, [k for k, r in enumerate(owners) if r == rank])
-        joint = JointRegionModels(models, part, BG, distributed=True, routed=routed)
+        joint = JointRegionModels(models, part, BG, DistEnv(rank=rank, world_size=world_size, backend="gloo"),
+                                  routed=routed)
         rays, target = make_problem(48, seed=3)
         generator = torch.Generator().manual_seed(JITTER_SEED)
         if routed:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from distnerf.distributed import DistEnv
 from distnerf.data.rays import RayBundle
 from distnerf.model.grid import GridModel
 from distnerf.model.nerf import NeRFModel
@@ -388,7 +389,7 @@ def test_joint_nerf_segments_sample_on_their_own():
     assert not torch.allclose(a[:, 1], b[:, 1])
     from distnerf.strategy.regions import JointRegionModels
 
-    joint = JointRegionModels(dict(enumerate(nerfs(21))), part, BG, distributed=False).eval()
+    joint = JointRegionModels(dict(enumerate(nerfs(21))), part, BG, DistEnv()).eval()
     out = joint(rays)
     assert "rgb_coarse" in out and out["rgb_coarse"].shape == (64, 3)
 

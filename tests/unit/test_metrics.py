@@ -252,7 +252,7 @@ def test_an_exact_view_is_named_and_left_out_of_the_mean(tmp_path):
     scene = SimpleNamespace(height=2, width=2, cameras=SimpleNamespace(sizes=None), background=(1.0, 1.0, 1.0),
                             source="s", transform=None)
     cfg = OmegaConf.create({"eval": {"lpips": False, "downscale": 1, "num_views": None}, "model": {"appearance": "none"}})
-    strategy = SimpleNamespace(is_main=True)
+    strategy = SimpleNamespace(env=SimpleNamespace(is_main=True))
     out = evaluate_run(cfg, torch.nn.Linear(1, 1), strategy, tmp_path, 5,
                        lambda *a: {"rows": rows, "scene": scene, "fusion_timing": None})
     assert out["psnr"] == pytest.approx(sum(values) / 6) and out["ssim"] == pytest.approx(0.8)

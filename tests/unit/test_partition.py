@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from distnerf.strategy.partition import region_owner
+from distnerf.strategy.ss import SHARED_STREAM
 from distnerf.strategy.partition import Partition, balanced_partition, grid_partition, weighted_median_split
 
 BOUNDS = torch.tensor([[-2.0, -0.5, -3.0], [2.0, 0.5, 3.0]], dtype=torch.float64)
@@ -160,10 +161,14 @@ def test_ss_batch_per_rank_joint_and_independent(world_size):
             ss.partition, ss.owner = grid_partition(BOUNDS, num), region_owner(num, world_size)
             assert len(ss.my_regions) == 2
             assert ss.rays_per_rank(batch) == (batch if training == "joint" else r), (training, rank)
+            sampling = ss.sampling(None, batch)
+            assert sampling.rays == ss.rays_per_rank(batch)
             if training == "joint":
-                assert ss.describe_batch(batch).startswith(f"{batch} rays drawn once (one shared stream, {r} per rank)")
+                assert sampling.description.startswith(f"{batch} rays drawn once (one shared stream, {r} per rank)")
+                assert sampling.stream == SHARED_STREAM and sampling.ray_filter is None
             else:
-                assert f"x {batch // num} rays drawn from each region's own stream" in ss.describe_batch(batch)
+                assert f"x {batch // num} rays drawn from each region's own stream" in sampling.description
+                assert sampling.stream == tuple(ss.my_regions) and len(sampling.ray_filter) == 2
 
 
 def test_ss_independent_batch_not_divisible_by_the_regions_is_refused():

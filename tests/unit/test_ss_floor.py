@@ -20,6 +20,7 @@ import copy
 import pytest
 import torch
 
+from distnerf.distributed import DistEnv
 from distnerf.data.rays import RayBundle
 from distnerf.model.grid import GridModel
 from distnerf.strategy.partition import grid_partition
@@ -137,7 +138,7 @@ def test_joint_training_has_the_single_models_loss_and_gradients_with_an_opaque_
     ref = single(rays, torch.Generator().manual_seed(11))
     ref_loss = ((ref.rgb - target) ** 2).mean()
     ref_loss.backward()
-    joint = JointRegionModels(models, part, BG, distributed=False).train()
+    joint = JointRegionModels(models, part, BG, DistEnv()).train()
     out = joint(rays, torch.Generator().manual_seed(11))
     loss = ((out.rgb - target) ** 2).mean()
     loss.backward()

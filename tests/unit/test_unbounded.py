@@ -14,6 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from distnerf.distributed import DistEnv
 from distnerf.data.rays import RayBundle
 from distnerf.model.grid import GridModel
 from distnerf.renderer.contraction import ray_breaks
@@ -115,7 +116,7 @@ def test_rays_leaving_the_box_are_sampled_to_the_sky_and_composite_exactly(mode)
     rays = aerial_rays(256, 1)
     with torch.no_grad():
         if mode == "joint":
-            out = JointRegionModels(models, part, BG, distributed=False).eval()(rays)
+            out = JointRegionModels(models, part, BG, DistEnv()).eval()(rays)
             step = models[0].step_size()
             assert all(m.step_size() == step for m in models.values())  # equal regions: one step
         else:

@@ -200,7 +200,7 @@ def _detail_scene(seed: int, num_train: int, num_val: int, num_test: int) -> Sce
 
     Its one silhouette is a small share of the pixels, so a model's error is in the
     texture it cannot hold: quality grows with capacity over a wide range of budgets
-    (the capacity study, bench/scaling/README.md), where lego's error sits at edges.
+    (the capacity study, bench/scaling/capacity.md), where lego's error sits at edges.
     """
     rng = np.random.default_rng([seed, 0])
     directions = rng.normal(size=(_DETAIL_WAVES, 3))
