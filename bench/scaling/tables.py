@@ -504,6 +504,57 @@ def study_aerial_sharded(res: Results) -> list[str]:
     return out
 
 
+def _touched_rows(res: Results, name: str, arm_w) -> list[str]:
+    """The touched-vertex share of ``name``'s re-run cells (``name/touched.json``, bench/scaling/touched.py: one
+    row per cell, the cells' final checkpoints), keyed by ``arm_w(values) -> (arm label, W)``; [] when absent."""
+    try:
+        data = res.json(f"{name}/touched.json")
+    except (FileNotFoundError, ResultError):
+        return []
+    out = header("arm", "W", "seed", "vertices touched by a sample of weight > 1e-4", "rows held, every model",
+                 "rows per model", "test PSNR dB of the re-run")
+    for r in sorted(data["rows"], key=lambda r: (arm_w(r["values"])[1], arm_w(r["values"])[0])):
+        arm, w = arm_w(r["values"])
+        out.append(row(arm, w, r["repeat"], f"{100 * r['share']:.1f}%", kilo(r["vertices"]),
+                       " / ".join(f"{100 * t / v:.0f}% of {kilo(v)}" for t, v in r["per_model"]),
+                       f2(r["psnr"]) if r.get("psnr") is not None else "–"))
+    return out
+
+
+def study_aerial_sharded_touched(res: Results) -> list[str]:
+    """The aerial arms' first seed trained again to keep its checkpoints (``study run --repeats 1``), each cell's
+    share of vertices touched by a sample of weight > 1e-4 (bench/scaling/touched.py, 100 batches of the run's
+    global batch of training rays on its final model)."""
+    w_of = lambda v: int(str(v["budget"])[1:])  # noqa: E731 (budget level wW: the comparison's W)
+    return _touched_rows(res, "study_aerial_sharded_touched", lambda v: (ARMS[v["strategy"]], w_of(v)))
+
+
+def study_capacity_cooled_p62k_control_batch(res: Results) -> list[str]:
+    """``detail``: the joint ss cells of conf/study/capacity_cooled_p62k.yaml (W = 2, 4; 2048 rays per rank, so 4096
+    and 8192 a step) against the one-rank control at the same global batch and about their total parameters
+    (conf/study/capacity_cooled_p62k_control_batch.yaml), 3 seeds each: PSNR mean and sd, SSIM, the difference
+    with its standard error, parameters; then the control's touched-vertex share where measured."""
+    joint = [c for c in res.json("study_capacity_cooled_p62k/report.json")["cells"]
+             if c.get("status") == "done" and c["values"]["strategy"] == "ss_joint"]
+    ctrl = [c for c in res.json("study_capacity_cooled_p62k_control_batch/report.json")["cells"]
+            if c.get("status") == "done"]
+    out = header("W", "global rays a step", "joint ss dB (mean, sd; n)", "parameters in all", "control dB (mean, sd; n)",
+                 "its parameters", "joint - control dB", "standard error", "SSIM joint / control")
+    for w, rays in ((2, 4096), (4, 8192)):
+        j = [c["figures"] for c in joint if c["values"]["world_size"] == w]
+        a = [c["figures"] for c in ctrl if c["figures"]["global_rays"] == rays]
+        if not j or not a:
+            continue
+        (mj, sj), (ma, sa) = _mean_sd([f["psnr"] for f in j]), _mean_sd([f["psnr"] for f in a])
+        se = (sj ** 2 / len(j) + sa ** 2 / len(a)) ** 0.5
+        out.append(row(w, rays, f"{mj:.2f} ({sj:.2f}; {len(j)})", kilo(j[0]["parameters_total"]),
+                       f"{ma:.2f} ({sa:.2f}; {len(a)})", kilo(a[0]["parameters_total"]), f"{mj - ma:+.2f}",
+                       f"{se:.2f}", f"{_mean_sd([f['ssim'] for f in j])[0]:.4f} / {_mean_sd([f['ssim'] for f in a])[0]:.4f}"))
+    touched = _touched_rows(res, "study_capacity_cooled_p62k_control_batch",
+                            lambda v: ("A one model (control)", {"p104k_r4096": 2, "p220k_r8192": 4}[v["budget"]]))
+    return out + ([""] + touched if touched else [])
+
+
 OLD_SPARSE_BOUND = 0.25  # strategy.sparse_max_density's default before the crossover was measured (2026-12-07)
 
 
@@ -636,6 +687,8 @@ TABLES = {  # marker name -> the function that makes the table
     "study_capacity_cooled_p62k": study_capacity_cooled_p62k,
     "study_capacity_cooled_p62k_seams": lambda res: study_capacity_seams(res, "study_capacity_cooled_p62k"),
     "study_capacity_cooled_p62k_control": study_capacity_cooled_p62k_control,
+    "study_capacity_cooled_p62k_control_batch": study_capacity_cooled_p62k_control_batch,
+    "study_aerial_sharded_touched": study_aerial_sharded_touched,
     "study_aerial": study_aerial,
     "study_aerial_curve": study_aerial_curve,
     "study_aerial_sharded": study_aerial_sharded,

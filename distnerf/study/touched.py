@@ -163,7 +163,8 @@ def study_touched(study_dir: Path, **kwargs) -> dict:
     """:func:`run_touched` of every finished cell of a study that kept a checkpoint.
 
     Returns:
-        ``{"rows": [...]}``, a row per cell: ``cell``, ``key``, ``values``, ``repeat`` and the figures.
+        ``{"rows": [...]}``, a row per cell: ``cell``, ``key``, ``values``, ``repeat``, ``psnr`` (its test PSNR,
+        ``metrics.json``'s, or None) and the figures.
     Raises:
         ValueError: no finished cell with a checkpoint.
     """
@@ -174,8 +175,9 @@ def study_touched(study_dir: Path, **kwargs) -> dict:
         info = json.loads((d / "study_cell.json").read_text())
         if info.get("status") != "done" or not (d / "checkpoints").is_dir():
             continue
+        psnr = json.loads((d / "metrics.json").read_text()).get("psnr") if (d / "metrics.json").is_file() else None
         rows.append({"cell": info["cell"], "key": info["key"], "values": info["values"], "repeat": info["repeat"],
-                     **run_touched(d, **kwargs)})
+                     "psnr": psnr, **run_touched(d, **kwargs)})
     if not rows:
         raise ValueError(f"{Path(study_dir) / 'cells'}: no finished cell with a checkpoint to read")
     return {"rows": rows}

@@ -123,7 +123,7 @@ def test_the_touched_share_reads_every_finished_cell(smoke):
     for r in rows:
         regions = r["values"]["world_size"] if r["values"]["strategy"] == "ss_joint" else 1
         assert len(r["per_model"]) == regions and all(0 < t <= v for t, v in r["per_model"]), r
-        assert r["share"] == pytest.approx(r["touched"] / r["vertices"]) and r["step"] == 12
+        assert r["share"] == pytest.approx(r["touched"] / r["vertices"]) and r["step"] == 12 and r["psnr"] > 0
 
 
 def test_report_figures_open_and_the_html_links_them(smoke):
