@@ -207,6 +207,9 @@ class GridModelConfig(MarchedModelConfig):
         "spherical-harmonic basis of degree sh_degree, Instant-NGP's); color=sh reads neither"))
     step_ratio: float = positive(0.5, help="march step = this x the smallest voxel edge")
     alpha_init: float = bounded(1.0e-3, 0, 1, low_open=True)
+    density_activation: str = choice("softplus", "trunc_exp", help=(
+        "raw table value -> density: softplus (DVGO's shifted softplus) | trunc_exp (Instant-NGP's exp, its gradient's "
+        "exponent clamped to [-15, 15]); either is shifted so one step starts at opacity alpha_init"))
     occupancy_every: int = positive(8, help="training steps between occupancy refreshes")
     occupancy_threshold_final: Optional[float] = bounded(None, 0, 1, help=(
         "at the final resolution (the last of `resolutions`, with two or more), cells below this opacity are skipped "

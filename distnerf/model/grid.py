@@ -11,7 +11,8 @@ contiguous floats per corner; the backward is a scatter, or sparse rows).
 
 * Density: DVGO's shifted softplus (Sun et al. 2022, Eq. 5-6) in units of the
   *final* voxel size, so a resolution change keeps the field unchanged; sigma is per
-  unit of distance (world, or NDC for LLFF).
+  unit of distance (world, or NDC for LLFF). ``density_activation=trunc_exp``: Instant-NGP's
+  exponential instead (its gradient clamped, :func:`~.grid_occupancy.trunc_exp`), shifted alike.
 * Colour: spherical harmonics of the features (``color=sh``) or a tiny MLP on the
   features and the encoded view direction (``color=mlp``, DVGO Sec. 5), evaluated only
   where a sample's compositing weight exceeds ``color_threshold`` (DVGO's "fast colour
@@ -68,7 +69,7 @@ from ..renderer.occupancy import OccupancyGrid
 from ..schema import GridModelConfig
 from .appearance import build_appearance
 from .grid_color import build_color_net, build_dir_encoding, feature_channels, shade, spherical_harmonics
-from .grid_occupancy import GridOccupancy, any_corner
+from .grid_occupancy import GridOccupancy, any_corner, density_activation, inverse_density_activation
 from .grid_schedule import GridSchedule
 from .grid_tables import (corner_offsets, interpolate, lattice_corners, row_strides, sparse_table_grad,
                           trilinear_corners, voxel_shape)
@@ -188,8 +189,10 @@ class GridModel(GridOccupancy, GridSchedule, MarchingModel):
         # the first steps started below color_threshold, no sample got a colour and nothing learned.)
         final = voxel_shape(cfg.resolutions[-1], box, cfg.cubic_voxels, self.multiple)
         self.base_voxel = min(float(e) / (m - 1) for e, m in zip((box[1] - box[0]).tolist(), final))
-        # softplus(shift) * step / base_voxel = -log(1 - alpha_init) at step = step_ratio voxels
-        self.density_shift = math.log(math.expm1(-math.log(1.0 - cfg.alpha_init) / cfg.step_ratio))
+        # activation(shift) * step / base_voxel = -log(1 - alpha_init) at step = step_ratio voxels
+        self.activation = density_activation(cfg.density_activation)
+        self.density_shift = inverse_density_activation(cfg.density_activation,
+                                                        -math.log(1.0 - cfg.alpha_init) / cfg.step_ratio)
         num_features = feature_channels(cfg.color, cfg.num_features, cfg.sh_degree)
         n = cfg.resolutions[0]
         for r in cfg.resolutions:  # a shard: its slice of the lattice at every stage (refused otherwise)
@@ -221,7 +224,8 @@ class GridModel(GridOccupancy, GridSchedule, MarchingModel):
         as one in the box: on an aerial capture whose cameras sit in the shell, the air in front
         of the scene and the shell behind its ground started as fog that the first steps
         painted the images on. Each vertex's raw density is lowered so that ``sigma x scale`` is
-        the box's ``sigma`` (``softplus(raw + shift) = softplus(shift) / scale``); the scale is
+        the box's ``sigma`` (``softplus(raw + shift) = softplus(shift) / scale``, or ``density_activation``'s
+        function in place of softplus); the scale is
         capped at :data:`SHELL_SCALE_CAP` (beyond ``r`` = 8 box units, the sky's far shell keeps
         raw densities from which a few steps reach opacity)."""
         for i, (table, _, shape, box) in enumerate(self._tables()):
@@ -231,8 +235,8 @@ class GridModel(GridOccupancy, GridSchedule, MarchingModel):
                 axis = [torch.linspace(float(box[0, a]), float(box[1, a]), shape[a]) for a in range(3)]
                 vertices = torch.stack(torch.meshgrid(*axis, indexing="ij"), dim=-1).reshape(-1, 3)
             scale = world_step_scale(vertices, self.contraction_aabb.cpu()).clamp(max=SHELL_SCALE_CAP)
-            target = F.softplus(torch.tensor(self.density_shift)) / scale
-            raw = torch.log(torch.expm1(target)) - self.density_shift
+            target = self.activation(torch.tensor(self.density_shift)) / scale
+            raw = inverse_density_activation(self.cfg.density_activation, target) - self.density_shift
             table.copy_(raw.view_as(table).to(table))
 
     # ---------------------------------------------------------------- state
@@ -501,7 +505,7 @@ class GridModel(GridOccupancy, GridSchedule, MarchingModel):
 
     def densities(self, raw: torch.Tensor) -> torch.Tensor:
         """Raw grid density -> sigma (1 / world unit)."""
-        return F.softplus(raw + self.density_shift) / self.base_voxel
+        return self.activation(raw + self.density_shift) / self.base_voxel
 
     def step_size(self) -> float:
         """Marching step: ``step_ratio`` x the smallest voxel edge (distance, world or NDC units)."""

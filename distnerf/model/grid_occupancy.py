@@ -30,17 +30,53 @@ def occupancy_threshold_at(cfg: GridModelConfig, resolution: int) -> float:
     return float(cfg.occupancy_threshold)
 
 
-def raw_threshold(threshold: float, step_size: float, base_voxel: float, density_shift: float) -> float | None:
+TRUNC_EXP_CLAMP = 15.0
+"""``trunc_exp``'s gradient is ``exp(clamp(x, -15, 15))`` (Instant-NGP's exponential density)."""
+
+
+class _TruncExp(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return torch.exp(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        return grad * torch.exp(x.clamp(-TRUNC_EXP_CLAMP, TRUNC_EXP_CLAMP))
+
+
+def trunc_exp(x: torch.Tensor) -> torch.Tensor:
+    """``exp(x)``, its gradient's exponent clamped to ``[-15, 15]`` (Instant-NGP, Müller et al. 2022): a
+    large raw density's gradient stays finite, a very negative one keeps a small push."""
+    return _TruncExp.apply(x)
+
+
+def density_activation(name: str):
+    """``model.density_activation``: the function of ``raw + density_shift`` that is the density in units of
+    ``base_voxel`` (``F.softplus`` or :func:`trunc_exp`)."""
+    return trunc_exp if name == "trunc_exp" else F.softplus
+
+
+def inverse_density_activation(name: str, y):
+    """The ``raw + density_shift`` whose activation is ``y`` > 0 (a float or a tensor): ``log(expm1(y))`` under
+    softplus, ``log(y)`` under trunc_exp; None for a float with no finite value (``expm1`` underflows)."""
+    if isinstance(y, torch.Tensor):
+        return torch.log(y) if name == "trunc_exp" else torch.log(torch.expm1(y))
+    inner = y if name == "trunc_exp" else math.expm1(y)
+    return math.log(inner) if inner > 0.0 and math.isfinite(inner) else None
+
+
+def raw_threshold(threshold: float, step_size: float, base_voxel: float, density_shift: float,
+                  activation: str = "softplus") -> float | None:
     """The raw table value above which one marching step of ``step_size`` (world units) has opacity
-    above ``threshold`` under the density ``softplus(raw + density_shift) / base_voxel``, or None
+    above ``threshold`` under the density ``activation(raw + density_shift) / base_voxel``, or None
     when it has no finite value (:meth:`GridOccupancy.raw_threshold`)."""
     if not 0.0 < threshold < 1.0:
         return None
-    target = -math.log1p(-threshold) * base_voxel / step_size  # softplus(raw + shift) above this
-    inner = math.expm1(target)
-    if not (inner > 0.0 and math.isfinite(inner)):
-        return None
-    return math.log(inner) - density_shift
+    target = -math.log1p(-threshold) * base_voxel / step_size  # activation(raw + shift) above this
+    inner = inverse_density_activation(activation, target)
+    return None if inner is None else inner - density_shift
 
 
 def any_corner(vertex: torch.Tensor) -> torch.Tensor:
@@ -96,7 +132,7 @@ class GridOccupancy:
         Without a focus box the occupancy cells are the grid's voxels, (N-1)^3 over
         ``grid_aabb``, and a voxel is occupied when the opacity of one marching step at
         the *largest* of its 8 corner densities exceeds ``occupancy_threshold``: trilinear
-        interpolation never exceeds its largest corner and softplus is monotonic, so no
+        interpolation never exceeds its largest corner and the activation is monotonic, so no
         point of an empty voxel is above the threshold (no interpolation). On a bounded field
         the test moves to the raw table (:meth:`raw_threshold`: a voxel is occupied when any
         corner's raw value exceeds it, :func:`any_corner`), so no opacity is computed; a
@@ -165,10 +201,11 @@ class GridOccupancy:
         """The raw table value above which one marching step of ``step_size`` has opacity above
         ``threshold``: 1 - exp(-softplus(raw + shift) / base_voxel * step) > threshold
         <=> raw > log(expm1(-log(1 - threshold) * base_voxel / step)) - shift (softplus and
-        exp are increasing, so the comparison moves to the raw values unchanged). None when it
+        exp are increasing, so the comparison moves to the raw values unchanged; under
+        ``density_activation=trunc_exp``, log instead of log(expm1)). None when it
         has no finite value (threshold 0, or one so small that expm1 underflows): the caller
         then compares opacities."""
-        return raw_threshold(threshold, step_size, self.base_voxel, self.density_shift)
+        return raw_threshold(threshold, step_size, self.base_voxel, self.density_shift, self.cfg.density_activation)
 
     def current_occupancy_threshold(self) -> float:
         """Opacity of one marching step below which a cell is empty now: ``occupancy_threshold_final``

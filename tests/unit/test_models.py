@@ -99,6 +99,42 @@ def test_grid_sh_viewdir_encoding_colour_by_hand():
         GridModel(AABB, WHITE, resolutions=[8], upsample_steps=[], color="mlp", viewdir_encoding="cosine")
 
 
+def test_grid_density_activation_trunc_exp_by_hand():
+    """model.density_activation=trunc_exp: sigma = exp(raw + shift) / base_voxel with shift = log(-log(1 - alpha_init)
+    / step_ratio) (one step of step_ratio voxels starts at opacity alpha_init), the gradient's exponent clamped to
+    [-15, 15]; the occupancy's raw threshold and the shell's initial values invert exp, not softplus. The default
+    (softplus) keeps DVGO's shift and formula bit for bit."""
+    base_voxel = 2.0 / 7  # AABB's edge over 8 - 1 voxels
+    default = GridModel(AABB, WHITE, resolutions=[8], upsample_steps=[], color="sh")
+    assert default.density_shift == math.log(math.expm1(-math.log(1.0 - 1e-3) / 0.5))
+    raw = torch.tensor([-3.0, 0.0, 2.5])
+    assert torch.equal(default.densities(raw), F.softplus(raw + default.density_shift) / default.base_voxel)
+    model = GridModel(AABB, WHITE, resolutions=[8], upsample_steps=[], color="sh", density_activation="trunc_exp")
+    target = 0.0020010006671670670  # -ln(0.999) / 0.5 to 20 digits (decimal.Decimal), exp(shift)
+    shift = math.log(target)
+    assert model.base_voxel == pytest.approx(base_voxel, rel=1e-12)
+    assert model.density_shift == pytest.approx(shift, rel=1e-12)
+    sigma = model.densities(torch.tensor([0.0, 1.0, -2.0], dtype=torch.float64))
+    expected = torch.tensor([target * math.exp(r) / base_voxel for r in (0.0, 1.0, -2.0)],
+                            dtype=torch.float64)
+    assert torch.allclose(sigma, expected, rtol=1e-12, atol=0)
+    assert 1 - math.exp(-float(sigma[0]) * model.step_size()) == pytest.approx(1e-3, rel=1e-9)  # raw 0: alpha_init
+    x = torch.tensor([1.0, 20.0, -20.0], dtype=torch.float64, requires_grad=True)
+    model.densities(x - model.density_shift).sum().backward()  # raw + shift = x
+    assert torch.allclose(x.grad, torch.tensor([math.e, math.exp(15.0), math.exp(-15.0)], dtype=torch.float64)
+                          / model.base_voxel, rtol=1e-12, atol=0)
+    threshold = model.raw_threshold(0.01, model.step_size())
+    assert threshold == pytest.approx(math.log(-math.log(0.99) * base_voxel / model.step_size()) - shift, rel=1e-12)
+    shell = GridModel(AABB, WHITE, resolutions=[8], upsample_steps=[], color="sh", contraction="mipnerf360",
+                      shell_alpha_init=True, density_activation="trunc_exp")
+    raw = shell.density.detach().view(-1).double()
+    assert raw.min() < -1.0  # the shell's vertices start lower: exp(raw) = 1 / scale there, down to 1 / 64
+    assert torch.allclose(torch.exp(raw).max(), torch.tensor(1.0, dtype=torch.float64), rtol=1e-6)
+    assert torch.exp(raw).min() == pytest.approx(1 / 64, rel=1e-5)  # SHELL_SCALE_CAP
+    with pytest.raises(ValueError, match=r"model.density_activation='?relu'? "):
+        GridModel(AABB, WHITE, resolutions=[8], upsample_steps=[], density_activation="relu")
+
+
 # ----------------------------------------------------------------------------- hash grid
 def _small_hash(dtype=torch.float64) -> HashEncoding:
     # T = 64 rows per level: level 0 (N = 2, 27 vertices) dense, level 1 (N = 8) hashed
