@@ -183,6 +183,25 @@ def check_layout(contraction: str, num_regions: int) -> None:
     assert list(multiple) == COUNTS[num_regions] and len(boxes) == num_regions
 
 
+def or_across_ranks(env: DistEnv) -> dict:
+    """:func:`~distnerf.distributed.all_reduce_or` on this group against the all-reduce (max) it replaced and the
+    OR worked out here from every rank's flags (rank r sets every (r + 2)-th of 5 x 6 x 7 = 210 flags, not a multiple
+    of 8, and flag 209 on the last rank: the padding bits): whether each is equal, bit for bit."""
+    from distnerf import distributed as D
+
+    def flags_of(r: int) -> torch.Tensor:
+        f = torch.arange(210) % (r + 2) == 0
+        f[209] = r == env.world_size - 1
+        return f.view(5, 6, 7)
+
+    want = torch.stack([flags_of(r) for r in range(env.world_size)]).any(dim=0)
+    got = D.all_reduce_or(env, flags_of(env.rank))
+    old = flags_of(env.rank).to(torch.uint8)
+    D.all_reduce_(old, "max")
+    return {"by_hand": bool(got.dtype == torch.bool and torch.equal(got, want)), "max": bool(torch.equal(got, old > 0)),
+            "flag_209": bool(got[4, 5, 6])}
+
+
 def sharded_worker(rank: int, world_size: int, port: int, contraction: str, num_regions: int, out_dir: str) -> None:
     """A rank of the two-rank case: its regions' shards (contiguous blocks), the one model (the same on every
     rank), step 0 and 20 steps; writes ``rank_R.json`` with :func:`largest_differences` of both (or the error)."""
@@ -199,6 +218,7 @@ def sharded_worker(rank: int, world_size: int, port: int, contraction: str, num_
         set_env(rank, world_size, port)
         dist.init_process_group("gloo")
         env = DistEnv(rank=rank, world_size=world_size, backend="gloo")
+        or_checks = or_across_ranks(env)
         mine = [k for k, r in enumerate(region_owner(num_regions, world_size)) if r == rank]
         single = one_model(contraction, num_regions)
         joint = sharded(single, contraction, num_regions, env, mine)
@@ -206,11 +226,20 @@ def sharded_worker(rank: int, world_size: int, port: int, contraction: str, num_
         first = largest_differences(single, joint, step_both(single, joint, 0))
         single, joint = one_model(contraction, num_regions), None
         joint = sharded(single, contraction, num_regions, env, mine)
+        cells = [joint.models[0].occupancy_evidence[0].numel()]  # each merge's M^3: the one in sharded(), then
+        merge = joint.merge_occupancy
+
+        def counted_merge():
+            cells.append(joint.models[0].occupancy_evidence[0].numel())
+            merge()
+
+        joint.merge_occupancy = counted_merge  # ... the refreshes' (update_state calls it)
         last = largest_differences(single, joint, train_both(single, joint, 20))
         result = {"regions": mine, "step0": first, "step20": last, "occupancy_equal": occupancy_equal,
                   "occupancy_equal_20": bool(torch.equal(joint.models[0].occupancy.binary, single.occupancy.binary)),
                   "face_bytes": joint.exchange.get("face_bytes", 0),
-                  "occupancy_bytes": joint.exchange.get("occupancy_bytes", 0)}
+                  "occupancy_bytes": joint.exchange.get("occupancy_bytes", 0), "occupancy_cells": cells,
+                  "or_checks": or_checks}
     except Exception:  # noqa: BLE001 (reported to the test)
         result = {"error": traceback.format_exc()}
     Path(out_dir, f"rank_{rank}.json").write_text(json.dumps(result))

@@ -17,8 +17,9 @@ Inside the package the modules import in one direction: ``compat`` <- ``env`` <-
 import torch.distributed as dist  # noqa: F401  (``D.dist``: the torch module these helpers call)
 
 from .collectives import (COLLECTIVE_FAILURES, OPS, PEER_LOST, all_gather, all_gather_floats, all_gather_into, all_reduce_,
-                          all_reduce_max, all_reduce_sum, all_to_all_rows, barrier, broadcast_object, collective_failure, event_seconds,
-                          device_timed, exchange_counts, gather_objects, peer_lost, rank, timing_event, world_size)
+                          all_reduce_max, all_reduce_or, all_reduce_or_bytes, all_reduce_sum, all_to_all_rows, barrier,
+                          broadcast_object, collective_failure, event_seconds, device_timed, exchange_counts, gather_objects,
+                          peer_lost, rank, timing_event, world_size)
 from .agent import EXIT_AGENT_LOST, AgentWatch, torchrun_agent_pid
 from .compat import accepts, ddp_buffer_kwargs
 from .env import DistEnv, SetupTimeout, cuda_index, end_setup, init_distributed, new_host_group, shared_cuda_index, \
@@ -28,7 +29,8 @@ from .signals import PREEMPT_SIGNALS, StopRequest, preempt_signal
 
 __all__ = ["COLLECTIVE_FAILURES", "EXIT_AGENT_LOST", "OPS", "PEER_LOST", "PREEMPT_SIGNALS", "AgentWatch", "DistEnv",
            "SetupTimeout", "StopRequest", "torchrun_agent_pid",
-           "accepts", "all_gather", "all_gather_floats", "all_gather_into", "all_reduce_", "all_reduce_max", "all_reduce_sum", "all_to_all_rows", "barrier",
+           "accepts", "all_gather", "all_gather_floats", "all_gather_into", "all_reduce_", "all_reduce_max", "all_reduce_or",
+           "all_reduce_or_bytes", "all_reduce_sum", "all_to_all_rows", "barrier",
            "broadcast_object", "collective_failure", "cuda_index", "ddp_buffer_kwargs", "device_timed", "end_setup",
            "event_seconds", "exchange_counts", "gather_objects", "init_distributed", "new_host_group", "own_cuda_state", "peer_lost",
            "preempt_signal", "rank", "rng_state", "seed_everything", "set_rng_state", "shared_cuda_index", "shared_devices",

@@ -213,6 +213,35 @@ def all_reduce_sum(env: DistEnv, values: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def all_reduce_or(env: DistEnv, flags: torch.Tensor) -> torch.Tensor:
+    """The OR over ranks of a bool tensor (same shape on every rank), sent bit-packed: each rank's N flags as
+    ceil(N / 8) bytes in one all-gather, ORed here byte by byte and unpacked. A rank receives
+    :func:`all_reduce_or_bytes` (W x ceil(N / 8)) bytes, where an all-reduce (max) of uint8 moves N; no
+    reduce op (NCCL has no bitwise one), no host read. On ``flags``' device (CUDA under NCCL, either under
+    gloo).
+
+    Returns:
+        bool tensor of ``flags``' shape and device: True where any rank's is; ``flags`` itself without peers.
+    """
+    if not env.has_peers:
+        return flags
+    flat = flags.reshape(-1).to(torch.bool)
+    weights = torch.tensor([128, 64, 32, 16, 8, 4, 2, 1], dtype=torch.uint8, device=flags.device)
+    bits = torch.cat([flat, flat.new_zeros(-flat.numel() % 8)]).view(-1, 8).to(torch.uint8)
+    packed = (bits * weights).sum(dim=1, dtype=torch.uint8)  # bit 7 - j of byte i: flag 8 i + j
+    gathered, _ = all_gather_into(packed)  # (W x B,) in rank order
+    rows = gathered.view(env.world_size, -1)
+    union = rows[0].clone()
+    for row in rows[1:]:
+        union.bitwise_or_(row)
+    return ((union[:, None] & weights) != 0).view(-1)[:flat.numel()].view(flags.shape)
+
+
+def all_reduce_or_bytes(world_size: int, numel: int) -> int:
+    """Bytes one rank receives in :func:`all_reduce_or` of ``numel`` flags over ``world_size`` ranks (0 alone)."""
+    return world_size * -(-numel // 8) if world_size > 1 else 0
+
+
 def gather_objects(env: DistEnv, obj) -> list:
     """List of every rank's ``obj`` (on every rank), through the host (gloo) group."""
     if not env.has_peers:

@@ -108,14 +108,14 @@ def merged_occupancy(evidence: list[tuple[torch.Tensor, int]], reduce=None) -> t
 
     Args:
         evidence: (cells (M, M, M) bool, dilation) of each shard held here (one dilation for all).
-        reduce: ``reduce(t)``: the element-wise maximum of a (M, M, M) uint8 tensor over the processes
-            holding the other shards (an all-reduce), or None (every shard is here).
+        reduce: ``reduce(t)``: the element-wise OR of a (M, M, M) bool tensor over the processes
+            holding the other shards (:func:`~distnerf.distributed.all_reduce_or`), or None (every shard is here).
     Returns:
         (M, M, M) bool: the union of the shards' cells, dilated.
     """
     union = torch.stack([e for e, _ in evidence]).any(dim=0)
     if reduce is not None:
-        union = reduce(union.to(torch.uint8)) > 0
+        union = reduce(union)
     return dilate(union, evidence[0][1])
 
 

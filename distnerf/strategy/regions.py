@@ -168,8 +168,8 @@ class JointRegionModels(RegionModels):
     exactly the one model's per-sample transform (:mod:`distnerf.model.appearance`); every rank
     composites the same rays identically, so each rank's replica gets the same gradient and stays
     equal with no all-reduce. The occupancy grid is one grid: after a refresh the shards' cells are
-    merged (:func:`~distnerf.model.grid_occupancy.merged_occupancy`; one all-reduce (max) of M^3 bytes
-    across ranks) and dilated, and every shard takes the merged grid, so a sample near a region face is
+    merged (:func:`~distnerf.model.grid_occupancy.merged_occupancy`; one all-gather of the M^3 cells bit-packed,
+    W x M^3 / 8 bytes, :func:`~distnerf.distributed.all_reduce_or`) and dilated, and every shard takes the merged grid, so a sample near a region face is
     skipped or kept as the one model would.
 
     Args:
@@ -188,6 +188,7 @@ class JointRegionModels(RegionModels):
                  routed: bool = False, appearance: nn.Module | None = None):
         super().__init__(models, partition, background)
         self.register_buffer("all_boxes", partition.extents().float())
+        self.env = env
         distributed = self.distributed = env.distributed
         self.rank, self.world_size = env.rank, env.world_size
         self.routed = routed and distributed
@@ -216,9 +217,10 @@ class JointRegionModels(RegionModels):
         from ..model.grid_occupancy import merged_occupancy
 
         def across_ranks(t: torch.Tensor) -> torch.Tensor:
-            D.all_reduce_(t, "max")  # the other ranks' shards' cells (M^3 bytes, once per refresh)
-            self.exchange["occupancy_bytes"] = self.exchange.get("occupancy_bytes", 0) + t.numel() * t.element_size()
-            return t
+            merged = D.all_reduce_or(self.env, t)  # collective: the other ranks' shards' cells, bit-packed
+            self.exchange["occupancy_bytes"] = (self.exchange.get("occupancy_bytes", 0)
+                                                + D.all_reduce_or_bytes(self.world_size, t.numel()))
+            return merged
 
         merged = merged_occupancy([m.occupancy_evidence for m in self.models],
                                   across_ranks if self.distributed else None)

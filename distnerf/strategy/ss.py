@@ -505,7 +505,7 @@ class SSStrategy(Strategy):
         # device's span comes from the CUDA events around it (resolved here, after the steps' syncs)
         seconds_key = "exchange_launch_s" if D.device_timed(self.env.device) else "exchange_s"
         out = {seconds_key: ex["seconds"], "exchange_bytes": ex["bytes"], "exchange_calls": ex["calls"]}
-        for key in ("face_bytes", "occupancy_bytes"):  # the sharded model's face-gradient and occupancy all-reduces
+        for key in ("face_bytes", "occupancy_bytes"):  # the sharded model's face-gradient all-reduces, occupancy merges
             if key in ex:
                 out[key] = ex[key]
         events = ex.pop("events", None)

@@ -74,6 +74,31 @@ def test_helpers_are_the_identity_without_a_process_group():
     assert alone[0, :2].tolist() == [1.0, 2.5] and alone[0, 2].isnan() and alone[0, 3] == 1.0
 
 
+def test_all_reduce_or_packs_eight_flags_a_byte_and_is_the_identity_alone(monkeypatch):
+    """Without peers the flags come back untouched, and nothing is counted as sent. With a peer (the gather stood
+    in for: this rank's bytes, then a second rank's written by hand) 11 flags travel as 2 bytes, first flag in the
+    top bit, the padding zero; the OR is unpacked to the flags' shape."""
+    from distnerf import distributed as D
+    from distnerf.distributed import collectives
+
+    flags = torch.tensor([1, 0, 0, 0, 0, 0, 0, 1, 0, 0, 1], dtype=torch.bool)
+    assert D.all_reduce_or(D.DistEnv(), flags) is flags
+    assert D.all_reduce_or_bytes(1, 64 ** 3) == 0
+    assert D.all_reduce_or_bytes(2, 64 ** 3) == 2 * 32768 and D.all_reduce_or_bytes(2, 11) == 4
+    sent = []
+
+    def gather(packed):  # rank 0's bytes, then rank 1's: flags 1 and 8 (0b01000000, 0b10000000)
+        sent.append(packed.tolist())
+        return torch.cat([packed, torch.tensor([64, 128], dtype=torch.uint8)]), None
+
+    monkeypatch.setattr(collectives, "all_gather_into", gather)
+    two = D.DistEnv(rank=0, world_size=2, backend="gloo")
+    got = D.all_reduce_or(two, flags.view(1, 11))
+    assert sent == [[0b10000001, 0b00100000]]
+    assert got.shape == (1, 11) and got.dtype == torch.bool
+    assert got.view(-1).tolist() == [True, True, False, False, False, False, False, True, True, False, True]
+
+
 def test_a_tensor_the_group_cannot_take_is_refused_naming_the_caller():
     """A one-rank gloo group (the CPU suite's backend): a tensor elsewhere than on the CPU
     (``meta`` here; a CUDA tensor on a CUDA machine) is an error naming this file's line."""
