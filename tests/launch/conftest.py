@@ -138,6 +138,29 @@ def finish(proc: subprocess.Popen, timeout: float, what: str) -> int:
         raise AssertionError(f"{what} did not finish in {timeout} s") from None
 
 
+@pytest.fixture(scope="session")
+def ddp_reference(tmp_path_factory) -> Path:
+    """The uninterrupted 2-rank ``ddp`` run of :data:`SMOKE` (``torchrun --standalone``, no restarts): the
+    bit-exact reference of tests/launch/test_torchrun.py and of tests/launch/test_two_nodes.py's ddp chain,
+    trained once per session. Under xdist those files run on different workers: the run lives in the
+    session's shared temporary folder and an ``flock`` makes the first worker to need it train it while
+    the other waits, then reads it (a ``done`` file marks a finished run; a failed or killed one is
+    trained again by the next to ask)."""
+    from distnerf.fileio import exclusive_lock
+
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # parent: shared by the workers
+    run, done = root / "ddp_reference" / "run", root / "ddp_reference" / "done"
+    run.parent.mkdir(parents=True, exist_ok=True)
+    with exclusive_lock(root / "ddp_reference.lock", what="the shared ddp reference run"):
+        if not done.exists():
+            shutil.rmtree(run, ignore_errors=True)  # a run that failed or was killed: trained again
+            proc = launch_local(2, run, ["strategy=ddp"], env={"MAX_RESTARTS": "0"})
+            assert finish(proc, 300, "the uninterrupted ddp run") == 0, run.with_suffix(".out").read_text()[-4000:]
+            done.write_text("")
+    return run
+
+
 # ----------------------------------------------------------------------------- Slurm
 class SlurmCluster:
     """A running single-node cluster: ``SLURM_CONF`` and job helpers."""

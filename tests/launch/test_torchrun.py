@@ -45,12 +45,10 @@ def start_time(pid: int) -> str | None:
 
 
 @pytest.fixture(scope="module")
-def straight(tmp_path_factory) -> Path:
-    """The uninterrupted reference run."""
-    run = tmp_path_factory.mktemp("launch") / "straight"
-    proc = launch_local(2, run, [], env={"MAX_RESTARTS": "0"})
-    assert finish(proc, 300, "straight run") == 0, run.with_suffix(".out").read_text()[-4000:]
-    return run
+def straight(ddp_reference) -> Path:
+    """The uninterrupted reference run (tests/launch/conftest.py: one per session, shared with
+    test_two_nodes.py's ddp chain)."""
+    return ddp_reference
 
 
 @pytest.fixture(scope="module", params=["ddp", "ss"])

@@ -134,8 +134,11 @@ def node_dirs(strategy, tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def reference(strategy, tmp_path_factory) -> Path:
-    """The uninterrupted run: one node, 2 ranks (``torchrun --standalone``)."""
+def reference(strategy, tmp_path_factory, request) -> Path:
+    """The uninterrupted run: one node, 2 ranks (``torchrun --standalone``); ddp's is the session's
+    (tests/launch/conftest.py: shared with test_torchrun.py; the chain's timeouts do not enter the model)."""
+    if strategy == "ddp":
+        return request.getfixturevalue("ddp_reference")
     run = tmp_path_factory.mktemp("reference") / strategy
     proc = launch_local(2, run, STRATEGIES[strategy] + RUN, env={"MAX_RESTARTS": "0"})
     assert finish(proc, 300, f"the uninterrupted {strategy} run") == 0, run.with_suffix(".out").read_text()[-4000:]
