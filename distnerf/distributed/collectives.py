@@ -225,16 +225,29 @@ def all_reduce_or(env: DistEnv, flags: torch.Tensor) -> torch.Tensor:
     """
     if not env.has_peers:
         return flags
-    flat = flags.reshape(-1).to(torch.bool)
-    weights = torch.tensor([128, 64, 32, 16, 8, 4, 2, 1], dtype=torch.uint8, device=flags.device)
-    bits = torch.cat([flat, flat.new_zeros(-flat.numel() % 8)]).view(-1, 8).to(torch.uint8)
-    packed = (bits * weights).sum(dim=1, dtype=torch.uint8)  # bit 7 - j of byte i: flag 8 i + j
+    packed = pack_bits(flags)
     gathered, _ = all_gather_into(packed)  # (W x B,) in rank order
     rows = gathered.view(env.world_size, -1)
     union = rows[0].clone()
     for row in rows[1:]:
         union.bitwise_or_(row)
-    return ((union[:, None] & weights) != 0).view(-1)[:flat.numel()].view(flags.shape)
+    shifts = torch.arange(8, dtype=torch.uint8, device=union.device)
+    return ((union[:, None] >> shifts) & 1).view(torch.bool).view(-1)[:flags.numel()].view(flags.shape)
+
+
+def pack_bits(flags: torch.Tensor) -> torch.Tensor:
+    """``flags`` (bool, any shape) as ceil(N / 8) uint8, flag ``8 i + j`` in bit ``j`` of byte ``i`` (the padding
+    zero). Eight flags are the bytes of one int64 (little-endian, as x86, ARM and CUDA), byte ``j`` at bit ``8 j``;
+    shifting it right by ``7 j`` puts flag ``j`` at bit ``j`` and every other byte's outside the low byte, which
+    the cast to uint8 keeps: 8 shifts of N / 8 integers, no multiply of N."""
+    flat = flags.reshape(-1).to(torch.bool)
+    if flat.numel() % 8:
+        flat = torch.cat([flat, flat.new_zeros(-flat.numel() % 8)])
+    octets = flat.contiguous().view(torch.uint8).view(torch.int64)
+    packed = octets.clone()
+    for j in range(1, 8):
+        packed |= octets >> (7 * j)
+    return packed.to(torch.uint8)
 
 
 def all_reduce_or_bytes(world_size: int, numel: int) -> int:

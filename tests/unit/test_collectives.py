@@ -76,8 +76,8 @@ def test_helpers_are_the_identity_without_a_process_group():
 
 def test_all_reduce_or_packs_eight_flags_a_byte_and_is_the_identity_alone(monkeypatch):
     """Without peers the flags come back untouched, and nothing is counted as sent. With a peer (the gather stood
-    in for: this rank's bytes, then a second rank's written by hand) 11 flags travel as 2 bytes, first flag in the
-    top bit, the padding zero; the OR is unpacked to the flags' shape."""
+    in for: this rank's bytes, then a second rank's written by hand) 11 flags travel as 2 bytes, flag 8 i + j in bit
+    j of byte i, the padding zero; the OR is unpacked to the flags' shape."""
     from distnerf import distributed as D
     from distnerf.distributed import collectives
 
@@ -87,14 +87,15 @@ def test_all_reduce_or_packs_eight_flags_a_byte_and_is_the_identity_alone(monkey
     assert D.all_reduce_or_bytes(2, 64 ** 3) == 2 * 32768 and D.all_reduce_or_bytes(2, 11) == 4
     sent = []
 
-    def gather(packed):  # rank 0's bytes, then rank 1's: flags 1 and 8 (0b01000000, 0b10000000)
+    def gather(packed):  # rank 0's bytes, then rank 1's: flags 1 and 8 (0b00000010, 0b00000001)
         sent.append(packed.tolist())
-        return torch.cat([packed, torch.tensor([64, 128], dtype=torch.uint8)]), None
+        return torch.cat([packed, torch.tensor([2, 1], dtype=torch.uint8)]), None
 
     monkeypatch.setattr(collectives, "all_gather_into", gather)
     two = D.DistEnv(rank=0, world_size=2, backend="gloo")
     got = D.all_reduce_or(two, flags.view(1, 11))
-    assert sent == [[0b10000001, 0b00100000]]
+    assert sent == [[0b10000001, 0b00000100]]
+    assert collectives.pack_bits(torch.ones(9, dtype=torch.bool)).tolist() == [255, 1]
     assert got.shape == (1, 11) and got.dtype == torch.bool
     assert got.view(-1).tolist() == [True, True, False, False, False, False, False, True, True, False, True]
 
