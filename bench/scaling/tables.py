@@ -602,6 +602,25 @@ def joint_exchange(res: Results) -> list[str]:
     return out
 
 
+def occupancy_merge(res: Results) -> list[str]:
+    """bench/scaling/occupancy_merge.py: the sharded joint model's occupancy merge, the bit-packed OR against the
+    all-reduce (max) it replaced: exact bytes per merge and rank (the merge's recorded count, the bus bytes), rank
+    0's median ms, the ratios and whether the two merged grids are identical."""
+    d = res.json("occupancy_merge/result.json")
+    out = header("cells", "all-reduce (max) B recorded / bus", "bit-packed OR B recorded / bus", "OR / max bytes",
+                 "all-reduce (max) ms", "bit-packed OR ms", "OR / max time", "identical")
+    for r in d["rows"]:
+        b, sec = r["bytes"], r["seconds"]
+        out.append(row(f"{r['resolution']}^3", f"{b['max']['recorded']:,} / {b['max']['bus']:,.0f}",
+                       f"{b['or_bits']['recorded']:,} / {b['or_bits']['bus']:,.0f}", f"{r['or_bits_over_max_bytes']:.3f}",
+                       f"{1e3 * sec['max']:.2f}", f"{1e3 * sec['or_bits']:.2f}", f"{r['or_bits_over_max_time']:.2f}",
+                       "yes" if r["identical"] else "NO"))
+    s = d["settings"]
+    out += ["", f"W = {s['world_size']} gloo ranks on this machine's loopback, one thread a rank, each rank's slab of the "
+                f"grid {s['occupied']:g} occupied; rank 0's median of {s['repeats']} alternating repeats."]
+    return out
+
+
 def exposed_comm(res: Results) -> list[str]:
     """bench/scaling/exposed_comm.py: 2-rank ddp on lego, each run's exposed communication share per rank, the
     median step and the test PSNR, by the dense buckets' wire dtype."""
@@ -694,6 +713,7 @@ TABLES = {  # marker name -> the function that makes the table
     "study_aerial_sharded": study_aerial_sharded,
     "exchange_crossover": exchange_crossover,
     "joint_exchange": joint_exchange,
+    "occupancy_merge": occupancy_merge,
     "exposed_comm": exposed_comm,
     "exposed_comm_rows": exposed_comm_rows,
     "study_characterization": study_characterization,
