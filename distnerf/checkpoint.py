@@ -240,10 +240,22 @@ named by everything that decides their content) and where the data lies (``datas
 data resumes; :func:`data_hash` checks it is the same data)."""
 
 
+ADDED_AT_DEFAULT = {"model": {"density_activation": "softplus"}}
+"""Keys added after checkpoints were written without them, each with the value that keeps the behaviour those
+checkpoints trained with: a key at that value is left out of the hash, so such a checkpoint still resumes; set
+to another value it is hashed (and refuses them). Only a key added since the last release may join: a key
+already hashed by written checkpoints would, left out, make theirs differ."""
+
+
 def config_hashes(cfg: dict, sections=("model", "dataset", "strategy")) -> dict:
     """sha256 of the resume-relevant config sections (JSON, sorted keys), without the
-    :data:`UNHASHED` keys; the world size is checked separately."""
-    kept = {s: {k: v for k, v in cfg[s].items() if k not in UNHASHED.get(s, ())} for s in sections}
+    :data:`UNHASHED` keys and the :data:`ADDED_AT_DEFAULT` keys at their old behaviour's value; the world size
+    is checked separately."""
+    def hashed(s: str, k: str, v) -> bool:
+        added = ADDED_AT_DEFAULT.get(s, {})
+        return k not in UNHASHED.get(s, ()) and not (k in added and v == added[k])
+
+    kept = {s: {k: v for k, v in cfg[s].items() if hashed(s, k, v)} for s in sections}
     return {s: hashlib.sha256(json.dumps(kept[s], sort_keys=True, default=str).encode()).hexdigest()[:16]
             for s in sections}
 

@@ -81,6 +81,23 @@ def test_config_hash_ignores_where_the_scene_is_cached_and_compile_settings():
     assert cfg["dataset"] == {"name": "synthetic", "cache_dir": "/a"}  # the caller's config is not changed
 
 
+def test_a_key_added_at_its_old_behaviour_still_resumes_a_checkpoint_written_before_it():
+    """A checkpoint written before ``model.density_activation`` existed hashed the grid's section without it; a run
+    at the default (softplus: the old behaviour) resumes it, a run set to trunc_exp does not."""
+    from omegaconf import OmegaConf
+
+    from distnerf.schema import GridModelConfig
+
+    model = OmegaConf.to_container(OmegaConf.structured(GridModelConfig))
+    assert model["density_activation"] == "softplus"
+    before = {k: v for k, v in model.items() if k != "density_activation"}
+    rest = {"dataset": {"name": "synthetic"}, "strategy": {"name": "ddp"}}
+    written = ckpt.config_hashes({"model": before, **rest})
+    assert ckpt.config_hashes({"model": model, **rest}) == written
+    assert ckpt.config_hashes({"model": {**model, "density_activation": "trunc_exp"}, **rest}) != written
+    assert ckpt.config_hashes({"model": {**model, "viewdir_encoding": "sh"}, **rest}) != written
+
+
 @pytest.mark.parametrize("other", [2, ckpt.FORMAT_VERSION + 1])  # older without a converter, newer
 def test_checkpoint_of_another_format_is_refused_naming_both_versions(tmp_path, other):
     d = make(tmp_path, 3)
