@@ -547,9 +547,9 @@ def study_capacity_cooled_p62k_control_batch(res: Results) -> list[str]:
             continue
         (mj, sj), (ma, sa) = _mean_sd([f["psnr"] for f in j]), _mean_sd([f["psnr"] for f in a])
         se = (sj ** 2 / len(j) + sa ** 2 / len(a)) ** 0.5
-        out.append(row(w, rays, f"{mj:.2f} ({sj:.2f}; {len(j)})", kilo(j[0]["parameters_total"]),
-                       f"{ma:.2f} ({sa:.2f}; {len(a)})", kilo(a[0]["parameters_total"]), f"{mj - ma:+.2f}",
-                       f"{se:.2f}", f"{_mean_sd([f['ssim'] for f in j])[0]:.4f} / {_mean_sd([f['ssim'] for f in a])[0]:.4f}"))
+        out.append(row(w, rays, f"{mj:.2f} ({sj:.3f}; {len(j)})", kilo(j[0]["parameters_total"]),
+                       f"{ma:.2f} ({sa:.3f}; {len(a)})", kilo(a[0]["parameters_total"]), f"{mj - ma:+.2f}",
+                       f"{se:.3f}", f"{_mean_sd([f['ssim'] for f in j])[0]:.4f} / {_mean_sd([f['ssim'] for f in a])[0]:.4f}"))
     touched = _touched_rows(res, "study_capacity_cooled_p62k_control_batch",
                             lambda v: ("A one model (control)", {"p104k_r4096": 2, "p220k_r8192": 4}[v["budget"]]))
     return out + ([""] + touched if touched else [])
