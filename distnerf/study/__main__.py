@@ -77,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
                           "figures it holds with this code, rewriting it (before --html / --markdown)")
     rep.add_argument("--wandb", choices=("offline", "online", "disabled"), help=wandb_help)
     args = parser.parse_args(argv)
+    selected = None  # run --repeats N: the ids of the cells it runs
 
     from ..config_check import ConfigError
     from . import dashboard, document, plan, report, runner
@@ -115,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
                     return 2
                 cfg.repeats = min(args.repeats, cfg.repeats)
             cells = plan.expand(cfg)
+            selected = {c.id for c in cells} if args.repeats is not None else None
             saved = args.study_dir / report.STUDY_FILE
             args.study_dir.mkdir(parents=True, exist_ok=True)
             if not saved.exists() or saved.read_text() != args.config.read_text():
@@ -146,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "report" and args.markdown:
         sys.stdout.write(Path(result["files"][1]).read_text())
     print("wrote " + ", ".join(result["files"]), file=sys.stderr)
-    failed = [c["id"] for c in result["cells"] if c["status"] != "done"]
+    # --repeats N: the report lists the config's other repeats as not run; only the selected cells count here
+    failed = [c["id"] for c in result["cells"] if c["status"] != "done" and (selected is None or c["id"] in selected)]
     if failed:
         print(f"distnerf.study: {len(failed)} cell(s) not finished: {', '.join(failed)}"
               + (" (re-run with --retry-failed)" if any(c["status"] == "failed" for c in result["cells"]) else ""),

@@ -200,7 +200,7 @@ def test_an_undeclared_difference_is_flagged(smoke, tmp_path):
     assert "optim.lr" in proc.stdout.split("## What differs")[1]
 
 
-def test_repeats_runs_only_the_first_seeds(tmp_path):
+def test_repeats_runs_only_the_first_seeds(tmp_path, capsys):
     from distnerf.study.__main__ import main as study_main
 
     cfg = yaml.safe_load(SMOKE.read_text())
@@ -210,7 +210,10 @@ def test_repeats_runs_only_the_first_seeds(tmp_path):
     path, root = tmp_path / "first.yaml", tmp_path / "first"
     path.write_text(yaml.safe_dump(cfg))
     assert study_main(["run", str(path), str(root), "--repeats", "0"]) == 2
+    capsys.readouterr()
     assert study_main(["run", str(path), str(root), "--repeats", "2"]) == 1  # the cells fail, as configured
+    unfinished = capsys.readouterr().err.split("not finished:")[-1]
+    assert "bad-r0" in unfinished and "bad-r1" in unfinished and "bad-r2" not in unfinished  # r2 was not asked for
     assert sorted(p.name for p in (root / "cells").iterdir()) == ["ddp-sync-w1-bad-r0", "ddp-sync-w1-bad-r1"]
     seeds = [[o for o in json.loads((root / "cells" / f"ddp-sync-w1-bad-r{r}" / "study_cell.json").read_text())
               ["overrides"] if o.startswith("seed=")] for r in (0, 1)]
