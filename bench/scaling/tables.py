@@ -512,7 +512,7 @@ def _touched_rows(res: Results, name: str, arm_w) -> list[str]:
     except (FileNotFoundError, ResultError):
         return []
     out = header("arm", "W", "seed", "vertices touched by a sample of weight > 1e-4", "rows held, every model",
-                 "rows per model", "test PSNR dB of the re-run")
+                 "rows per model", "the cell's test PSNR dB")
     for r in sorted(data["rows"], key=lambda r: (arm_w(r["values"])[1], arm_w(r["values"])[0])):
         arm, w = arm_w(r["values"])
         out.append(row(arm, w, r["repeat"], f"{100 * r['share']:.1f}%", kilo(r["vertices"]),
