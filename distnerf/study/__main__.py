@@ -6,6 +6,7 @@ Examples::
     python -m distnerf.study run conf/study/characterization.yaml runs/char --retry-failed
     python -m distnerf.study run conf/study/smoke.yaml runs/s --launcher slurm  # one sbatch job per cell
     python -m distnerf.study run conf/study/aerial_sharded.yaml runs/a1 --repeats 1  # its first seed only
+    python -m distnerf.study run conf/study/capacity_cooled_p62k.yaml runs/j2 --repeats 1 --only 'ss_joint-w2-*'
     python -m distnerf.study list conf/study/characterization.yaml               # the cells and their overrides
     python -m distnerf.study report runs/study_smoke                              # -> runs/study_smoke/report/
     python -m distnerf.study report runs/char --markdown                          # the tables on stdout too
@@ -30,6 +31,7 @@ again from scratch (``runner.plan_actions``).
 """
 from __future__ import annotations
 
+import fnmatch
 import shutil
 import signal
 import sys
@@ -60,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("study_dir", type=Path)
     run.add_argument("--retry-failed", action="store_true", help="run failed cells again")
     run.add_argument("--launcher", choices=("local", "slurm"), help="override the config's launcher")
+    run.add_argument("--only", metavar="PATTERN",
+                     help="run only the cells whose key (the cell id without -r<repeat>) matches this shell pattern, "
+                          "e.g. 'ss_joint-w2-*'")
     run.add_argument("--repeats", type=int, metavar="N",
                      help="run only the config's first N repeats (their seeds unchanged: a study's first seeds again, "
                           "e.g. to keep their final checkpoints for a reading the report does not make)")
@@ -116,7 +121,12 @@ def main(argv: list[str] | None = None) -> int:
                     return 2
                 cfg.repeats = min(args.repeats, cfg.repeats)
             cells = plan.expand(cfg)
-            selected = {c.id for c in cells} if args.repeats is not None else None
+            if args.only is not None:
+                cells = [c for c in cells if fnmatch.fnmatchcase(c.key, args.only)]
+                if not cells:
+                    print(f"{parser.prog}: error: --only {args.only!r} matches no cell of {args.config}", file=sys.stderr)
+                    return 2
+            selected = {c.id for c in cells} if args.repeats is not None or args.only is not None else None
             saved = args.study_dir / report.STUDY_FILE
             args.study_dir.mkdir(parents=True, exist_ok=True)
             if not saved.exists() or saved.read_text() != args.config.read_text():
@@ -148,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "report" and args.markdown:
         sys.stdout.write(Path(result["files"][1]).read_text())
     print("wrote " + ", ".join(result["files"]), file=sys.stderr)
-    # --repeats N: the report lists the config's other repeats as not run; only the selected cells count here
+    # --repeats N, --only: the report lists the config's other cells as not run; only the selected ones count here
     failed = [c["id"] for c in result["cells"] if c["status"] != "done" and (selected is None or c["id"] in selected)]
     if failed:
         print(f"distnerf.study: {len(failed)} cell(s) not finished: {', '.join(failed)}"

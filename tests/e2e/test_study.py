@@ -214,6 +214,8 @@ def test_repeats_runs_only_the_first_seeds(tmp_path, capsys):
     assert study_main(["run", str(path), str(root), "--repeats", "2"]) == 1  # the cells fail, as configured
     unfinished = capsys.readouterr().err.split("not finished:")[-1]
     assert "bad-r0" in unfinished and "bad-r1" in unfinished and "bad-r2" not in unfinished  # r2 was not asked for
+    assert study_main(["run", str(path), str(root), "--only", "ss_*"]) == 2  # matches no cell: refused
+    assert study_main(["run", str(path), str(root), "--only", "ddp-*", "--repeats", "1"]) == 1  # r0 again
     assert sorted(p.name for p in (root / "cells").iterdir()) == ["ddp-sync-w1-bad-r0", "ddp-sync-w1-bad-r1"]
     seeds = [[o for o in json.loads((root / "cells" / f"ddp-sync-w1-bad-r{r}" / "study_cell.json").read_text())
               ["overrides"] if o.startswith("seed=")] for r in (0, 1)]
