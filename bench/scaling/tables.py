@@ -552,7 +552,9 @@ def study_capacity_cooled_p62k_control_batch(res: Results) -> list[str]:
                        f"{se:.3f}", f"{_mean_sd([f['ssim'] for f in j])[0]:.4f} / {_mean_sd([f['ssim'] for f in a])[0]:.4f}"))
     touched = _touched_rows(res, "study_capacity_cooled_p62k_control_batch",
                             lambda v: ("A one model (control)", {"p104k_r4096": 2, "p220k_r8192": 4}[v["budget"]]))
-    return out + ([""] + touched if touched else [])
+    joint_touched = _touched_rows(res, "study_capacity_cooled_p62k_joint_touched",
+                                  lambda v: ("joint ss (seed 0 trained again)", v["world_size"]))
+    return out + ([""] + touched if touched else []) + ([""] + joint_touched if joint_touched else [])
 
 
 OLD_SPARSE_BOUND = 0.25  # strategy.sparse_max_density's default before the crossover was measured (2026-12-07)
