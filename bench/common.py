@@ -138,6 +138,20 @@ def write_result(path: Path | str, report, meta: dict) -> Path:
     return path
 
 
+def score_study(tool: str, study_dir: Path, score) -> tuple[dict, dict]:
+    """(report, meta) of ``score(study_dir)`` over a study's run directory, the meta started just before it: the
+    runners that score a finished study's cells (inside/beyond, seams, touched vertices). A directory without
+    ``cells/``, or a ValueError or FileNotFoundError from ``score``, exits with one line naming ``tool``."""
+    study_dir = Path(study_dir)
+    if not (study_dir / "cells").is_dir():
+        raise SystemExit(f"{tool}: {study_dir / 'cells'} does not exist: give a study's run directory")
+    meta = start_meta()
+    try:
+        return score(study_dir), meta
+    except (ValueError, FileNotFoundError) as exc:
+        raise SystemExit(f"{tool}: {exc}") from None
+
+
 def append_meta(directory: Path | str, entry: dict) -> Path:
     """Add one run's meta block (with ``files``, relative to DIRECTORY) to DIRECTORY/meta.json
     (``{"runs": [...]}``); older entries lose the files written again."""

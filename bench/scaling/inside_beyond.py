@@ -15,7 +15,7 @@ import argparse
 import statistics
 from pathlib import Path
 
-from bench.common import start_meta, write_result
+from bench.common import score_study, write_result
 
 
 def summarise(rows: list[dict]) -> dict:
@@ -38,15 +38,9 @@ def main() -> None:
     ap.add_argument("study_dir", type=Path)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    if not (args.study_dir / "cells").is_dir():
-        raise SystemExit(f"inside_beyond: {args.study_dir / 'cells'} does not exist: give a study's run directory")
     from distnerf.study.seams import study_inside_beyond
 
-    meta = start_meta()
-    try:
-        report = study_inside_beyond(args.study_dir)
-    except (ValueError, FileNotFoundError) as exc:
-        raise SystemExit(f"inside_beyond: {exc}") from None
+    report, meta = score_study("inside_beyond", args.study_dir, study_inside_beyond)
     report["summary"] = summarise(report["rows"])
     for key, s in report["summary"].items():
         fmt = " ".join(f"{k} {v['mean']:.2f} +- {v['sd']:.2f}" if v else f"{k} -" for k, v in s.items() if k != "n")

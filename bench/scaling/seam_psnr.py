@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 
-from bench.common import start_meta, write_result
+from bench.common import score_study, write_result
 
 
 def main() -> None:
@@ -27,15 +27,9 @@ def main() -> None:
     ap.add_argument("--band", type=float, default=0.1, help="seam half-width, world units (default 0.1)")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    if not (args.study_dir / "cells").is_dir():
-        raise SystemExit(f"seam_psnr: {args.study_dir / 'cells'} does not exist: give a study's run directory")
     from distnerf.study.seams import study_seams
 
-    meta = start_meta()
-    try:
-        report = study_seams(args.study_dir, args.band)
-    except (ValueError, FileNotFoundError) as exc:
-        raise SystemExit(f"seam_psnr: {exc}") from None
+    report, meta = score_study("seam_psnr", args.study_dir, lambda d: study_seams(d, args.band))
     groups: dict[tuple, list[dict]] = {}
     for r in report["rows"]:
         groups.setdefault((r["partition_world_size"], r["budget"] or "-", r["strategy"], r["world_size"]), []).append(r)

@@ -14,7 +14,7 @@ import argparse
 import statistics
 from pathlib import Path
 
-from bench.common import start_meta, write_result
+from bench.common import score_study, write_result
 
 
 def summarise(rows: list[dict]) -> dict:
@@ -38,15 +38,10 @@ def main() -> None:
     ap.add_argument("--threshold", type=float, default=1e-4)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    if not (args.study_dir / "cells").is_dir():
-        raise SystemExit(f"touched: {args.study_dir / 'cells'} does not exist: give a study's run directory")
     from distnerf.study.touched import study_touched
 
-    meta = start_meta()
-    try:
-        report = study_touched(args.study_dir, batches=args.batches, threshold=args.threshold)
-    except (ValueError, FileNotFoundError) as exc:
-        raise SystemExit(f"touched: {exc}") from None
+    report, meta = score_study("touched", args.study_dir,
+                               lambda d: study_touched(d, batches=args.batches, threshold=args.threshold))
     report["summary"] = summarise(report["rows"])
     for key, s in report["summary"].items():
         print(f"{key} (n={s['n']}): share {s['share']['mean']:.3f} +- {s['share']['sd']:.3f} of "

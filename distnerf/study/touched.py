@@ -28,6 +28,7 @@ refused by name.
 """
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -142,7 +143,7 @@ def run_touched(run_dir: Path, batches: int = 100, rays: int | None = None, thre
     train = load_scene(cfg.dataset, "train", pixels=undecoded)
     renderer, step = load_renderer(cfg, run_dir, train, env)
     joint = cfg.strategy.name == "ss"
-    if joint and not getattr(renderer, "regions", None) or joint and cfg.strategy.training != "joint":
+    if joint and cfg.strategy.training != "joint":
         raise ValueError(f"{run_dir}: an independent ss run composites blended or owned fields, not one ray's "
                          f"weights; the touched share reads ddp and joint ss runs")
     models = [_check(m, run_dir) for m in (renderer.models if joint else [renderer])]
@@ -168,8 +169,6 @@ def study_touched(study_dir: Path, **kwargs) -> dict:
     Raises:
         ValueError: no finished cell with a checkpoint.
     """
-    import json
-
     rows = []
     for d in sorted(p for p in (Path(study_dir) / "cells").iterdir() if (p / "study_cell.json").is_file()):
         info = json.loads((d / "study_cell.json").read_text())
